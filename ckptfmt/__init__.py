@@ -1,0 +1,24 @@
+"""ckptfmt: durable, fingerprinted training checkpoints in the seed's step_NNNNNN.bin layout.
+
+>>> import ckptfmt, numpy as np, tempfile, os
+>>> d = tempfile.mkdtemp(); w = np.arange(4, dtype="<f4")
+>>> r = ckptfmt.save(os.path.join(d, "step_000003.bin"), 3, w, w, w)
+>>> ckptfmt.open(r.path).step
+3
+"""
+from .errors import *  # noqa: F401,F403  (the hierarchy is part of the public API)
+from .errors import CheckpointError
+from .reader import Checkpoint, open, read_header
+from .writer import SaveResult, save, save_generation
+
+__version__ = "0.1.0"
+
+
+def validate(path, *, deep: bool = True):
+    """See :func:`ckptfmt.validate.validate_file` (imported lazily to keep ``open`` cheap)."""
+    from .validate import validate_path
+    return validate_path(path, deep=deep)
+
+
+__all__ = ["CheckpointError", "Checkpoint", "open", "read_header", "save", "save_generation",
+           "SaveResult", "validate", "__version__"]

@@ -1,0 +1,122 @@
+"""Durable atomic write (spec §5): sibling temp, write, fsync, rename, fsync dir, cleanup.
+
+A final path is never opened for writing: the new bytes go to a temp file in the same
+directory whose name never matches ``step_*.bin`` and is created with O_EXCL, then replace the
+final name in one rename. A reader's existing mmap of the old file keeps its inode and survives.
+Any failure removes the temp file and raises ``SaveError``; a failed fsync fails the save (no
+retry that could report success after the kernel dropped the data, PostgreSQL "fsyncgate").
+"""
+from __future__ import annotations
+
+import os
+import secrets
+from pathlib import Path
+from typing import Iterable
+
+from . import fsio
+from .errors import SaveError
+from .format import TEMP_PREFIX
+
+WRITEBACK_EVERY = 64 << 20   # start writeback every 64 MiB (spec §5: speed-up only)
+
+
+def temp_path_for(final: "str | os.PathLike[str]") -> str:
+    final = Path(final)
+    token = f"{os.getpid()}.{secrets.token_hex(4)}"
+    return str(final.parent / f"{TEMP_PREFIX}{final.name}.{token}")
+
+
+class AtomicWriter:
+    """Write a file under a temp name and publish it with ``commit()``.
+
+    >>> import tempfile; d = tempfile.mkdtemp()
+    >>> with AtomicWriter(d + "/x.json") as w:
+    ...     w.write(b"{}")
+    ...     w.commit()
+    """
+
+    def __init__(self, final: "str | os.PathLike[str]"):
+        self.final = os.fspath(final)
+        self.temp = temp_path_for(self.final)
+        self.fd: int | None = None
+        self.offset = 0
+        self._flushed = 0
+        self.committed = False
+
+    def __enter__(self) -> "AtomicWriter":
+        try:
+            self.fd = fsio.open_excl(self.temp)
+        except OSError as exc:
+            raise SaveError(self.final, f"cannot create temp file: {exc.strerror or exc}") from exc
+        return self
+
+    def write(self, data: "bytes | memoryview") -> None:
+        assert self.fd is not None
+        try:
+            fsio.write_all(self.fd, data, self.temp)
+        except OSError as exc:
+            raise SaveError(self.final, f"write failed at offset {self.offset}: {exc.strerror or exc}",
+                            offset=self.offset) from exc
+        self.offset += memoryview(data).nbytes
+        if self.offset - self._flushed >= WRITEBACK_EVERY:
+            fsio.writeback(self.fd, self._flushed, self.offset - self._flushed)
+            self._flushed = self.offset
+
+    def commit(self) -> None:
+        """fsync, close, rename over the final name, fsync the directory."""
+        assert self.fd is not None
+        fd, self.fd = self.fd, None
+        try:
+            try:
+                fsio.fsync(fd, self.temp)
+            finally:
+                fsio.close(fd, self.temp)
+            fsio.replace(self.temp, self.final)
+        except OSError as exc:
+            raise SaveError(self.final, f"commit failed: {exc.strerror or exc}") from exc
+        self.committed = True
+        sync_dir_of(self.final)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if self.committed:
+            return
+        if self.fd is not None:
+            try:
+                os.close(self.fd)
+            except OSError:
+                pass
+            self.fd = None
+        try:
+            os.unlink(self.temp)
+        except FileNotFoundError:
+            pass
+
+
+def sync_dir_of(path: str) -> None:
+    directory = os.path.dirname(os.path.abspath(path))
+    try:
+        fsio.fsync_dir(directory)
+    except OSError as exc:
+        raise SaveError(path, f"fsync of directory {directory} failed: {exc.strerror or exc}") from exc
+
+
+def write_bytes(final: "str | os.PathLike[str]", chunks: "bytes | Iterable[bytes]") -> None:
+    """Durably replace ``final`` with ``chunks`` (small files: manifests, sidecars)."""
+    if isinstance(chunks, (bytes, bytearray, memoryview)):
+        chunks = [chunks]
+    with AtomicWriter(final) as writer:
+        for chunk in chunks:
+            writer.write(chunk)
+        writer.commit()
+
+
+def remove(path: "str | os.PathLike[str]") -> None:
+    """Unlink durably (the directory is fsynced afterwards)."""
+    path = os.fspath(path)
+    try:
+        fsio.unlink(path)
+    except FileNotFoundError:
+        return
+    except OSError as exc:
+        raise SaveError(path, f"cannot remove: {exc.strerror or exc}") from exc
+    sync_dir_of(path)

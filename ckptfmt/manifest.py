@@ -1,0 +1,142 @@
+"""The manifest ``step_NNNNNN.json`` (spec §4): the commit marker and everything the seed
+layout cannot hold. A generation is committed only when its manifest exists and matches.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+from . import atomic
+from .errors import IncompleteResumeStateError, ManifestError, ManifestMismatchError
+
+FORMAT_ID = "ckptfmt"
+FORMAT_VERSION = 1
+MAX_MANIFEST_BYTES = 64 << 20   # spec §4: bounded before parsing
+REQUIRED = {"format": str, "format_version": int, "file": str, "size": int, "step": int,
+            "n_params": int, "blake3": str}
+
+# spec §4.3: what a trainer needs to resume; dotted names are nested keys.
+RESUME_COMPONENTS = (
+    "layout", "optimizer.step", "optimizer.hyperparams", "scheduler", "rng.python", "rng.numpy",
+    "rng.torch_cpu", "data", "bandit", "config", "versions", "code",
+)
+
+
+def path_for(bin_path: "str | os.PathLike[str]") -> Path:
+    """``step_000100.bin`` -> ``step_000100.json`` (any ``X.bin`` -> ``X.json``)."""
+    return Path(bin_path).with_suffix(".json")
+
+
+def build(*, file: str, size: int, step: int, n_params: int, digest: str,
+          extra: dict[str, Any] | None = None) -> dict[str, Any]:
+    core = {"format": FORMAT_ID, "format_version": FORMAT_VERSION, "file": file, "size": size,
+            "step": step, "n_params": n_params, "blake3": digest}
+    merged = dict(extra or {})
+    merged.update(core)  # core fields always describe the bytes written, never a caller's guess
+    return merged
+
+
+def dumps(manifest: dict[str, Any]) -> bytes:
+    """Canonical JSON; NaN/inf are refused (they are not JSON) rather than written loosely."""
+    return (json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
+
+
+def write(path: "str | os.PathLike[str]", manifest: dict[str, Any]) -> None:
+    atomic.write_bytes(path, dumps(manifest))
+
+
+def read(path: "str | os.PathLike[str]") -> dict[str, Any]:
+    """Parse and schema-check a manifest; ``ManifestError`` names what is wrong."""
+    path = os.fspath(path)
+    with open(path, "rb") as f:
+        data = f.read(MAX_MANIFEST_BYTES + 1)
+    if len(data) > MAX_MANIFEST_BYTES:
+        raise ManifestError(path, f"manifest larger than {MAX_MANIFEST_BYTES} bytes")
+    try:
+        doc = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
+    except (UnicodeDecodeError, ValueError) as exc:
+        raise ManifestError(path, f"not valid JSON: {exc}") from None
+    if not isinstance(doc, dict):
+        raise ManifestError(path, f"expected a JSON object, got {type(doc).__name__}")
+    check_schema(path, doc)
+    return doc
+
+
+def _refuse_constant(name: str) -> None:
+    raise ValueError(f"{name} is not JSON")
+
+
+def check_schema(path: str, doc: dict[str, Any]) -> None:
+    for key, kind in REQUIRED.items():
+        if key not in doc:
+            raise ManifestError(path, f"missing field '{key}'")
+        value = doc[key]
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ManifestError(path, f"field '{key}': expected {kind.__name__}, got {value!r}")
+    if doc["format"] != FORMAT_ID:
+        raise ManifestError(path, f"format: expected '{FORMAT_ID}', got {doc['format']!r}")
+    if doc["format_version"] > FORMAT_VERSION:
+        raise ManifestError(path, f"format_version {doc['format_version']} is newer than this "
+                                  f"ckptfmt understands ({FORMAT_VERSION})")
+    if os.path.basename(doc["file"]) != doc["file"]:
+        raise ManifestError(path, f"field 'file' must be a bare name, got {doc['file']!r}")
+    if len(doc["blake3"]) != 64 or any(c not in "0123456789abcdef" for c in doc["blake3"]):
+        raise ManifestError(path, f"field 'blake3' is not a 64-digit hex digest: {doc['blake3']!r}")
+    if "layout" in doc:
+        check_layout(path, doc["layout"], doc["n_params"])
+
+
+def check_layout(path: str, layout: Any, n_params: int) -> None:
+    """The layout must tile 0..n_params exactly: no holes, no overlaps, in order."""
+    if not isinstance(layout, list):
+        raise ManifestError(path, "layout must be a list")
+    cursor = 0
+    for i, entry in enumerate(layout):
+        if not (isinstance(entry, dict) and isinstance(entry.get("name"), str)
+                and isinstance(entry.get("shape"), list) and isinstance(entry.get("offset"), int)
+                and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0
+                        for d in entry["shape"])):
+            raise ManifestError(path, f"layout entry {i} must have name, shape and offset")
+        if entry["offset"] != cursor:
+            raise ManifestError(path, f"layout entry {i} ({entry['name']}): expected offset "
+                                      f"{cursor}, got {entry['offset']}")
+        cursor += math.prod(entry["shape"])
+    if cursor != n_params:
+        raise ManifestError(path, f"layout covers {cursor} parameters, n_params is {n_params}")
+
+
+def check_matches(manifest_path: str, doc: dict[str, Any], bin_path: str, *,
+                  size: int, step: int, n_params: int) -> None:
+    """Fast consistency check of a manifest against the file it claims to describe."""
+    for field, actual in (("file", os.path.basename(bin_path)), ("size", size),
+                          ("step", step), ("n_params", n_params)):
+        if doc[field] != actual:
+            raise ManifestMismatchError(manifest_path, f"{field}: manifest says {doc[field]!r}, "
+                                        f"{os.path.basename(bin_path)} has {actual!r}",
+                                        expected=doc[field], got=actual)
+
+
+def get_dotted(doc: dict[str, Any], dotted: str) -> Any:
+    node: Any = doc
+    for part in dotted.split("."):
+        if not isinstance(node, dict) or part not in node:
+            raise KeyError(dotted)
+        node = node[part]
+    return node
+
+
+def require(path: "str | os.PathLike[str]", doc: dict[str, Any],
+            components: tuple[str, ...] = RESUME_COMPONENTS) -> None:
+    """Refuse a resume whose manifest lacks a component; never reset it silently."""
+    missing = []
+    for name in components:
+        try:
+            get_dotted(doc, name)
+        except KeyError:
+            missing.append(name)
+    if missing:
+        raise IncompleteResumeStateError(path, "cannot resume: manifest lacks "
+                                         + ", ".join(missing), expected=list(components), got=missing)

@@ -1,0 +1,215 @@
+"""Reader (spec §8): ``open(path) -> Checkpoint`` with read-only views over one mmap.
+
+Opening is O(1) in the file size: one ``fstat``, one 8-byte ``pread``, one ``mmap``. Header
+values are checked against the real size, as Python ints, before any view is made.
+"""
+from __future__ import annotations
+
+import math
+import mmap
+import os
+import stat
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from . import fingerprint
+from . import format as fmt
+from . import manifest as mf
+from .errors import (BadHeaderError, BadNameError, FingerprintMismatchError, NotACheckpointError,
+                     TrailingDataError, TruncatedError)
+
+
+def check_header(path: str, step: int, n_params: int, size: int) -> None:
+    """Raise the typed error for a header that disagrees with the file (spec §8.1, in order)."""
+    if step < 0:
+        raise BadHeaderError(path, f"negative step {step} at offset 0", offset=0, got=step)
+    if n_params < 0:
+        raise BadHeaderError(path, f"negative n_params {n_params} at offset 4", offset=4, got=n_params)
+    expected = fmt.file_size(n_params)
+    if size < expected:
+        raise TruncatedError(path, f"truncated at offset {size}: expected {expected} bytes, got {size}",
+                             offset=size, expected=expected, got=size)
+    if size > expected:
+        raise TrailingDataError(path, f"trailing data at offset {expected}: expected {expected} bytes, "
+                                      f"got {size}", offset=expected, expected=expected, got=size)
+
+
+def read_header(path: "str | os.PathLike[str]", fd: int | None = None) -> tuple[int, int, int]:
+    """(step, n_params, size) of a file whose header agrees with its size."""
+    path = os.fspath(path)
+    own = fd is None
+    if own:
+        fd = _open_regular(path)
+    try:
+        size = os.fstat(fd).st_size
+        if size < fmt.HEADER_SIZE:
+            raise NotACheckpointError(path, f"too short for a header: expected at least "
+                                            f"{fmt.HEADER_SIZE} bytes, got {size}",
+                                      offset=size, expected=fmt.HEADER_SIZE, got=size)
+        step, n = fmt.unpack_header(os.pread(fd, fmt.HEADER_SIZE, 0))
+        check_header(path, step, n, size)
+        return step, n, size
+    finally:
+        if own:
+            os.close(fd)
+
+
+def _open_regular(path: str) -> int:
+    """Open read-only without following into FIFOs or devices (they would hang or lie)."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        raise NotACheckpointError(path, f"{kind}, expected a step_NNNNNN.bin file")
+    return fd
+
+
+class Checkpoint:
+    """An open checkpoint: ``step``, ``n_params``, ``weights``/``m``/``v`` views, ``manifest``.
+
+    >>> ck = open("spec/vectors/step_000003.bin")          # doctest: +SKIP
+    >>> ck.step, ck.n_params, ck.weights.flags.writeable   # doctest: +SKIP
+    (3, 4, False)
+    """
+
+    def __init__(self, path: str, step: int, n_params: int, size: int, buffer: Any,
+                 manifest: dict[str, Any] | None, mm: mmap.mmap | None):
+        self.path = path
+        self.step = step
+        self.n_params = n_params
+        self.size = size
+        self.manifest = manifest
+        self._mmap = mm
+        self._buffer = buffer
+        self.weights, self.m, self.v = (self.region(r) for r in fmt.REGIONS)
+
+    def region(self, name: str) -> np.ndarray:
+        return np.frombuffer(self._buffer, dtype=fmt.DTYPE, count=self.n_params,
+                             offset=fmt.region_offset(name, self.n_params))
+
+    @property
+    def verified_status(self) -> str:
+        """'unverified' for a bare file; 'committed' when a manifest matched (hash not checked)."""
+        return "unverified" if self.manifest is None else "committed"
+
+    @property
+    def layout(self) -> list[dict[str, Any]] | None:
+        return None if self.manifest is None else self.manifest.get("layout")
+
+    def names(self) -> list[str]:
+        return [entry["name"] for entry in self.layout or []]
+
+    def tensor(self, name: str, region: str = "weights") -> np.ndarray:
+        """The view of one parameter, shaped as the layout says."""
+        for entry in self.layout or []:
+            if entry["name"] == name:
+                count = math.prod(entry["shape"])
+                flat = getattr(self, region)[entry["offset"]:entry["offset"] + count]
+                return flat.reshape(entry["shape"])
+        raise KeyError(f"{self.path}: no parameter named {name!r} in the layout")
+
+    def tensors(self, region: str = "weights") -> Iterator[tuple[str, np.ndarray]]:
+        for name in self.names():
+            yield name, self.tensor(name, region)
+
+    def buffer(self) -> memoryview:
+        """The whole file as bytes, without a copy."""
+        return memoryview(self._buffer)
+
+    def fingerprint(self) -> str:
+        return fingerprint.of_buffer(memoryview(self._buffer))
+
+    def verify(self) -> None:
+        """Check the content hash against the manifest; a bare file has nothing to check."""
+        if self.manifest is None:
+            return
+        digest = self.fingerprint()
+        if digest != self.manifest["blake3"]:
+            raise FingerprintMismatchError(self.path, f"blake3 mismatch: manifest says "
+                                           f"{self.manifest['blake3']}, file hashes to {digest}",
+                                           expected=self.manifest["blake3"], got=digest)
+
+    def close(self) -> None:
+        """Drop our references; the map closes when the last view is gone."""
+        self.weights = self.m = self.v = None  # type: ignore[assignment]
+        self._buffer = None
+        if self._mmap is not None:
+            try:
+                self._mmap.close()
+            except BufferError:
+                pass  # a caller still holds a view: the map lives until that view is released
+            self._mmap = None
+
+    def __enter__(self) -> "Checkpoint":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def __repr__(self) -> str:
+        return f"Checkpoint({self.path!r}, step={self.step}, n_params={self.n_params})"
+
+
+def open(path: "str | os.PathLike[str]", *, manifest: str = "auto", verify: bool = False,
+         copy_on_write: bool = False, check_name: bool = True) -> Checkpoint:
+    """Open a checkpoint in O(1): header check, one mmap, three views.
+
+    manifest: 'auto' reads ``X.json`` beside the file when present (and refuses one that does not
+    match), 'require' refuses a bare file, 'ignore' never looks. verify: hash the file and compare
+    with the manifest (reads every byte). copy_on_write: map privately so the views are writable
+    without touching the file (what ``torch.from_numpy`` needs to stay silent).
+    """
+    path = os.fspath(path)
+    fd = _open_regular(path)
+    try:
+        step, n, size = read_header(path, fd)
+        doc = _load_manifest(path, manifest, size=size, step=step, n_params=n)
+        if check_name:
+            _check_name(path, step)
+        access = mmap.ACCESS_COPY if copy_on_write else mmap.ACCESS_READ
+        mm = mmap.mmap(fd, size, access=access)
+    finally:
+        os.close(fd)
+    ckpt = Checkpoint(path, step, n, size, mm, doc, mm)
+    if verify:
+        if doc is None:
+            raise FingerprintMismatchError(path, "cannot verify: no manifest beside the file")
+        ckpt.verify()
+    return ckpt
+
+
+def _check_name(path: str, step: int) -> None:
+    parsed = fmt.parse_name(os.path.basename(path))
+    if parsed is not None and parsed[0] != step:
+        raise BadNameError(path, f"name says step {parsed[0]}, header says step {step}",
+                           expected=parsed[0], got=step)
+
+
+def _load_manifest(path: str, mode: str, **facts: int) -> dict[str, Any] | None:
+    if mode == "ignore":
+        return None
+    mpath = mf.path_for(path)
+    if not mpath.exists():
+        if mode == "require":
+            raise mf.ManifestError(str(mpath), "missing: the generation is not committed")
+        return None
+    doc = mf.read(mpath)
+    mf.check_matches(str(mpath), doc, path, **facts)
+    return doc
+
+
+def from_bytes(data: bytes, path: str = "<bytes>") -> Checkpoint:
+    """Parse a checkpoint held in memory (tests, fuzzing); same checks as ``open``."""
+    if len(data) < fmt.HEADER_SIZE:
+        raise NotACheckpointError(path, f"too short for a header: expected at least "
+                                        f"{fmt.HEADER_SIZE} bytes, got {len(data)}", offset=len(data))
+    step, n = fmt.unpack_header(data)
+    check_header(path, step, n, len(data))
+    return Checkpoint(path, step, n, len(data), data, None, None)
+
+
+def manifest_path(path: "str | os.PathLike[str]") -> Path:
+    return Path(mf.path_for(path))

@@ -1,0 +1,61 @@
+"""Streaming statistics over float32 regions, chunk by chunk so memory stays bounded."""
+from __future__ import annotations
+
+import math
+from dataclasses import asdict, dataclass
+
+import numpy as np
+
+CHUNK = 1 << 22   # elements per pass (16 MiB of float32)
+
+
+@dataclass
+class RegionStats:
+    count: int = 0
+    nan: int = 0
+    inf: int = 0
+    zeros: int = 0
+    negative: int = 0
+    min: float | None = None
+    max: float | None = None
+    max_abs: float | None = None
+    _sum: float = 0.0
+    _sumsq: float = 0.0
+
+    def add(self, chunk: np.ndarray) -> None:
+        self.count += chunk.size
+        finite_mask = np.isfinite(chunk)
+        n_finite = int(np.count_nonzero(finite_mask))
+        if n_finite != chunk.size:
+            self.nan += int(np.count_nonzero(np.isnan(chunk)))
+            self.inf += chunk.size - n_finite - int(np.count_nonzero(np.isnan(chunk)))
+            chunk = chunk[finite_mask]
+        if chunk.size == 0:
+            return
+        self.zeros += int(chunk.size - np.count_nonzero(chunk))
+        self.negative += int(np.count_nonzero(chunk < 0))
+        lo, hi = float(chunk.min()), float(chunk.max())
+        self.min = lo if self.min is None else min(self.min, lo)
+        self.max = hi if self.max is None else max(self.max, hi)
+        self.max_abs = max(abs(self.min), abs(self.max))
+        c64 = chunk.astype(np.float64)
+        self._sum += float(c64.sum())
+        self._sumsq += float(np.dot(c64, c64))
+
+    @property
+    def finite(self) -> int:
+        return self.count - self.nan - self.inf
+
+    def to_dict(self) -> dict:
+        out = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
+        n = self.finite
+        out["mean"] = self._sum / n if n else None
+        out["std"] = math.sqrt(max(self._sumsq / n - (self._sum / n) ** 2, 0.0)) if n else None
+        return out
+
+
+def region_stats(values: np.ndarray, chunk: int = CHUNK) -> RegionStats:
+    stats = RegionStats()
+    for start in range(0, values.size, chunk):
+        stats.add(values[start:start + chunk])
+    return stats

@@ -1,0 +1,145 @@
+"""Writer (spec §5): stream header + weights + m + v through the durable write, hashing as it
+writes on a second thread, then commit the manifest.
+
+Regions are float32 arrays, any contiguous buffer, or an iterable of those (concatenated), so
+a model's parameters can be written tensor by tensor with no full staging copy.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections import deque
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterable, Iterator
+
+import numpy as np
+
+from . import atomic, fingerprint
+from . import format as fmt
+from . import manifest as mf
+from .errors import SaveError
+
+CHUNK = 8 << 20      # bytes handed to write() and the hasher at a time
+Region = Any         # np.ndarray | buffer | Iterable of those
+
+
+@dataclass(frozen=True)
+class SaveResult:
+    path: str
+    manifest_path: str | None
+    step: int
+    n_params: int
+    size: int
+    blake3: str
+    seconds: float
+
+
+def as_bytes(buf: Any, what: str) -> memoryview:
+    """A flat byte view of a float32 array or a raw buffer; refuses other dtypes."""
+    if isinstance(buf, np.ndarray):
+        if buf.dtype != fmt.DTYPE:
+            raise TypeError(f"{what}: expected float32 little-endian, got {buf.dtype}")
+        buf = np.ascontiguousarray(buf)
+    view = memoryview(buf)
+    if not view.c_contiguous:
+        raise TypeError(f"{what}: buffer is not contiguous")
+    view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
+    if view.nbytes % fmt.ITEM:
+        raise ValueError(f"{what}: {view.nbytes} bytes is not a whole number of float32")
+    return view
+
+
+def _pieces(region: Region, what: str) -> tuple[int, Iterable[memoryview]]:
+    """(element count or -1 if only known by streaming, iterable of byte views)."""
+    if isinstance(region, np.ndarray) or hasattr(region, "__buffer__") or isinstance(
+            region, (bytes, bytearray, memoryview)):
+        view = as_bytes(region, what)
+        return view.nbytes // fmt.ITEM, [view]
+    if isinstance(region, (list, tuple)):
+        views = [as_bytes(piece, what) for piece in region]
+        return sum(v.nbytes for v in views) // fmt.ITEM, views
+    return -1, (as_bytes(piece, what) for piece in region)
+
+
+def _chunks(views: Iterable[memoryview]) -> Iterator[memoryview]:
+    for view in views:
+        for start in range(0, view.nbytes, CHUNK):
+            yield view[start:start + CHUNK]
+
+
+def save(path: "str | os.PathLike[str]", step: int, weights: Region, m: Region, v: Region, *,
+         manifest: dict[str, Any] | None = None, n_params: int | None = None,
+         write_manifest: bool = True, overwrite: bool = False) -> SaveResult:
+    """Durably write ``step_NNNNNN.bin`` and commit its manifest; returns what was written.
+
+    ``n_params`` is required only when regions are generators. An existing file is refused
+    unless ``overwrite`` (a committed generation is never overwritten by accident).
+    """
+    started = time.perf_counter()
+    path = os.fspath(path)
+    if path.endswith(".json"):
+        raise ValueError(f"{path}: a checkpoint path must not end in .json (that is its manifest)")
+    counts, sources = zip(*(_pieces(r, name) for r, name in zip((weights, m, v), fmt.REGIONS)))
+    n = _agree_on_n(path, counts, n_params)
+    if not overwrite and os.path.lexists(path):
+        raise SaveError(path, "exists already; refusing to overwrite a checkpoint")
+    mpath = mf.path_for(path)
+    header = fmt.pack_header(step, n)
+    digest = _write_hashed(path, header, sources, n)
+    size = fmt.file_size(n)
+    if write_manifest:
+        doc = mf.build(file=os.path.basename(path), size=size, step=step, n_params=n,
+                       digest=digest, extra=manifest)
+        mf.write(mpath, doc)
+    return SaveResult(path, str(mpath) if write_manifest else None, step, n, size, digest,
+                      time.perf_counter() - started)
+
+
+def _agree_on_n(path: str, counts: tuple[int, ...], n_params: int | None) -> int:
+    known = {c for c in counts if c >= 0}
+    if n_params is not None:
+        known.add(n_params)
+    if len(known) != 1:
+        raise ValueError(f"{path}: weights, m and v must have the same length, got {counts}"
+                         + ("" if known else " (pass n_params= for streamed regions)"))
+    return known.pop()
+
+
+def _write_hashed(path: str, header: bytes, sources: tuple, n: int) -> str:
+    """Write every chunk while a second thread hashes the previous ones, in order.
+
+    At most one chunk's hash is outstanding when the next chunk is pulled, so a producer that
+    alternates two staging buffers (the CUDA path) never has a buffer overwritten mid-hash.
+    """
+    hasher = fingerprint.hasher(1)
+    expected = fmt.file_size(n)
+    if os.path.exists(path):  # overwrite: uncommit the old generation before replacing it
+        atomic.remove(mf.path_for(path))
+    with atomic.AtomicWriter(path) as out, ThreadPoolExecutor(1, "ckptfmt-hash") as pool:
+        pending: deque[Future] = deque()
+        for chunk in _chunks_with_header(header, sources):
+            while len(pending) > 1:
+                pending.popleft().result()
+            pending.append(pool.submit(hasher.update, chunk))
+            out.write(chunk)
+        for fut in pending:
+            fut.result()
+        if out.offset != expected:
+            raise SaveError(path, f"regions hold {out.offset - fmt.HEADER_SIZE} bytes, header "
+                                  f"promises {expected - fmt.HEADER_SIZE}", expected=expected, got=out.offset)
+        out.commit()
+    return hasher.hexdigest()
+
+
+def _chunks_with_header(header: bytes, sources: tuple) -> Iterator[memoryview]:
+    yield memoryview(header)
+    for views in sources:
+        yield from _chunks(views)
+
+
+def save_generation(directory: "str | os.PathLike[str]", step: int, weights: Region, m: Region,
+                    v: Region, **kwargs: Any) -> SaveResult:
+    """``save`` under the canonical name ``step_NNNNNN.bin`` in ``directory``."""
+    return save(Path(directory) / fmt.checkpoint_name(step), step, weights, m, v, **kwargs)
