@@ -62,6 +62,11 @@ class AtomicWriter:
             fsio.writeback(self.fd, self._flushed, self.offset - self._flushed)
             self._flushed = self.offset
 
+    def fileobj(self):
+        """A seekable file object over the temp file (for writers that need one, e.g. zipfile)."""
+        assert self.fd is not None
+        return os.fdopen(self.fd, "wb", closefd=False)
+
     def commit(self) -> None:
         """fsync, close, rename over the final name, fsync the directory."""
         assert self.fd is not None
