@@ -126,6 +126,6 @@ def _check_values(report: Report, ckpt: reader.Checkpoint) -> None:
 def validate_path(path: "str | os.PathLike[str]", *, deep: bool = True) -> Report:
     """A file or a run directory (the run check lives in ``ckptfmt.run``)."""
     if os.path.isdir(path):
-        from .run import validate_run
+        from .runops import validate_run
         return validate_run(path, deep=deep)
     return validate_file(path, deep=deep)
