@@ -148,3 +148,21 @@ def diff(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]", *,
             result.regions[name] = diff_regions(getattr(a, name), getattr(b, name),
                                                 atol=atol, rtol=rtol, layout=layout)
     return result
+
+
+def per_tensor(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]") -> dict[str, dict[str, int]]:
+    """Differing element counts per parameter and region (only parameters that differ)."""
+    a = reader.open(path_a, check_name=False)
+    b = reader.open(path_b, check_name=False)
+    out: dict[str, dict[str, int]] = {}
+    with a, b:
+        if a.n_params != b.n_params or not (a.layout or b.layout):
+            return out
+        a.manifest = a.manifest or b.manifest
+        for name in a.names():
+            for region in fmt.REGIONS:
+                ta, tb = a.tensor(name, region), b.tensor(name, region)
+                n = int(np.count_nonzero(ta.view(np.uint32) != tb.view(np.uint32)))
+                if n:
+                    out.setdefault(name, {})[region] = n
+    return out

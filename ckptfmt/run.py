@@ -5,6 +5,7 @@ agree. "Latest" is found by checking, newest first, never by the highest number 
 """
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
@@ -180,8 +181,10 @@ class Run:
         self.path = Path(path)
         if create:
             self.path.mkdir(parents=True, exist_ok=True)
+        if not self.path.exists():
+            raise FileNotFoundError(errno.ENOENT, "no such run directory", str(self.path))
         if not self.path.is_dir():
-            raise CheckpointError(str(self.path), "not a run directory")
+            raise NotADirectoryError(errno.ENOTDIR, "not a run directory", str(self.path))
         self.history = History(self.path / ".loss.json")
 
     def listing(self) -> Listing:

@@ -1,0 +1,336 @@
+"""The ``ckptfmt`` command line: thin commands over library functions that return data.
+
+Exit codes everywhere: 0 ok / valid / identical; 1 the check ran and found a defect or a
+difference; 2 the check could not run (unreadable input, usage error). Errors are one line.
+"""
+from __future__ import annotations
+
+import functools
+import json
+import math
+import os
+import sys
+from typing import Any, Callable
+
+import click
+
+from .errors import CheckpointError, NotACheckpointError, RunLockedError
+
+EXIT_OK, EXIT_DEFECT, EXIT_CANNOT = 0, 1, 2
+
+
+class Fail(click.ClickException):
+    """One line on stderr and a chosen exit code."""
+
+    def __init__(self, message: str, code: int):
+        super().__init__(message)
+        self.exit_code = code
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"ckptfmt: {self.format_message()}", err=True)
+
+
+def guarded(fn: Callable) -> Callable:
+    """Turn library errors into one-line messages with the right exit code, never a traceback."""
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kwargs: Any) -> Any:
+        try:
+            return fn(*args, **kwargs)
+        except RunLockedError as exc:
+            raise Fail(str(exc), EXIT_CANNOT) from None
+        except NotACheckpointError as exc:
+            code = EXIT_CANNOT if exc.path and os.path.isdir(exc.path) else EXIT_DEFECT
+            raise Fail(str(exc), code) from None
+        except CheckpointError as exc:
+            raise Fail(str(exc), EXIT_DEFECT) from None
+        except OSError as exc:
+            where = exc.filename or ""
+            raise Fail(f"{where}: {exc.strerror or exc}" if where else str(exc), EXIT_CANNOT) from None
+    return wrapper
+
+
+def emit(data: Any, as_json: bool, human: Callable[[Any], None]) -> None:
+    if as_json:
+        click.echo(json.dumps(data, indent=1, default=_jsonable, allow_nan=True))
+    else:
+        human(data)
+
+
+def _jsonable(obj: Any) -> Any:
+    if hasattr(obj, "to_dict"):
+        return obj.to_dict()
+    return str(obj)
+
+
+def _fmt(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, float):
+        return f"{x:.6g}" if math.isfinite(x) else str(x)
+    return str(x)
+
+
+def _size(n: int | None) -> str:
+    if n is None:
+        return "-"
+    for unit in ("B", "KB", "MB", "GB", "TB"):
+        if n < 1000 or unit == "TB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return str(n)
+
+
+json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="ckptfmt")
+def main() -> None:
+    """ckptfmt: durable, fingerprinted step_NNNNNN.bin checkpoints.
+
+    Exit codes: 0 ok/valid/identical, 1 a defect or difference was found,
+    2 the check could not run (unreadable input, usage error).
+    """
+
+
+# ---------------------------------------------------------------- inspect
+@main.command()
+@click.argument("path", type=click.Path())
+@json_option
+@click.option("--tensors", is_flag=True, help="Statistics per parameter (needs a layout).")
+@guarded
+def inspect(path: str, as_json: bool, tensors: bool) -> None:
+    """Show step, size, fingerprint status and per-region statistics of a file or run."""
+    from .summary import inspect_file
+    if os.path.isdir(path):
+        from .run import Run
+        from .runops import ls_run
+        data = ls_run(path)
+        gen = Run(path).latest(allow_bare=True)
+        data["latest"] = inspect_file(gen.bin, tensors=tensors) if gen else None
+        emit(data, as_json, _print_run_inspect)
+        return
+    emit(inspect_file(path, tensors=tensors), as_json, _print_inspect)
+
+
+def _print_inspect(d: dict) -> None:
+    click.echo(f"{d['path']}\n  step {d['step']}  n_params {d['n_params']:,}  size {d['size']:,} bytes")
+    click.echo(f"  fingerprint {d['fingerprint']}  blake3 {d['blake3']}")
+    if d.get("manifest_problem"):
+        click.echo(f"  manifest problem: {d['manifest_problem']}")
+    if d.get("manifest"):
+        man = d["manifest"]
+        click.echo(f"  manifest: {man.get('layout_tensors', 0)} tensors in layout"
+                   + (f", config {man['config'].get('name')}" if isinstance(man.get("config"), dict) else ""))
+    _print_stats_table(d["regions"])
+    for name, regions in (d.get("tensors") or {}).items():
+        click.echo(f"  {name}")
+        _print_stats_table(regions, indent="    ")
+
+
+def _print_stats_table(regions: dict, indent: str = "  ") -> None:
+    cols = ("min", "max", "mean", "std", "max_abs", "nan", "inf", "zeros")
+    click.echo(indent + f"{'region':8}" + "".join(f"{c:>13}" for c in cols))
+    for name, s in regions.items():
+        click.echo(indent + f"{name:8}" + "".join(f"{_fmt(s[c]):>13}" for c in cols))
+
+
+def _print_run_inspect(d: dict) -> None:
+    _print_ls(d)
+    if d.get("latest"):
+        click.echo("latest valid generation:")
+        _print_inspect(d["latest"])
+
+
+# ---------------------------------------------------------------- validate
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@json_option
+@click.option("--fast", is_flag=True, help="Skip hashing and value scans (structure and manifest only).")
+@guarded
+def validate(paths: tuple[str, ...], as_json: bool, fast: bool) -> None:
+    """Check files or run directories: structure, fingerprint, manifest, values, sidecars."""
+    from .validate import validate_path
+    for p in paths:
+        if not os.path.exists(p):
+            raise Fail(f"{p}: no such file or directory", EXIT_CANNOT)
+    reports = [validate_path(p, deep=not fast) for p in paths]
+    emit([r.to_dict() for r in reports] if len(reports) > 1 else reports[0].to_dict(), as_json,
+         lambda _: [_print_report(r) for r in reports])
+    if not all(r.ok for r in reports):
+        sys.exit(EXIT_DEFECT)
+
+
+def _print_report(r) -> None:
+    verdict = "OK" if r.ok else "DAMAGED"
+    click.echo(f"{r.path}: {verdict} ({r.status})")
+    for f in r.findings:
+        click.echo(f"  {f.level}: {f.message}")
+
+
+# ---------------------------------------------------------------- diff
+@main.command()
+@click.argument("a", type=click.Path())
+@click.argument("b", type=click.Path())
+@json_option
+@click.option("--atol", type=float, default=0.0, show_default=True, help="Absolute tolerance.")
+@click.option("--rtol", type=float, default=0.0, show_default=True, help="Relative tolerance.")
+@click.option("--tensors", is_flag=True, help="List every differing parameter (needs a layout).")
+@guarded
+def diff(a: str, b: str, as_json: bool, atol: float, rtol: float, tensors: bool) -> None:
+    """Compare two checkpoints: header and weights, m, v. Exit 0 only when bit-identical
+    (or within --atol/--rtol)."""
+    from .diff import diff as run_diff, per_tensor
+    result = run_diff(a, b, atol=atol, rtol=rtol)
+    data = result.to_dict()
+    if tensors:
+        data["tensors"] = per_tensor(a, b)
+    emit(data, as_json, _print_diff)
+    if not (result.identical or (result.within_tolerance and (atol or rtol))):
+        sys.exit(EXIT_DEFECT)
+
+
+def _print_diff(d: dict) -> None:
+    click.echo(f"{d['a']} vs {d['b']}: {d['verdict']}")
+    steps, ns = d["header"]["step"], d["header"]["n_params"]
+    click.echo(f"  step {steps[0]} vs {steps[1]}; n_params {ns[0]:,} vs {ns[1]:,}")
+    if not d["comparable"]:
+        click.echo("  n_params differ: regions are not comparable")
+        return
+    for name, r in d["regions"].items():
+        if r["identical"]:
+            click.echo(f"  {name:8} identical")
+            continue
+        where = f"index {r['first_index']}"
+        if r["first_param"]:
+            where += f" ({r['first_param']}[{r['first_param_index']}])"
+        click.echo(f"  {name:8} {r['n_diff']:,} differ; max|d| {_fmt(r['max_abs'])} max rel "
+                   f"{_fmt(r['max_rel'])} max ulp {r['max_ulp']} rel L2 {_fmt(r['rel_l2'])} cos "
+                   f"{_fmt(r['cosine'])}; first at {where}")
+    for name, regions in (d.get("tensors") or {}).items():
+        click.echo(f"  {name}: " + ", ".join(f"{r} {n:,}" for r, n in regions.items()))
+
+
+# ---------------------------------------------------------------- convert
+@main.command()
+@click.argument("src", type=click.Path())
+@click.argument("dst", type=click.Path())
+@click.option("--to", "to", type=click.Choice(["bin", "safetensors", "pt", "npz", "zst"]),
+              help="Target format (default: from DST's extension).")
+@click.option("--weights-only", is_flag=True, help="Inference export: weights only, per parameter.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), help="With --weights-only.")
+@click.option("--no-verify", is_flag=True, help="Skip the round-trip verification.")
+@json_option
+@guarded
+def convert(src: str, dst: str, to: str | None, weights_only: bool, dtype: str | None,
+            no_verify: bool, as_json: bool) -> None:
+    """Convert between .bin, .safetensors, .pt, .npz and .zst; verified by converting back."""
+    from .convert import convert as run_convert
+    if dtype and not weights_only:
+        raise click.UsageError("--dtype needs --weights-only (a resumable checkpoint stays float32)")
+    report = run_convert(src, dst, to=to, weights_only=weights_only, dtype=dtype, verify=not no_verify)
+    emit(report.to_dict(), as_json, lambda r: click.echo(
+        f"{r['src']} -> {r['dst']} ({r['dst_format']}, {_size(r['dst_bytes'])}, "
+        f"ratio {r['src_bytes'] / max(r['dst_bytes'], 1):.3f}); verified: {r['verified']}"))
+
+
+# ---------------------------------------------------------------- ls / gc / pin
+@main.command("ls")
+@click.argument("run", type=click.Path())
+@json_option
+@click.option("--deep", is_flag=True, help="Verify fingerprints too.")
+@guarded
+def ls_cmd(run: str, as_json: bool, deep: bool) -> None:
+    """List a run's generations with status, pins and leftovers."""
+    from .runops import ls_run
+    emit(ls_run(run, deep=deep), as_json, _print_ls)
+
+
+def _print_ls(d: dict) -> None:
+    click.echo(f"{d['run']}" + (f"  (locked by pid {d['lock'].get('pid')})" if d.get("lock") else ""))
+    for g in d["generations"]:
+        marks = " pinned" if g["pinned"] else ""
+        click.echo(f"  {g['step']:>10}  {_size(g['size']):>10}  {g['age_s']:>9.0f}s  {g['status']}{marks}")
+    for t in d["leftovers"]:
+        click.echo(f"  leftover: {t}")
+    for f in d["foreign"]:
+        click.echo(f"  skipped: {f}")
+
+
+@main.command()
+@click.argument("run", type=click.Path())
+@click.option("--keep-last", type=click.IntRange(min=1), required=True, help="Newest generations to keep.")
+@click.option("--keep-every", type=click.IntRange(min=1), help="Also keep steps divisible by this (milestones).")
+@click.option("--dry-run", is_flag=True, help="Only say what would be deleted.")
+@json_option
+@guarded
+def gc(run: str, keep_last: int, keep_every: int | None, dry_run: bool, as_json: bool) -> None:
+    """Apply retention: keep the last K, milestones and pins; never the newest valid one."""
+    from .run import Run, RunLock
+    r = Run(run)
+    with RunLock(run, purpose="gc"):
+        swept = [] if dry_run else [str(p) for p in r.sweep_temps()]
+        deleted = r.gc(keep_last=keep_last, keep_every=keep_every, dry_run=dry_run)
+    data = {"run": run, "dry_run": dry_run, "deleted": deleted, "swept_temps": swept}
+    emit(data, as_json, lambda d: click.echo(
+        ("would delete" if dry_run else "deleted") + f" steps {deleted or 'none'}"
+        + (f"; swept {len(swept)} temp files" if swept else "")))
+
+
+@main.command()
+@click.argument("run", type=click.Path())
+@click.argument("step", type=int)
+@click.option("--off", is_flag=True, help="Unpin.")
+@guarded
+def pin(run: str, step: int, off: bool) -> None:
+    """Pin a step so retention never deletes it (or --off to unpin)."""
+    from .run import Run
+    click.echo(f"pinned: {Run(run).pin(step, on=not off)}")
+
+
+# ---------------------------------------------------------------- pivot / fork / bisect
+@main.command()
+@click.argument("run", type=click.Path())
+@click.option("--note", help="Why the pivot (recorded in the history).")
+@json_option
+@guarded
+def pivot(run: str, note: str | None, as_json: bool) -> None:
+    """Polish pivot: archive .samples.json and .state.json by step; keep weights, m, v, history.
+    The next `train` may change caps, floors and the lr schedule and starts a fresh bandit."""
+    from .runops import pivot as run_pivot
+    emit(run_pivot(run, note=note), as_json,
+         lambda d: click.echo(f"pivot at step {d['step']}: archived {d['archived'] or 'nothing'} to {d['archive']}"))
+
+
+@main.command()
+@click.argument("run", type=click.Path())
+@click.argument("dest", type=click.Path())
+@click.option("--step", type=int, required=True, help="Generation to fork from.")
+@json_option
+@guarded
+def fork(run: str, dest: str, step: int, as_json: bool) -> None:
+    """Audit fork: start a new run DEST from generation --step, with provenance."""
+    from .runops import fork as run_fork
+    emit(run_fork(run, step, dest), as_json,
+         lambda d: click.echo(f"forked {run} at step {d['step']} into {d['dest']} (blake3 {d['blake3'][:16]}…)"))
+
+
+@main.command()
+@click.argument("run_a", type=click.Path())
+@click.argument("run_b", type=click.Path())
+@json_option
+@guarded
+def bisect(run_a: str, run_b: str, as_json: bool) -> None:
+    """First step where two runs' generations or loss histories differ (exit 1 if any)."""
+    from .runops import bisect as run_bisect
+    data = run_bisect(run_a, run_b)
+    emit(data, as_json, lambda d: click.echo(
+        f"generations: first difference at step {d['first_generation_difference']} "
+        f"(last identical {d['last_identical_generation']}); history: first difference at step "
+        f"{d['first_history_difference']}"))
+    if not data["identical"]:
+        sys.exit(EXIT_DEFECT)
+
+
+def run_main() -> None:  # pragma: no cover
+    main()

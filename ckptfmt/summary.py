@@ -1,0 +1,53 @@
+"""``inspect`` as data: header, fingerprint status, manifest summary, per-region statistics."""
+from __future__ import annotations
+
+import os
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from . import format as fmt
+from . import manifest as mf
+from . import reader
+from .errors import CheckpointError
+from .stats import region_stats
+
+MANIFEST_SUMMARY = ("created", "config", "optimizer", "scheduler", "versions", "code", "data",
+                    "provenance")
+
+
+def inspect_file(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dict[str, Any]:
+    """Raises ``CheckpointError`` for a damaged file; a bad manifest is reported, not fatal."""
+    path = os.fspath(path)
+    ck = reader.open(path, manifest="ignore", check_name=False)
+    with ck:
+        out: dict[str, Any] = {"path": path, "step": ck.step, "n_params": ck.n_params,
+                               "size": ck.size}
+        doc, problem = _manifest(path, ck)
+        with ThreadPoolExecutor(1) as pool:
+            digest = pool.submit(ck.fingerprint)
+            out["regions"] = {r: region_stats(getattr(ck, r)).to_dict() for r in fmt.REGIONS}
+            if tensors and doc and doc.get("layout"):
+                ck.manifest = doc
+                out["tensors"] = {name: {r: region_stats(ck.tensor(name, r).ravel()).to_dict()
+                                         for r in fmt.REGIONS} for name in ck.names()}
+            out["blake3"] = digest.result()
+    out["fingerprint"] = ("unverified" if doc is None and problem is None else
+                          "mismatch" if problem or doc["blake3"] != out["blake3"] else "verified")
+    if problem:
+        out["manifest_problem"] = problem
+    if doc:
+        out["manifest"] = {k: doc[k] for k in MANIFEST_SUMMARY if k in doc}
+        out["manifest"]["layout_tensors"] = len(doc.get("layout") or [])
+    return out
+
+
+def _manifest(path: str, ck: reader.Checkpoint) -> tuple[dict | None, str | None]:
+    mpath = mf.path_for(path)
+    if not mpath.exists():
+        return None, None
+    try:
+        doc = mf.read(mpath)
+        mf.check_matches(str(mpath), doc, path, size=ck.size, step=ck.step, n_params=ck.n_params)
+        return doc, None
+    except CheckpointError as exc:
+        return None, str(exc)
