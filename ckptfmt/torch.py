@@ -1,0 +1,222 @@
+"""Model + Adam/AdamW optimizer <-> the three regions (the only core-adjacent torch module).
+
+weights = parameters in ``model.parameters()`` order, m = ``exp_avg``, v = ``exp_avg_sq``,
+step = the optimizer's own step count. Saving streams each tensor's memory straight into the
+writer (CPU tensors: zero-copy numpy views; CUDA tensors: two reused pinned staging buffers),
+so no full copy of the model is ever made on the CPU.
+"""
+from __future__ import annotations
+
+import base64
+import math
+import random
+from typing import Any, Iterator
+
+import numpy as np
+import torch
+
+from . import format as fmt
+from . import reader, writer
+from .errors import CheckpointError, IncompleteResumeStateError
+
+STAGING = 8 << 20   # bytes per pinned staging buffer on the CUDA path
+
+
+def layout_of(model: torch.nn.Module) -> list[dict[str, Any]]:
+    """Name, shape and element offset of every parameter, in iterator order (spec §4.2)."""
+    out, offset = [], 0
+    for name, p in model.named_parameters():
+        out.append({"name": name, "shape": list(p.shape), "offset": offset})
+        offset += p.numel()
+    return out
+
+
+def _check_optimizer(optimizer: torch.optim.Optimizer) -> None:
+    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
+        raise TypeError(f"ckptfmt stores Adam/AdamW state (m, v); got {type(optimizer).__name__}")
+    for group in optimizer.param_groups:
+        if group.get("amsgrad"):
+            raise TypeError("amsgrad keeps a third moment the seed layout cannot hold")
+
+
+def moments(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[list, list, int]:
+    """(exp_avg tensors, exp_avg_sq tensors, optimizer step) in parameter order; zeros before
+    the first update, so a step-0 checkpoint is still a complete file."""
+    _check_optimizer(optimizer)
+    ms, vs, steps = [], [], set()
+    for p in model.parameters():
+        state = optimizer.state.get(p, {})
+        if "exp_avg" in state:
+            ms.append(state["exp_avg"])
+            vs.append(state["exp_avg_sq"])
+            steps.add(int(state["step"]))
+        else:
+            ms.append(torch.zeros_like(p))
+            vs.append(torch.zeros_like(p))
+            steps.add(0)
+    if len(steps) > 1:
+        raise ValueError(f"parameters disagree on the optimizer step: {sorted(steps)}")
+    return ms, vs, steps.pop() if steps else 0
+
+
+def hyperparams(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """JSON-able param-group settings (everything but the params themselves)."""
+    out = []
+    for group in optimizer.param_groups:
+        out.append({k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items()
+                    if k != "params" and (v is None or isinstance(v, (bool, int, float, str, tuple, list)))})
+    return out
+
+
+def chunks(tensors: list[torch.Tensor]) -> Iterator[Any]:
+    """Byte-buffers of each tensor in order, with no full staging copy."""
+    staging: list[torch.Tensor] = []
+    turn = 0
+    for t in tensors:
+        t = t.detach()
+        if t.dtype != torch.float32:
+            raise TypeError(f"ckptfmt stores float32; got a {t.dtype} tensor (keep fp32 master weights)")
+        if t.device.type == "cpu":
+            yield t.contiguous().view(-1).numpy()
+            continue
+        if not staging:   # two pinned buffers: the writer hashes one while the next is filled
+            pin = torch.cuda.is_available()
+            staging = [torch.empty(STAGING // 4, dtype=torch.float32, pin_memory=pin) for _ in range(2)]
+        flat = t.contiguous().view(-1)
+        for start in range(0, flat.numel(), STAGING // 4):
+            piece = flat[start:start + STAGING // 4]
+            buf = staging[turn][:piece.numel()]
+            buf.copy_(piece)
+            turn ^= 1
+            yield buf.numpy()
+
+
+def regions(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any, Any, int, int]:
+    """(weights, m, v as chunk iterators, n_params, optimizer step) for ``writer.save``."""
+    params = list(model.parameters())
+    ms, vs, step = moments(model, optimizer)
+    n = sum(p.numel() for p in params)
+    return chunks(params), chunks(ms), chunks(vs), n, step
+
+
+def save(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int | None = None,
+         *, manifest: dict[str, Any] | None = None, **kwargs: Any) -> writer.SaveResult:
+    """Save model + optimizer; ``step`` defaults to the optimizer's step."""
+    w, m, v, n, opt_step = regions(model, optimizer)
+    extra = dict(manifest or {})
+    extra.setdefault("layout", layout_of(model))
+    extra.setdefault("optimizer", {"type": type(optimizer).__name__, "step": opt_step,
+                                   "hyperparams": hyperparams(optimizer)})
+    return writer.save(path, opt_step if step is None else step, w, m, v, manifest=extra,
+                       n_params=n, **kwargs)
+
+
+def load(source: "str | reader.Checkpoint", model: torch.nn.Module,
+         optimizer: torch.optim.Optimizer | None = None, *, verify: bool = True) -> reader.Checkpoint:
+    """Copy weights (and m, v, step, hyper-parameters) into ``model``/``optimizer``.
+
+    The file is mapped copy-on-write so ``torch.from_numpy`` sees writable views and no warning
+    is raised; every value is copied into the model's own tensors, so nothing aliases the file.
+    """
+    ck = source if isinstance(source, reader.Checkpoint) else reader.open(
+        source, manifest="require", verify=verify, copy_on_write=True)
+    layout = ck.layout
+    if layout is None:
+        raise IncompleteResumeStateError(ck.path, "cannot load into a model: manifest lacks layout")
+    params = dict(model.named_parameters())
+    if [e["name"] for e in layout] != list(params):
+        raise CheckpointError(ck.path, "parameter names/order differ from the model's: "
+                                       f"file has {len(layout)} tensors, model {len(params)}")
+    with torch.no_grad():
+        for entry in layout:
+            p = params[entry["name"]]
+            if list(p.shape) != entry["shape"]:
+                raise CheckpointError(ck.path, f"{entry['name']}: shape {entry['shape']} in the "
+                                               f"file, {list(p.shape)} in the model")
+            p.copy_(_view(ck.weights, entry))
+    if optimizer is not None:
+        load_optimizer(ck, model, optimizer)
+    return ck
+
+
+def _view(region: np.ndarray, entry: dict[str, Any]) -> torch.Tensor:
+    count = math.prod(entry["shape"])
+    return torch.from_numpy(region[entry["offset"]:entry["offset"] + count]).view(entry["shape"])
+
+
+def load_optimizer(ck: reader.Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    _check_optimizer(optimizer)
+    doc = ck.manifest or {}
+    opt = doc.get("optimizer")
+    if not isinstance(opt, dict) or "step" not in opt or "hyperparams" not in opt:
+        raise IncompleteResumeStateError(ck.path, "cannot resume the optimizer: manifest lacks "
+                                                  "optimizer.step / optimizer.hyperparams")
+    by_param = {id(p): e for p, e in zip(model.parameters(), ck.layout)}
+    sd = optimizer.state_dict()
+    ordered = [p for g in optimizer.param_groups for p in g["params"]]
+    state = {}
+    for index, p in enumerate(ordered):
+        entry = by_param[id(p)]
+        if opt["step"] == 0:
+            continue   # no update yet: Adam creates its state lazily, exactly as a fresh run
+        state[index] = {"step": torch.tensor(float(opt["step"]), dtype=torch.float32),
+                        "exp_avg": _view(ck.m, entry).to(p.device, copy=True),
+                        "exp_avg_sq": _view(ck.v, entry).to(p.device, copy=True)}
+    sd["state"] = state
+    if len(opt["hyperparams"]) != len(sd["param_groups"]):
+        raise CheckpointError(ck.path, f"{len(opt['hyperparams'])} param groups in the manifest, "
+                                       f"{len(sd['param_groups'])} in the optimizer")
+    for group, saved in zip(sd["param_groups"], opt["hyperparams"]):
+        for key, value in saved.items():
+            group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
+    optimizer.load_state_dict(sd)
+
+
+# ---------------------------------------------------------------- RNG state, JSON-able
+
+def rng_state(numpy_generators: dict[str, np.random.Generator] | None = None) -> dict[str, Any]:
+    """Every RNG that drives training: Python, the named NumPy generators, torch CPU, each CUDA
+    device. Torch states are bytes, stored as base64 (no pickle anywhere)."""
+    version, internal, gauss = random.getstate()
+    out: dict[str, Any] = {
+        "python": {"version": version, "state": list(internal), "gauss_next": gauss},
+        "numpy": {k: g.bit_generator.state for k, g in (numpy_generators or {}).items()},
+        "torch_cpu": _b64(torch.get_rng_state()),
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        out["torch_cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
+    return out
+
+
+def restore_rng(state: dict[str, Any], numpy_generators: dict[str, np.random.Generator] | None = None,
+                path: str = "<manifest>") -> None:
+    try:
+        py = state["python"]
+        random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
+        for name, gen in (numpy_generators or {}).items():
+            gen.bit_generator.state = state["numpy"][name]
+        torch.set_rng_state(_unb64(state["torch_cpu"]))
+        if torch.cuda.is_available() and torch.cuda.is_initialized():
+            cuda = state["torch_cuda"]
+            torch.cuda.set_rng_state_all([_unb64(s) for s in cuda])
+    except KeyError as exc:
+        raise IncompleteResumeStateError(path, f"cannot resume: manifest lacks rng.{exc.args[0]}") from None
+
+
+def _b64(t: torch.Tensor) -> str:
+    return base64.b64encode(t.numpy().tobytes()).decode()
+
+
+def _unb64(s: str) -> torch.Tensor:
+    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
+
+
+def versions() -> dict[str, str]:
+    import platform
+    import ckptfmt
+    return {"ckptfmt": ckptfmt.__version__, "torch": torch.__version__, "numpy": np.__version__,
+            "python": platform.python_version()}
+
+
+__all__ = ["layout_of", "moments", "regions", "save", "load", "load_optimizer", "rng_state",
+           "restore_rng", "versions", "fmt"]
