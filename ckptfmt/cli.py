@@ -332,5 +332,38 @@ def bisect(run_a: str, run_b: str, as_json: bool) -> None:
         sys.exit(EXIT_DEFECT)
 
 
-def run_main() -> None:  # pragma: no cover
-    main()
+# ---------------------------------------------------------------- train
+@main.command()
+@click.option("--run", "run_dir", required=True, type=click.Path(), help="Run directory (created if new).")
+@click.option("--config", "config_name", default="tiny", show_default=True,
+              type=click.Choice(["tiny", "andrea-12m", "andrea-120m"]), help="Named model/training config.")
+@click.option("--steps", type=click.IntRange(min=0), required=True, help="Train until global step N.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--checkpoint-every", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--sample-every", type=click.IntRange(min=0), default=100, show_default=True)
+@click.option("--keep-last", type=click.IntRange(min=1), help="Retention: newest generations kept.")
+@click.option("--keep-every", type=click.IntRange(min=1), help="Retention: milestone interval.")
+@click.option("--seed", type=int, help="Config seed (default 0; part of the config).")
+@click.option("--threads", type=click.IntRange(min=1), help="torch threads (part of the config: bit-exact "
+              "resume needs the same count).")
+@click.option("--async-save", is_flag=True, help="Write checkpoints in the background.")
+@click.option("--amp", type=click.Choice(["auto", "none", "bf16", "fp16"]), default="auto", show_default=True,
+              help="Mixed precision on CUDA (auto: bf16 on CUDA, none on CPU).")
+@click.option("--log-every", type=click.IntRange(min=1), default=50, show_default=True)
+@guarded
+def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_every: int,
+          sample_every: int, keep_last: int | None, keep_every: int | None, seed: int | None,
+          threads: int | None, async_save: bool, amp: str, log_every: int) -> None:
+    """Train the reference model to --steps N, resuming from the newest valid generation.
+
+    SIGTERM/SIGINT: checkpoint the current step and exit 0 (75 if that save fails).
+    SIGUSR1: checkpoint the current step and continue.
+    """
+    from .trainer.signals import install
+    flags = install()           # before the slow imports: a signal during start-up is honoured
+    from .trainer.loop import train as run_train
+    code = run_train(run_dir, config_name, steps, seed=seed, threads=threads, flags=flags,
+                     device=device, checkpoint_every=checkpoint_every, sample_every=sample_every,
+                     keep_last=keep_last, keep_every=keep_every, async_save=async_save, amp=amp,
+                     log_every=log_every)
+    sys.exit(code)

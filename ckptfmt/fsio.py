@@ -35,7 +35,7 @@ def open_excl(path: str) -> int:
 
 def open_append(path: str) -> int:
     _call("open", path)
-    return os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o644)
+    return os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND | getattr(os, "O_CLOEXEC", 0), 0o644)
 
 
 def write_all(fd: int, data: "bytes | memoryview", path: str = "") -> None:

@@ -1,0 +1,82 @@
+"""Named training configs. Everything that shapes the trajectory is here (so it is recorded in
+every manifest and a changed config is caught on resume); how long to train is not."""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import ConfigMismatchError
+
+SOURCES = ("code", "topics", "docstrings")
+
+# Fields a polish pivot may change (seed: new caps & floors; the issue: a new lr schedule).
+POLICY_FIELDS = ("caps", "floors", "sources", "lr", "warmup", "decay_steps", "min_lr_frac", "bandit_temperature")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    name: str
+    ctx: int
+    d_model: int
+    n_layer: int
+    n_head: int
+    batch: int
+    dropout: float = 0.1
+    lr: float = 3e-3
+    warmup: int = 20
+    decay_steps: int = 2000
+    min_lr_frac: float = 0.1
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.999)   # seed: beta1 0.9, beta2 0.999
+    eps: float = 1e-8
+    grad_clip: float = 1.0
+    sources: tuple[str, ...] = SOURCES
+    caps: dict[str, float] = field(default_factory=lambda: {s: 0.7 for s in SOURCES})
+    floors: dict[str, float] = field(default_factory=lambda: {s: 0.1 for s in SOURCES})
+    bandit_ema: float = 0.9
+    bandit_temperature: float = 0.05
+    corpus_bytes: int = 1 << 21
+    seed: int = 0
+    threads: int = 1
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dataclasses.asdict(self)
+        d["betas"], d["sources"] = list(self.betas), list(self.sources)
+        return d
+
+    def replace(self, **changes: Any) -> "TrainConfig":
+        return dataclasses.replace(self, **changes)
+
+
+CONFIGS = {
+    "tiny": TrainConfig("tiny", ctx=64, d_model=64, n_layer=2, n_head=2, batch=8, corpus_bytes=1 << 19),
+    "andrea-12m": TrainConfig("andrea-12m", ctx=512, d_model=384, n_layer=7, n_head=6, batch=4,
+                              lr=6e-4, warmup=200, decay_steps=200_000),
+    "andrea-120m": TrainConfig("andrea-120m", ctx=1024, d_model=768, n_layer=17, n_head=12, batch=4,
+                               lr=3e-4, warmup=2000, decay_steps=200_000),
+}
+
+
+def get(name: str, **overrides: Any) -> TrainConfig:
+    if name not in CONFIGS:
+        raise KeyError(f"unknown config {name!r}: choose one of {', '.join(CONFIGS)}")
+    return CONFIGS[name].replace(**{k: v for k, v in overrides.items() if v is not None})
+
+
+def from_dict(d: dict[str, Any]) -> TrainConfig:
+    d = dict(d)
+    d["betas"], d["sources"] = tuple(d["betas"]), tuple(d["sources"])
+    return TrainConfig(**d)
+
+
+def check_compatible(path: str, stored: dict[str, Any], wanted: TrainConfig, *, pivot: bool) -> None:
+    """Refuse a resume under a different config, except policy fields at a pivot."""
+    new = wanted.to_dict()
+    changed = sorted(k for k in set(stored) | set(new) if stored.get(k) != new.get(k))
+    forbidden = [k for k in changed if not (pivot and k in POLICY_FIELDS)]
+    if forbidden:
+        detail = ", ".join(f"{k}: run has {stored.get(k)!r}, asked {new.get(k)!r}" for k in forbidden)
+        hint = ("" if pivot else " (caps, floors and the lr schedule may change after "
+                "`ckptfmt pivot RUN`)")
+        raise ConfigMismatchError(path, f"config differs from the run's: {detail}{hint}")

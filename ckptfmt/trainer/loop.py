@@ -1,0 +1,315 @@
+"""The training loop: resume from the newest valid generation, train to ``--steps N``, commit
+generations on cadence, on SIGUSR1 (and continue) and on SIGTERM (and exit), and always at N.
+"""
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import os
+import random
+import sys
+import time
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from .. import fingerprint, reader
+from .. import manifest as mf
+from .. import torch as ct
+from ..errors import CheckpointError, ConfigMismatchError
+from ..history import encode_float
+from ..run import PIVOT, SAMPLES, STATE, Run, RunLock
+from . import config as cfgmod
+from .bandit import Bandit
+from .checkpointer import Checkpointer
+from .data import DataStream, corpus, identity
+from .model import GPT
+from .signals import FLAGS, Flags
+
+EXIT_SAVE_FAILED = 75
+SAMPLES_KEPT = 50
+_CODE_ID: dict[str, str] | None = None
+
+
+def code_identity() -> dict[str, str]:
+    """blake3 of the trainer's own source files (computed once per process)."""
+    global _CODE_ID
+    if _CODE_ID is None:
+        here = os.path.dirname(os.path.abspath(__file__))
+        files = sorted(f for f in os.listdir(here) if f.endswith(".py"))
+        _CODE_ID = {f: fingerprint.of_bytes(open(os.path.join(here, f), "rb").read()) for f in files}
+        _CODE_ID["torch_adapter"] = fingerprint.of_bytes(open(ct.__file__, "rb").read())
+    return _CODE_ID
+
+
+def pick_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise CheckpointError(None, "--device cuda: no CUDA device is available")
+    return torch.device(name)
+
+
+def _jsonable(state: dict[str, Any]) -> dict[str, Any]:
+    return {k: v for k, v in state.items() if v is None or isinstance(v, (bool, int, float, str, list))}
+
+
+class Trainer:
+    def __init__(self, run_dir: str, cfg: cfgmod.TrainConfig, *, device: str = "auto",
+                 checkpoint_every: int = 100, sample_every: int = 100, keep_last: int | None = None,
+                 keep_every: int | None = None, async_save: bool = False, amp: str = "auto",
+                 omit_rng_restore: bool = False, log_every: int = 50, flags: Flags = FLAGS,
+                 log: Callable[[str], None] | None = None):
+        self.cfg, self.flags = cfg, flags
+        self.checkpoint_every, self.sample_every = checkpoint_every, sample_every
+        self.keep_last, self.keep_every = keep_last, keep_every
+        self.omit_rng_restore, self.log_every = omit_rng_restore, log_every
+        self.log = log or (lambda msg: print(f"[train] {msg}", file=sys.stderr, flush=True))
+        self.run = Run(run_dir, create=True)
+        self.device = pick_device(device)
+        self.amp = ("bf16" if self.device.type == "cuda" else "none") if amp == "auto" else amp
+        self.ckpt = Checkpointer(self.run, asynchronous=async_save, after_commit=self._after_commit)
+        self.provenance: dict[str, Any] | None = None
+        self.started = time.time()
+
+    # ------------------------------------------------------------ construction
+    def build(self) -> None:
+        """Model, optimizer, scheduler, data, bandit; seeded for a fresh start."""
+        cfg = self.cfg
+        torch.set_num_threads(cfg.threads)
+        if self.device.type == "cuda":
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+            torch.backends.cudnn.deterministic = True
+            torch.backends.cudnn.benchmark = False
+        torch.use_deterministic_algorithms(True, warn_only=True)
+        random.seed(cfg.seed)
+        torch.manual_seed(cfg.seed)
+        self.sources = corpus(cfg.corpus_bytes)
+        self.data = DataStream(self.sources, cfg.sources, cfg.ctx, cfg.seed)
+        self.model = GPT(cfg).to(self.device)
+        self.model.train()
+        self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
+                                     weight_decay=cfg.weight_decay)
+        self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self.lr_factor)
+        self.bandit = self._fresh_bandit(phase=0)
+        self.scaler = torch.amp.GradScaler("cuda") if self.amp == "fp16" else None
+
+    def _fresh_bandit(self, phase: int) -> Bandit:
+        c = self.cfg
+        return Bandit(c.sources, c.caps, c.floors, seed=c.seed + 7919 * phase, ema=c.bandit_ema,
+                      temperature=c.bandit_temperature, phase=phase)
+
+    def lr_factor(self, step: int) -> float:
+        """Linear warmup, cosine decay to ``min_lr_frac`` over ``decay_steps`` (config-owned)."""
+        c = self.cfg
+        if step < c.warmup:
+            return (step + 1) / c.warmup
+        progress = min(1.0, (step - c.warmup) / max(1, c.decay_steps - c.warmup))
+        return c.min_lr_frac + (1 - c.min_lr_frac) * 0.5 * (1 + math.cos(math.pi * progress))
+
+    # ------------------------------------------------------------ resume
+    def resume(self) -> int:
+        """Restore everything from the newest valid generation; 0 for a fresh run."""
+        removed = self.run.sweep_temps()
+        if removed:
+            self.log(f"removed {len(removed)} temp files of interrupted saves")
+        gen = self.run.latest()
+        if gen is None:
+            self.run.history.event("start", 0, config=self.cfg.name)
+            return 0
+        ck = reader.open(gen.bin, manifest="require", verify=True, copy_on_write=True)
+        with ck:
+            doc = ck.manifest
+            mf.require(str(gen.manifest), doc)
+            pivot = self._pivot_applies(gen.step)
+            cfgmod.check_compatible(str(gen.manifest), doc["config"], self.cfg, pivot=pivot)
+            self._check_data(str(gen.manifest), doc["data"], pivot)
+            ct.load(ck, self.model, self.opt)
+        self.sched.load_state_dict(doc["scheduler"])
+        if pivot:
+            self._apply_new_schedule()
+        self._restore_position(doc, pivot)
+        self.provenance = doc.get("provenance")
+        self.run.history.event("resume", gen.step, pivot=pivot)
+        self.log(f"resumed from {gen.bin.name}" + (" after a pivot: fresh bandit" if pivot else ""))
+        return gen.step
+
+    def _pivot_applies(self, step: int) -> bool:
+        record = self.run.read_sidecar(PIVOT, default=None)
+        return isinstance(record, dict) and record.get("step") == step
+
+    def _check_data(self, path: str, data: dict[str, Any], pivot: bool) -> None:
+        ident = identity(self.sources)
+        stored = data.get("identity", {})
+        for name in self.cfg.sources:
+            if name in stored and stored[name] != ident[name]:
+                raise ConfigMismatchError(path, f"data source {name!r} differs from the one the run "
+                                                f"was trained on (blake3 {stored[name]['blake3'][:12]}… vs "
+                                                f"{ident[name]['blake3'][:12]}…)")
+            if name not in stored and not pivot:
+                raise ConfigMismatchError(path, f"data source {name!r} is not in the run's data")
+
+    def _apply_new_schedule(self) -> None:
+        self.sched.base_lrs = [self.cfg.lr for _ in self.sched.base_lrs]
+        factor = self.lr_factor(self.sched.last_epoch)
+        for group in self.opt.param_groups:
+            group["initial_lr"], group["lr"] = self.cfg.lr, self.cfg.lr * factor
+        self.sched._last_lr = [g["lr"] for g in self.opt.param_groups]
+
+    def _restore_position(self, doc: dict[str, Any], pivot: bool) -> None:
+        positions = doc["data"]["positions"]
+        for name in self.cfg.sources:
+            if name in positions:
+                self.data.positions[name] = dict(positions[name])
+            elif not pivot:
+                raise mf.IncompleteResumeStateError(None, f"cannot resume: data.positions.{name} missing")
+        if pivot:
+            self.bandit = self._fresh_bandit(phase=doc["bandit"]["phase"] + 1)
+        else:
+            self.bandit.load_state(doc["bandit"])
+        if self.scaler is not None and "amp" in doc:
+            self.scaler.load_state_dict(doc["amp"]["scaler"])
+        if not self.omit_rng_restore:   # last: after every object that consumes draws exists
+            gens = {} if pivot else {"bandit": self.bandit.rng}
+            ct.restore_rng(doc["rng"], gens, path=doc["file"])
+
+    # ------------------------------------------------------------ training
+    def train_step(self, step: int) -> dict[str, Any]:
+        source = self.bandit.pick()
+        x, y, ids = self.data.batch(source, self.cfg.batch, self.device)
+        lr = self.opt.param_groups[0]["lr"]
+        with torch.autocast(self.device.type, dtype=torch.bfloat16 if self.amp == "bf16" else torch.float16,
+                            enabled=self.amp != "none"):
+            _, loss = self.model(x, y)
+        self.opt.zero_grad(set_to_none=True)
+        if self.scaler is not None:
+            self.scaler.scale(loss).backward()
+            self.scaler.unscale_(self.opt)
+        else:
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(self.model.parameters(), self.cfg.grad_clip)
+        if self.scaler is not None:
+            self.scaler.step(self.opt)
+            self.scaler.update()
+        else:
+            self.opt.step()
+        self.sched.step()
+        value = float(loss.item())
+        self.bandit.update(source, value)
+        return {"step": step, "loss": encode_float(value), "lr": lr, "source": source,
+                "tokens": step * self.cfg.batch * self.cfg.ctx, "ids": ids,
+                "wall": round(time.time() - self.started, 4)}
+
+    def manifest(self, step: int) -> dict[str, Any]:
+        opt_step = ct.moments(self.model, self.opt)[2]
+        doc = {
+            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "layout": ct.layout_of(self.model),
+            "optimizer": {"type": "AdamW", "step": opt_step, "hyperparams": ct.hyperparams(self.opt)},
+            "scheduler": _jsonable(self.sched.state_dict()),
+            "rng": ct.rng_state({"bandit": self.bandit.rng}),
+            "data": {**self.data.state(), "identity": identity(self.sources)},
+            "bandit": self.bandit.state(),
+            "config": self.cfg.to_dict(),
+            "versions": ct.versions(),
+            "code": code_identity(),
+            "run": {"device": str(self.device), "amp": self.amp, "tokens_seen": step * self.cfg.batch * self.cfg.ctx,
+                    "deterministic": True, "threads": torch.get_num_threads()},
+        }
+        if self.scaler is not None:
+            doc["amp"] = {"dtype": "fp16", "scaler": _jsonable(self.scaler.state_dict())}
+        if self.provenance:
+            doc["provenance"] = self.provenance
+        return doc
+
+    def _after_commit(self, step: int, manifest: dict[str, Any]) -> None:
+        state = dict(manifest["bandit"], step=step, rng=manifest["rng"]["numpy"].get("bandit"))
+        self.run.write_sidecar(STATE, state)
+        if self.keep_last:
+            deleted = self.run.gc(keep_last=self.keep_last, keep_every=self.keep_every)
+            if deleted:
+                self.log(f"retention deleted steps {deleted}")
+
+    def checkpoint(self, step: int, reason: str) -> None:
+        self.ckpt.save(step, self.model, self.opt, self.manifest(step))
+        self.run.history.event("checkpoint", step, reason=reason, stall_ms=round(self.ckpt.last_stall_s * 1e3, 3))
+        self.log(f"step {step}: checkpoint ({reason}), training stalled {self.ckpt.last_stall_s * 1e3:.1f} ms")
+
+    def sample(self, step: int, source: str) -> None:
+        text = self.model.sample(b"def ", 48).decode("utf-8", "replace")
+        samples = self.run.read_sidecar(SAMPLES, default=[]) or []
+        samples = (samples + [{"step": step, "source": source, "prompt": "def ", "text": text}])[-SAMPLES_KEPT:]
+        self.run.write_sidecar(SAMPLES, samples)
+
+    def fit(self, target: int, on_step: Callable[[dict[str, Any]], None] | None = None) -> int:
+        """Train to global step ``target``; returns the process exit code."""
+        step = self.resume()
+        if step >= target:
+            self.log(f"run is at step {step}, target {target}: nothing to do")
+            return 0
+        while step < target and not self.flags.stop:
+            step += 1
+            record = self.train_step(step)
+            if on_step:
+                on_step(record)
+            record.pop("ids")
+            self.run.history.append(record)
+            if step % self.log_every == 0:
+                self.log(f"step {step}: loss {record['loss']:.4f} lr {record['lr']:.2e} source {record['source']}")
+            if self.sample_every and step % self.sample_every == 0:
+                self.sample(step, record["source"])
+            reason = self._due(step, target)
+            if reason:
+                self.flags.checkpoint = False
+                try:
+                    self.checkpoint(step, reason)
+                except (CheckpointError, OSError) as exc:
+                    return self._save_failed(exc)
+        try:
+            self.ckpt.wait()
+        except (CheckpointError, OSError) as exc:
+            return self._save_failed(exc)
+        self._log_stop(step)
+        return 0
+
+    def _due(self, step: int, target: int) -> str | None:
+        if self.flags.stop:
+            return "SIGTERM"
+        if self.flags.checkpoint:
+            return "SIGUSR1"
+        if step == target:
+            return "target"
+        if self.checkpoint_every and step % self.checkpoint_every == 0:
+            return "cadence"
+        return None
+
+    def _save_failed(self, exc: BaseException) -> int:
+        self.log(f"checkpoint failed: {exc}; the previous generation is intact")
+        return EXIT_SAVE_FAILED
+
+    def _log_stop(self, step: int) -> None:
+        if self.flags.stop and self.flags.stop_at is not None:
+            took = time.monotonic() - self.flags.stop_at
+            self.run.history.event("stop", step, seconds_after_signal=round(took, 3))
+            self.log(f"stopped at step {step}, {took:.3f} s after the signal")
+        self.run.history.sync()
+
+
+def train(run_dir: str, config_name: str, steps: int, *, seed: int | None = None,
+          threads: int | None = None, flags: Flags = FLAGS, **options: Any) -> int:
+    """Entry point used by ``ckptfmt train``: lock the run, build, resume, fit."""
+    cfg = cfgmod.get(config_name, seed=seed, threads=threads)
+    Run(run_dir, create=True)
+    if flags.stop:
+        return 0
+    with RunLock(run_dir, purpose="trainer"):
+        trainer = Trainer(run_dir, cfg, flags=flags, **options)
+        trainer.build()
+        if flags.stop:        # SIGTERM during start-up: nothing new is written
+            return 0
+        try:
+            return trainer.fit(steps)
+        finally:
+            trainer.run.history.close()
