@@ -332,6 +332,49 @@ def bisect(run_a: str, run_b: str, as_json: bool) -> None:
         sys.exit(EXIT_DEFECT)
 
 
+# ---------------------------------------------------------------- verify-resume
+@main.command("verify-resume")
+@click.option("--output", required=True, type=click.Path(), help="New directory for the four runs and verification.json.")
+@click.option("--trainer", type=click.Choice(["mini", "andrea", "command"]), default="mini", show_default=True)
+@click.option("--steps", type=click.IntRange(min=2), default=10, show_default=True)
+@click.option("--cut", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--atol", type=float, default=1e-12, show_default=True)
+@click.option("--rtol", type=float, default=0.0, show_default=True)
+@click.option("--command", "command", help="With --trainer command: template with {steps} {output} {resume} {omit_rng}.")
+@click.option("--fault", type=click.Choice(["optimizer", "scheduler", "cursor", "rng-python", "rng-numpy", "rng-torch"]),
+              hidden=True, help="mini only: break one piece of the resume (to test the verifier).")
+@json_option
+@guarded
+def verify_resume_cmd(output: str, trainer: str, steps: int, cut: int, atol: float, rtol: float,
+                      command: str | None, fault: str | None, as_json: bool) -> None:
+    """Prove a resume is complete: continuous, cut, resumed and resumed-without-RNG runs in
+    fresh processes. Exit 0 when the resume matches and the negative control diverges."""
+    from .verify import VerifyIncomplete, verify_resume
+    if cut >= steps:
+        raise click.UsageError(f"--cut ({cut}) must be smaller than --steps ({steps})")
+    log = None if as_json else (lambda m: click.echo(f"  {m}", err=True))
+    try:
+        result = verify_resume(output, trainer=trainer, steps=steps, cut=cut, atol=atol, rtol=rtol,
+                               command=command, fault=fault, log=log)
+    except VerifyIncomplete as exc:
+        raise Fail(f"verify-resume could not complete: {exc}", EXIT_CANNOT) from None
+    emit(result, as_json, _print_verification)
+    if not result["all_checks_passed"]:
+        sys.exit(EXIT_DEFECT)
+
+
+def _print_verification(r: dict) -> None:
+    click.echo(f"trainer {r['trainer']}: {r['steps']} steps, cut at {r['cut']}, atol {r['atol']}, rtol {r['rtol']}")
+    for name, c in r["checks"]["resume"].items():
+        neg = r["checks"]["resume_without_rng"].get(name, {})
+        click.echo(f"  {name:16} resume {'ok' if c['ok'] else 'FAIL'} (max dev {c['max_deviation']:.3g})"
+                   f"   without RNG: {'same' if neg.get('ok') else 'differs'} (max dev {neg.get('max_deviation', 0):.3g})")
+    click.echo(f"positive: {r['positive']}  negative_divergence_detected: {r['negative_divergence_detected']}"
+               f"  all_checks_passed: {r['all_checks_passed']}")
+    for f in r["failed_checks"]:
+        click.echo(f"  failed: {f}")
+
+
 # ---------------------------------------------------------------- train
 @main.command()
 @click.option("--run", "run_dir", required=True, type=click.Path(), help="Run directory (created if new).")
@@ -350,10 +393,11 @@ def bisect(run_a: str, run_b: str, as_json: bool) -> None:
 @click.option("--amp", type=click.Choice(["auto", "none", "bf16", "fp16"]), default="auto", show_default=True,
               help="Mixed precision on CUDA (auto: bf16 on CUDA, none on CPU).")
 @click.option("--log-every", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--omit-rng-restore", is_flag=True, hidden=True, help="Negative control of verify-resume.")
 @guarded
 def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_every: int,
           sample_every: int, keep_last: int | None, keep_every: int | None, seed: int | None,
-          threads: int | None, async_save: bool, amp: str, log_every: int) -> None:
+          threads: int | None, async_save: bool, amp: str, log_every: int, omit_rng_restore: bool) -> None:
     """Train the reference model to --steps N, resuming from the newest valid generation.
 
     SIGTERM/SIGINT: checkpoint the current step and exit 0 (75 if that save fails).
@@ -365,5 +409,5 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
     code = run_train(run_dir, config_name, steps, seed=seed, threads=threads, flags=flags,
                      device=device, checkpoint_every=checkpoint_every, sample_every=sample_every,
                      keep_last=keep_last, keep_every=keep_every, async_save=async_save, amp=amp,
-                     log_every=log_every)
+                     log_every=log_every, omit_rng_restore=omit_rng_restore)
     sys.exit(code)

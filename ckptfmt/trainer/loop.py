@@ -245,12 +245,13 @@ class Trainer:
 
     def fit(self, target: int, on_step: Callable[[dict[str, Any]], None] | None = None) -> int:
         """Train to global step ``target``; returns the process exit code."""
-        step = self.resume()
+        step = self.data_step = self.resume()
         if step >= target:
             self.log(f"run is at step {step}, target {target}: nothing to do")
             return 0
         while step < target and not self.flags.stop:
             step += 1
+            self.data_step = step
             record = self.train_step(step)
             if on_step:
                 on_step(record)
@@ -304,12 +305,21 @@ def train(run_dir: str, config_name: str, steps: int, *, seed: int | None = None
     Run(run_dir, create=True)
     if flags.stop:
         return 0
+    if os.environ.get("CKPTFMT_OMIT_RNG_RESTORE") == "1":
+        options["omit_rng_restore"] = True
     with RunLock(run_dir, purpose="trainer"):
         trainer = Trainer(run_dir, cfg, flags=flags, **options)
         trainer.build()
         if flags.stop:        # SIGTERM during start-up: nothing new is written
             return 0
+        observer = None
+        if os.environ.get("CKPTFMT_SUMMARY"):
+            from .protocol import Observer
+            observer = Observer(trainer)
         try:
-            return trainer.fit(steps)
+            code = trainer.fit(steps, on_step=observer.on_step if observer else None)
+            if observer is not None and code == 0:
+                observer.write(os.environ["CKPTFMT_SUMMARY"])
+            return code
         finally:
             trainer.run.history.close()

@@ -1,0 +1,79 @@
+"""Hooks that let ``ckptfmt verify-resume --trainer andrea`` observe the reference trainer.
+
+Set by environment (so the trainer's command line stays the user's):
+  CKPTFMT_SUMMARY=PATH               write the verifier's summary.json at exit
+  CKPTFMT_PAUSE_AT_STEP=N:MARKER     after step N, create MARKER and wait for a signal, so an
+                                     external SIGTERM lands exactly at step N
+  CKPTFMT_OMIT_RNG_RESTORE=1         the negative control: resume without restoring any RNG
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .. import torch as ct
+
+
+class Observer:
+    def __init__(self, trainer: Any):
+        self.trainer = trainer
+        self.records: list[dict[str, Any]] = []
+        pause = os.environ.get("CKPTFMT_PAUSE_AT_STEP")
+        self.pause_step, self.marker = (None, None)
+        if pause:
+            step, marker = pause.split(":", 1)
+            self.pause_step, self.marker = int(step), Path(marker)
+
+    def on_step(self, record: dict[str, Any]) -> None:
+        self.records.append({k: record[k] for k in ("step", "ids", "lr", "loss")})
+        if record["step"] == self.pause_step:
+            self.marker.write_text(str(os.getpid()))
+            deadline = time.monotonic() + 600
+            while not self.trainer.flags.stop and time.monotonic() < deadline:
+                time.sleep(0.005)
+
+    def write(self, path: str) -> None:
+        t = self.trainer
+        ms, vs, opt_step = ct.moments(t.model, t.opt)
+        gen = t.run.latest()
+        summary = {"trainer": "andrea", "steps": self.records, "checkpoint": gen.bin.name if gen else None,
+                   "final": {"step": t.data_step,
+                             "parameters": torch.cat([p.detach().reshape(-1) for p in t.model.parameters()]).tolist(),
+                             "optimizer": {"step": opt_step, "m": torch.cat([x.reshape(-1) for x in ms]).tolist(),
+                                           "v": torch.cat([x.reshape(-1) for x in vs]).tolist()},
+                             "scheduler": {k: v for k, v in t.sched.state_dict().items()
+                                           if isinstance(v, (int, float, list)) and not isinstance(v, bool)},
+                             "progress": {"data": t.data.state()["positions"], "bandit": t.bandit.state()},
+                             "next_draws": self.next_draws(), "eval": {"loss": self.eval_loss()}}}
+        Path(path).write_text(json.dumps(summary))
+
+    def next_draws(self) -> dict[str, list[float]]:
+        """Observe the next draws of every RNG, then put each state back."""
+        t = self.trainer
+        py, npst, tst = random.getstate(), t.bandit.rng.bit_generator.state, torch.get_rng_state()
+        draws = {"python": [random.random() for _ in range(3)], "numpy": t.bandit.rng.random(3).tolist(),
+                 "torch": torch.rand(3).tolist()}
+        random.setstate(py)
+        t.bandit.rng.bit_generator.state = npst
+        torch.set_rng_state(tst)
+        return draws
+
+    def eval_loss(self) -> float:
+        """Loss on a fixed batch (the first windows of each source), in eval mode: no RNG used."""
+        t = self.trainer
+        rows = []
+        for name in t.cfg.sources:
+            arr = t.data.arrays[name]
+            rows += [arr[i * t.cfg.ctx:i * t.cfg.ctx + t.cfg.ctx + 1] for i in range(2)]
+        batch = torch.from_numpy(__import__("numpy").stack(rows).astype("int64")).to(t.device)
+        t.model.eval()
+        with torch.no_grad():
+            _, loss = t.model(batch[:, :-1], batch[:, 1:])
+        t.model.train()
+        return float(loss.item())

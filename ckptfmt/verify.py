@@ -1,0 +1,266 @@
+"""The resume-verification protocol (seed 001) as a reusable command.
+
+Four fresh processes: continuous (N updates), cut (C updates, save, stop), full resume (load
+C, run N-C) and a negative control (the same resume without RNG restore). The full resume must
+match the continuous run within the tolerance (on the CPU: exactly) and the negative control
+must diverge, or the check has no teeth. Exit 0 / 1 / 2 as every ckptfmt command.
+
+Trainer contract (``--trainer command``): a command template with the placeholders {steps},
+{output}, {resume} (expands to ``--resume PATH`` or nothing) and {omit_rng} (expands to
+``--omit-rng-restore`` or nothing). Each run must create {output}, save a checkpoint there and
+write {output}/summary.json::
+
+    {"steps": [{"step": int, "ids": [...], "lr": float, "loss": float}, ...],  # this process
+     "checkpoint": "file name of the checkpoint it saved, inside {output}",
+     "final": {"step": ..., "parameters": ..., "optimizer": ..., "scheduler": ...,
+               "progress": ..., "next_draws": {...}, "eval": {...}}}       # nested numbers
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from . import fingerprint
+from .errors import CheckpointError
+
+MINI = f"{shlex.quote(sys.executable)} -B -m ckptfmt.mini --steps {{steps}} --output {{output}} {{resume}} {{omit_rng}}"
+RUNS = ("continuous", "cut", "resume", "resume-without-rng")
+TIMEOUT = 600
+
+
+class VerifyIncomplete(Exception):
+    """The protocol could not complete (exit 2)."""
+
+
+@dataclass
+class Deviation:
+    max_abs: float = 0.0
+    structural: list[str] = field(default_factory=list)
+    non_finite: list[str] = field(default_factory=list)
+
+    def ok(self, atol: float, rtol_hit: bool) -> bool:
+        return not self.structural and not self.non_finite and not rtol_hit and self.max_abs <= atol
+
+
+def compare(a: Any, b: Any, path: str, dev: Deviation, atol: float, rtol: float) -> bool:
+    """Walk two JSON trees; numbers by |a-b| <= atol + rtol|b|; anything else must be equal.
+    Returns True when some element exceeds the tolerance."""
+    if isinstance(a, bool) or isinstance(b, bool) or isinstance(a, str) or a is None:
+        if a != b:
+            dev.structural.append(f"{path}: {a!r} != {b!r}")
+        return False
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
+        if not (math.isfinite(a) and math.isfinite(b)):
+            dev.non_finite.append(path)
+            return True
+        d = abs(a - b)
+        dev.max_abs = max(dev.max_abs, d)
+        return d > atol + rtol * abs(b)
+    if isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            dev.structural.append(f"{path}: length {len(a)} != {len(b)}")
+            return False
+        return any([compare(x, y, f"{path}[{i}]", dev, atol, rtol) for i, (x, y) in enumerate(zip(a, b))])
+    if isinstance(a, dict) and isinstance(b, dict):
+        if set(a) != set(b):
+            dev.structural.append(f"{path}: keys differ: {sorted(set(a) ^ set(b))}")
+        return any([compare(a[k], b[k], f"{path}.{k}", dev, atol, rtol) for k in sorted(set(a) & set(b))])
+    dev.structural.append(f"{path}: {type(a).__name__} vs {type(b).__name__}")
+    return False
+
+
+def check_pair(reference: dict[str, Any], candidate: dict[str, Any], cut: int,
+               atol: float, rtol: float) -> dict[str, dict[str, Any]]:
+    """Per-check verdicts of ``candidate`` (a resumed run) against ``reference`` (continuous)."""
+    ref_after = [s for s in reference["steps"] if s["step"] > cut]
+    checks: dict[str, tuple[Any, Any]] = {
+        "steps": ([s["step"] for s in ref_after], [s["step"] for s in candidate["steps"]]),
+        "sample_ids": ([s["ids"] for s in ref_after], [s["ids"] for s in candidate["steps"]]),
+        "learning_rates": ([s["lr"] for s in ref_after], [s["lr"] for s in candidate["steps"]]),
+        "losses": ([s["loss"] for s in ref_after], [s["loss"] for s in candidate["steps"]]),
+    }
+    for key in sorted(set(reference["final"]) | set(candidate["final"])):
+        checks[key] = (reference["final"].get(key), candidate["final"].get(key))
+    out = {}
+    for name, (a, b) in checks.items():
+        dev = Deviation()
+        if a is None or b is None:
+            dev.structural.append(f"{name}: missing in {'reference' if a is None else 'candidate'}")
+            hit = False
+        else:
+            hit = compare(a, b, name, dev, atol, rtol)
+        out[name] = {"max_deviation": dev.max_abs, "ok": dev.ok(atol, hit),
+                     "structural": dev.structural[:5], "non_finite": dev.non_finite[:5]}
+    return out
+
+
+class Protocol:
+    def __init__(self, output: str, *, trainer: str = "mini", steps: int = 10, cut: int = 5,
+                 atol: float = 1e-12, rtol: float = 0.0, command: str | None = None,
+                 fault: str | None = None, log=None):
+        if not 0 < cut < steps:
+            raise ValueError(f"--cut must be between 1 and --steps - 1, got cut {cut}, steps {steps}")
+        self.out = Path(output)
+        self.trainer, self.steps, self.cut, self.atol, self.rtol = trainer, steps, cut, atol, rtol
+        self.command = command or (MINI + (f" --fault {fault}" if fault else "")
+                                   if trainer == "mini" else None)
+        self.fault = fault
+        self.log = log or (lambda m: None)
+
+    # ------------------------------------------------------------ template runs
+    def _run_template(self, name: str, steps: int, resume: str | None, omit: bool) -> dict[str, Any]:
+        output = self.out / name
+        cmd = self.command.format(steps=steps, output=shlex.quote(str(output)),
+                                  resume=f"--resume {shlex.quote(resume)}" if resume else "",
+                                  omit_rng="--omit-rng-restore" if omit else "")
+        if self.fault and not resume:
+            cmd = cmd.replace(f" --fault {self.fault}", "")
+        self._spawn(name, shlex.split(cmd), {})
+        return self._summary(output)
+
+    def _spawn(self, name: str, argv: list[str], env: dict[str, str], on_start=None) -> None:
+        self.log(f"{name}: {' '.join(argv)}")
+        proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE,
+                                stderr=subprocess.STDOUT, text=True)
+        if on_start:
+            on_start(proc)
+        try:
+            output, _ = proc.communicate(timeout=TIMEOUT)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise VerifyIncomplete(f"{name} run timed out after {TIMEOUT} s") from None
+        (self.out / f"{name}.log").write_text(output)
+        if proc.returncode != 0:
+            tail = output.strip().splitlines()[-1:] or ["(no output)"]
+            raise VerifyIncomplete(f"{name} run exited {proc.returncode}: {tail[0]}")
+
+    def _summary(self, output: Path) -> dict[str, Any]:
+        path = output / "summary.json"
+        try:
+            summary = json.loads(path.read_text())
+        except (OSError, ValueError) as exc:
+            raise VerifyIncomplete(f"{path}: cannot read the run's summary: {exc}") from None
+        for key in ("steps", "final", "checkpoint"):
+            if key not in summary:
+                raise VerifyIncomplete(f"{path}: summary lacks '{key}' (see the trainer contract)")
+        ckpt = output / summary["checkpoint"]
+        summary["checkpoint_blake3"] = fingerprint.of_file(ckpt) if ckpt.is_file() else None
+        return summary
+
+    def run_template(self) -> dict[str, dict[str, Any]]:
+        runs = {"continuous": self._run_template("continuous", self.steps, None, False),
+                "cut": self._run_template("cut", self.cut, None, False)}
+        ckpt = str(self.out / "cut" / runs["cut"]["checkpoint"])
+        rest = self.steps - self.cut
+        runs["resume"] = self._run_template("resume", rest, ckpt, False)
+        runs["resume-without-rng"] = self._run_template("resume-without-rng", rest, ckpt, True)
+        return runs
+
+    # ------------------------------------------------------------ the andrea trainer
+    def run_andrea(self) -> dict[str, dict[str, Any]]:
+        from .runops import fork
+        runs = {"continuous": self._andrea("continuous", self.steps)}
+        runs["cut"] = self._andrea("cut", self.steps, pause_at=self.cut)
+        cut_step = runs["cut"]["final"]["step"]
+        if cut_step != self.cut:
+            raise VerifyIncomplete(f"cut run stopped at step {cut_step}, expected {self.cut}")
+        for name, omit in (("resume", False), ("resume-without-rng", True)):
+            fork(self.out / "cut", cut_step, self.out / name)
+            runs[name] = self._andrea(name, self.steps, omit=omit)
+        return runs
+
+    def _andrea(self, name: str, steps: int, pause_at: int | None = None, omit: bool = False) -> dict[str, Any]:
+        run = self.out / name
+        argv = [sys.executable, "-B", "-m", "ckptfmt.trainer", "--run", str(run), "--steps", str(steps),
+                "--config", "tiny", "--checkpoint-every", str(10 ** 6), "--sample-every", "0"]
+        env = {"CKPTFMT_SUMMARY": str(run / "summary.json")}
+        if omit:
+            env["CKPTFMT_OMIT_RNG_RESTORE"] = "1"
+        on_start = None
+        if pause_at is not None:
+            marker = self.out / f"{name}.paused"
+            env["CKPTFMT_PAUSE_AT_STEP"] = f"{pause_at}:{marker}"
+            on_start = lambda proc: self._sigterm_when(proc, marker)   # noqa: E731
+        self._spawn(name, argv, env, on_start)
+        return self._summary(run)
+
+    @staticmethod
+    def _sigterm_when(proc: subprocess.Popen, marker: Path) -> None:
+        """Deliver a real SIGTERM from outside once the trainer reports the cut step done."""
+        deadline = time.monotonic() + TIMEOUT
+        while not marker.exists():
+            if proc.poll() is not None or time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
+        proc.send_signal(signal.SIGTERM)
+
+    # ------------------------------------------------------------ verdict
+    def run(self) -> dict[str, Any]:
+        if self.out.exists():
+            raise VerifyIncomplete(f"{self.out}: exists already; the protocol needs a new directory")
+        self.out.mkdir(parents=True)
+        if self.trainer == "andrea":
+            runs = self.run_andrea()
+        else:
+            if not self.command:
+                raise VerifyIncomplete("--trainer command needs --command TEMPLATE")
+            runs = self.run_template()
+        return self.verdict(runs)
+
+    def verdict(self, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        cont = runs["continuous"]
+        prefix = {"steps": [s for s in cont["steps"] if s["step"] <= self.cut],
+                  "final": {}}
+        cut_check = check_pair({"steps": prefix["steps"], "final": {}},
+                               {"steps": runs["cut"]["steps"], "final": {}}, 0, self.atol, self.rtol)
+        positive = check_pair(cont, runs["resume"], self.cut, self.atol, self.rtol)
+        negative = check_pair(cont, runs["resume-without-rng"], self.cut, self.atol, self.rtol)
+        pos_ok = all(c["ok"] for c in positive.values()) and all(c["ok"] for c in cut_check.values())
+        neg_structural = any(c["structural"] or c["non_finite"] for c in negative.values())
+        neg_diverged = not neg_structural and any(not c["ok"] for c in negative.values())
+        failed = [f"resume.{k}" for k, c in positive.items() if not c["ok"]]
+        failed += [f"cut.{k}" for k, c in cut_check.items() if not c["ok"]]
+        if not neg_diverged:
+            failed.append("negative_control: the resume without RNG restore did not diverge"
+                          if not neg_structural else "negative_control: structural difference")
+        result = {
+            "trainer": self.trainer, "steps": self.steps, "cut": self.cut, "atol": self.atol, "rtol": self.rtol,
+            "positive": pos_ok, "negative_divergence_detected": neg_diverged,
+            "all_checks_passed": pos_ok and neg_diverged, "failed_checks": failed,
+            "checks": {"cut": cut_check, "resume": positive, "resume_without_rng": negative},
+            "checkpoints": {name: {"file": r.get("checkpoint"), "blake3": r.get("checkpoint_blake3")}
+                            for name, r in runs.items()},
+            "final_eval": {name: r["final"].get("eval") for name, r in runs.items()},
+            "environment": _environment(),
+        }
+        (self.out / "verification.json").write_text(json.dumps(result, indent=1))
+        return result
+
+
+def _environment() -> dict[str, str]:
+    import platform
+    env = {"python": platform.python_version(), "platform": platform.platform()}
+    try:
+        import numpy
+        import torch
+        env.update(torch=torch.__version__, numpy=numpy.__version__, device="cpu")
+    except ImportError:
+        pass
+    return env
+
+
+def verify_resume(output: str, **options: Any) -> dict[str, Any]:
+    """Run the protocol; raises ``VerifyIncomplete`` when it cannot complete."""
+    try:
+        return Protocol(output, **options).run()
+    except CheckpointError as exc:
+        raise VerifyIncomplete(str(exc)) from None
