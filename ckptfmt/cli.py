@@ -14,7 +14,7 @@ from typing import Any, Callable
 
 import click
 
-from .errors import CheckpointError, NotACheckpointError, RunLockedError
+from .errors import CheckpointError, DestinationExistsError, NotACheckpointError, RunLockedError
 
 EXIT_OK, EXIT_DEFECT, EXIT_CANNOT = 0, 1, 2
 
@@ -36,7 +36,7 @@ def guarded(fn: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except RunLockedError as exc:
+        except (RunLockedError, DestinationExistsError) as exc:
             raise Fail(str(exc), EXIT_CANNOT) from None
         except NotACheckpointError as exc:
             code = EXIT_CANNOT if exc.path and os.path.isdir(exc.path) else EXIT_DEFECT
@@ -330,6 +330,48 @@ def bisect(run_a: str, run_b: str, as_json: bool) -> None:
         f"{d['first_history_difference']}"))
     if not data["identical"]:
         sys.exit(EXIT_DEFECT)
+
+
+# ---------------------------------------------------------------- export / import
+@main.command("export")
+@click.argument("run", type=click.Path())
+@click.argument("dest", type=click.Path())
+@click.option("--latest", "latest", is_flag=True, help="Export the newest valid generation (the default).")
+@click.option("--steps", "steps", help="Comma-separated steps to export instead of the latest.")
+@click.option("--with-history/--without-history", default=True, show_default=True, help="Copy .loss.json (whole).")
+@click.option("--weights-only", is_flag=True, help="Inference export: weights as safetensors.")
+@click.option("--archive", is_flag=True, help="Write DEST as one verified .tar.zst.")
+@json_option
+@guarded
+def export_cmd(run: str, dest: str, latest: bool, steps: str | None, with_history: bool,
+               weights_only: bool, archive: bool, as_json: bool) -> None:
+    """Export generations, history and sidecars to DEST, verified at DEST (and loaded there)."""
+    from .export import archive as run_archive, export as run_export
+    chosen = None
+    if steps:
+        try:
+            chosen = [int(s) for s in steps.split(",") if s.strip()]
+        except ValueError:
+            raise click.UsageError(f"--steps takes comma-separated integers, got {steps!r}") from None
+    if latest and chosen:
+        raise click.UsageError("--latest and --steps exclude each other")
+    fn = run_archive if archive else run_export
+    doc = fn(run, dest, steps=chosen, with_history=with_history, weights_only=weights_only)
+    emit(doc, as_json, lambda d: click.echo(
+        f"exported steps {d['steps']} to {dest}: {len(d['files'])} files, verified at the destination: "
+        f"{json.dumps(d['verified'])}" + (" (UNVERIFIED bare files)" if d["bare"] else "")))
+
+
+@main.command("import")
+@click.argument("archive", type=click.Path())
+@click.argument("dest", type=click.Path())
+@json_option
+@guarded
+def import_cmd(archive: str, dest: str, as_json: bool) -> None:
+    """Unpack an exported .tar.zst into DEST and verify every file."""
+    from .export import import_archive
+    doc = import_archive(archive, dest)
+    emit(doc, as_json, lambda d: click.echo(f"imported {d['files']} files into {d['dest']}: verified"))
 
 
 # ---------------------------------------------------------------- verify-resume

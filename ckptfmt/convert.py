@@ -18,7 +18,7 @@ import numpy as np
 from . import atomic, fingerprint
 from . import format as fmt
 from . import reader, safetensors_io, writer
-from .errors import CheckpointError, ConvertError
+from .errors import ConvertError, DestinationExistsError
 
 FORMATS = ("bin", "safetensors", "pt", "npz", "zst")
 ZST_MAGIC = b"CKPTZST\x01"
@@ -307,7 +307,7 @@ def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = F
     if dst_kind not in FORMATS:
         raise ConvertError(dst, f"unknown format {dst_kind}: choose one of {', '.join(FORMATS)}")
     if os.path.lexists(dst) and not overwrite:
-        raise ConvertError(dst, "exists already; refusing to overwrite")
+        raise DestinationExistsError(dst, "exists already; refusing to overwrite")
     source = load(src, src_kind)
     original = fingerprint.of_file(src) if src_kind == "bin" else source.blake3
     source.blake3 = original

@@ -83,3 +83,7 @@ class ConvertError(CheckpointError):
 
 class ExportError(CheckpointError):
     """An export could not be completed or did not verify at its destination."""
+
+
+class DestinationExistsError(CheckpointError):
+    """A destination that must be new already exists; nothing was written (CLI exit 2)."""

@@ -11,7 +11,7 @@ from typing import Any
 from . import format as fmt
 from . import history as hist
 from . import manifest as mf
-from .errors import CheckpointError, SaveError
+from .errors import CheckpointError, DestinationExistsError
 from .run import (ARCHIVE, PIVOT, SAMPLES, STATE, Run, RunLock, check_generation, copy_verified,
                   lock_holder, read_json, write_json)
 from .validate import Report, error_code, validate_file
@@ -168,7 +168,7 @@ def fork(path: "str | os.PathLike[str]", step: int, dest: "str | os.PathLike[str
     if reason:
         raise CheckpointError(str(gen.bin), f"cannot fork from it: {reason}")
     if dest.exists() and any(dest.iterdir()):
-        raise CheckpointError(str(dest), "exists and is not empty; refusing to fork into it")
+        raise DestinationExistsError(str(dest), "exists and is not empty; refusing to fork into it")
     dest.mkdir(parents=True, exist_ok=True)
     doc = mf.read(gen.manifest)
     copy_verified(gen.bin, dest / gen.bin.name, doc["blake3"])
