@@ -332,6 +332,21 @@ def bisect(run_a: str, run_b: str, as_json: bool) -> None:
         sys.exit(EXIT_DEFECT)
 
 
+@main.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path())
+@click.option("--out", required=True, type=click.Path(), help="PNG file to write.")
+@guarded
+def plot(runs: tuple[str, ...], out: str) -> None:
+    """Draw loss (raw and EMA) of runs with generations, pivots, resumes and forks marked,
+    and the curriculum's source shares below (needs matplotlib)."""
+    from .plot import plot as run_plot
+    for r in runs:
+        if not os.path.isdir(r):
+            raise Fail(f"{r}: not a run directory", EXIT_CANNOT)
+    run_plot(list(runs), out)
+    click.echo(f"wrote {out}")
+
+
 # ---------------------------------------------------------------- export / import
 @main.command("export")
 @click.argument("run", type=click.Path())
