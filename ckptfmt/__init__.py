@@ -15,8 +15,8 @@ __version__ = "0.1.0"
 
 
 def validate(path, *, deep: bool = True):
-    """See :func:`ckptfmt.validate.validate_file` (imported lazily to keep ``open`` cheap)."""
-    from .validate import validate_path
+    """See :func:`ckptfmt.validation.validate_path` (imported lazily to keep ``open`` cheap)."""
+    from .validation import validate_path
     return validate_path(path, deep=deep)
 
 

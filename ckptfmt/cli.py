@@ -150,7 +150,7 @@ def _print_run_inspect(d: dict) -> None:
 @guarded
 def validate(paths: tuple[str, ...], as_json: bool, fast: bool) -> None:
     """Check files or run directories: structure, fingerprint, manifest, values, sidecars."""
-    from .validate import validate_path
+    from .validation import validate_path
     for p in paths:
         if not os.path.exists(p):
             raise Fail(f"{p}: no such file or directory", EXIT_CANNOT)
@@ -468,3 +468,7 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
                      keep_last=keep_last, keep_every=keep_every, async_save=async_save, amp=amp,
                      log_every=log_every, omit_rng_restore=omit_rng_restore)
     sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -19,7 +19,7 @@ from . import history as hist
 from . import manifest as mf
 from .errors import DestinationExistsError, ExportError
 from .run import SAMPLES, STATE, Run, copy_verified, write_json
-from .validate import validate_file
+from .validation import validate_file
 
 INCOMPLETE = "EXPORT-INCOMPLETE"
 SIDECARS = (hist.NAME, SAMPLES, STATE)

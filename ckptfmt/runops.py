@@ -14,7 +14,7 @@ from . import manifest as mf
 from .errors import CheckpointError, DestinationExistsError
 from .run import (ARCHIVE, PIVOT, SAMPLES, STATE, Run, RunLock, check_generation, copy_verified,
                   lock_holder, read_json, write_json)
-from .validate import Report, error_code, validate_file
+from .validation import Report, error_code, validate_file
 
 
 def zombie_arms(run: Run) -> list[str]:
