@@ -9,6 +9,7 @@ import math
 import os
 import struct
 import tempfile
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator
@@ -97,7 +98,7 @@ def _load_npz(path: str) -> Source:
         with np.load(path, allow_pickle=False) as z:
             meta = json.loads(bytes(z["meta"]).decode())
             regions = {r: np.ascontiguousarray(z[r], dtype=fmt.DTYPE) for r in fmt.REGIONS if r in z}
-    except (KeyError, ValueError, OSError) as exc:
+    except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
         raise ConvertError(path, f"not a ckptfmt .npz: {exc}") from None
     return _meta_source(path, meta, regions)
 
