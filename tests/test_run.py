@@ -1,0 +1,385 @@
+import json
+import os
+import subprocess
+import sys
+import warnings
+
+import pytest
+from hypothesis import settings
+from hypothesis import strategies as st
+from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
+
+import ckptfmt
+from ckptfmt import history as hist
+from ckptfmt.errors import NoValidGenerationError, RunLockedError, SaveError
+from ckptfmt.run import Run, RunLock, check_generation, plan_retention
+from ckptfmt.runops import bisect, fork, ls_run, pivot, validate_run, zombie_arms
+from conftest import arrays, make
+
+warnings.simplefilter("ignore", UserWarning)
+
+
+# ---------------------------------------------------------------- fallback chain
+def corrupt(run_dir, step, how):
+    b = run_dir / f"step_{step:06d}.bin"
+    j = run_dir / f"step_{step:06d}.json"
+    if how == "bit_flip":
+        data = bytearray(b.read_bytes())
+        data[len(data) // 2] ^= 4
+        b.write_bytes(bytes(data))
+    elif how == "truncation":
+        b.write_bytes(b.read_bytes()[:-1])
+    elif how == "missing_manifest":
+        j.unlink()
+    elif how == "zero_length":
+        b.write_bytes(b"")
+    elif how == "other_steps_manifest":
+        j.write_text((run_dir / "step_000100.json").read_text())
+    elif how == "missing_bin":
+        b.unlink()
+
+
+HOW = ["bit_flip", "truncation", "missing_manifest", "zero_length", "other_steps_manifest", "missing_bin"]
+
+
+@pytest.mark.parametrize("how", HOW)
+@pytest.mark.parametrize("k", [0, 1, 2, 3, 4])
+def test_latest_valid_falls_back_to_the_k_plus_first(tmp_path, how, k):
+    steps = [100, 200, 300, 400, 500]
+    for s in steps:
+        make(tmp_path, s, seed=s)
+    for s in steps[len(steps) - k:]:
+        corrupt(tmp_path, s, how if not (how == "other_steps_manifest" and s == 100) else "bit_flip")
+    expected = steps[len(steps) - 1 - k]
+    assert Run(tmp_path).latest(deep=True).step == expected
+    if how != "bit_flip":           # a bit flip is only visible to the deep check
+        assert Run(tmp_path).latest().step == expected
+
+
+@pytest.mark.parametrize("how", HOW)
+def test_all_corrupt_is_a_typed_error_never_a_fresh_start(tmp_path, how):
+    for s in (100, 200):
+        make(tmp_path, s, seed=s)
+    corrupt(tmp_path, 200, how)
+    corrupt(tmp_path, 100, "bit_flip" if how == "other_steps_manifest" else how)
+    with pytest.raises(NoValidGenerationError, match="no valid generation"):
+        Run(tmp_path).latest(deep=True)
+
+
+def test_empty_run_has_no_latest(tmp_path):
+    assert Run(tmp_path).latest() is None
+
+
+def test_numeric_order_and_no_overwrite(tmp_path):
+    for s in (1_000_001, 999_998, 1_000_000, 999_999):
+        make(tmp_path, s, n=3)
+    run = Run(tmp_path)
+    assert [g.step for g in run.generations()] == [999_998, 999_999, 1_000_000, 1_000_001]
+    assert run.latest().step == 1_000_001
+    before = (tmp_path / "step_1000001.bin").read_bytes()
+    with pytest.raises(SaveError, match="committed already"):
+        run.commit(1_000_001, *arrays(3, seed=5), manifest={})
+    assert (tmp_path / "step_1000001.bin").read_bytes() == before
+
+
+def test_uncommitted_leftover_is_replaced_on_commit(tmp_path):
+    ckptfmt.save(tmp_path / "step_000100.bin", 100, *arrays(3), write_manifest=False)
+    make(tmp_path, 50)
+    run = Run(tmp_path)
+    assert run.latest().step == 50
+    run.commit(100, *arrays(3, seed=1), manifest={})
+    assert run.latest(deep=True).step == 100
+
+
+# ---------------------------------------------------------------- retention
+@pytest.mark.parametrize("steps,keep_last,keep_every,pinned,protect,deleted", [
+    ([100, 200, 300, 400, 500], 2, None, [], [], [100, 200, 300]),
+    ([100, 200, 300, 400, 500], 2, 200, [], [], [100, 300]),
+    ([100, 200, 300, 400, 500], 1, None, [100], [], [200, 300, 400]),
+    ([100, 200, 300, 400, 500], 1, None, [], [300], [100, 200, 400]),
+    ([500, 100, 300], 5, None, [], [], []),
+    ([], 3, 10, [], [], []),
+    ([999_998, 999_999, 1_000_000, 1_000_001], 1, 1_000_000, [], [], [999_998, 999_999]),
+])
+def test_retention_policy_table(steps, keep_last, keep_every, pinned, protect, deleted):
+    assert plan_retention(steps, keep_last=keep_last, keep_every=keep_every, pinned=pinned, protect=protect) == deleted
+
+
+def test_retention_refuses_keep_last_zero():
+    with pytest.raises(ValueError):
+        plan_retention([1], keep_last=0)
+
+
+def test_gc_never_deletes_the_newest_valid_and_only_its_own(tmp_path):
+    for s in (100, 200, 300):
+        make(tmp_path, s, seed=s)
+    corrupt(tmp_path, 300, "bit_flip")            # newest is damaged: 200 is the newest valid
+    (tmp_path / "notes.txt").write_text("mine")
+    (tmp_path / "step_0000100.bin").write_text("look-alike")
+    deleted = Run(tmp_path).gc(keep_last=1)
+    assert deleted == [100]
+    assert (tmp_path / "step_000200.bin").exists() and (tmp_path / "notes.txt").exists()
+    assert (tmp_path / "step_0000100.bin").exists()
+
+
+def test_sweep_removes_only_our_temp_files(tmp_path):
+    (tmp_path / ".ckptfmt-tmp.step_000100.bin.1.ab").write_bytes(b"x" * 10)
+    (tmp_path / ".other").write_bytes(b"x")
+    make(tmp_path, 1)
+    removed = Run(tmp_path).sweep_temps()
+    assert [p.name for p in removed] == [".ckptfmt-tmp.step_000100.bin.1.ab"]
+    assert sorted(os.listdir(tmp_path)) == [".other", "step_000001.bin", "step_000001.json"]
+
+
+# ---------------------------------------------------------------- lock
+def test_second_writer_is_refused_naming_the_holder(tmp_path):
+    code = ("import sys, time; from ckptfmt.run import RunLock\n"
+            f"l = RunLock({str(tmp_path)!r}, purpose='trainer').acquire()\n"
+            "print('locked', flush=True); time.sleep(30)\n")
+    proc = subprocess.Popen([sys.executable, "-c", code], stdout=subprocess.PIPE, text=True)
+    try:
+        assert proc.stdout.readline().strip() == "locked"
+        with pytest.raises(RunLockedError, match=f"trainer pid {proc.pid} on"):
+            RunLock(tmp_path).acquire()
+        with pytest.raises(RunLockedError):
+            pivot(tmp_path)
+    finally:
+        proc.kill()
+        proc.wait()
+    lock = RunLock(tmp_path).acquire()           # the dead holder's lock is stale: taken over
+    assert lock.stale and lock.stale["pid"] == proc.pid
+    lock.release()
+
+
+# ---------------------------------------------------------------- history
+def test_history_append_read_and_canonical(tmp_path):
+    h = hist.History(tmp_path / ".loss.json")
+    for s in range(1, 6):
+        h.append({"step": s, "loss": float(s)})
+    h.event("resume", 3)                  # crash after 5, resumed from 3: 4 and 5 are lost
+    for s in range(4, 7):
+        h.append({"step": s, "loss": 10.0 + s})
+    h.close()
+    r = hist.read(tmp_path / ".loss.json")
+    assert len(r.records) == 9 and not r.problems
+    assert [(c["step"], c["loss"]) for c in r.canonical()] == [(1, 1.0), (2, 2.0), (3, 3.0), (4, 14.0), (5, 15.0), (6, 16.0)]
+
+
+@pytest.mark.parametrize("tail", [b'{"step": 4, "lo', b"\0\0\0\0\0\0", b'{"step": 4}\n\0\0\0\0', b"garbage\n\0\0"])
+def test_torn_or_nul_tail_is_recovered(tmp_path, tail):
+    path = tmp_path / ".loss.json"
+    path.write_bytes(b'{"step": 1, "loss": 1.0}\n{"step": 2, "loss": 2.0}\n' + tail)
+    r = hist.read(path)
+    assert not r.problems and r.warnings
+    assert [c["step"] for c in r.canonical()][:2] == [1, 2]
+    h = hist.History(path)              # a writer ends the torn line, then resumes cleanly
+    h.event("resume", 2)
+    h.append({"step": 3, "loss": 3.0})
+    h.close()
+    r = hist.read(path)
+    assert not r.problems and [c["step"] for c in r.canonical()] == [1, 2, 3]
+
+
+def test_corruption_in_the_middle_is_reported(tmp_path):
+    path = tmp_path / ".loss.json"
+    path.write_bytes(b'{"step": 1, "loss": 1.0}\nXXXX\n{"step": 3, "loss": 3.0}\n')
+    r = hist.read(path)
+    assert r.problems and "line 2" in r.problems[0]
+    with pytest.raises(ckptfmt.errors.HistoryCorruptError):
+        hist.require_intact(str(path))
+
+
+def test_nan_is_written_in_a_defined_way(tmp_path):
+    h = hist.History(tmp_path / ".loss.json")
+    h.append({"step": 1, "loss": hist.encode_float(float("nan"))})
+    h.append({"step": 2, "loss": hist.encode_float(float("-inf"))})
+    h.close()
+    lines = (tmp_path / ".loss.json").read_text().splitlines()
+    assert lines == ['{"step":1,"loss":"nan"}', '{"step":2,"loss":"-inf"}']
+    assert hist.decode_float("-inf") == float("-inf")
+
+
+# ---------------------------------------------------------------- pivot, fork, bisect, zombies
+def test_pivot_archives_samples_and_state_but_keeps_history_and_generations(tmp_path):
+    make(tmp_path, 100)
+    (tmp_path / ".loss.json").write_text('{"step": 100, "loss": 1.0}\n')
+    (tmp_path / ".samples.json").write_text("[1]")
+    (tmp_path / ".state.json").write_text('{"arms": {}}')
+    rec = pivot(tmp_path, note="new caps")
+    assert rec["step"] == 100 and sorted(rec["archived"]) == [".samples.json", ".state.json"]
+    assert (tmp_path / "archive" / "step_000100" / "samples.json").read_text() == "[1]"
+    assert not (tmp_path / ".samples.json").exists() and (tmp_path / "step_000100.bin").exists()
+    events = hist.read(tmp_path / ".loss.json").events()
+    assert events[-1]["event"] == "pivot" and events[-1]["note"] == "new caps"
+    assert json.loads((tmp_path / ".pivot.json").read_text())["step"] == 100
+    assert pivot(tmp_path)["archive"] == "archive/step_000100.2"
+
+
+def test_fork_copies_verified_with_provenance(tmp_path):
+    parent = tmp_path / "parent"
+    parent.mkdir()
+    for s in (100, 200):
+        make(parent, s, seed=s)
+    h = hist.History(parent / ".loss.json")
+    for s in range(1, 201):
+        h.append({"step": s, "loss": 1.0 / s})
+    h.close()
+    out = fork(parent, 100, tmp_path / "child")
+    child = tmp_path / "child"
+    assert out["history_records"] == 100
+    assert (child / "step_000100.bin").read_bytes() == (parent / "step_000100.bin").read_bytes()
+    doc = json.loads((child / "step_000100.json").read_text())
+    assert doc["provenance"]["parent_step"] == 100 and doc["provenance"]["parent_blake3"] == doc["blake3"]
+    assert ckptfmt.open(child / "step_000100.bin", verify=True)
+    assert [c["step"] for c in hist.read(child / ".loss.json").canonical()] == list(range(1, 101))
+    with pytest.raises(ckptfmt.errors.DestinationExistsError):
+        fork(parent, 100, child)
+    corrupt(parent, 200, "bit_flip")
+    with pytest.raises(ckptfmt.errors.CheckpointError, match="cannot fork"):
+        fork(parent, 200, tmp_path / "c2")
+
+
+def test_bisect_finds_the_first_difference(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    for d in (a, b):
+        d.mkdir()
+        for s in (100, 200, 300):
+            make(d, s, seed=s if (d == a or s < 300) else 999)
+        h = hist.History(d / ".loss.json")
+        for s in range(1, 301):
+            h.append({"step": s, "loss": 1.0 if (d == a or s < 250) else 2.0})
+        h.close()
+    r = bisect(a, b)
+    assert r["first_generation_difference"] == 300 and r["last_identical_generation"] == 200
+    assert r["first_history_difference"] == 250 and not r["identical"]
+
+
+def test_zombie_arms_are_flagged(tmp_path):
+    make(tmp_path, 100, manifest={"config": {"sources": ["code", "topics"]}})
+    (tmp_path / ".state.json").write_text(json.dumps({"arms": {"code": {}, "repo-docstrings": {}}}))
+    assert zombie_arms(Run(tmp_path)) == ["repo-docstrings"]
+    report = validate_run(tmp_path)
+    assert report.ok and any(f.code == "zombie_arm" and "repo-docstrings" in f.message for f in report.findings)
+
+
+# ---------------------------------------------------------------- validate / ls of a run
+def test_validate_run_reports_leftovers_as_warnings_and_damage_as_defects(tmp_path):
+    make(tmp_path, 100)
+    ckptfmt.save(tmp_path / "step_000200.bin", 200, *arrays(100), write_manifest=False)
+    (tmp_path / ".ckptfmt-tmp.step_000300.bin.9.ff").write_bytes(b"partial")
+    r = validate_run(tmp_path)
+    assert r.ok and {"uncommitted", "leftover_temp"} <= {f.code for f in r.findings}
+    corrupt(tmp_path, 100, "bit_flip")
+    r = validate_run(tmp_path)
+    assert not r.ok and "fingerprint_mismatch" in {f.code for f in r.findings}
+
+
+def test_hostile_entries_are_skipped_with_a_reason(tmp_path):
+    make(tmp_path, 100)
+    os.symlink("/dev/zero", tmp_path / "step_000200.bin")
+    os.mkfifo(tmp_path / "step_000300.bin")
+    os.mkdir(tmp_path / "step_000400.bin")
+    (tmp_path / "step_0000500.bin").write_bytes(b"x")
+    outside = tmp_path.parent / "outside.bin"
+    outside.write_bytes(b"y")
+    os.symlink(outside, tmp_path / "step_000600.json")
+    run = Run(tmp_path)
+    assert [g.step for g in run.generations()] == [100] and run.latest().step == 100
+    reasons = " ".join(f"{p.name}:{why}" for p, why in run.listing().foreign)
+    for name in ("step_000200.bin", "step_000300.bin", "step_000400.bin", "step_0000500.bin", "step_000600.json"):
+        assert name in reasons
+    assert validate_run(tmp_path).ok
+    assert [g["step"] for g in ls_run(tmp_path)["generations"]] == [100]
+
+
+def test_bare_run_is_valid_but_unverified(tmp_path):
+    from conftest import seed_write
+    for s in (1, 2):
+        seed_write(tmp_path / f"step_{s:06d}.bin", s, *arrays(5))
+    r = validate_run(tmp_path)
+    assert r.ok and any(f.code == "bare_run" for f in r.findings)
+    assert Run(tmp_path).latest(allow_bare=True).step == 2
+
+
+def test_plot_series_marks_events(tmp_path):
+    from ckptfmt.plot import series
+    make(tmp_path, 2)
+    h = hist.History(tmp_path / ".loss.json")
+    for s in (1, 2, 3):
+        h.append({"step": s, "loss": 1.0, "source": "code" if s < 3 else "topics"})
+    h.event("resume", 2)
+    h.append({"step": 3, "loss": 0.5, "source": "code"})
+    h.event("pivot", 3)
+    h.close()
+    d = series(str(tmp_path), ema=0.0, window=10)
+    assert d["steps"] == [1, 2, 3] and d["loss"] == [1.0, 1.0, 0.5] and d["generations"] == [2]
+    assert [e["event"] for e in d["events"]] == ["resume", "pivot"] and d["shares"]["code"] == [1.0]
+
+
+# ---------------------------------------------------------------- stateful model
+class RunMachine(RuleBasedStateMachine):
+    """save / crash mid-save / corrupt / prune / resume against a model of what is valid."""
+
+    def __init__(self):
+        super().__init__()
+        import tempfile
+        self.dir = tempfile.mkdtemp()
+        self.run = Run(self.dir)
+        self.next_step = 1
+        self.valid: set[int] = set()
+        self.present: set[int] = set()
+
+    @rule()
+    def save(self):
+        self.run.commit(self.next_step, *arrays(8, seed=self.next_step), manifest={})
+        self.valid.add(self.next_step)
+        self.present.add(self.next_step)
+        self.next_step += 1
+
+    @rule()
+    def crash_mid_save(self):
+        from ckptfmt import fsio
+
+        def die(op, path):
+            if op == "rename" and path.endswith(".json"):
+                raise OSError(5, "simulated crash before the commit point")
+        fsio.hook = die
+        try:
+            self.run.commit(self.next_step, *arrays(8), manifest={})
+        except SaveError:
+            pass
+        finally:
+            fsio.hook = None
+        self.present.add(self.next_step)           # the .bin landed, the manifest did not
+        self.next_step += 1
+
+    @rule(data=st.data())
+    def corrupt_one(self, data):
+        if not self.valid:
+            return
+        step = data.draw(st.sampled_from(sorted(self.valid)))
+        corrupt(self.run.path, step, data.draw(st.sampled_from(["bit_flip", "truncation", "missing_manifest"])))
+        self.valid.discard(step)
+
+    @rule(keep=st.integers(1, 3))
+    def prune(self, keep):
+        try:
+            deleted = self.run.gc(keep_last=keep)
+        except NoValidGenerationError:
+            return
+        assert max(self.valid, default=None) not in deleted
+        self.valid -= set(deleted)
+
+    @invariant()
+    def loader_returns_the_newest_valid(self):
+        if not self.present:
+            return
+        try:
+            got = self.run.latest(deep=True)
+        except NoValidGenerationError:
+            got = None
+        assert (got.step if got else None) == max(self.valid, default=None)
+
+
+RunMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=15, deadline=None)
+TestRunMachine = RunMachine.TestCase
