@@ -450,11 +450,15 @@ def _print_verification(r: dict) -> None:
 @click.option("--amp", type=click.Choice(["auto", "none", "bf16", "fp16"]), default="auto", show_default=True,
               help="Mixed precision on CUDA (auto: bf16 on CUDA, none on CPU).")
 @click.option("--log-every", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--set", "sets", multiple=True, metavar="KEY=JSON",
+              help="Override a config field, e.g. --set lr=1e-3 --set 'caps={\"code\":0.5,...}'. A run's "
+                   "config can only change in caps, floors, sources and the lr schedule, after `ckptfmt pivot`.")
 @click.option("--omit-rng-restore", is_flag=True, hidden=True, help="Negative control of verify-resume.")
 @guarded
 def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_every: int,
           sample_every: int, keep_last: int | None, keep_every: int | None, seed: int | None,
-          threads: int | None, async_save: bool, amp: str, log_every: int, omit_rng_restore: bool) -> None:
+          threads: int | None, async_save: bool, amp: str, log_every: int, sets: tuple[str, ...],
+          omit_rng_restore: bool) -> None:
     """Train the reference model to --steps N, resuming from the newest valid generation.
 
     SIGTERM/SIGINT: checkpoint the current step and exit 0 (75 if that save fails).
@@ -462,8 +466,13 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
     """
     from .trainer.signals import install
     flags = install()           # before the slow imports: a signal during start-up is honoured
+    from .trainer.config import parse_sets
+    try:
+        overrides = parse_sets(sets)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
     from .trainer.loop import train as run_train
-    code = run_train(run_dir, config_name, steps, seed=seed, threads=threads, flags=flags,
+    code = run_train(run_dir, config_name, steps, seed=seed, threads=threads, sets=overrides, flags=flags,
                      device=device, checkpoint_every=checkpoint_every, sample_every=sample_every,
                      keep_last=keep_last, keep_every=keep_every, async_save=async_save, amp=amp,
                      log_every=log_every, omit_rng_restore=omit_rng_restore)

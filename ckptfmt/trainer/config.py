@@ -61,7 +61,28 @@ CONFIGS = {
 def get(name: str, **overrides: Any) -> TrainConfig:
     if name not in CONFIGS:
         raise KeyError(f"unknown config {name!r}: choose one of {', '.join(CONFIGS)}")
-    return CONFIGS[name].replace(**{k: v for k, v in overrides.items() if v is not None})
+    cfg = CONFIGS[name].replace(**{k: v for k, v in overrides.items() if v is not None})
+    missing = [s for s in cfg.sources if s not in cfg.caps or s not in cfg.floors]
+    if missing:
+        raise ValueError(f"sources {missing} need caps and floors")
+    return cfg
+
+
+def parse_sets(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs (VALUE as JSON, else a string) for fields of TrainConfig."""
+    import json
+    names = {f.name for f in dataclasses.fields(TrainConfig)}
+    out: dict[str, Any] = {}
+    for item in items:
+        key, sep, raw = item.partition("=")
+        if not sep or key not in names or key == "name":
+            raise ValueError(f"--set {item!r}: expected KEY=VALUE with KEY one of {', '.join(sorted(names - {'name'}))}")
+        try:
+            value = json.loads(raw)
+        except ValueError:
+            value = raw
+        out[key] = tuple(value) if key in ("betas", "sources") and isinstance(value, list) else value
+    return out
 
 
 def from_dict(d: dict[str, Any]) -> TrainConfig:

@@ -299,9 +299,11 @@ class Trainer:
 
 
 def train(run_dir: str, config_name: str, steps: int, *, seed: int | None = None,
-          threads: int | None = None, flags: Flags = FLAGS, **options: Any) -> int:
+          threads: int | None = None, sets: dict[str, Any] | None = None, flags: Flags = FLAGS,
+          **options: Any) -> int:
     """Entry point used by ``ckptfmt train``: lock the run, build, resume, fit."""
-    cfg = cfgmod.get(config_name, seed=seed, threads=threads)
+    cfg = cfgmod.get(config_name, **{**(sets or {}), **{k: v for k, v in (("seed", seed), ("threads", threads))
+                                                        if v is not None}})
     Run(run_dir, create=True)
     if flags.stop:
         return 0

@@ -1,0 +1,101 @@
+import warnings
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import ckptfmt  # noqa: E402
+import ckptfmt.torch as ct  # noqa: E402
+from ckptfmt.errors import CheckpointError, IncompleteResumeStateError  # noqa: E402
+
+
+def model_and_opt(seed=0, cls=torch.optim.AdamW):
+    torch.manual_seed(seed)
+    m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+    return m, cls(m.parameters(), lr=0.01, betas=(0.9, 0.999), weight_decay=0.05)
+
+
+def train(m, opt, steps, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    for _ in range(steps):
+        loss = m(torch.randn(6, 4, generator=g)).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+@pytest.mark.parametrize("cls", [torch.optim.Adam, torch.optim.AdamW])
+def test_save_load_then_continue_bit_exactly(tmp_path, cls):
+    m, opt = model_and_opt(cls=cls)
+    train(m, opt, 3)
+    r = ct.save(str(tmp_path / "step_000003.bin"), m, opt)
+    assert r.step == 3 and r.n_params == sum(p.numel() for p in m.parameters())
+    ck = ckptfmt.open(r.path)
+    assert ck.m.tobytes() == torch.cat([opt.state[p]["exp_avg"].reshape(-1) for p in m.parameters()]).numpy().tobytes()
+    assert ck.manifest["optimizer"]["step"] == 3 and [e["name"] for e in ck.layout] == [n for n, _ in m.named_parameters()]
+    m2, opt2 = model_and_opt(seed=5, cls=cls)
+    opt2.param_groups[0]["lr"] = 0.9
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")          # no read-only-array warning from torch
+        ct.load(r.path, m2, opt2)
+    assert opt2.param_groups[0]["lr"] == 0.01
+    train(m, opt, 4, seed=2)
+    train(m2, opt2, 4, seed=2)
+    for a, b in zip(m.parameters(), m2.parameters()):
+        assert torch.equal(a, b)
+
+
+def test_step_zero_checkpoint_resumes_like_a_fresh_optimizer(tmp_path):
+    m, opt = model_and_opt()
+    r = ct.save(str(tmp_path / "step_000000.bin"), m, opt)
+    assert not ckptfmt.open(r.path).m.any()
+    m2, opt2 = model_and_opt(seed=3)
+    ct.load(r.path, m2, opt2)
+    train(m, opt, 2)
+    train(m2, opt2, 2)
+    assert all(torch.equal(a, b) for a, b in zip(m.parameters(), m2.parameters()))
+
+
+def test_loader_refuses_mismatches(tmp_path):
+    m, opt = model_and_opt()
+    train(m, opt, 1)
+    r = ct.save(str(tmp_path / "step_000001.bin"), m, opt)
+    other = torch.nn.Sequential(torch.nn.Linear(4, 9), torch.nn.Tanh(), torch.nn.Linear(9, 2))
+    with pytest.raises(CheckpointError):
+        ct.load(r.path, other)
+    ckptfmt.save(tmp_path / "step_000002.bin", 2, *(ckptfmt.open(r.path).weights,) * 3)
+    with pytest.raises(IncompleteResumeStateError, match="lacks layout"):
+        ct.load(str(tmp_path / "step_000002.bin"), m)
+    with pytest.raises(TypeError, match="amsgrad"):
+        ct.moments(m, torch.optim.Adam(m.parameters(), amsgrad=True))
+    with pytest.raises(TypeError, match="Adam/AdamW"):
+        ct.moments(m, torch.optim.SGD(m.parameters(), lr=0.1))
+
+
+def test_content_hash_is_checked_on_load(tmp_path):
+    m, opt = model_and_opt()
+    train(m, opt, 1)
+    r = ct.save(str(tmp_path / "step_000001.bin"), m, opt)
+    data = bytearray(open(r.path, "rb").read())
+    data[12] ^= 1
+    open(r.path, "wb").write(bytes(data))
+    with pytest.raises(ckptfmt.errors.FingerprintMismatchError):
+        ct.load(r.path, *model_and_opt())
+
+
+def test_rng_state_round_trips_through_json(tmp_path):
+    import json
+    import random
+    import numpy as np
+    gen = np.random.default_rng(3)
+    random.seed(4)
+    torch.manual_seed(5)
+    state = json.loads(json.dumps(ct.rng_state({"g": gen})))
+    want = (random.random(), gen.random(), torch.rand(1).item())
+    random.seed(0)
+    torch.manual_seed(0)
+    gen2 = np.random.default_rng(0)
+    ct.restore_rng(state, {"g": gen2})
+    assert (random.random(), gen2.random(), torch.rand(1).item()) == want
+    with pytest.raises(IncompleteResumeStateError, match="rng.torch_cpu"):
+        ct.restore_rng({k: v for k, v in state.items() if k != "torch_cpu"}, {"g": gen2})

@@ -1,0 +1,255 @@
+"""The reference trainer in fresh processes with real signals (issue 5)."""
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("torch")
+
+import ckptfmt  # noqa: E402
+from ckptfmt import history as hist  # noqa: E402
+from ckptfmt.run import Run  # noqa: E402
+from ckptfmt.runops import validate_run  # noqa: E402
+
+PY = sys.executable
+N = 120
+
+
+def cmd(run, steps, *extra):
+    return [PY, "-m", "ckptfmt.cli", "train", "--run", str(run), "--steps", str(steps), "--config", "tiny",
+            "--checkpoint-every", "20", "--sample-every", "25", "--log-every", "100000", *map(str, extra)]
+
+
+def train(run, steps, *extra, **kw):
+    return subprocess.run(cmd(run, steps, *extra), capture_output=True, text=True, timeout=300, **kw)
+
+
+def start(run, steps, *extra):
+    return subprocess.Popen(cmd(run, steps, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def last_step(run: Path) -> int:
+    try:
+        lines = (run / ".loss.json").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    steps = [json.loads(x)["step"] for x in lines if '"loss"' in x and x.endswith("}")]
+    return max(steps, default=0)
+
+
+def wait_for(pred, proc, timeout=120):
+    deadline = time.monotonic() + timeout
+    while not pred():
+        assert proc.poll() is None, proc.communicate()
+        assert time.monotonic() < deadline
+        time.sleep(0.01)
+
+
+def gens(run: Path) -> list:
+    return Run(run).generations() if run.is_dir() else []
+
+
+def canonical(run):
+    keep = ("step", "loss", "lr", "source", "tokens")
+    return [{k: r[k] for k in keep} for r in hist.read(run / ".loss.json").canonical()]
+
+
+def final(run, step=N):
+    return ckptfmt.open(run / f"step_{step:06d}.bin", verify=True).fingerprint()
+
+
+@pytest.fixture(scope="module")
+def straight(tmp_path_factory):
+    run = tmp_path_factory.mktemp("straight") / "run"
+    proc = train(run, N)
+    assert proc.returncode == 0, proc.stderr
+    return run
+
+
+def test_steps_n_always_leaves_step_n(straight):
+    assert [g.step for g in Run(straight).generations()] == [20, 40, 60, 80, 100, 120]
+    proc = train(straight, 130)
+    assert proc.returncode == 0 and Run(straight).latest().step == 130
+
+
+def test_sigterm_and_resume_is_byte_identical(tmp_path, straight):
+    run = tmp_path / "run"
+    proc = start(run, N)
+    wait_for(lambda: last_step(run) >= 37, proc)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    cut = Run(run).latest().step
+    assert cut % 20 != 0 or cut != 40, "cut should land between checkpoints"
+    assert "after the signal" in err
+    proc = train(run, N)
+    assert proc.returncode == 0, proc.stderr
+    assert final(run) == final(straight)
+    assert canonical(run) == canonical(straight)[:N]
+
+
+def test_sigkill_and_resume_is_byte_identical(tmp_path, straight):
+    run = tmp_path / "run"
+    proc = start(run, N)
+    wait_for(lambda: last_step(run) >= 55, proc)
+    proc.kill()
+    proc.wait()
+    proc = train(run, N)
+    assert proc.returncode == 0, proc.stderr
+    assert final(run) == final(straight)
+    assert canonical(run) == canonical(straight)[:N]
+    assert validate_run(run).ok
+
+
+def test_async_save_writes_the_same_bytes(tmp_path, straight):
+    run = tmp_path / "run"
+    proc = train(run, N, "--async-save")
+    assert proc.returncode == 0, proc.stderr
+    for s in (20, 60, 120):
+        assert final(run, s) == final(straight, s)
+
+
+def test_sigusr1_checkpoints_and_training_continues(tmp_path):
+    run = tmp_path / "run"
+    proc = start(run, 100000, "--checkpoint-every", "100000")
+    try:
+        wait_for(lambda: last_step(run) >= 30, proc)
+        proc.send_signal(signal.SIGUSR1)
+        wait_for(lambda: gens(run), proc)
+        gen = Run(run).latest()
+        at = last_step(run)
+        wait_for(lambda: last_step(run) >= at + 20, proc)       # still training
+        assert proc.poll() is None
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+    assert proc.returncode == 0
+    assert gen.step >= 30 and validate_run(run).ok
+    reasons = [e.get("reason") for e in hist.read(run / ".loss.json").events() if e["event"] == "checkpoint"]
+    assert reasons[0] == "SIGUSR1" and reasons[-1] == "SIGTERM"
+
+
+def test_a_storm_of_sigusr1_leaves_only_valid_files(tmp_path):
+    run = tmp_path / "run"
+    proc = start(run, 100000, "--checkpoint-every", "100000", "--keep-last", "3")
+    rng = random.Random(7)
+    try:
+        wait_for(lambda: last_step(run) >= 5, proc)
+        for _ in range(40):
+            proc.send_signal(signal.SIGUSR1)
+            time.sleep(rng.uniform(0, 0.03))
+    finally:
+        time.sleep(0.2)
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)          # a second SIGTERM must not abandon the final save
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    report = validate_run(run)
+    assert report.ok, report.findings
+    assert 1 <= len(Run(run).generations()) <= 3
+    assert not list(run.glob(".ckptfmt-tmp*"))
+    checkpoints = [e for e in hist.read(run / ".loss.json").events() if e["event"] == "checkpoint"]
+    assert len(checkpoints) >= 5
+
+
+def test_sigterm_during_startup_writes_nothing(tmp_path):
+    run = tmp_path / "run"
+    proc = start(run, 50)
+    time.sleep(0.4)                    # still importing torch / building the corpus
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert not list(run.glob("step_*"))
+
+
+def test_config_change_is_refused_without_a_pivot(tmp_path):
+    run = tmp_path / "run"
+    assert train(run, 20).returncode == 0
+    proc = train(run, 40, "--seed", "3")
+    assert proc.returncode == 1 and "config differs" in proc.stderr and "seed: run has 0, asked 3" in proc.stderr
+    proc = train(run, 40, "--set", 'caps={"code":0.5,"topics":0.5,"docstrings":0.5}')
+    assert proc.returncode == 1 and "ckptfmt pivot" in proc.stderr
+    assert Run(run).latest().step == 20
+
+
+def test_pivot_allows_new_caps_with_a_fresh_bandit(tmp_path):
+    run = tmp_path / "run"
+    assert train(run, 40).returncode == 0
+    state_before = json.loads((run / ".state.json").read_text())
+    assert subprocess.run([PY, "-m", "ckptfmt.cli", "pivot", str(run), "--note", "caps"], capture_output=True).returncode == 0
+    new_caps = '{"code":0.4,"topics":0.8,"docstrings":0.8}'
+    proc = train(run, 60, "--set", f"caps={new_caps}")
+    assert proc.returncode == 0, proc.stderr
+    doc = ckptfmt.open(run / "step_000060.bin").manifest
+    assert doc["config"]["caps"] == json.loads(new_caps) and doc["bandit"]["phase"] == 1
+    assert doc["bandit"]["phase_steps"] == 20                 # fresh bandit: counts restart at the pivot
+    assert sum(a["pulls"] for a in state_before["arms"].values()) == 40
+    assert (run / "archive" / "step_000040" / "state.json").exists()
+    steps = [r["step"] for r in hist.read(run / ".loss.json").canonical()]
+    assert steps == list(range(1, 61))                       # the loss history runs on unbroken
+
+
+def test_missing_resume_component_is_refused_by_name(tmp_path):
+    run = tmp_path / "run"
+    assert train(run, 20).returncode == 0
+    mpath = run / "step_000020.json"
+    doc = json.loads(mpath.read_text())
+    del doc["scheduler"]
+    del doc["rng"]["numpy"]
+    mpath.write_text(json.dumps(doc))
+    proc = train(run, 40)
+    assert proc.returncode == 1
+    assert "manifest lacks scheduler, rng.numpy" in proc.stderr
+
+
+def test_second_trainer_is_refused(tmp_path):
+    run = tmp_path / "run"
+    proc = start(run, 100000)
+    try:
+        wait_for(lambda: last_step(run) >= 1, proc)
+        other = train(run, 10)
+        assert other.returncode == 2 and f"locked by trainer pid {proc.pid}" in other.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.communicate(timeout=60)
+
+
+def test_failed_final_save_exits_75_and_keeps_the_previous_generation(tmp_path):
+    run = tmp_path / "run"
+    flag = tmp_path / "fail-now"
+    wrapper = (
+        "import os, sys\n"
+        "from ckptfmt import fsio\n"
+        f"def hook(op, path):\n"
+        f"    if op == 'fsync' and os.path.exists({str(flag)!r}) and 'step_' in path:\n"
+        "        raise OSError(5, 'Input/output error (injected)')\n"
+        "fsio.hook = hook\n"
+        "from ckptfmt.cli import main\n"
+        "sys.argv = ['ckptfmt'] + sys.argv[1:]\n"
+        "main()\n")
+    argv = [PY, "-c", wrapper] + cmd(run, 100000)[3:]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    wait_for(lambda: gens(run) and last_step(run) > 25, proc)
+    before = Run(run).latest()
+    data = before.bin.read_bytes()
+    flag.write_text("x")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 75, err
+    assert "checkpoint failed" in err
+    assert Run(run).latest(deep=True).step == before.step and before.bin.read_bytes() == data
+    assert not list(run.glob(".ckptfmt-tmp*"))
+
+
+def test_no_valid_generation_is_never_a_fresh_start(tmp_path):
+    run = tmp_path / "run"
+    assert train(run, 20).returncode == 0
+    (run / "step_000020.bin").write_bytes(b"\0" * 100)
+    proc = train(run, 40)
+    assert proc.returncode == 1 and "no valid generation" in proc.stderr
