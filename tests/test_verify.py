@@ -1,0 +1,100 @@
+"""verify-resume: the protocol passes, each broken piece is caught by name, a toothless
+negative control fails, and a protocol that cannot complete exits 2."""
+import json
+import shlex
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("torch")
+
+from ckptfmt.verify import Deviation, check_pair, compare  # noqa: E402
+from conftest import cli  # noqa: E402
+
+
+def verification(path):
+    return json.loads((path / "verification.json").read_text())
+
+
+def test_mini_protocol_passes_with_zero_deviation(tmp_path):
+    out = tmp_path / "proof"
+    proc = cli("verify-resume", "--output", str(out))
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    v = verification(out)
+    assert v["positive"] and v["negative_divergence_detected"] and v["all_checks_passed"]
+    assert all(c["max_deviation"] == 0 and c["ok"] for c in v["checks"]["resume"].values())
+    assert v["checks"]["resume_without_rng"]["parameters"]["max_deviation"] > 1e-3
+    for run in ("continuous", "cut", "resume", "resume-without-rng"):
+        assert (out / run / "summary.json").exists() and v["checkpoints"][run]["blake3"]
+    cont = json.loads((out / "continuous" / "summary.json").read_text())
+    assert cont["final"]["scheduler"]["_last_lr"] == [0.00375]          # the seed's next lr after 10 steps
+    assert [len(s["ids"]) for s in cont["steps"]] == [4] * 10
+    cut = json.loads((out / "cut" / "summary.json").read_text())
+    assert cut["final"]["progress"] == {"step": 5, "epoch": 0, "cursor": 20}    # mid-epoch, as in the seed
+
+
+@pytest.mark.parametrize("fault,check", [("optimizer", "resume.optimizer"), ("scheduler", "resume.learning_rates"),
+                                         ("cursor", "resume.sample_ids"), ("rng-python", "resume.next_draws"),
+                                         ("rng-numpy", "resume.sample_ids"), ("rng-torch", "resume.next_draws")])
+def test_each_broken_piece_exits_1_and_names_its_check(tmp_path, fault, check):
+    proc = cli("verify-resume", "--output", str(tmp_path / "p"), "--fault", fault, "--json")
+    assert proc.returncode == 1
+    result = json.loads(proc.stdout)
+    assert not result["positive"] and check in result["failed_checks"]
+
+
+def test_a_toothless_negative_control_fails(tmp_path):
+    mini = f"{shlex.quote(sys.executable)} -B -m ckptfmt.mini --steps {{steps}} --output {{output}} {{resume}}"
+    proc = cli("verify-resume", "--output", str(tmp_path / "p"), "--trainer", "command", "--command", mini, "--json")
+    assert proc.returncode == 1
+    result = json.loads(proc.stdout)
+    assert result["positive"] and not result["negative_divergence_detected"]
+    assert any("did not diverge" in f for f in result["failed_checks"])
+
+
+def test_andrea_protocol_with_a_real_sigterm(tmp_path):
+    out = tmp_path / "proof"
+    proc = cli("verify-resume", "--output", str(out), "--trainer", "andrea", "--json")
+    assert proc.returncode == 0, proc.stderr
+    v = json.loads(proc.stdout)
+    assert all(c["max_deviation"] == 0 for c in v["checks"]["resume"].values())
+    assert v["checks"]["resume_without_rng"]["parameters"]["max_deviation"] > 1e-4
+    events = [json.loads(x) for x in (out / "cut" / ".loss.json").read_text().splitlines()]
+    assert any(e.get("event") == "checkpoint" and e.get("reason") == "SIGTERM" and e["step"] == 5 for e in events)
+
+
+def test_cannot_complete_exits_2(tmp_path):
+    (tmp_path / "exists").mkdir()
+    proc = cli("verify-resume", "--output", str(tmp_path / "exists"))
+    assert proc.returncode == 2 and "exists already" in proc.stderr
+    proc = cli("verify-resume", "--output", str(tmp_path / "p"), "--trainer", "command", "--command", "false {output}")
+    assert proc.returncode == 2 and "exited 1" in proc.stderr
+    proc = cli("verify-resume", "--output", str(tmp_path / "q"), "--steps", "5", "--cut", "5")
+    assert proc.returncode == 2
+
+
+def test_comparison_reports_structure_and_non_finite():
+    d = Deviation()
+    compare({"a": [1.0, 2.0], "b": 1}, {"a": [1.0], "c": 1}, "x", d, 0, 0)
+    assert any("length" in s for s in d.structural) and any("keys differ" in s for s in d.structural)
+    d = Deviation()
+    assert compare([float("nan")], [float("nan")], "x", d, 1e-12, 0) and d.non_finite == ["x[0]"]
+    ref = {"steps": [{"step": 6, "ids": [1], "lr": 0.1, "loss": 1.0}], "final": {"parameters": [1.0]}}
+    cand = {"steps": [{"step": 6, "ids": [1], "lr": 0.1, "loss": 1.0}], "final": {}}
+    result = check_pair(ref, cand, 5, 1e-12, 0)
+    assert not result["parameters"]["ok"] and "missing" in result["parameters"]["structural"][0]
+
+
+def test_mini_runs_standalone_with_the_seed_flags(tmp_path):
+    run = lambda *a: subprocess.run([sys.executable, "-B", "-m", "ckptfmt.mini", *a], capture_output=True, text=True)  # noqa: E731
+    assert run("--steps", "5", "--output", str(tmp_path / "cut")).returncode == 0
+    ckpt = tmp_path / "cut" / "step_000005.bin"
+    assert run("--steps", "5", "--resume", str(ckpt), "--output", str(tmp_path / "r")).returncode == 0
+    assert (tmp_path / "r" / "step_000010.bin").exists()
+    doc = json.loads(ckpt.with_suffix(".json").read_text())
+    doc.pop("scheduler")
+    ckpt.with_suffix(".json").write_text(json.dumps(doc))
+    proc = run("--steps", "5", "--resume", str(ckpt), "--output", str(tmp_path / "r2"))
+    assert proc.returncode == 2 and "lacks scheduler" in proc.stderr
+    assert run("--steps", "1", "--output", str(tmp_path / "r")).returncode == 2     # existing output refused
