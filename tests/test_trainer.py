@@ -52,7 +52,8 @@ def wait_for(pred, proc, timeout=120):
 
 
 def gens(run: Path) -> list:
-    return Run(run).generations() if run.is_dir() else []
+    """Committed generations (a .bin may exist before its manifest commits)."""
+    return [g for g in Run(run).generations() if g.committed] if run.is_dir() else []
 
 
 def canonical(run):
