@@ -15,7 +15,7 @@ import numpy as np
 from . import format as fmt
 from . import reader
 
-CHUNK = 1 << 20   # elements per comparison pass
+CHUNK = 1 << 18   # elements per comparison pass (temporaries stay in cache)
 
 
 @dataclass
@@ -74,43 +74,79 @@ class DiffResult:
 
 
 def ordered_bits(x: np.ndarray) -> np.ndarray:
-    """Map float32 bit patterns to integers that order like the floats (for ULP distance)."""
-    u = x.view(np.uint32).astype(np.int64)
-    return np.where(u >= 0x80000000, 0x80000000 - u, u)
+    """Map float32 bit patterns to int32 values that order like the floats (for ULP distance):
+    negative floats become INT32_MIN - bits, so -0.0 and +0.0 both map to 0."""
+    i = x.view(np.int32)
+    return np.where(i < 0, np.int32(-2**31) - i, i)
+
+
+def max_ulp(a: np.ndarray, b: np.ndarray) -> int:
+    d = np.subtract(ordered_bits(a), ordered_bits(b), dtype=np.int64)
+    return int(np.abs(d, out=d).max())
 
 
 def _compare_chunk(out: RegionDiff, a: np.ndarray, b: np.ndarray, start: int,
                    atol: float, rtol: float) -> None:
-    a64, b64 = a.astype(np.float64), b.astype(np.float64)
-    out._sq_a += float(np.dot(a64, a64))
-    out._sq_b += float(np.dot(b64, b64))
-    out._dot += float(np.dot(a64, b64))
-    if a.tobytes() == b.tobytes():
-        return
     differs = a.view(np.uint32) != b.view(np.uint32)
-    idx = np.flatnonzero(differs)
-    out.n_diff += idx.size
+    if not differs.any():          # the common case: one compare and one dot, nothing else
+        sq = _finite_dot(a, a)
+        out._sq_a += sq
+        out._sq_b += sq
+        out._dot += sq
+        return
+    out.n_diff += int(np.count_nonzero(differs))
     if out.first_index is None:
-        out.first_index = start + int(idx[0])
-    da, db = a64[idx], b64[idx]
-    delta = np.abs(da - db)
-    both_nan = np.isnan(da) & np.isnan(db)
-    delta = np.where(both_nan, 0.0, delta)
-    finite = np.isfinite(delta)
-    if not finite.all():
+        out.first_index = start + int(np.argmax(differs))
+    out.max_ulp = max(out.max_ulp, max_ulp(a, b))
+    a64, b64 = a.astype(np.float64), b.astype(np.float64)
+    dots = (float(np.dot(a64, a64)), float(np.dot(b64, b64)), float(np.dot(a64, b64)))
+    if not all(map(math.isfinite, dots)):
+        _compare_non_finite(out, a64, b64, differs, atol, rtol)
+        return
+    out._sq_a, out._sq_b, out._dot = out._sq_a + dots[0], out._sq_b + dots[1], out._dot + dots[2]
+    delta = np.abs(np.subtract(a64, b64, out=a64), out=a64)       # whole-chunk passes, no gathers
+    scale = np.abs(b64, out=b64)
+    out._sq_diff += float(np.dot(delta, delta))
+    out.max_abs = max(out.max_abs, float(delta.max()))
+    if (delta > (atol + rtol * scale if rtol else atol)).any():
+        out.within_tol = False
+    with np.errstate(divide="ignore", invalid="ignore"):
+        rel = np.divide(delta, scale, out=scale)       # x/0 -> inf, 0/0 -> nan (equal elements)
+    out.max_rel = max(out.max_rel, float(np.fmax.reduce(rel, initial=0.0)))
+
+
+def _compare_non_finite(out: RegionDiff, a64: np.ndarray, b64: np.ndarray, differs: np.ndarray,
+                        atol: float, rtol: float) -> None:
+    """Chunks holding NaN/inf: norms over finite pairs; a NaN or inf that differs is beyond
+    every tolerance (two identical NaN bit patterns do not differ)."""
+    ok = np.isfinite(a64) & np.isfinite(b64)
+    out._sq_a += float(np.dot(a64[ok], a64[ok]))
+    out._sq_b += float(np.dot(b64[ok], b64[ok]))
+    out._dot += float(np.dot(a64[ok], b64[ok]))
+    both = ok & differs
+    if (differs & ~ok).any():
+        out.within_tol = False
         out.max_abs = math.inf
-        out.within_tol = False
-    if finite.any():
-        out.max_abs = max(out.max_abs, float(delta[finite].max()))
-        scale = np.abs(db[finite])
-        rel = np.divide(delta[finite], scale, out=np.full(scale.shape, np.inf), where=scale > 0)
-        rel = np.where(delta[finite] == 0, 0.0, rel)
+    if both.any():
+        delta = np.abs(a64[both] - b64[both])
+        scale = np.abs(b64[both])
+        out._sq_diff += float(np.dot(delta, delta))
+        out.max_abs = max(out.max_abs, float(delta.max()))
+        rel = np.divide(delta, scale, out=np.where(delta > 0, np.inf, 0.0), where=scale > 0)
         out.max_rel = max(out.max_rel, float(rel.max()))
-    out.max_ulp = max(out.max_ulp, int(np.abs(ordered_bits(a[idx]) - ordered_bits(b[idx])).max()))
-    diff_sq = np.where(finite, delta, 0.0)
-    out._sq_diff += float(np.dot(diff_sq, diff_sq))
-    if np.any(delta[finite] > atol + rtol * np.abs(db[finite])):
-        out.within_tol = False
+        if (delta > atol + rtol * scale).any():
+            out.within_tol = False
+
+
+def _finite_dot(a: np.ndarray, b: np.ndarray) -> float:
+    """Dot product for the norms (float32 BLAS, summed in float64 across chunks); a chunk
+    holding NaN/inf falls back to float64 over its finite values."""
+    d = float(np.dot(a, b))
+    if math.isfinite(d):
+        return d
+    a64 = a.astype(np.float64)
+    ok = np.isfinite(a64)
+    return float(np.dot(a64[ok], b.astype(np.float64)[ok]))
 
 
 def locate(layout: list[dict[str, Any]] | None, index: int) -> tuple[str | None, int | None]:
@@ -123,10 +159,13 @@ def locate(layout: list[dict[str, Any]] | None, index: int) -> tuple[str | None,
 
 
 def diff_regions(a: np.ndarray, b: np.ndarray, *, atol: float = 0.0, rtol: float = 0.0,
-                 layout: list[dict[str, Any]] | None = None) -> RegionDiff:
+                 layout: list[dict[str, Any]] | None = None, release=None) -> RegionDiff:
+    """``release(start, count)`` is called after each chunk (to drop mapped pages)."""
     out = RegionDiff()
     for start in range(0, a.size, CHUNK):
         _compare_chunk(out, a[start:start + CHUNK], b[start:start + CHUNK], start, atol, rtol)
+        if release is not None:
+            release(start, min(CHUNK, a.size - start))
     if out.first_index is not None:
         out.first_param, out.first_param_index = locate(layout, out.first_index)
     return out
@@ -145,8 +184,13 @@ def diff(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]", *,
             return result
         layout = a.layout or b.layout
         for name in fmt.REGIONS:
+            base = fmt.region_offset(name, a.n_params)
+
+            def release(start: int, count: int, base: int = base) -> None:
+                for ck in (a, b):
+                    ck.release(base + start * fmt.ITEM, count * fmt.ITEM)
             result.regions[name] = diff_regions(getattr(a, name), getattr(b, name),
-                                                atol=atol, rtol=rtol, layout=layout)
+                                                atol=atol, rtol=rtol, layout=layout, release=release)
     return result
 
 

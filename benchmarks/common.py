@@ -1,0 +1,89 @@
+"""Measurement helpers: timing with alternation, peak RSS per operation, page-cache control."""
+from __future__ import annotations
+
+import gc
+import os
+import statistics
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+
+def drop_cache(path: str) -> bool:
+    """Evict one file's clean pages (no root needed); True if it worked."""
+    try:
+        fd = os.open(path, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+            os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
+        finally:
+            os.close(fd)
+        return True
+    except (OSError, AttributeError):
+        return False
+
+
+def reset_peak_rss() -> int:
+    """Reset VmHWM (Linux clear_refs 5) and return the current RSS in bytes."""
+    try:
+        with open("/proc/self/clear_refs", "w") as f:
+            f.write("5")
+    except OSError:
+        pass
+    return _status("VmRSS")
+
+
+def peak_rss() -> int:
+    return _status("VmHWM")
+
+
+def _status(key: str) -> int:
+    with open("/proc/self/status") as f:
+        for line in f:
+            if line.startswith(key + ":"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+def measure(fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> tuple[float, int]:
+    """(seconds, peak RSS above the starting RSS in bytes) of one call."""
+    if setup:
+        setup()
+    gc.collect()
+    base = reset_peak_rss()
+    t = time.perf_counter()
+    fn()
+    seconds = time.perf_counter() - t
+    return seconds, max(0, peak_rss() - base)
+
+
+def summary(samples: list[float]) -> dict[str, float]:
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples)}
+
+
+def touch(a: np.ndarray) -> np.ndarray:
+    """Fault every page in now, so no contender pays for fresh memory inside its timing."""
+    a.view(np.uint8)[::4096] = 0
+    return a
+
+
+def fsync_dir(path: str) -> None:
+    fd = os.open(os.path.dirname(os.path.abspath(path)), os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def durable(write: Callable[[str], None], final: str) -> None:
+    """The same durability for every peer: temp file, fsync, rename, fsync the directory."""
+    tmp = final + ".tmp"
+    write(tmp)
+    fd = os.open(tmp, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    os.replace(tmp, final)
+    fsync_dir(final)
