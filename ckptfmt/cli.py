@@ -154,11 +154,22 @@ def validate(paths: tuple[str, ...], as_json: bool, fast: bool) -> None:
     for p in paths:
         if not os.path.exists(p):
             raise Fail(f"{p}: no such file or directory", EXIT_CANNOT)
-    reports = [validate_path(p, deep=not fast) for p in paths]
+    from .progress import terminal_bar
+    reports = []
+    for p in paths:
+        with terminal_bar(f"validating {p}", _bytes_in(p) if not fast else 0, quiet=as_json) as bar:
+            reports.append(validate_path(p, deep=not fast, progress=bar))
     emit([r.to_dict() for r in reports] if len(reports) > 1 else reports[0].to_dict(), as_json,
          lambda _: [_print_report(r) for r in reports])
     if not all(r.ok for r in reports):
         sys.exit(EXIT_DEFECT)
+
+
+def _bytes_in(path: str) -> int:
+    """Bytes a deep validation of PATH will hash (the .bin files in a run)."""
+    if os.path.isdir(path):
+        return sum(e.stat().st_size for e in os.scandir(path) if e.name.endswith(".bin") and e.is_file())
+    return os.path.getsize(path)
 
 
 def _print_report(r) -> None:
@@ -181,7 +192,10 @@ def diff(a: str, b: str, as_json: bool, atol: float, rtol: float, tensors: bool)
     """Compare two checkpoints: header and weights, m, v. Exit 0 only when bit-identical
     (or within --atol/--rtol)."""
     from .diff import diff as run_diff, per_tensor
-    result = run_diff(a, b, atol=atol, rtol=rtol)
+    from .progress import terminal_bar
+    total = os.path.getsize(a) + os.path.getsize(b) if os.path.isfile(a) and os.path.isfile(b) else 0
+    with terminal_bar("comparing", total, quiet=as_json) as bar:
+        result = run_diff(a, b, atol=atol, rtol=rtol, progress=bar)
     data = result.to_dict()
     if tensors:
         data["tensors"] = per_tensor(a, b)
@@ -370,8 +384,10 @@ def export_cmd(run: str, dest: str, latest: bool, steps: str | None, with_histor
             raise click.UsageError(f"--steps takes comma-separated integers, got {steps!r}") from None
     if latest and chosen:
         raise click.UsageError("--latest and --steps exclude each other")
+    from .progress import terminal_bar
     fn = run_archive if archive else run_export
-    doc = fn(run, dest, steps=chosen, with_history=with_history, weights_only=weights_only)
+    with terminal_bar(f"exporting {run}", _bytes_in(run) if os.path.isdir(run) else 0, quiet=as_json) as bar:
+        doc = fn(run, dest, steps=chosen, with_history=with_history, weights_only=weights_only, progress=bar)
     emit(doc, as_json, lambda d: click.echo(
         f"exported steps {d['steps']} to {dest}: {len(d['files'])} files, verified at the destination: "
         f"{json.dumps(d['verified'])}" + (" (UNVERIFIED bare files)" if d["bare"] else "")))

@@ -172,7 +172,7 @@ def diff_regions(a: np.ndarray, b: np.ndarray, *, atol: float = 0.0, rtol: float
 
 
 def diff(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]", *,
-         atol: float = 0.0, rtol: float = 0.0) -> DiffResult:
+         atol: float = 0.0, rtol: float = 0.0, progress=None) -> DiffResult:
     """Compare two checkpoint files; raises ``CheckpointError`` if either cannot be read."""
     a = reader.open(path_a, manifest="auto", check_name=False)
     b = reader.open(path_b, manifest="auto", check_name=False)
@@ -189,6 +189,8 @@ def diff(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]", *,
             def release(start: int, count: int, base: int = base) -> None:
                 for ck in (a, b):
                     ck.release(base + start * fmt.ITEM, count * fmt.ITEM)
+                if progress is not None:
+                    progress(2 * count * fmt.ITEM)
             result.regions[name] = diff_regions(getattr(a, name), getattr(b, name),
                                                 atol=atol, rtol=rtol, layout=layout, release=release)
     return result

@@ -49,7 +49,7 @@ def _prepare_dest(dest: Path) -> None:
 
 def export(run_dir: str, dest: str, *, steps: list[int] | None = None,
            with_history: bool = True, weights_only: bool = False, load_check: bool = True,
-           tamper: Callable[[Path], None] | None = None) -> dict[str, Any]:
+           tamper: Callable[[Path], None] | None = None, progress=None) -> dict[str, Any]:
     """Copy the chosen generations and sidecars to DEST and prove them there.
 
     ``tamper`` is a test hook run after the copy and before the verification.
@@ -60,7 +60,7 @@ def export(run_dir: str, dest: str, *, steps: list[int] | None = None,
     started = time.perf_counter()
     files = []
     for gen in gens:
-        files += _export_generation(gen, out, weights_only)
+        files += _export_generation(gen, out, weights_only, progress)
     for name in SIDECARS if with_history else SIDECARS[1:]:
         src = run.path / name
         if src.exists():
@@ -76,7 +76,7 @@ def export(run_dir: str, dest: str, *, steps: list[int] | None = None,
     return doc
 
 
-def _export_generation(gen, out: Path, weights_only: bool) -> list[dict[str, Any]]:
+def _export_generation(gen, out: Path, weights_only: bool, progress=None) -> list[dict[str, Any]]:
     if weights_only:
         from .convert import convert
         target = out / (gen.bin.stem + ".safetensors")
@@ -84,7 +84,7 @@ def _export_generation(gen, out: Path, weights_only: bool) -> list[dict[str, Any
         return [{"file": target.name, "size": target.stat().st_size, "blake3": fingerprint.of_file(target),
                  "step": gen.step, "kind": "weights-only"}]
     doc = mf.read(gen.manifest) if gen.manifest else None
-    digest = copy_verified(gen.bin, out / gen.bin.name, doc["blake3"] if doc else None)
+    digest = copy_verified(gen.bin, out / gen.bin.name, doc["blake3"] if doc else None, progress)
     rows = [{"file": gen.bin.name, "size": gen.bin.stat().st_size, "blake3": digest, "step": gen.step,
              "kind": "generation", "verified_against": "manifest" if doc else "unverified (bare file)"}]
     if gen.manifest:

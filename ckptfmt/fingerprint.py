@@ -41,11 +41,13 @@ def of_file(path: "str | os.PathLike[str]") -> str:
             return of_buffer(memoryview(mm))
 
 
-def of_buffer(view: memoryview) -> str:
+def of_buffer(view: memoryview, progress=None) -> str:
     h = hasher(0)
     try:
         for start in range(0, len(view), CHUNK):
             h.update(view[start:start + CHUNK])
+            if progress is not None:
+                progress(min(CHUNK, len(view) - start))
     finally:
         view.release()
     return h.hexdigest()

@@ -294,7 +294,7 @@ def write_json(path: "str | os.PathLike[str]", value: Any) -> None:
     atomic.write_bytes(path, (json.dumps(value, indent=1, sort_keys=True) + "\n").encode())
 
 
-def copy_verified(src: Path, dst: Path, expected: str | None) -> str:
+def copy_verified(src: Path, dst: Path, expected: str | None, progress=None) -> str:
     """Copy through the durable write, hashing as it goes; refuse a copy whose hash differs."""
     size = src.stat().st_size
     with open(src, "rb") as f, atomic.AtomicWriter(dst) as out:
@@ -305,6 +305,8 @@ def copy_verified(src: Path, dst: Path, expected: str | None) -> str:
                 break
             h.update(chunk)
             out.write(chunk)
+            if progress is not None:
+                progress(len(chunk))
         digest = h.hexdigest()
         if expected is not None and digest != expected:
             raise SaveError(str(dst), f"copy of {src} hashes to {digest}, expected {expected}")

@@ -35,14 +35,14 @@ def zombie_arms(run: Run) -> list[str]:
     return sorted(set(state["arms"]) - set(sources))
 
 
-def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True) -> Report:
+def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None) -> Report:
     run = Run(path)
     report = Report(str(path), kind="run")
     listing = run.listing()
     bare = run.is_bare()
     gens_out = []
     for gen in listing.generations:
-        gens_out.append(_validate_generation(report, gen, deep, bare))
+        gens_out.append(_validate_generation(report, gen, deep, bare, progress))
     report.details["generations"] = gens_out
     for temp in listing.temps:
         report.warn("leftover_temp", f"{temp}: temp file of an interrupted save (ckptfmt gc sweeps it)")
@@ -60,7 +60,7 @@ def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True) -> Report
     return report
 
 
-def _validate_generation(report: Report, gen, deep: bool, bare: bool) -> dict[str, Any]:
+def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=None) -> dict[str, Any]:
     row = {"step": gen.step, "status": "unverified"}
     if gen.bin is None:
         report.warn("orphan_manifest", f"{gen.manifest}: manifest without its .bin (uncommitted)")
@@ -70,7 +70,7 @@ def _validate_generation(report: Report, gen, deep: bool, bare: bool) -> dict[st
         report.warn("uncommitted", f"{gen.bin}: no manifest: an uncommitted leftover of a crash")
         row["status"] = "uncommitted"
         return row
-    sub = validate_file(gen.bin, deep=deep)
+    sub = validate_file(gen.bin, deep=deep, progress=progress)
     report.findings.extend(f for f in sub.findings if not (bare and f.code == "unverified"))
     row["status"] = sub.status
     return row

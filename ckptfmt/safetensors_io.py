@@ -43,6 +43,16 @@ def write(path: str, tensors: Iterable[tuple[str, str, list[int], np.ndarray]],
         out.commit()
 
 
+def _check_entry(path: str, name: str, info: object) -> None:
+    ok = (isinstance(info, dict) and isinstance(info.get("dtype"), str)
+          and isinstance(info.get("shape"), list)
+          and all(isinstance(d, int) and not isinstance(d, bool) and d >= 0 for d in info["shape"])
+          and isinstance(info.get("data_offsets"), list) and len(info["data_offsets"]) == 2
+          and all(isinstance(o, int) and not isinstance(o, bool) and o >= 0 for o in info["data_offsets"]))
+    if not ok:
+        raise ConvertError(path, f"tensor {name!r}: needs dtype, shape and two data_offsets")
+
+
 class SafeFile:
     """A parsed safetensors file: ``metadata`` and ``tensor(name)`` views over one mmap."""
 
@@ -62,7 +72,13 @@ class SafeFile:
                 raise ConvertError(path, f"safetensors header is not JSON: {exc}") from None
             self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
         self.data_start = 8 + hlen
-        self.metadata: dict[str, str] = self.header.pop("__metadata__", None) or {}
+        if not isinstance(self.header, dict):
+            raise ConvertError(path, "safetensors header is not a JSON object")
+        self.metadata = self.header.pop("__metadata__", None) or {}
+        if not isinstance(self.metadata, dict):
+            raise ConvertError(path, "safetensors __metadata__ is not an object")
+        for name, info in self.header.items():
+            _check_entry(path, name, info)
         self._check_coverage(size)
 
     def _check_coverage(self, size: int) -> None:

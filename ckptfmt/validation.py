@@ -61,7 +61,7 @@ def error_code(exc: CheckpointError) -> str:
     return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
 
 
-def validate_file(path: "str | os.PathLike[str]", *, deep: bool = True) -> Report:
+def validate_file(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None) -> Report:
     path = os.fspath(path)
     report = Report(path)
     try:
@@ -73,7 +73,7 @@ def validate_file(path: "str | os.PathLike[str]", *, deep: bool = True) -> Repor
         report.step, report.n_params = ckpt.step, ckpt.n_params
         doc = _check_manifest(report, ckpt)
         if report.ok:
-            _check_contents(report, ckpt, doc, deep)
+            _check_contents(report, ckpt, doc, deep, progress)
     return report
 
 
@@ -98,11 +98,12 @@ def _check_manifest(report: Report, ckpt: reader.Checkpoint) -> dict[str, Any] |
     return doc
 
 
-def _check_contents(report: Report, ckpt: reader.Checkpoint, doc: dict | None, deep: bool) -> None:
+def _check_contents(report: Report, ckpt: reader.Checkpoint, doc: dict | None, deep: bool,
+                    progress=None) -> None:
     if not deep:
         return
     with ThreadPoolExecutor(1, "ckptfmt-validate") as pool:
-        digest = pool.submit(ckpt.fingerprint) if doc is not None else None
+        digest = pool.submit(ckpt.fingerprint, progress) if doc is not None else None
         _check_values(report, ckpt)
         if digest is not None:
             got = digest.result()
@@ -152,9 +153,9 @@ def _check_values(report: Report, ckpt: reader.Checkpoint) -> None:
                                         "values (Adam's second moment cannot be negative)")
 
 
-def validate_path(path: "str | os.PathLike[str]", *, deep: bool = True) -> Report:
-    """A file or a run directory (the run check lives in ``ckptfmt.run``)."""
+def validate_path(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None) -> Report:
+    """A file or a run directory (the run check lives in ``ckptfmt.runops``)."""
     if os.path.isdir(path):
         from .runops import validate_run
-        return validate_run(path, deep=deep)
-    return validate_file(path, deep=deep)
+        return validate_run(path, deep=deep, progress=progress)
+    return validate_file(path, deep=deep, progress=progress)

@@ -127,3 +127,25 @@ def test_diff_finds_one_element_in_a_12_8m_file(tmp_path):
     assert d.regions["m"].n_diff == 1 and d.regions["m"].first_index == 9_876_543
     assert d.regions["m"].first_param == "blocks" and d.regions["m"].first_param_index == 9_876_543 - 256 * 384
     assert d.regions["weights"].n_diff == 0
+
+
+def test_progress_callbacks_cover_every_byte(tmp_path):
+    a = make(tmp_path, 1, n=3_000_000, seed=1)
+    b = tmp_path / "b" / "step_000001.bin"
+    b.parent.mkdir()
+    ckptfmt.save(b, 1, *arrays(3_000_000, seed=2))
+    seen = []
+    assert validate_file(a, progress=seen.append).ok
+    assert sum(seen) == a.stat().st_size and len(seen) > 1
+    seen.clear()
+    diff(a, b, progress=seen.append)
+    assert sum(seen) == 2 * (a.stat().st_size - 8)
+
+
+def test_terminal_bar_stays_silent_off_a_terminal(capsys):
+    from ckptfmt.progress import terminal_bar
+    with terminal_bar("x", 10**12) as bar:
+        assert bar is None              # pytest's stderr is not a TTY
+    with terminal_bar("x", 10**12, quiet=True) as bar:
+        assert bar is None
+    assert capsys.readouterr().err == ""

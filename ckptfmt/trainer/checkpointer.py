@@ -50,13 +50,13 @@ class Checkpointer:
             self._buffers = [np.empty(n, dtype="<f4") for _ in range(3)]
             for b in self._buffers:
                 b.fill(0)   # touch the pages now, not inside the first stall
-        for buf, tensors in zip(self._buffers, (params, ms, vs)):
-            target = torch.from_numpy(buf)
-            offset = 0
-            for t in tensors:
-                k = t.numel()
-                target[offset:offset + k].copy_(t.detach().reshape(-1))
-                offset += k
+        threads = torch.get_num_threads()
+        torch.set_num_threads(max(2, threads))   # a copy is exact whatever the thread count
+        try:
+            for buf, tensors in zip(self._buffers, (params, ms, vs)):
+                torch.cat([t.detach().reshape(-1) for t in tensors], out=torch.from_numpy(buf))
+        finally:
+            torch.set_num_threads(threads)
         return (*self._buffers, n)
 
     def _background(self, *args: Any) -> None:

@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import torch
 
 from .. import torch as ct
@@ -71,7 +72,7 @@ class Observer:
         for name in t.cfg.sources:
             arr = t.data.arrays[name]
             rows += [arr[i * t.cfg.ctx:i * t.cfg.ctx + t.cfg.ctx + 1] for i in range(2)]
-        batch = torch.from_numpy(__import__("numpy").stack(rows).astype("int64")).to(t.device)
+        batch = torch.from_numpy(np.stack(rows).astype("int64")).to(t.device)
         t.model.eval()
         with torch.no_grad():
             _, loss = t.model(batch[:, :-1], batch[:, 1:])

@@ -1,0 +1,23 @@
+"""Progress for long operations: the library takes a callback, the CLI draws a bar.
+
+A callback receives the number of bytes just processed. The bar is drawn only on a terminal,
+never with --json or in a pipe, and only for inputs large enough to take about a second.
+"""
+from __future__ import annotations
+
+import contextlib
+import sys
+from typing import Callable, Iterator
+
+Callback = Callable[[int], None]
+MIN_BYTES = 256 << 20     # below this an operation finishes in well under a second here
+
+
+@contextlib.contextmanager
+def terminal_bar(label: str, total: int, *, quiet: bool = False) -> Iterator[Callback | None]:
+    if quiet or total < MIN_BYTES or not sys.stderr.isatty():
+        yield None
+        return
+    import click
+    with click.progressbar(length=total, label=label, file=sys.stderr) as bar:
+        yield bar.update

@@ -1,0 +1,176 @@
+"""Power cuts on a loop-mounted ext4 with the shutdown ioctl xfstests uses (RELIABILITY.md
+items 4 and 25). Needs root and loop devices; skips with the reason elsewhere (CI runs as root).
+
+Each cycle: mount, save generations (acknowledged = ``save`` returned), cut the power at a
+random filesystem operation of a later save (EXT4_IOC_SHUTDOWN, no log flush), remount, check.
+Two negative controls remove the fsync of the file or of the directory: they MUST lose an
+acknowledged save, or the harness cannot see what it claims to test.
+"""
+import fcntl
+import os
+import random
+import shutil
+import struct
+import subprocess
+import tempfile
+from pathlib import Path
+
+import pytest
+
+import ckptfmt
+from ckptfmt import fsio
+from ckptfmt.errors import CheckpointError, SaveError
+from ckptfmt.run import Run
+from faults import arrays, expected_digest, scale
+
+EXT4_IOC_SHUTDOWN = 0x8004587D
+NOLOGFLUSH = 2
+N = 50_000          # 600 KB generations
+
+
+def _why_not() -> str | None:
+    if os.geteuid() != 0:
+        return "needs root for loop mounts"
+    for tool in ("losetup", "mkfs.ext4", "mount", "umount"):
+        if not shutil.which(tool):
+            return f"{tool} is not installed"
+    if not os.path.exists("/dev/loop-control"):
+        return "no loop devices"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_why_not() is not None, reason=_why_not() or "")
+
+
+class Disk:
+    def __init__(self, size_mb: int):
+        self.dir = Path(tempfile.mkdtemp(prefix="ckptfmt-pc-"))
+        self.image = self.dir / "disk.img"
+        self.mnt = self.dir / "mnt"
+        self.mnt.mkdir()
+        subprocess.run(["truncate", "-s", f"{size_mb}M", str(self.image)], check=True)
+        subprocess.run(["mkfs.ext4", "-q", "-F", str(self.image)], check=True)
+
+    def mount(self) -> Path:
+        subprocess.run(["mount", "-o", "loop", str(self.image), str(self.mnt)], check=True)
+        return self.mnt
+
+    def umount(self) -> None:
+        subprocess.run(["umount", str(self.mnt)], check=True)
+
+    def cut_power(self) -> None:
+        fd = os.open(self.mnt, os.O_RDONLY)
+        try:
+            fcntl.ioctl(fd, EXT4_IOC_SHUTDOWN, struct.pack("I", NOLOGFLUSH))
+        finally:
+            os.close(fd)
+
+    def destroy(self) -> None:
+        subprocess.run(["umount", str(self.mnt)], capture_output=True)
+        shutil.rmtree(self.dir, ignore_errors=True)
+
+
+@pytest.fixture
+def disk():
+    d = Disk(96)
+    yield d
+    d.destroy()
+
+
+def cycles(disk: Disk, count: int, seed: int) -> tuple[int, int, int]:
+    """(acknowledged saves, acknowledged saves found intact, torn/empty files accepted)."""
+    rng = random.Random(seed)
+    acked_total = present = torn_accepted = 0
+    for cycle in range(count):
+        mnt = disk.mount()
+        run_dir = mnt / "run"
+        run_dir.mkdir(exist_ok=True)
+        run = Run(run_dir)
+        start = max((g.step for g in run.generations()), default=0) + 1
+        acked = []
+        cut_at = rng.randint(1, 40)
+        calls = [0]
+
+        def hook(op, path):
+            calls[0] += 1
+            if calls[0] == cut_at:
+                disk.cut_power()
+        fsio.hook = hook
+        try:
+            for step in range(start, start + 4):
+                run.commit(step, *arrays(N, step), manifest={})
+                acked.append(step)
+        except (SaveError, OSError):
+            pass
+        finally:
+            fsio.hook = None
+        if calls[0] < cut_at:
+            disk.cut_power()
+        disk.umount()
+        mnt = disk.mount()
+        run = Run(mnt / "run")
+        for step in acked:
+            gen = next((g for g in run.generations() if g.step == step), None)
+            try:
+                ok = gen is not None and ckptfmt.open(gen.bin, manifest="require", verify=True).fingerprint() \
+                    == expected_digest(step, N)
+            except (CheckpointError, OSError):
+                ok = False
+            present += ok
+        acked_total += len(acked)
+        for gen in run.generations():       # whatever the loader accepts must be intact
+            try:
+                ck = ckptfmt.open(gen.bin, manifest="require", verify=True)
+            except (CheckpointError, OSError, TypeError):
+                continue
+            if ck.fingerprint() != expected_digest(gen.step, N):
+                torn_accepted += 1
+        for g in run.generations():          # keep the disk small: leave the newest valid only
+            latest = run.latest(deep=True) if any(x.committed for x in run.generations()) else None
+            if latest is not None and g.step != latest.step:
+                for p in (g.bin, g.manifest):
+                    if p is not None and p.exists():
+                        p.unlink()
+        run.sweep_temps()
+        disk.umount()
+    return acked_total, present, torn_accepted
+
+
+def test_power_cuts_lose_nothing_acknowledged(disk):
+    acked, present, torn = cycles(disk, scale(100, 2000), seed=1)
+    assert acked > 50
+    assert present == acked and torn == 0
+
+
+def test_negative_control_without_file_fsync_loses_data(disk, monkeypatch):
+    monkeypatch.setattr(fsio, "fsync", lambda fd, path="": None)   # the directory fsync stays
+    acked, present, torn = cycles(disk, 20, seed=2)
+    assert present < acked, "the harness cannot see a missing fsync"
+
+
+def test_negative_control_without_directory_fsync_loses_data(disk, monkeypatch):
+    monkeypatch.setattr(fsio, "fsync_dir", lambda directory: None)
+    acked, present, torn = cycles(disk, 20, seed=3)
+    assert present < acked, "the harness cannot see a missing directory fsync"
+
+
+def test_disk_full_is_a_typed_error_and_loses_nothing():
+    d = Disk(16)
+    try:
+        mnt = d.mount()
+        run = Run(mnt / "run", create=True)
+        n = 200_000                     # 2.4 MB generations in a 16 MB filesystem
+        saved = []
+        with pytest.raises(SaveError) as info:
+            for step in range(1, 100):
+                run.commit(step, *arrays(n, step), manifest={})
+                saved.append(step)
+        assert "No space left" in str(info.value) or "ENOSPC" in str(info.value) or info.value.__cause__.errno == 28
+        assert len(saved) >= 2
+        assert not list((mnt / "run").glob(".ckptfmt-tmp*"))
+        assert [g.step for g in run.generations() if g.committed] == saved    # nothing older deleted
+        latest = run.latest(deep=True)
+        assert latest.step == saved[-1]
+        assert ckptfmt.open(latest.bin, verify=True).fingerprint() == expected_digest(saved[-1], n)
+    finally:
+        d.destroy()
