@@ -17,7 +17,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterable
 
-from . import atomic, fingerprint
+from . import atomic, fingerprint, fsio
 from . import format as fmt
 from . import manifest as mf
 from . import reader, writer
@@ -179,8 +179,8 @@ class Run:
 
     def __init__(self, path: "str | os.PathLike[str]", *, create: bool = False):
         self.path = Path(path)
-        if create:
-            self.path.mkdir(parents=True, exist_ok=True)
+        if create and not self.path.is_dir():
+            make_durable_dir(self.path)
         if not self.path.exists():
             raise FileNotFoundError(errno.ENOENT, "no such run directory", str(self.path))
         if not self.path.is_dir():
@@ -278,6 +278,22 @@ def _check_bare(gen: Generation) -> str | None:
     except CheckpointError as exc:
         return exc.problem
     return None if step == gen.step else f"header step {step} is not the name's step {gen.step}"
+
+
+def make_durable_dir(path: Path) -> None:
+    """mkdir -p, fsyncing each parent whose entry was created, so a new run directory survives
+    a power cut together with the first generation committed into it."""
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue
+        fsio.fsync_dir(str(d.parent))
 
 
 def read_json(path: "str | os.PathLike[str]", default: Any = None) -> Any:

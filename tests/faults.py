@@ -72,6 +72,8 @@ def writer_argv(run_dir: Path, first: int, count: int, n: int, mode: str = "none
 
 def base_run(directory: Path, n: int) -> Path:
     """A run with generation 1 committed and its history."""
+    if (directory / "step_000001.json").exists():
+        return directory
     directory.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(writer_argv(directory, 1, 1, n), capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
