@@ -33,6 +33,7 @@ def test_every_single_bit_flip_is_rejected(tmp_path):
         path.write_bytes(bytes(data))
         if not validate_file(path).ok:
             rejected += 1
+    print(f"FIGURE bit flips: {rejected} of {len(flips)} rejected")
     assert rejected == len(flips)
 
 

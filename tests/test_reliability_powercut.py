@@ -143,7 +143,10 @@ def cycles(disk: Disk, count: int, seed: int) -> tuple[int, int, int]:
 
 
 def test_power_cuts_lose_nothing_acknowledged(disk):
-    acked, present, torn = cycles(disk, scale(100, 2000), seed=1)
+    count = scale(100, 2000)
+    acked, present, torn = cycles(disk, count, seed=1)
+    print(f"FIGURE power cuts: {count} cycles, {acked} acknowledged saves, {present} present and intact, "
+          f"{torn} torn files accepted")
     assert acked > 50
     assert present == acked and torn == 0
 
@@ -151,12 +154,14 @@ def test_power_cuts_lose_nothing_acknowledged(disk):
 def test_negative_control_without_file_fsync_loses_data(disk, monkeypatch):
     monkeypatch.setattr(fsio, "fsync", lambda fd, path="": None)   # the directory fsync stays
     acked, present, torn = cycles(disk, 20, seed=2)
+    print(f"FIGURE negative control, no file fsync: {acked} acknowledged, {present} survived")
     assert present < acked, "the harness cannot see a missing fsync"
 
 
 def test_negative_control_without_directory_fsync_loses_data(disk, monkeypatch):
     monkeypatch.setattr(fsio, "fsync_dir", lambda directory: None)
     acked, present, torn = cycles(disk, 20, seed=3)
+    print(f"FIGURE negative control, no directory fsync: {acked} acknowledged, {present} survived")
     assert present < acked, "the harness cannot see a missing directory fsync"
 
 
