@@ -280,7 +280,7 @@ def bench_compress(src: str, d: Path) -> dict[str, Any]:
             if target.exists():
                 target.unlink()
             t = time.perf_counter()
-            cv._write_zst(source, str(target), False, None, level=level, use_planes=planes)
+            cv._write_zst(source, str(target), False, None, None, level=level, use_planes=planes)
             tc = time.perf_counter() - t
             t = time.perf_counter()
             back = cv.load(str(target))

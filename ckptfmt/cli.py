@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import functools
 import json
+import warnings
 import math
 import os
 import sys
@@ -14,7 +15,8 @@ from typing import Any, Callable
 
 import click
 
-from .errors import CheckpointError, DestinationExistsError, NotACheckpointError, RunLockedError
+from .errors import (CheckpointError, DestinationExistsError, NotACheckpointError, NoValidGenerationError,
+                     RunLockedError)
 
 EXIT_OK, EXIT_DEFECT, EXIT_CANNOT = 0, 1, 2
 
@@ -83,6 +85,14 @@ def _size(n: int | None) -> str:
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 
 
+def _one_line_warning(message, category, filename, lineno, line=None) -> str:
+    """Library warnings (a skipped generation, a zombie arm) as one line on stderr."""
+    return f"ckptfmt: warning: {message}\n"
+
+
+warnings.formatwarning = _one_line_warning
+
+
 @click.group(context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="ckptfmt")
 def main() -> None:
@@ -106,9 +116,14 @@ def inspect(path: str, as_json: bool, tensors: bool) -> None:
         from .run import Run
         from .runops import ls_run
         data = ls_run(path)
-        gen = Run(path).latest(allow_bare=True)
+        try:
+            gen = Run(path).latest(allow_bare=True)
+        except NoValidGenerationError as exc:
+            gen, data["latest_problem"] = None, str(exc)
         data["latest"] = inspect_file(gen.bin, tensors=tensors) if gen else None
         emit(data, as_json, _print_run_inspect)
+        if gen is None and "latest_problem" in data:
+            sys.exit(EXIT_DEFECT)
         return
     emit(inspect_file(path, tensors=tensors), as_json, _print_inspect)
 
@@ -137,6 +152,8 @@ def _print_stats_table(regions: dict, indent: str = "  ") -> None:
 
 def _print_run_inspect(d: dict) -> None:
     _print_ls(d)
+    if d.get("latest_problem"):
+        click.echo(f"no valid generation: {d['latest_problem']}")
     if d.get("latest"):
         click.echo("latest valid generation:")
         _print_inspect(d["latest"])
@@ -242,7 +259,11 @@ def convert(src: str, dst: str, to: str | None, weights_only: bool, dtype: str |
     from .convert import convert as run_convert
     if dtype and not weights_only:
         raise click.UsageError("--dtype needs --weights-only (a resumable checkpoint stays float32)")
-    report = run_convert(src, dst, to=to, weights_only=weights_only, dtype=dtype, verify=not no_verify)
+    from .progress import terminal_bar
+    total = os.path.getsize(src) * (1 if no_verify else 2) if os.path.isfile(src) else 0
+    with terminal_bar(f"converting {src}", total, quiet=as_json) as bar:
+        report = run_convert(src, dst, to=to, weights_only=weights_only, dtype=dtype, verify=not no_verify,
+                             progress=bar)
     emit(report.to_dict(), as_json, lambda r: click.echo(
         f"{r['src']} -> {r['dst']} ({r['dst_format']}, {_size(r['dst_bytes'])}, "
         f"ratio {r['src_bytes'] / max(r['dst_bytes'], 1):.3f}); verified: {r['verified']}"))
@@ -253,17 +274,18 @@ def convert(src: str, dst: str, to: str | None, weights_only: bool, dtype: str |
 @click.argument("run", type=click.Path())
 @json_option
 @click.option("--deep", is_flag=True, help="Verify fingerprints too.")
+@click.option("--keep-every", type=click.IntRange(min=1), help="Mark milestones (steps divisible by N).")
 @guarded
-def ls_cmd(run: str, as_json: bool, deep: bool) -> None:
-    """List a run's generations with status, pins and leftovers."""
+def ls_cmd(run: str, as_json: bool, deep: bool, keep_every: int | None) -> None:
+    """List a run's generations with status, pins, milestones and leftovers."""
     from .runops import ls_run
-    emit(ls_run(run, deep=deep), as_json, _print_ls)
+    emit(ls_run(run, deep=deep, keep_every=keep_every), as_json, _print_ls)
 
 
 def _print_ls(d: dict) -> None:
     click.echo(f"{d['run']}" + (f"  (locked by pid {d['lock'].get('pid')})" if d.get("lock") else ""))
     for g in d["generations"]:
-        marks = " pinned" if g["pinned"] else ""
+        marks = (" pinned" if g["pinned"] else "") + (" milestone" if g.get("milestone") else "")
         click.echo(f"  {g['step']:>10}  {_size(g['size']):>10}  {g['age_s']:>9.0f}s  {g['status']}{marks}")
     for t in d["leftovers"]:
         click.echo(f"  leftover: {t}")

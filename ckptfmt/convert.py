@@ -165,16 +165,16 @@ def _regions(src: Source, weights_only: bool) -> list[str]:
     return ["weights"] if weights_only else list(fmt.REGIONS)
 
 
-def _write_safetensors(src: Source, dst: str, weights_only: bool, dtype: str | None) -> None:
+def _write_safetensors(src: Source, dst: str, weights_only: bool, dtype: str | None, progress=None) -> None:
     tensors = []
     for region in _regions(src, weights_only):
         for name, shape, arr in _named(src, region, getattr(src, region)):
             code, data = cast(arr, dtype)
             tensors.append((name, code, shape, data))
-    safetensors_io.write(dst, tensors, _meta(src, weights_only))
+    safetensors_io.write(dst, tensors, _meta(src, weights_only), progress)
 
 
-def _write_npz(src: Source, dst: str, weights_only: bool, dtype: str | None) -> None:
+def _write_npz(src: Source, dst: str, weights_only: bool, dtype: str | None, progress=None) -> None:
     if dtype == "bfloat16":
         raise ConvertError(dst, "numpy has no bfloat16: use .safetensors or .pt for bfloat16")
     arrays = {r: getattr(src, r).astype(dtype or fmt.DTYPE, copy=False) for r in _regions(src, weights_only)}
@@ -186,7 +186,7 @@ def _write_npz(src: Source, dst: str, weights_only: bool, dtype: str | None) -> 
         out.commit()
 
 
-def _write_pt(src: Source, dst: str, weights_only: bool, dtype: str | None) -> None:
+def _write_pt(src: Source, dst: str, weights_only: bool, dtype: str | None, progress=None) -> None:
     torch = _torch(dst)
     state: dict[str, Any] = dict(_meta(src, weights_only))
     for region in _regions(src, weights_only):
@@ -198,7 +198,7 @@ def _write_pt(src: Source, dst: str, weights_only: bool, dtype: str | None) -> N
         out.commit()
 
 
-def _write_bin(src: Source, dst: str, weights_only: bool, dtype: str | None) -> None:
+def _write_bin(src: Source, dst: str, weights_only: bool, dtype: str | None, progress=None) -> None:
     if weights_only or dtype:
         raise ConvertError(dst, "the .bin layout holds float32 weights, m and v; --weights-only "
                                 "and --dtype apply to the other formats")
@@ -218,7 +218,7 @@ def unplanes(data: bytes) -> np.ndarray:
     return np.frombuffer(data, dtype=np.uint8).reshape(4, -1).T.copy().view(fmt.DTYPE).ravel()
 
 
-def _write_zst(src: Source, dst: str, weights_only: bool, dtype: str | None,
+def _write_zst(src: Source, dst: str, weights_only: bool, dtype: str | None, progress=None,
                level: int = ZST_LEVEL, use_planes: bool = True) -> None:
     import zstandard
     if weights_only or dtype:
@@ -237,6 +237,8 @@ def _write_zst(src: Source, dst: str, weights_only: bool, dtype: str | None,
                     for start in range(0, arr.size, ZST_CHUNK):
                         piece = arr[start:start + ZST_CHUNK]
                         z.write(planes(piece) if use_planes else piece.tobytes())
+                        if progress is not None:
+                            progress(piece.nbytes)
         out.commit()
 
 
@@ -302,8 +304,10 @@ class ConvertReport:
 
 
 def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = False,
-            dtype: str | None = None, verify: bool = True, overwrite: bool = False) -> ConvertReport:
-    """Convert ``src`` into ``dst``; with ``verify`` prove the result by converting back."""
+            dtype: str | None = None, verify: bool = True, overwrite: bool = False,
+            progress=None) -> ConvertReport:
+    """Convert ``src`` into ``dst``; with ``verify`` prove the result by converting back.
+    ``progress`` gets byte counts: the write (about the source size), then the verification."""
     src_kind, dst_kind = detect(src), to or detect(dst)
     if dst_kind not in FORMATS:
         raise ConvertError(dst, f"unknown format {dst_kind}: choose one of {', '.join(FORMATS)}")
@@ -312,10 +316,21 @@ def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = F
     source = load(src, src_kind)
     original = fingerprint.of_file(src) if src_kind == "bin" else source.blake3
     source.blake3 = original
-    WRITERS[dst_kind](source, dst, weights_only, dtype)
+    size = os.path.getsize(src)
+    written = [0]
+
+    def wrote(n: int) -> None:
+        written[0] += n
+        if progress is not None:
+            progress(n)
+    WRITERS[dst_kind](source, dst, weights_only, dtype, wrote)
+    if progress is not None and written[0] < size:
+        progress(size - written[0])            # writers without chunk progress report at the end
     how = "skipped"
     if verify:
         how = _verify(source, dst, dst_kind, weights_only, dtype, original)
+        if progress is not None:
+            progress(size)
     return ConvertReport(src, dst, src_kind, dst_kind, source.step, source.n_params, how, original,
                          os.path.getsize(src), os.path.getsize(dst))
 

@@ -115,8 +115,11 @@ class Mini:
 
     def save(self, output: str) -> str:
         from . import torch as ct
+        from . import atomic
         path = os.path.join(output, f"step_{self.step:06d}.bin")
-        ct.save(path, self.model, self.opt, self.step, manifest=self.manifest())
+        result = ct.save(path, self.model, self.opt, self.step, manifest=self.manifest())
+        # the seed's checkpoint.pt.sha256, as b3sum prints it: "DIGEST  NAME"
+        atomic.write_bytes(path + ".b3", f"{result.blake3}  {os.path.basename(path)}\n".encode())
         return path
 
     def resume(self, path: str, omit_rng: bool) -> None:

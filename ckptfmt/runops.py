@@ -97,7 +97,8 @@ def _validate_sidecars(report: Report, run: Run) -> None:
                                   "run's config (zombie arm; the trainer drops it)")
 
 
-def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False) -> dict[str, Any]:
+def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: int | None = None) -> dict[str, Any]:
+    """Generations with status, pins and milestone marks (steps divisible by ``keep_every``)."""
     run = Run(path)
     listing = run.listing()
     pins = set(run.pins())
@@ -111,7 +112,8 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False) -> dict[str, A
                      "age_s": round(now - target.stat().st_mtime, 1),
                      "committed": gen.committed, "valid": reason is None,
                      "status": ("verified" if deep else "committed") if reason is None else reason,
-                     "pinned": gen.step in pins})
+                     "pinned": gen.step in pins,
+                     "milestone": bool(keep_every) and gen.step % keep_every == 0})
     return {"run": str(path), "generations": rows, "leftovers": [str(t) for t in listing.temps],
             "foreign": [f"{p}: {why}" for p, why in listing.foreign], "lock": lock_holder(path)}
 

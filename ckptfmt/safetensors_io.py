@@ -24,7 +24,7 @@ CHUNK = 8 << 20
 
 
 def write(path: str, tensors: Iterable[tuple[str, str, list[int], np.ndarray]],
-          metadata: dict[str, str]) -> None:
+          metadata: dict[str, str], progress=None) -> None:
     """tensors: (name, dtype code, shape, flat array of that dtype's bytes) in file order."""
     tensors = list(tensors)
     header: dict[str, Any] = {"__metadata__": metadata}
@@ -40,6 +40,8 @@ def write(path: str, tensors: Iterable[tuple[str, str, list[int], np.ndarray]],
             view = memoryview(np.ascontiguousarray(arr)).cast("B")
             for start in range(0, view.nbytes, CHUNK):
                 out.write(view[start:start + CHUNK])
+                if progress is not None:
+                    progress(min(CHUNK, view.nbytes - start))
         out.commit()
 
 

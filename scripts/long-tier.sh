@@ -1,15 +1,20 @@
 #!/usr/bin/env bash
 # The long tier of the reliability suite (issue 8), run by hand, not in CI:
 # 1,000 SIGKILLs at 150 MB, 2,000 power cuts, 10^6 bit flips, 1,000 SIGUSR1, 100 kill/resume
-# cycles, then 10 minutes of coverage-guided fuzzing whose minimised corpus is committed.
-# Results go to spec/RELIABILITY.md by hand, with the date and this command.
+# cycles (RELIABILITY_SCALE=long), and beside them 10 minutes of coverage-guided fuzzing whose
+# minimised corpus replaces fuzz/corpus. Figures go to spec/RELIABILITY.md with date and command.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh
-RELIABILITY_SCALE=long .venv/bin/python -m pytest -q -p no:warnings tests/test_reliability_*.py "$@"
-.venv/bin/pip install -q atheris
-mkdir -p fuzz/new fuzz/min
-.venv/bin/python fuzz/target.py fuzz/new fuzz/corpus -max_total_time="${FUZZ_SECONDS:-600}" -print_final_stats=1
-.venv/bin/python fuzz/target.py -merge=1 fuzz/min fuzz/corpus fuzz/new
+.venv/bin/python -c "import atheris" 2>/dev/null || .venv/bin/pip install -q atheris
+rm -rf fuzz/new fuzz/min && mkdir -p fuzz/new fuzz/min
+.venv/bin/python fuzz/target.py fuzz/new fuzz/corpus -max_total_time="${FUZZ_SECONDS:-600}" \
+    -print_final_stats=1 > fuzz/last-run.log 2>&1 &
+fuzz=$!
+RELIABILITY_SCALE=long .venv/bin/python -m pytest -q -s -p no:warnings tests/test_reliability_*.py "$@" \
+    | tee /tmp/long-tier.log | grep -E "FIGURE|crash states|passed|failed"
+wait "$fuzz" || { echo "fuzzing found a crash: see fuzz/last-run.log"; exit 1; }
+.venv/bin/python fuzz/target.py -merge=1 fuzz/min fuzz/corpus fuzz/new >> fuzz/last-run.log 2>&1
 rm -rf fuzz/corpus fuzz/new && mv fuzz/min fuzz/corpus
-echo "long tier done; commit fuzz/corpus and the figures in spec/RELIABILITY.md"
+grep -E "stat::|Done" fuzz/last-run.log | tail -4
+echo "long tier done: $(ls fuzz/corpus | wc -l) corpus files; commit fuzz/corpus and the figures"

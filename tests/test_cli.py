@@ -158,6 +158,8 @@ def test_ls_gc_pin(runner, tmp_path):
     assert code == 0 and [g["step"] for g in d["generations"]] == [100, 200, 300, 400, 500]
     assert len(d["leftovers"]) == 1
     assert run(runner, "pin", tmp_path, 100)[0] == 0
+    rows = json.loads(run(runner, "ls", tmp_path, "--json", "--keep-every", "200")[1])["generations"]
+    assert [r["step"] for r in rows if r["milestone"]] == [200, 400] and [r["step"] for r in rows if r["pinned"]] == [100]
     code, out = run(runner, "gc", tmp_path, "--keep-last", "2", "--dry-run", "--json")
     assert code == 0 and json.loads(out)["deleted"] == [200, 300]
     assert (tmp_path / "step_000200.bin").exists()
@@ -169,3 +171,13 @@ def test_ls_gc_pin(runner, tmp_path):
 def test_version(runner):
     code, out = run(runner, "--version")
     assert code == 0 and ckptfmt.__version__ in out
+
+
+def test_inspect_of_a_run_without_a_valid_generation(tmp_path):
+    path = make(tmp_path, 1)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data[:-4]))
+    proc = cli("inspect", str(tmp_path))
+    assert proc.returncode == 1 and "no valid generation" in proc.stdout
+    assert "ckptfmt: warning: " in proc.stderr and "Traceback" not in proc.stderr

@@ -112,3 +112,10 @@ def test_truncated_zst_is_detected(tmp_path, src):
     (tmp_path / "t.zst").write_bytes(data[:-20])
     with pytest.raises(ConvertError):
         load(str(tmp_path / "t.zst"))
+
+
+@pytest.mark.parametrize("ext", ["safetensors", "zst", "npz"])
+def test_convert_progress_counts_write_and_verify(tmp_path, src, ext):
+    seen = []
+    convert(str(src), str(tmp_path / f"p.{ext}"), progress=seen.append)
+    assert sum(seen) == 2 * src.stat().st_size

@@ -90,6 +90,9 @@ def test_mini_runs_standalone_with_the_seed_flags(tmp_path):
     run = lambda *a: subprocess.run([sys.executable, "-B", "-m", "ckptfmt.mini", *a], capture_output=True, text=True)  # noqa: E731
     assert run("--steps", "5", "--output", str(tmp_path / "cut")).returncode == 0
     ckpt = tmp_path / "cut" / "step_000005.bin"
+    import blake3
+    assert (tmp_path / "cut" / "step_000005.bin.b3").read_text() == \
+        f"{blake3.blake3(ckpt.read_bytes()).hexdigest()}  step_000005.bin\n"
     assert run("--steps", "5", "--resume", str(ckpt), "--output", str(tmp_path / "r")).returncode == 0
     assert (tmp_path / "r" / "step_000010.bin").exists()
     doc = json.loads(ckpt.with_suffix(".json").read_text())
