@@ -163,7 +163,8 @@ def diff_regions(a: np.ndarray, b: np.ndarray, *, atol: float = 0.0, rtol: float
     """``release(start, count)`` is called after each chunk (to drop mapped pages)."""
     out = RegionDiff()
     for start in range(0, a.size, CHUNK):
-        _compare_chunk(out, a[start:start + CHUNK], b[start:start + CHUNK], start, atol, rtol)
+        with np.errstate(all="ignore"):      # NaN/inf are data here; they are handled explicitly
+            _compare_chunk(out, a[start:start + CHUNK], b[start:start + CHUNK], start, atol, rtol)
         if release is not None:
             release(start, min(CHUNK, a.size - start))
     if out.first_index is not None:

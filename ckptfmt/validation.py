@@ -130,12 +130,13 @@ def values_plausible(values: "np.ndarray", non_negative: bool) -> bool:
     True proves the region clean; False means "count exactly".
     """
     bits = values.view(np.uint32)
-    for start in range(0, values.size, SCAN):
-        if non_negative:
-            if np.maximum.reduce(bits[start:start + SCAN], initial=0) >= INF_BITS:
+    with np.errstate(over="ignore", invalid="ignore"):     # inf - inf is the signal, not an error
+        for start in range(0, values.size, SCAN):
+            if non_negative:
+                if np.maximum.reduce(bits[start:start + SCAN], initial=0) >= INF_BITS:
+                    return False
+            elif not np.isfinite(np.add.reduce(values[start:start + SCAN])):
                 return False
-        elif not np.isfinite(np.add.reduce(values[start:start + SCAN])):
-            return False
     return True
 
 

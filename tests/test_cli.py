@@ -181,3 +181,14 @@ def test_inspect_of_a_run_without_a_valid_generation(tmp_path):
     proc = cli("inspect", str(tmp_path))
     assert proc.returncode == 1 and "no valid generation" in proc.stdout
     assert "ckptfmt: warning: " in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_non_finite_values_produce_no_numpy_warnings(tmp_path):
+    w, m, v = arrays(100)
+    w[:2] = [np.inf, -np.inf]
+    m[5] = np.nan
+    ckptfmt.save(tmp_path / "step_000001.bin", 1, w, m, v)
+    ckptfmt.save(tmp_path / "b.bin", 1, v, m * 0, w)
+    for args in (["validate", "step_000001.bin"], ["inspect", "step_000001.bin"], ["diff", "step_000001.bin", "b.bin"]):
+        proc = cli(*args, cwd=tmp_path)
+        assert proc.returncode in (0, 1) and "Warning" not in proc.stderr and "warning" not in proc.stderr, proc.stderr
