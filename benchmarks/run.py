@@ -322,6 +322,15 @@ def bench_train(d: Path, steps: int = 8) -> dict[str, Any]:
     return out
 
 
+def trained_checkpoint(run: Path, config: str, steps: int, *extra: str) -> str:
+    """Train ``config`` to ``steps`` in a fresh run and return its final generation's path."""
+    shutil.rmtree(run, ignore_errors=True)
+    subprocess.run([sys.executable, "-m", "ckptfmt.cli", "train", "--run", str(run), "--config", config,
+                    "--steps", str(steps), "--checkpoint-every", str(steps), "--sample-every", "0",
+                    "--log-every", "100000", *extra], check=True, capture_output=True)
+    return str(run / f"step_{steps:06d}.bin")
+
+
 # ---------------------------------------------------------------- driver
 def run_size(label: str, d: Path, reps: int) -> dict[str, Any]:
     config = SIZES[label]
@@ -392,20 +401,11 @@ def main() -> int:
                            "sizes": {}}
     for label in args.sizes.split(","):
         res["sizes"][label] = run_size(label, d, args.reps)
-    trained = d / "trained"
-    shutil.rmtree(trained, ignore_errors=True)
-    subprocess.run([sys.executable, "-m", "ckptfmt.cli", "train", "--run", str(trained), "--config", "tiny",
-                    "--steps", "400", "--checkpoint-every", "400", "--sample-every", "0", "--log-every", "100000"],
-                   check=True, capture_output=True)
-    res["compression_tiny_trained"] = bench_compress(str(trained / "step_000400.bin"), d)
+    res["compression_tiny_trained"] = bench_compress(trained_checkpoint(d / "trained", "tiny", 400), d)
     if not args.skip_train:
         res["train"] = bench_train(d)
-        a12 = d / "a12"
-        shutil.rmtree(a12, ignore_errors=True)
-        subprocess.run([sys.executable, "-m", "ckptfmt.cli", "train", "--run", str(a12), "--config", "andrea-12m",
-                        "--steps", "20", "--checkpoint-every", "20", "--sample-every", "0", "--threads", "2"],
-                       check=True, capture_output=True)
-        res["compression_andrea12m_20_steps"] = bench_compress(str(a12 / "step_000020.bin"), d)
+        res["compression_andrea12m_20_steps"] = bench_compress(
+            trained_checkpoint(d / "a12", "andrea-12m", 20, "--threads", "2"), d)
     res["goals"] = ratios(res)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     Path(args.out).write_text(json.dumps(res, indent=1))
