@@ -194,7 +194,7 @@ def open(path: "str | os.PathLike[str]", *, manifest: str = "auto", verify: bool
     ckpt = Checkpoint(path, step, n, size, mm, doc, mm)
     if verify:
         if doc is None:
-            raise FingerprintMismatchError(path, "cannot verify: no manifest beside the file")
+            raise mf.ManifestError(path, "cannot verify: no manifest beside the file (a bare, unverified file)")
         ckpt.verify()
     return ckpt
 

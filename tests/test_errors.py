@@ -124,3 +124,10 @@ def test_arbitrary_bytes_raise_only_checkpoint_errors(data):
     except E.CheckpointError:
         return
     assert len(data) == 8 + 12 * ck.n_params
+
+
+def test_verifying_a_bare_file_names_the_missing_manifest(tmp_path):
+    from conftest import seed_write
+    seed_write(tmp_path / "step_000001.bin", 1, *arrays(3))
+    with pytest.raises(E.ManifestError, match="no manifest beside the file"):
+        ckptfmt.open(tmp_path / "step_000001.bin", verify=True)
