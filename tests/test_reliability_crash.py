@@ -142,3 +142,19 @@ def test_strace_injected_errors_are_typed(tmp_path):
         assert proc.returncode == 3 and "TYPED" in proc.stdout, (syscall, proc.stdout, proc.stderr)
         assert not list(tmp_path.glob(".ckptfmt-tmp*")) and not (tmp_path / "step_000001.json").exists()
         assert "Traceback" not in proc.stderr
+
+
+@pytest.mark.parametrize("when", ["1", "2"])
+def test_strace_injected_sigkill_at_rename_leaves_old_or_new(tmp_path, when):
+    """strace kills the writer at its first (the .bin) or second (the manifest) rename."""
+    if not shutil.which("strace"):
+        pytest.skip("strace is not installed")
+    import sys
+    run = base_run(tmp_path / "run", N)
+    argv = ["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=rename,renameat,renameat2",
+            "-e", f"inject=rename,renameat,renameat2:signal=SIGKILL:when={when}"] + writer_argv(run, 2, 1, N)
+    proc = subprocess.run(argv, capture_output=True, text=True)
+    assert proc.returncode != 0
+    assert_valid_old_or_new(run, 1, 2)
+    gens = {g.step: g.committed for g in Run(run).generations()}
+    assert gens[1] and not gens.get(2, False)       # killed before the manifest's rename: not committed
