@@ -152,6 +152,8 @@ def load_optimizer(ck: reader.Checkpoint, model: torch.nn.Module, optimizer: tor
         raise IncompleteResumeStateError(ck.path, "cannot resume the optimizer: manifest lacks "
                                                   "optimizer.step / optimizer.hyperparams")
     by_param = {id(p): e for p, e in zip(model.parameters(), ck.layout)}
+    if opt["step"] and _load_in_place(ck, model, optimizer, by_param, opt):
+        return
     sd = optimizer.state_dict()
     ordered = [p for g in optimizer.param_groups for p in g["params"]]
     state = {}
@@ -170,6 +172,30 @@ def load_optimizer(ck: reader.Checkpoint, model: torch.nn.Module, optimizer: tor
         for key, value in saved.items():
             group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
     optimizer.load_state_dict(sd)
+
+
+def _load_in_place(ck: reader.Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+                   by_param: dict[int, dict[str, Any]], opt: dict[str, Any]) -> bool:
+    """When every parameter already has Adam state of the right shape, copy m, v and the step
+    into those tensors instead of allocating new ones (no fresh pages, no transient copy)."""
+    params = list(model.parameters())
+    states = [optimizer.state.get(p, {}) for p in params]
+    if not all("exp_avg" in st and st["exp_avg"].shape == p.shape and st["exp_avg"].dtype == p.dtype
+               for st, p in zip(states, params)):
+        return False
+    if len(opt["hyperparams"]) != len(optimizer.param_groups):
+        raise CheckpointError(ck.path, f"{len(opt['hyperparams'])} param groups in the manifest, "
+                                       f"{len(optimizer.param_groups)} in the optimizer")
+    with torch.no_grad():
+        for p, st in zip(params, states):
+            entry = by_param[id(p)]
+            st["exp_avg"].copy_(_view(ck.m, entry))
+            st["exp_avg_sq"].copy_(_view(ck.v, entry))
+            st["step"] = torch.tensor(float(opt["step"]), dtype=torch.float32, device=st["step"].device)
+    for group, saved in zip(optimizer.param_groups, opt["hyperparams"]):
+        for key, value in saved.items():
+            group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
+    return True
 
 
 # ---------------------------------------------------------------- RNG state, JSON-able

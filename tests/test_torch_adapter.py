@@ -99,3 +99,21 @@ def test_rng_state_round_trips_through_json(tmp_path):
     assert (random.random(), gen2.random(), torch.rand(1).item()) == want
     with pytest.raises(IncompleteResumeStateError, match="rng.torch_cpu"):
         ct.restore_rng({k: v for k, v in state.items() if k != "torch_cpu"}, {"g": gen2})
+
+
+def test_loading_into_an_optimizer_with_state_copies_in_place_and_continues_bit_exactly(tmp_path):
+    m, opt = model_and_opt()
+    train(m, opt, 3)
+    r = ct.save(str(tmp_path / "step_000003.bin"), m, opt)
+    m2, opt2 = model_and_opt(seed=7)
+    train(m2, opt2, 5, seed=9)                        # a live optimizer with other state
+    before = [opt2.state[p]["exp_avg"].data_ptr() for p in m2.parameters()]
+    opt2.param_groups[0]["lr"] = 0.5
+    ct.load(r.path, m2, opt2)
+    assert [opt2.state[p]["exp_avg"].data_ptr() for p in m2.parameters()] == before     # no new tensors
+    assert opt2.param_groups[0]["lr"] == 0.01 and int(opt2.state[next(m2.parameters())]["step"]) == 3
+    train(m, opt, 4, seed=2)
+    train(m2, opt2, 4, seed=2)
+    assert all(torch.equal(a, b) for a, b in zip(m.parameters(), m2.parameters()))
+    assert all(torch.equal(opt.state[a]["exp_avg_sq"], opt2.state[b]["exp_avg_sq"])
+               for a, b in zip(m.parameters(), m2.parameters()))
