@@ -246,16 +246,21 @@ def _print_diff(d: dict) -> None:
 @main.command()
 @click.argument("src", type=click.Path())
 @click.argument("dst", type=click.Path())
-@click.option("--to", "to", type=click.Choice(["bin", "safetensors", "pt", "npz", "zst"]),
-              help="Target format (default: from DST's extension).")
+@click.option("--to", "to", type=click.Choice(["bin", "safetensors", "pt", "npz", "zst", "shards", "dcp"]),
+              help="Target format (default: from DST's extension). shards: DST is a run directory that "
+                   "receives a sharded generation; dcp: DST is a torch.distributed.checkpoint directory.")
+@click.option("--shards", "n_shards", type=click.IntRange(min=1), default=2, show_default=True,
+              help="With --to shards: how many shards (ranks).")
 @click.option("--weights-only", is_flag=True, help="Inference export: weights only, per parameter.")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), help="With --weights-only.")
 @click.option("--no-verify", is_flag=True, help="Skip the round-trip verification.")
 @json_option
 @guarded
-def convert(src: str, dst: str, to: str | None, weights_only: bool, dtype: str | None,
+def convert(src: str, dst: str, to: str | None, n_shards: int, weights_only: bool, dtype: str | None,
             no_verify: bool, as_json: bool) -> None:
-    """Convert between .bin, .safetensors, .pt, .npz and .zst; verified by converting back."""
+    """Convert between .bin, .safetensors, .pt, .npz, .zst, sharded generations (a
+    step_NNNNNN.json of one; consolidate with DST .bin, split with --to shards) and DCP
+    directories; every conversion is verified by converting back."""
     from .convert import convert as run_convert
     if dtype and not weights_only:
         raise click.UsageError("--dtype needs --weights-only (a resumable checkpoint stays float32)")
@@ -263,7 +268,7 @@ def convert(src: str, dst: str, to: str | None, weights_only: bool, dtype: str |
     total = os.path.getsize(src) * (1 if no_verify else 2) if os.path.isfile(src) else 0
     with terminal_bar(f"converting {src}", total, quiet=as_json) as bar:
         report = run_convert(src, dst, to=to, weights_only=weights_only, dtype=dtype, verify=not no_verify,
-                             progress=bar)
+                             progress=bar, shards=n_shards)
     emit(report.to_dict(), as_json, lambda r: click.echo(
         f"{r['src']} -> {r['dst']} ({r['dst_format']}, {_size(r['dst_bytes'])}, "
         f"ratio {r['src_bytes'] / max(r['dst_bytes'], 1):.3f}); verified: {r['verified']}"))

@@ -21,7 +21,7 @@ from . import format as fmt
 from . import reader, safetensors_io, writer
 from .errors import ConvertError, DestinationExistsError
 
-FORMATS = ("bin", "safetensors", "pt", "npz", "zst")
+FORMATS = ("bin", "safetensors", "pt", "npz", "zst", "shards", "dcp")
 ZST_MAGIC = b"CKPTZST\x01"
 ZST_CHUNK = 1 << 20          # floats per byte-plane block
 ZST_LEVEL = 1                # spec §10: chosen from benchmarks/README.md figures
@@ -45,7 +45,11 @@ class Source:
 
 
 def detect(path: "str | os.PathLike[str]") -> str:
-    name = os.fspath(path).lower()
+    name = os.fspath(path).lower().rstrip("/")
+    if name.endswith(".shards") or name.endswith(".json"):
+        return "shards"
+    if os.path.isdir(path) and os.path.isfile(os.path.join(path, ".metadata")):
+        return "dcp"
     for suffix, kind in ((".safetensors", "safetensors"), (".pt", "pt"), (".pth", "pt"),
                          (".npz", "npz"), (".zst", "zst"), (".bin", "bin")):
         if name.endswith(suffix):
@@ -305,14 +309,17 @@ class ConvertReport:
 
 def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = False,
             dtype: str | None = None, verify: bool = True, overwrite: bool = False,
-            progress=None) -> ConvertReport:
+            progress=None, shards: int = 2) -> ConvertReport:
     """Convert ``src`` into ``dst``; with ``verify`` prove the result by converting back.
     ``progress`` gets byte counts: the write (about the source size), then the verification."""
     src_kind, dst_kind = detect(src), to or detect(dst)
     if dst_kind not in FORMATS:
         raise ConvertError(dst, f"unknown format {dst_kind}: choose one of {', '.join(FORMATS)}")
-    if os.path.lexists(dst) and not overwrite:
+    if dst_kind != "shards" and os.path.lexists(dst) and not overwrite:
         raise DestinationExistsError(dst, "exists already; refusing to overwrite")
+    if "shards" in (src_kind, dst_kind) or "dcp" in (src_kind, dst_kind):
+        from .convert_dist import convert_distributed
+        return convert_distributed(src, dst, src_kind, dst_kind, shards=shards, verify=verify)
     source = load(src, src_kind)
     original = fingerprint.of_file(src) if src_kind == "bin" else source.blake3
     source.blake3 = original

@@ -37,10 +37,19 @@ class Generation:
     step: int
     bin: Path | None = None
     manifest: Path | None = None
+    shards: Path | None = None          # step_NNNNNN.shards/ of a sharded generation
 
     @property
     def committed(self) -> bool:
-        return self.bin is not None and self.manifest is not None
+        return self.manifest is not None and (self.bin is not None or self.shards is not None)
+
+    @property
+    def size(self) -> int | None:
+        if self.bin is not None:
+            return self.bin.stat().st_size
+        if self.shards is not None:
+            return sum(e.stat().st_size for e in self.shards.iterdir() if e.is_file())
+        return None
 
 
 @dataclass
@@ -65,18 +74,27 @@ def list_dir(path: "str | os.PathLike[str]") -> Listing:
             if name.startswith("step_"):
                 out.foreign.append((root / name, "look-alike name, not a canonical step_NNNNNN"))
             continue
-        if not entry.is_file(follow_symlinks=False):
+        step, kind = parsed
+        if kind == "shards":
+            if not entry.is_dir(follow_symlinks=False):
+                out.foreign.append((root / name, "a .shards entry that is not a directory"))
+                continue
+        elif not entry.is_file(follow_symlinks=False):
             out.foreign.append((root / name, "not a regular file (symlink, directory or device)"))
             continue
-        step, kind = parsed
         gen = gens.setdefault(step, Generation(step))
-        setattr(gen, "bin" if kind == "bin" else "manifest", root / name)
+        setattr(gen, {"bin": "bin", "json": "manifest", "shards": "shards"}[kind], root / name)
     out.generations = [gens[s] for s in sorted(gens)]
     return out
 
 
 def check_generation(gen: Generation, *, deep: bool = False) -> str | None:
     """None when the generation is committed and valid, else the reason it is not."""
+    if gen.bin is None and gen.shards is not None and gen.manifest is not None:
+        from . import shards
+        return shards.check(gen.manifest, deep=deep)
+    if gen.bin is None and gen.shards is not None:
+        return "not committed: shards without a manifest"
     if gen.bin is None:
         return "manifest without its .bin"
     if gen.manifest is None:
@@ -249,6 +267,10 @@ class Run:
         doomed, _ = self.plan_gc(keep_last=keep_last, keep_every=keep_every)
         if not dry_run:
             for gen in doomed:
+                if gen.bin is None and gen.shards is not None:
+                    from . import shards
+                    shards.remove(gen.manifest, gen.shards)
+                    continue
                 atomic.remove(gen.manifest)
                 atomic.remove(gen.bin)
         return [g.step for g in doomed]

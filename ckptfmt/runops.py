@@ -62,6 +62,17 @@ def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=
 
 def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=None) -> dict[str, Any]:
     row = {"step": gen.step, "status": "unverified"}
+    if gen.bin is None and gen.shards is not None:
+        reason = check_generation(gen, deep=deep)
+        if reason is None:
+            row["status"] = "verified" if deep else "committed"
+        elif gen.manifest is None:
+            report.warn("uncommitted", f"{gen.shards}: shards without a manifest (an interrupted sharded save)")
+            row["status"] = "uncommitted"
+        else:
+            report.defect("shard_defect", f"{gen.manifest}: {reason}")
+            row["status"] = "damaged"
+        return row
     if gen.bin is None:
         report.warn("orphan_manifest", f"{gen.manifest}: manifest without its .bin (uncommitted)")
         row["status"] = "orphan manifest"
@@ -106,9 +117,10 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
     rows = []
     for gen in listing.generations:
         reason = check_generation(gen, deep=deep)
-        target = gen.bin or gen.manifest
-        rows.append({"step": gen.step, "file": gen.bin.name if gen.bin else None,
-                     "size": gen.bin.stat().st_size if gen.bin else None,
+        target = gen.bin or gen.manifest or gen.shards
+        name = gen.bin or gen.shards
+        rows.append({"step": gen.step, "file": name.name if name else None,
+                     "size": gen.size,
                      "age_s": round(now - target.stat().st_mtime, 1),
                      "committed": gen.committed, "valid": reason is None,
                      "status": ("verified" if deep else "committed") if reason is None else reason,

@@ -1,0 +1,119 @@
+"""Conversions of the distributed forms: sharded generations and DCP directories.
+
+Each is verified by going back: a split is consolidated again and must hash like the source;
+a consolidation is split again with the same world size and every shard must hash like the
+original shard; a DCP export is read back into a .bin that must hash like the source.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+from . import fingerprint, shards
+from . import format as fmt
+from . import manifest as mf
+from .errors import ConvertError, DestinationExistsError
+
+
+def _report(src: str, dst: str, src_kind: str, dst_kind: str, step: int, n: int, how: str, digest: str | None):
+    from .convert import ConvertReport
+
+    def size(p: str) -> int:
+        path = Path(p)
+        if path.is_dir():
+            return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
+        return path.stat().st_size
+    return ConvertReport(src, dst, src_kind, dst_kind, step, n, how, digest, size(src), size(dst))
+
+
+def _manifest_of(src: str) -> Path:
+    path = Path(src.rstrip("/"))
+    return path.with_suffix(".json") if path.suffix == shards.SUFFIX else path
+
+
+def convert_distributed(src: str, dst: str, src_kind: str, dst_kind: str, *, shards: int, verify: bool):
+    if src_kind == "shards" and dst_kind == "bin":
+        return _consolidate(src, dst, verify)
+    if src_kind == "bin" and dst_kind == "shards":
+        return _split(src, dst, shards, verify)
+    if src_kind == "bin" and dst_kind == "dcp":
+        return _to_dcp(src, dst, verify)
+    if src_kind == "dcp" and dst_kind == "bin":
+        return _from_dcp(src, dst, verify)
+    raise ConvertError(src, f"{src_kind} -> {dst_kind} is not supported: go through .bin")
+
+
+def _consolidate(src: str, dst: str, verify: bool):
+    manifest = _manifest_of(src)
+    result = shards.consolidate(manifest, dst)
+    doc = mf.read(manifest)
+    how = "skipped"
+    if verify:
+        with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(dst))) as tmp:
+            back = mf.read(shards.split(dst, tmp, len(doc["shards"])))
+        if [r["blake3"] for r in back["shards"]] != [r["blake3"] for r in doc["shards"]]:
+            _discard(dst)
+            raise ConvertError(dst, "round trip failed: splitting the result again does not reproduce the shards")
+        how = "round-trip"
+    return _report(str(manifest), dst, "shards", "bin", result.step, result.n_params, how, result.blake3)
+
+
+def _split(src: str, run_dir: str, world: int, verify: bool):
+    if world < 1:
+        raise ConvertError(src, f"--shards must be at least 1, got {world}")
+    from . import reader
+    with reader.open(src, check_name=False) as ck:
+        step, n = ck.step, ck.n_params
+    target = Path(run_dir)
+    if (target / fmt.manifest_name(step)).exists() or shards.shards_dir(target, step).exists():
+        raise DestinationExistsError(str(target), f"already holds generation {step}")
+    manifest = shards.split(src, target, world)
+    original = fingerprint.of_file(src)
+    how = "skipped"
+    if verify:
+        with tempfile.TemporaryDirectory(dir=str(target)) as tmp:
+            back = shards.consolidate(manifest, os.path.join(tmp, fmt.checkpoint_name(step)))
+        if back.blake3 != original:
+            raise ConvertError(str(manifest), "round trip failed: consolidating the shards does not reproduce the source")
+        how = "round-trip"
+    return _report(src, str(shards.shards_dir(target, step)), "bin", "shards", step, n, how, original)
+
+
+def _to_dcp(src: str, dst: str, verify: bool):
+    from . import dcp, reader
+    dcp.to_dcp(src, dst)
+    with reader.open(src, check_name=False) as ck:
+        step, n = ck.step, ck.n_params
+    original = fingerprint.of_file(src)
+    how = "skipped"
+    if verify:
+        with tempfile.TemporaryDirectory() as tmp:
+            back = dcp.from_dcp(dst, os.path.join(tmp, fmt.checkpoint_name(step)))
+        if back.blake3 != original:
+            raise ConvertError(dst, "round trip failed: reading the DCP directory back does not reproduce the source")
+        how = "round-trip"
+    return _report(src, dst, "bin", "dcp", step, n, how, original)
+
+
+def _from_dcp(src: str, dst: str, verify: bool):
+    from . import dcp
+    result = dcp.from_dcp(src, dst)
+    how = "skipped"
+    if verify:
+        with tempfile.TemporaryDirectory() as tmp:
+            dcp.to_dcp(dst, os.path.join(tmp, "dcp"))
+            again = dcp.from_dcp(os.path.join(tmp, "dcp"), os.path.join(tmp, fmt.checkpoint_name(result.step)))
+        if again.blake3 != result.blake3:
+            _discard(dst)
+            raise ConvertError(dst, "round trip failed: the result does not survive DCP and back")
+        how = "round-trip"
+    return _report(src, dst, "dcp", "bin", result.step, result.n_params, how, result.blake3)
+
+
+def _discard(path: str) -> None:
+    for p in (Path(path), Path(path).with_suffix(".json")):
+        try:
+            p.unlink()
+        except OSError:
+            pass

@@ -1,0 +1,88 @@
+"""torch.distributed.checkpoint interop (imports torch).
+
+To DCP: weights under ``model.<name>`` and the Adam state under ``optim.state.<name>.exp_avg`` /
+``exp_avg_sq`` / ``step`` and ``optim.param_groups``, the usual keys of a model + optimizer state
+dict, so DCP's own ``load`` restores them into a model. ``ckptfmt.step`` and ``ckptfmt.manifest``
+(the manifest's extra fields as UTF-8 JSON bytes in a uint8 tensor) make the way back exact.
+From DCP: DCP's reader unpickles its own ``.metadata`` file; convert only DCP directories you
+trust. The .bin side never unpickles anything.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.distributed.checkpoint as dcp
+
+from . import manifest as mf
+from . import reader, writer
+from .errors import ConvertError
+
+FLAT = [{"name": "flat", "shape": None, "offset": 0}]
+
+
+def _layout(ck) -> list[dict[str, Any]]:
+    return ck.layout or [{"name": "flat", "shape": [ck.n_params], "offset": 0}]
+
+
+def _tensors(region: np.ndarray, layout: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+    out = {}
+    for e in layout:
+        count = math.prod(e["shape"])
+        out[e["name"]] = torch.from_numpy(region[e["offset"]:e["offset"] + count]).view(e["shape"])
+    return out
+
+
+def _bytes_tensor(obj: Any) -> torch.Tensor:
+    return torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
+
+
+def to_dcp(src: str, dst: str) -> None:
+    """Write a .bin (with or without manifest) as a DCP directory."""
+    if os.path.exists(dst) and os.listdir(dst):
+        raise ConvertError(dst, "DCP destination exists and is not empty")
+    ck = reader.open(src, copy_on_write=True, check_name=False)
+    with ck:
+        layout = _layout(ck)
+        extra = {k: v for k, v in (ck.manifest or {}).items() if k not in mf.REQUIRED}
+        extra.setdefault("layout", layout)
+        opt = (ck.manifest or {}).get("optimizer", {})
+        weights, m, v = (_tensors(getattr(ck, r), layout) for r in ("weights", "m", "v"))
+        state = {"model": weights,
+                 "optim": {"state": {name: {"exp_avg": m[name], "exp_avg_sq": v[name],
+                                            "step": torch.tensor(float(opt.get("step", ck.step)))}
+                                     for name in weights},
+                           "param_groups": [dict(g, params=list(weights)) for g in opt.get("hyperparams", [{}])]},
+                 "ckptfmt": {"step": torch.tensor(ck.step, dtype=torch.int64), "manifest": _bytes_tensor(extra)}}
+        dcp.save(state, checkpoint_id=dst)
+
+
+def from_dcp(src: str, dst: str) -> writer.SaveResult:
+    """Read a DCP directory written by ``to_dcp`` (or any with model/optim keys and a layout)
+    into arrays, then save a .bin and its manifest."""
+    meta = dcp.FileSystemReader(src).read_metadata().state_dict_metadata
+    if "ckptfmt.manifest" not in meta:
+        raise ConvertError(src, "not written by ckptfmt: no ckptfmt.manifest entry (its layout is needed)")
+    head = {"ckptfmt": {"step": torch.tensor(0, dtype=torch.int64),
+                        "manifest": torch.zeros(meta["ckptfmt.manifest"].size, dtype=torch.uint8)}}
+    dcp.load(head, checkpoint_id=src)
+    extra = json.loads(bytes(head["ckptfmt"]["manifest"].tolist()).decode())
+    layout = extra["layout"]
+    n = sum(math.prod(e["shape"]) for e in layout)
+    regions = {r: np.empty(n, dtype="<f4") for r in ("weights", "m", "v")}
+    w, m, v = (_tensors(regions[r], layout) for r in ("weights", "m", "v"))
+    state = {"model": w, "optim": {"state": {k: {"exp_avg": m[k], "exp_avg_sq": v[k]} for k in w}}}
+    dcp.load(state, checkpoint_id=src)
+    if extra.get("layout") == [{"name": "flat", "shape": [n], "offset": 0}]:
+        extra.pop("layout")
+    return writer.save(dst, int(head["ckptfmt"]["step"]), regions["weights"], regions["m"], regions["v"],
+                       manifest=extra)
+
+
+def is_dcp(path: "str | os.PathLike[str]") -> bool:
+    return Path(path).is_dir() and (Path(path) / ".metadata").is_file()

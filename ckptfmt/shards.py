@@ -1,0 +1,224 @@
+"""Sharded generations (spec/FORMAT.md §11): the flat weights, m and v arrays split into
+contiguous 1-D ranges, one per rank, each written as a seed-layout file of its own.
+
+    RUN/step_000100.json                    the commit marker, listing every shard
+    RUN/step_000100.shards/00000-of-00002.bin   [step][n_0][w 0..n_0][m ...][v ...]
+    RUN/step_000100.shards/00001-of-00002.bin   [step][n_1][w n_0..n][m ...][v ...]
+
+Every shard is readable by the seed's 10-line reader; models above 2^31-1 parameters fit
+because each shard's n stays below it. The manifest's ``blake3`` is the blake3 of the shard
+digests in rank order (a root over the set); each shard's own digest is listed beside its range.
+Reading a range touches only the shards that overlap it, so W ranks can load what W' ranks saved
+without any rank materialising the whole model.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any, Iterator
+
+import numpy as np
+
+from . import atomic, fsio, reader, writer
+from . import format as fmt
+from . import manifest as mf
+from .errors import FingerprintMismatchError, ManifestError, ManifestMismatchError
+
+SUFFIX = ".shards"
+
+
+def partition(n: int, world: int, rank: int) -> tuple[int, int]:
+    """[start, stop) of ``rank`` in a balanced contiguous split of n elements.
+
+    >>> [partition(10, 3, r) for r in range(3)]
+    [(0, 4), (4, 7), (7, 10)]
+    """
+    base, extra = divmod(n, world)
+    start = rank * base + min(rank, extra)
+    return start, start + base + (1 if rank < extra else 0)
+
+
+def shard_name(rank: int, world: int) -> str:
+    return f"{rank:05d}-of-{world:05d}.bin"
+
+
+def shards_dir(run_dir: "str | os.PathLike[str]", step: int) -> Path:
+    return Path(run_dir) / (fmt.stem(step) + SUFFIX)
+
+
+def root_digest(rows: list[dict[str, Any]]) -> str:
+    from . import fingerprint
+    return fingerprint.of_bytes(b"".join(bytes.fromhex(r["blake3"]) for r in rows))
+
+
+def save_shard(run_dir: "str | os.PathLike[str]", step: int, rank: int, world: int, start: int, stop: int,
+               weights: Any, m: Any, v: Any) -> dict[str, Any]:
+    """Durably write one rank's shard; returns the row rank 0 puts in the manifest."""
+    directory = shards_dir(run_dir, step)
+    from .run import make_durable_dir
+    make_durable_dir(directory)
+    path = directory / shard_name(rank, world)
+    result = writer.save(path, step, weights, m, v, n_params=stop - start, write_manifest=False, overwrite=True)
+    return {"file": path.name, "rank": rank, "start": start, "stop": stop, "size": result.size,
+            "blake3": result.blake3}
+
+
+def commit(run_dir: "str | os.PathLike[str]", step: int, rows: list[dict[str, Any]],
+           manifest: dict[str, Any] | None = None) -> Path:
+    """Write the manifest once every shard is durable; refuses an incomplete or holed set."""
+    rows = sorted(rows, key=lambda r: r["rank"])
+    _check_rows(str(shards_dir(run_dir, step)), rows)
+    extra = dict(manifest or {}, shards=rows, world_size=len(rows))
+    doc = mf.build(file=shards_dir(run_dir, step).name, size=sum(r["size"] for r in rows), step=step,
+                   n_params=rows[-1]["stop"], digest=root_digest(rows), extra=extra)
+    path = Path(run_dir) / fmt.manifest_name(step)
+    mf.write(path, doc)
+    return path
+
+
+def _check_rows(where: str, rows: list[dict[str, Any]]) -> None:
+    cursor = 0
+    for i, row in enumerate(rows):
+        if row["rank"] != i or row["start"] != cursor or row["stop"] < row["start"]:
+            raise ManifestError(where, f"shard {i}: expected rank {i} starting at {cursor}, got "
+                                       f"rank {row['rank']} at {row['start']}")
+        if row["file"] != shard_name(i, len(rows)):
+            raise ManifestError(where, f"shard {i}: unexpected file name {row['file']!r}")
+        if row["stop"] - row["start"] > fmt.MAX_N:
+            raise ManifestError(where, f"shard {i} holds more than 2^31-1 parameters")
+        cursor = row["stop"]
+
+
+def is_sharded(doc: dict[str, Any]) -> bool:
+    return isinstance(doc.get("shards"), list)
+
+
+class ShardedCheckpoint:
+    """An open sharded generation: ``read(region, start, stop)`` copies one global range."""
+
+    def __init__(self, manifest_path: "str | os.PathLike[str]", *, verify: bool = False):
+        self.manifest_path = Path(manifest_path)
+        self.manifest = doc = mf.read(self.manifest_path)
+        if not is_sharded(doc):
+            raise ManifestError(str(manifest_path), "not a sharded generation (no 'shards' list)")
+        self.path = str(self.manifest_path.with_suffix(SUFFIX))
+        self.step, self.n_params = doc["step"], doc["n_params"]
+        rows = doc["shards"]
+        _check_rows(self.path, rows)
+        if rows[-1]["stop"] != self.n_params or root_digest(rows) != doc["blake3"] or \
+                sum(r["size"] for r in rows) != doc["size"]:
+            raise ManifestMismatchError(str(manifest_path), "shard list does not add up to the manifest")
+        self.rows = rows
+        self.shards: list[reader.Checkpoint] = []
+        try:
+            for row in rows:
+                self.shards.append(self._open_shard(row, verify))
+        except BaseException:
+            self.close()
+            raise
+
+    def _open_shard(self, row: dict[str, Any], verify: bool) -> reader.Checkpoint:
+        path = os.path.join(self.path, row["file"])
+        ck = reader.open(path, manifest="ignore", check_name=False)
+        if (ck.step, ck.n_params, ck.size) != (self.step, row["stop"] - row["start"], row["size"]):
+            ck.close()
+            raise ManifestMismatchError(path, f"shard header/size ({ck.step}, {ck.n_params}, {ck.size}) is not "
+                                              f"the manifest's ({self.step}, {row['stop'] - row['start']}, {row['size']})")
+        if verify:
+            digest = ck.fingerprint()
+            if digest != row["blake3"]:
+                ck.close()
+                raise FingerprintMismatchError(path, f"blake3 mismatch: manifest says {row['blake3']}, "
+                                                     f"shard hashes to {digest}")
+        return ck
+
+    @property
+    def layout(self) -> list[dict[str, Any]] | None:
+        return self.manifest.get("layout")
+
+    def pieces(self, region: str, start: int, stop: int) -> Iterator[np.ndarray]:
+        """Views (no copy) of the shards' parts that cover [start, stop), in order."""
+        for row, ck in zip(self.rows, self.shards):
+            lo, hi = max(start, row["start"]), min(stop, row["stop"])
+            if lo < hi:
+                yield getattr(ck, region)[lo - row["start"]:hi - row["start"]]
+
+    def read(self, region: str, start: int, stop: int, out: np.ndarray | None = None) -> np.ndarray:
+        out = np.empty(stop - start, dtype=fmt.DTYPE) if out is None else out
+        cursor = 0
+        for piece in self.pieces(region, start, stop):
+            out[cursor:cursor + piece.size] = piece
+            cursor += piece.size
+        return out
+
+    def region(self, name: str) -> np.ndarray:
+        return self.read(name, 0, self.n_params)
+
+    @property
+    def weights(self) -> np.ndarray:
+        return self.region("weights")
+
+    @property
+    def m(self) -> np.ndarray:
+        return self.region("m")
+
+    @property
+    def v(self) -> np.ndarray:
+        return self.region("v")
+
+    def close(self) -> None:
+        for ck in self.shards:
+            ck.close()
+        self.shards = []
+
+    def __enter__(self) -> "ShardedCheckpoint":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def check(manifest_path: Path, *, deep: bool = False) -> str | None:
+    """None when the sharded generation is committed and valid, else why not."""
+    from .errors import CheckpointError
+    try:
+        with ShardedCheckpoint(manifest_path, verify=deep):
+            return None
+    except CheckpointError as exc:
+        return exc.problem
+    except OSError as exc:
+        return f"shard unreadable: {exc.strerror or exc}"
+
+
+def remove(manifest_path: Path, directory: Path) -> None:
+    """Uncommit (manifest first), then delete the shard files and their directory."""
+    atomic.remove(manifest_path)
+    if directory.is_dir() and not directory.is_symlink():
+        for entry in directory.iterdir():
+            if entry.is_file() and not entry.is_symlink():
+                fsio.unlink(str(entry))
+        directory.rmdir()
+        fsio.fsync_dir(str(directory.parent))
+
+
+def split(src: "str | os.PathLike[str]", run_dir: "str | os.PathLike[str]", world: int) -> Path:
+    """Split one .bin into ``world`` shards plus a manifest in ``run_dir``."""
+    from .run import make_durable_dir
+    ck = reader.open(src, check_name=False)
+    with ck:
+        make_durable_dir(Path(run_dir))
+        rows = []
+        for rank in range(world):
+            lo, hi = partition(ck.n_params, world, rank)
+            rows.append(save_shard(run_dir, ck.step, rank, world, lo, hi, ck.weights[lo:hi], ck.m[lo:hi], ck.v[lo:hi]))
+        extra = {k: v for k, v in (ck.manifest or {}).items() if k not in mf.REQUIRED}
+        return commit(run_dir, ck.step, rows, extra)
+
+
+def consolidate(manifest_path: "str | os.PathLike[str]", dst: "str | os.PathLike[str]") -> writer.SaveResult:
+    """Join a sharded generation into one .bin, streaming shard by shard (verified first)."""
+    with ShardedCheckpoint(manifest_path, verify=True) as sc:
+        extra = {k: v for k, v in sc.manifest.items() if k not in mf.REQUIRED and k not in ("shards", "world_size")}
+        extra["consolidated_from"] = {"world_size": len(sc.rows), "root_blake3": sc.manifest["blake3"]}
+        regions = [list(sc.pieces(r, 0, sc.n_params)) for r in fmt.REGIONS]
+        return writer.save(dst, sc.step, *regions, manifest=extra, n_params=sc.n_params)
