@@ -477,7 +477,8 @@ def _print_verification(r: dict) -> None:
 
 # ---------------------------------------------------------------- train
 @main.command()
-@click.option("--run", "run_dir", required=True, type=click.Path(), help="Run directory (created if new).")
+@click.option("--run", "--run-dir", "run_dir", required=True, type=click.Path(),
+              help="Run directory (created if new). Under torchrun use --run-dir (torchrun claims --run).")
 @click.option("--config", "config_name", default="tiny", show_default=True,
               type=click.Choice(["tiny", "andrea-12m", "andrea-120m"]), help="Named model/training config.")
 @click.option("--steps", type=click.IntRange(min=0), required=True, help="Train until global step N.")

@@ -109,6 +109,7 @@ class ShardedCheckpoint:
                 sum(r["size"] for r in rows) != doc["size"]:
             raise ManifestMismatchError(str(manifest_path), "shard list does not add up to the manifest")
         self.rows = rows
+        self._regions: dict[str, np.ndarray] = {}
         self.shards: list[reader.Checkpoint] = []
         try:
             for row in rows:
@@ -152,7 +153,10 @@ class ShardedCheckpoint:
         return out
 
     def region(self, name: str) -> np.ndarray:
-        return self.read(name, 0, self.n_params)
+        """The whole region assembled once (a full replica needs it; ranges use ``read``)."""
+        if name not in self._regions:
+            self._regions[name] = self.read(name, 0, self.n_params)
+        return self._regions[name]
 
     @property
     def weights(self) -> np.ndarray:
@@ -170,6 +174,7 @@ class ShardedCheckpoint:
         for ck in self.shards:
             ck.close()
         self.shards = []
+        self._regions = {}
 
     def __enter__(self) -> "ShardedCheckpoint":
         return self

@@ -118,7 +118,7 @@ def load(source: "str | reader.Checkpoint", model: torch.nn.Module,
     The file is mapped copy-on-write so ``torch.from_numpy`` sees writable views and no warning
     is raised; every value is copied into the model's own tensors, so nothing aliases the file.
     """
-    ck = source if isinstance(source, reader.Checkpoint) else reader.open(
+    ck = source if not isinstance(source, (str, bytes)) and hasattr(source, "layout") else reader.open(
         source, manifest="require", verify=verify, copy_on_write=True)
     layout = ck.layout
     if layout is None:
@@ -144,7 +144,8 @@ def _view(region: np.ndarray, entry: dict[str, Any]) -> torch.Tensor:
     return torch.from_numpy(region[entry["offset"]:entry["offset"] + count]).view(entry["shape"])
 
 
-def load_optimizer(ck: reader.Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+def load_optimizer(ck: "reader.Checkpoint | Any", model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """``ck``: a Checkpoint, or anything with ``layout``, ``manifest``, ``path``, ``m`` and ``v``."""
     _check_optimizer(optimizer)
     doc = ck.manifest or {}
     opt = doc.get("optimizer")

@@ -68,9 +68,15 @@ class Trainer:
         self.omit_rng_restore, self.log_every = omit_rng_restore, log_every
         self.log = log or (lambda msg: print(f"[train] {msg}", file=sys.stderr, flush=True))
         self.run = Run(run_dir, create=True)
+        from ..dist import rank_world
+        self.rank, self.world = rank_world()
+        self.is_main = self.rank == 0
         self.device = pick_device(device)
+        if self.world > 1 and self.device.type == "cuda":
+            self.device = torch.device("cuda", self.rank % torch.cuda.device_count())
         self.amp = ("bf16" if self.device.type == "cuda" else "none") if amp == "auto" else amp
-        self.ckpt = Checkpointer(self.run, asynchronous=async_save, after_commit=self._after_commit)
+        self.ckpt = Checkpointer(self.run, asynchronous=async_save and self.world == 1,
+                                 after_commit=self._after_commit)
         self.provenance: dict[str, Any] | None = None
         self.started = time.time()
 
@@ -87,9 +93,15 @@ class Trainer:
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.sources = corpus(cfg.corpus_bytes)
-        self.data = DataStream(self.sources, cfg.sources, cfg.ctx, cfg.seed)
+        self.data = DataStream(self.sources, cfg.sources, cfg.ctx, cfg.seed + 7 * self.rank)
         self.model = GPT(cfg).to(self.device)
         self.model.train()
+        self.net = self.model
+        if self.world > 1:      # same initial weights everywhere; per-rank dropout and data
+            from torch.nn.parallel import DistributedDataParallel
+            torch.manual_seed(cfg.seed * 1000 + self.rank)
+            random.seed(cfg.seed * 1000 + self.rank)
+            self.net = DistributedDataParallel(self.model)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                      weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self.lr_factor)
@@ -98,7 +110,7 @@ class Trainer:
 
     def _fresh_bandit(self, phase: int) -> Bandit:
         c = self.cfg
-        return Bandit(c.sources, c.caps, c.floors, seed=c.seed + 7919 * phase, ema=c.bandit_ema,
+        return Bandit(c.sources, c.caps, c.floors, seed=c.seed + 7919 * phase + 104729 * self.rank, ema=c.bandit_ema,
                       temperature=c.bandit_temperature, phase=phase)
 
     def lr_factor(self, step: int) -> float:
@@ -112,14 +124,16 @@ class Trainer:
     # ------------------------------------------------------------ resume
     def resume(self) -> int:
         """Restore everything from the newest valid generation; 0 for a fresh run."""
-        removed = self.run.sweep_temps()
-        if removed:
-            self.log(f"removed {len(removed)} temp files of interrupted saves")
-        gen = self.run.latest()
+        if self.is_main:
+            removed = self.run.sweep_temps()
+            if removed:
+                self.log(f"removed {len(removed)} temp files of interrupted saves")
+        gen = self._agreed_latest()
         if gen is None:
-            self.run.history.event("start", 0, config=self.cfg.name)
+            if self.is_main:
+                self.run.history.event("start", 0, config=self.cfg.name, world_size=self.world)
             return 0
-        ck = reader.open(gen.bin, manifest="require", verify=True, copy_on_write=True)
+        ck = open_generation(gen)
         with ck:
             doc = ck.manifest
             mf.require(str(gen.manifest), doc)
@@ -130,11 +144,48 @@ class Trainer:
         self.sched.load_state_dict(doc["scheduler"])
         if pivot:
             self._apply_new_schedule()
-        self._restore_position(doc, pivot)
+        self._restore_position(self._rank_state(doc), pivot)
         self.provenance = doc.get("provenance")
-        self.run.history.event("resume", gen.step, pivot=pivot)
-        self.log(f"resumed from {gen.bin.name}" + (" after a pivot: fresh bandit" if pivot else ""))
+        if self.is_main:
+            self.run.history.event("resume", gen.step, pivot=pivot, world_size=self.world)
+        self.log(f"resumed from {(gen.bin or gen.shards).name}" + (" after a pivot: fresh bandit" if pivot else ""))
         return gen.step
+
+    def _agreed_latest(self):
+        """Rank 0 picks the newest valid generation; every rank takes the same one."""
+        if self.world == 1:
+            return self.run.latest()
+        from ..dist import gather_json
+        error, step = None, None
+        if self.is_main:
+            try:
+                gen = self.run.latest()
+                step = gen.step if gen else None
+            except CheckpointError as exc:
+                error = str(exc)
+        choice = gather_json({"step": step, "error": error})[0]
+        if choice["error"]:
+            raise CheckpointError(None, choice["error"])
+        if choice["step"] is None:
+            return None
+        return next(g for g in self.run.generations() if g.step == choice["step"])
+
+    def _rank_state(self, doc: dict[str, Any]) -> dict[str, Any]:
+        """This rank's RNG, data and bandit state: its own entry when the world size matches,
+        rank 0's top-level state for a single process, fresh (with a report) otherwise."""
+        ranks = doc.get("ranks")
+        saved_world = len(ranks) if ranks else 1
+        if saved_world == self.world:
+            return {**doc, **(ranks[self.rank] if ranks else {})}
+        self.log(f"world size changed from {saved_world} to {self.world}: weights, m, v, optimizer and "
+                 f"scheduler resume exactly; per-rank RNG, data positions and bandits "
+                 + ("of ranks < %d resume, the others start fresh" % saved_world if self.world > saved_world
+                    else "of the dropped ranks are discarded"))
+        if ranks and self.rank < saved_world:
+            return {**doc, **ranks[self.rank]}
+        if self.rank == 0:
+            return doc
+        return {**doc, "fresh_rank": True}
 
     def _pivot_applies(self, step: int) -> bool:
         record = self.run.read_sidecar(PIVOT, default=None)
@@ -159,6 +210,8 @@ class Trainer:
         self.sched._last_lr = [g["lr"] for g in self.opt.param_groups]
 
     def _restore_position(self, doc: dict[str, Any], pivot: bool) -> None:
+        if doc.get("fresh_rank"):
+            return                      # a rank that did not exist when the generation was saved
         positions = doc["data"]["positions"]
         for name in self.cfg.sources:
             if name in positions:
@@ -182,7 +235,7 @@ class Trainer:
         lr = self.opt.param_groups[0]["lr"]
         with torch.autocast(self.device.type, dtype=torch.bfloat16 if self.amp == "bf16" else torch.float16,
                             enabled=self.amp != "none"):
-            _, loss = self.model(x, y)
+            _, loss = self.net(x, y)
         self.opt.zero_grad(set_to_none=True)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
@@ -198,6 +251,10 @@ class Trainer:
         self.sched.step()
         value = float(loss.item())
         self.bandit.update(source, value)
+        if self.world > 1:                 # the history records the mean loss over the ranks
+            mean = loss.detach().clone()
+            torch.distributed.all_reduce(mean)
+            value = float(mean.item()) / self.world
         return {"step": step, "loss": encode_float(value), "lr": lr, "source": source,
                 "tokens": step * self.cfg.batch * self.cfg.ctx, "ids": ids,
                 "wall": round(time.time() - self.started, 4)}
@@ -215,9 +272,13 @@ class Trainer:
             "config": self.cfg.to_dict(),
             "versions": ct.versions(),
             "code": code_identity(),
-            "run": {"device": str(self.device), "amp": self.amp, "tokens_seen": step * self.cfg.batch * self.cfg.ctx,
-                    "deterministic": True, "threads": torch.get_num_threads()},
+            "run": {"device": str(self.device), "amp": self.amp,
+                    "tokens_seen": step * self.cfg.batch * self.cfg.ctx * self.world,
+                    "deterministic": True, "threads": torch.get_num_threads(), "world_size": self.world},
         }
+        if self.world > 1:
+            from ..dist import gather_json
+            doc["ranks"] = gather_json({"rng": doc["rng"], "data": doc["data"], "bandit": doc["bandit"]})
         if self.scaler is not None:
             doc["amp"] = {"dtype": "fp16", "scaler": _jsonable(self.scaler.state_dict())}
         if self.provenance:
@@ -225,6 +286,8 @@ class Trainer:
         return doc
 
     def _after_commit(self, step: int, manifest: dict[str, Any]) -> None:
+        if not self.is_main:
+            return
         state = dict(manifest["bandit"], step=step, rng=manifest["rng"]["numpy"].get("bandit"))
         self.run.write_sidecar(STATE, state)
         if self.keep_last:
@@ -233,8 +296,19 @@ class Trainer:
                 self.log(f"retention deleted steps {deleted}")
 
     def checkpoint(self, step: int, reason: str) -> None:
-        self.ckpt.save(step, self.model, self.opt, self.manifest(step))
-        self.run.history.event("checkpoint", step, reason=reason, stall_ms=round(self.ckpt.last_stall_s * 1e3, 3))
+        if self.world > 1:
+            started = time.perf_counter()
+            from ..dist import save_sharded
+            if self.is_main:
+                self.run.history.sync()
+            save_sharded(self.run.path, step, self.model, self.opt, self.manifest(step))
+            self._after_commit(step, {"bandit": self.bandit.state(),
+                                      "rng": {"numpy": {"bandit": self.bandit.rng.bit_generator.state}}})
+            self.ckpt.last_stall_s = time.perf_counter() - started
+        else:
+            self.ckpt.save(step, self.model, self.opt, self.manifest(step))
+        if self.is_main:
+            self.run.history.event("checkpoint", step, reason=reason, stall_ms=round(self.ckpt.last_stall_s * 1e3, 3))
         self.log(f"step {step}: checkpoint ({reason}), training stalled {self.ckpt.last_stall_s * 1e3:.1f} ms")
 
     def sample(self, step: int, source: str) -> None:
@@ -256,10 +330,12 @@ class Trainer:
             if on_step:
                 on_step(record)
             record.pop("ids")
-            self.run.history.append(record)
+            if self.is_main:
+                self.run.history.append(record)
+            self._agree_on_flags()
             if step % self.log_every == 0:
                 self.log(f"step {step}: loss {record['loss']:.4f} lr {record['lr']:.2e} source {record['source']}")
-            if self.sample_every and step % self.sample_every == 0:
+            if self.sample_every and step % self.sample_every == 0 and self.is_main:
                 self.sample(step, record["source"])
             reason = self._due(step, target)
             if reason:
@@ -274,6 +350,16 @@ class Trainer:
             return self._save_failed(exc)
         self._log_stop(step)
         return 0
+
+    def _agree_on_flags(self) -> None:
+        """A signal delivered to any rank becomes every rank's decision at this step."""
+        if self.world == 1:
+            return
+        flags = torch.tensor([int(self.flags.stop), int(self.flags.checkpoint)], dtype=torch.int64)
+        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
+        if flags[0] and not self.flags.stop:
+            self.flags.stop, self.flags.stop_at = True, time.monotonic()
+        self.flags.checkpoint = bool(flags[1])
 
     def _due(self, step: int, target: int) -> str | None:
         if self.flags.stop:
@@ -293,9 +379,11 @@ class Trainer:
     def _log_stop(self, step: int) -> None:
         if self.flags.stop and self.flags.stop_at is not None:
             took = time.monotonic() - self.flags.stop_at
-            self.run.history.event("stop", step, seconds_after_signal=round(took, 3))
+            if self.is_main:
+                self.run.history.event("stop", step, seconds_after_signal=round(took, 3))
             self.log(f"stopped at step {step}, {took:.3f} s after the signal")
-        self.run.history.sync()
+        if self.is_main:
+            self.run.history.sync()
 
 
 def train(run_dir: str, config_name: str, steps: int, *, seed: int | None = None,
@@ -309,6 +397,8 @@ def train(run_dir: str, config_name: str, steps: int, *, seed: int | None = None
         return 0
     if os.environ.get("CKPTFMT_OMIT_RNG_RESTORE") == "1":
         options["omit_rng_restore"] = True
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        return _train_distributed(run_dir, cfg, steps, flags, options)
     with RunLock(run_dir, purpose="trainer"):
         trainer = Trainer(run_dir, cfg, flags=flags, **options)
         trainer.build()
@@ -325,3 +415,38 @@ def train(run_dir: str, config_name: str, steps: int, *, seed: int | None = None
             return code
         finally:
             trainer.run.history.close()
+
+
+def open_generation(gen):
+    """A verified, copy-on-write view of a generation, single file or sharded."""
+    if gen.bin is None and gen.shards is not None:
+        from ..shards import ShardedCheckpoint
+        return ShardedCheckpoint(gen.manifest, verify=True)
+    return reader.open(gen.bin, manifest="require", verify=True, copy_on_write=True)
+
+
+def _train_distributed(run_dir: str, cfg: cfgmod.TrainConfig, steps: int, flags: Flags,
+                       options: dict[str, Any]) -> int:
+    """Under torchrun: gloo on the CPU, NCCL on GPUs; rank 0 holds the run's writer lock."""
+    import contextlib
+    import datetime as dt
+    import torch.distributed as tdist
+    backend = "nccl" if options.get("device", "auto") != "cpu" and torch.cuda.is_available() else "gloo"
+    tdist.init_process_group(backend, timeout=dt.timedelta(seconds=int(os.environ.get("CKPTFMT_DIST_TIMEOUT", "120"))))
+    try:
+        rank = tdist.get_rank()
+        lock = RunLock(run_dir, purpose="trainer rank 0") if rank == 0 else contextlib.nullcontext()
+        Run(run_dir, create=True)
+        with lock:
+            trainer = Trainer(run_dir, cfg, flags=flags, log=_rank_log(rank), **options)
+            trainer.build()
+            try:
+                return trainer.fit(steps)
+            finally:
+                trainer.run.history.close()
+    finally:
+        tdist.destroy_process_group()
+
+
+def _rank_log(rank: int) -> Callable[[str], None]:
+    return lambda msg: print(f"[train rank {rank}] {msg}", file=sys.stderr, flush=True)

@@ -1,0 +1,216 @@
+"""Sharded checkpoints under torch.distributed (issue 9): 2-process gloo jobs on the CPU."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+import ckptfmt  # noqa: E402
+from ckptfmt import history as hist  # noqa: E402
+from ckptfmt import shards  # noqa: E402
+from ckptfmt.convert import convert  # noqa: E402
+from ckptfmt.run import Run  # noqa: E402
+from ckptfmt.runops import validate_run  # noqa: E402
+
+PY = sys.executable
+PORT = [29700 + os.getpid() % 200]
+
+
+def torchrun(*args, env=None, nproc=2):
+    PORT[0] += 1
+    return [PY, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(PORT[0]), *args]
+
+
+def train_argv(run, steps, nproc=2, every=20):
+    return torchrun("-m", "ckptfmt.trainer", "--run-dir", str(run), "--steps", str(steps), "--checkpoint-every",
+                    str(every), "--sample-every", "0", "--log-every", "100000", nproc=nproc)
+
+
+def last_step(run: Path) -> int:
+    try:
+        lines = (run / ".loss.json").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    return max((json.loads(x)["step"] for x in lines if '"loss"' in x and x.endswith("}")), default=0)
+
+
+def rank_pid(tag: str, rank: int) -> int | None:
+    for entry in os.listdir("/proc"):
+        if not entry.isdigit():
+            continue
+        try:
+            env = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
+        except OSError:
+            continue
+        if f"CKPTFMT_TAG={tag}".encode() in env and f"RANK={rank}".encode() in env:
+            return int(entry)
+    return None
+
+
+SAVE_SCRIPT = r'''
+import os, sys, torch, torch.distributed as dist
+from ckptfmt import dist as cd, fsio
+from ckptfmt.run import Run
+import ckptfmt.torch as ct
+dist.init_process_group("gloo")
+rank, world = cd.rank_world()
+run, die = sys.argv[1], sys.argv[2]
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(64, 33), torch.nn.Linear(33, 7))
+opt = torch.optim.AdamW(m.parameters())
+def meta():
+    return {"layout": ct.layout_of(m), "optimizer": {"type": "AdamW", "step": int(opt.state[next(m.parameters())]["step"]),
+            "hyperparams": ct.hyperparams(opt)}}
+for step in (1, 2):
+    m(torch.ones(3, 64)).sum().backward(); opt.step()
+    if step == 2 and die == f"rank{rank}-write":
+        fsio.hook = lambda op, path: os._exit(9) if op == "write" and "of-" in path else None
+    if step == 2 and die == f"rank{rank}-commit":
+        fsio.hook = lambda op, path: os._exit(9) if op == "rename" and path.endswith("step_000002.json") else None
+    cd.save_sharded(run, step, m, opt, meta())
+    torch.save({k: v.clone() for k, v in m.state_dict().items()}, os.path.join(run, f"ref{step}-rank{rank}.pt"))
+dist.destroy_process_group()
+'''
+
+
+def run_save(tmp_path, die="none"):
+    run = tmp_path / "run"
+    run.mkdir()
+    script = tmp_path / "save.py"
+    script.write_text(SAVE_SCRIPT)
+    env = {**os.environ, "CKPTFMT_DIST_TIMEOUT": "20"}
+    proc = subprocess.run(torchrun(str(script), str(run), die), capture_output=True, text=True, env=env, timeout=300)
+    return run, proc
+
+
+def test_save_with_2_ranks_load_with_1_2_and_3(tmp_path):
+    run, proc = run_save(tmp_path)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    gen = Run(run).latest(deep=True)
+    assert gen.step == 2 and gen.bin is None and sorted(p.name for p in gen.shards.iterdir()) == [
+        "00000-of-00002.bin", "00001-of-00002.bin"]
+    for shard in gen.shards.iterdir():            # every shard is a seed-layout file of its own
+        data = shard.read_bytes()
+        step, n = np.frombuffer(data[:8], "<i4")
+        assert step == 2 and len(data) == 8 + 12 * int(n)
+    ref = torch.load(run / "ref2-rank0.pt", weights_only=True)
+    import ckptfmt.torch as ct
+    from ckptfmt.dist import load_range, load_sharded
+    m = torch.nn.Sequential(torch.nn.Linear(64, 33), torch.nn.Linear(33, 7))
+    opt = torch.optim.AdamW(m.parameters(), lr=0.5)
+    load_sharded(gen.manifest, m, opt)                              # world size 1
+    assert all(torch.equal(m.state_dict()[k], v) for k, v in ref.items()) and opt.param_groups[0]["lr"] == 1e-3
+    doc = json.loads(gen.manifest.read_text())
+    n = doc["n_params"]
+    flat = torch.cat([v.reshape(-1) for v in ref.values()]).numpy()
+    for world in (1, 2, 3):                                         # each rank reads only its range
+        parts = [load_range(gen.manifest, "weights", *shards.partition(n, world, r)) for r in range(world)]
+        assert np.array_equal(np.concatenate(parts), flat)
+    assert validate_run(run).ok
+
+
+def test_split_and_consolidate_round_trips(tmp_path):
+    run, proc = run_save(tmp_path)
+    assert proc.returncode == 0
+    out = tmp_path / "one"
+    out.mkdir()
+    convert(str(run / "step_000002.json"), str(out / "step_000002.bin"))
+    for world in (1, 2, 3, 5):
+        target = tmp_path / f"w{world}"
+        convert(str(out / "step_000002.bin"), str(target), to="shards", shards=world)
+        back = tmp_path / f"b{world}"
+        back.mkdir()
+        convert(str(target / "step_000002.json"), str(back / "step_000002.bin"))
+        assert (back / "step_000002.bin").read_bytes() == (out / "step_000002.bin").read_bytes()
+    assert json.loads((tmp_path / "w2" / "step_000002.json").read_text())["blake3"] == \
+        json.loads((run / "step_000002.json").read_text())["blake3"]         # same split, same shards
+
+
+@pytest.mark.parametrize("die", ["rank1-write", "rank0-write", "rank0-commit"])
+def test_a_rank_dying_mid_save_keeps_the_previous_generation(tmp_path, die):
+    run, proc = run_save(tmp_path, die)
+    assert proc.returncode != 0
+    gen = Run(run).latest(deep=True)
+    assert gen.step == 1
+    listing = {g.step: g for g in Run(run).generations()}
+    assert not listing[2].committed
+    report = validate_run(run)
+    assert report.ok and any(f.code == "uncommitted" for f in report.findings)
+
+
+def test_dcp_round_trip_and_dcp_load(tmp_path):
+    import torch.distributed.checkpoint as dcp
+    from ckptfmt.trainer.config import CONFIGS
+    from ckptfmt.trainer.model import GPT
+    import ckptfmt.torch as ct
+    torch.manual_seed(1)
+    model = GPT(CONFIGS["tiny"])
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.zeros(1, 8, dtype=torch.long))[0].sum().backward()
+    opt.step()
+    src = tmp_path / "step_000001.bin"
+    ct.save(str(src), model, opt)
+    rep = convert(str(src), str(tmp_path / "dcp"), to="dcp")
+    assert rep.verified == "round-trip"
+    target = GPT(CONFIGS["tiny"])
+    sd = {"model": target.state_dict()}
+    dcp.load(sd, checkpoint_id=str(tmp_path / "dcp"))               # DCP's own loader
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), target.state_dict().values()))
+    back = tmp_path / "back"
+    back.mkdir()
+    convert(str(tmp_path / "dcp"), str(back / "step_000001.bin"))
+    assert (back / "step_000001.bin").read_bytes() == src.read_bytes()
+
+
+def test_sigterm_to_rank_1_coordinates_and_resume_is_bit_exact(tmp_path):
+    straight = tmp_path / "straight"
+    proc = subprocess.run(train_argv(straight, 60), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    run = tmp_path / "run"
+    tag = uuid.uuid4().hex
+    proc = subprocess.Popen(train_argv(run, 60), env={**os.environ, "CKPTFMT_TAG": tag},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while last_step(run) < 27:
+        assert proc.poll() is None and time.monotonic() < deadline
+        time.sleep(0.01)
+    os.kill(rank_pid(tag, 1), signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    cut = Run(run).latest(deep=True).step
+    assert 27 <= cut < 60 and cut % 20 != 0
+    assert "rank 0] step %d: checkpoint (SIGTERM)" % cut in err and "rank 1] step %d: checkpoint (SIGTERM)" % cut in err
+    proc = subprocess.run(train_argv(run, 60), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    a = json.loads((straight / "step_000060.json").read_text())
+    b = json.loads((run / "step_000060.json").read_text())
+    assert a["blake3"] == b["blake3"] and [r["blake3"] for r in a["shards"]] == [r["blake3"] for r in b["shards"]]
+    keep = ("step", "loss", "lr")
+    assert [{k: r[k] for k in keep} for r in hist.read(run / ".loss.json").canonical()] == \
+        [{k: r[k] for k in keep} for r in hist.read(straight / ".loss.json").canonical()]
+
+
+def test_resume_with_a_different_world_size_continues(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.run(train_argv(run, 40), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    proc = subprocess.run([PY, "-m", "ckptfmt.cli", "train", "--run", str(run), "--steps", "60",
+                           "--checkpoint-every", "20", "--sample-every", "0", "--log-every", "100000"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert "world size changed from 2 to 1" in proc.stderr
+    gen = Run(run).latest(deep=True)
+    assert gen.step == 60 and gen.bin is not None                    # one process saves one file
+    losses = [r["loss"] for r in hist.read(run / ".loss.json").canonical()]
+    assert len(losses) == 60 and abs(losses[40] - losses[39]) < 1.0    # the loss curve is continuous
+    proc = subprocess.run(train_argv(run, 80), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert Run(run).latest(deep=True).step == 80 and "world size changed from 1 to 2" in proc.stderr
