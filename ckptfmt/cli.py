@@ -497,12 +497,14 @@ def _print_verification(r: dict) -> None:
 @click.option("--set", "sets", multiple=True, metavar="KEY=JSON",
               help="Override a config field, e.g. --set lr=1e-3 --set 'caps={\"code\":0.5,...}'. A run's "
                    "config can only change in caps, floors, sources and the lr schedule, after `ckptfmt pivot`.")
+@click.option("--parallel", type=click.Choice(["ddp", "fsdp"]), default="ddp", show_default=True,
+              help="Under torchrun: DDP replicas or FSDP2 sharding (the checkpoint format is the same).")
 @click.option("--omit-rng-restore", is_flag=True, hidden=True, help="Negative control of verify-resume.")
 @guarded
 def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_every: int,
           sample_every: int, keep_last: int | None, keep_every: int | None, seed: int | None,
           threads: int | None, async_save: bool, amp: str, log_every: int, sets: tuple[str, ...],
-          omit_rng_restore: bool) -> None:
+          parallel: str, omit_rng_restore: bool) -> None:
     """Train the reference model to --steps N, resuming from the newest valid generation.
 
     SIGTERM/SIGINT: checkpoint the current step and exit 0 (75 if that save fails).
@@ -519,7 +521,7 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
     code = run_train(run_dir, config_name, steps, seed=seed, threads=threads, sets=overrides, flags=flags,
                      device=device, checkpoint_every=checkpoint_every, sample_every=sample_every,
                      keep_last=keep_last, keep_every=keep_every, async_save=async_save, amp=amp,
-                     log_every=log_every, omit_rng_restore=omit_rng_restore)
+                     log_every=log_every, omit_rng_restore=omit_rng_restore, parallel=parallel)
     sys.exit(code)
 
 

@@ -53,6 +53,30 @@ def _range_views(tensors: list[torch.Tensor], start: int, stop: int) -> Iterator
         offset += k
 
 
+def is_sharded_model(model: torch.nn.Module) -> bool:
+    """True for FSDP2 models (parameters are DTensors sharded across ranks)."""
+    from torch.distributed.tensor import DTensor
+    return any(isinstance(p, DTensor) for p in model.parameters())
+
+
+def _range_from_dtensors(tensors: list[torch.Tensor], start: int, stop: int) -> Any:
+    """This rank's global range [start, stop), gathered one parameter at a time: every rank
+    all-gathers each parameter in the same order (a collective) and keeps only its slice, so
+    at most one full parameter, never the whole model, exists on a rank."""
+    import numpy as np
+    out = np.empty(stop - start, dtype="<f4")
+    offset = 0
+    for t in tensors:
+        full = t.full_tensor().detach().reshape(-1) if hasattr(t, "full_tensor") else t.detach().reshape(-1)
+        k = full.numel()
+        lo, hi = max(start, offset), min(stop, offset + k)
+        if lo < hi:
+            out[lo - start:hi - start] = full[lo - offset:hi - offset].cpu().numpy()
+        offset += k
+        del full
+    return out
+
+
 def save_sharded(run_dir: "str | Path", step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  manifest: dict[str, Any] | None = None) -> dict[str, Any]:
     """Collective: every rank writes its shard; rank 0 commits. Returns this rank's row."""
@@ -61,8 +85,9 @@ def save_sharded(run_dir: "str | Path", step: int, model: torch.nn.Module, optim
     ms, vs, _ = ct.moments(model, optimizer)
     n = sum(p.numel() for p in params)
     start, stop = shards.partition(n, world, rank)
-    row = shards.save_shard(run_dir, step, rank, world, start, stop, _range_views(params, start, stop),
-                            _range_views(ms, start, stop), _range_views(vs, start, stop))
+    collect = _range_from_dtensors if is_sharded_model(model) else _range_views
+    row = shards.save_shard(run_dir, step, rank, world, start, stop, collect(params, start, stop),
+                            collect(ms, start, stop), collect(vs, start, stop))
     rows = gather_json(row)              # returns only when every rank's shard is durable
     if rank == 0:
         shards.commit(run_dir, step, rows, manifest)
@@ -79,10 +104,64 @@ def load_range(manifest_path: "str | Path", region: str, start: int, stop: int, 
 
 def load_sharded(manifest_path: "str | Path", model: torch.nn.Module,
                  optimizer: torch.optim.Optimizer | None = None, *, verify: bool = True) -> dict[str, Any]:
-    """Load a sharded generation, saved by any number of ranks, into a full replica (DDP)."""
+    """Load a sharded generation, saved by any number of ranks, into this rank's model: a full
+    replica (DDP, one process) or this rank's FSDP2 shards."""
     sc = shards.ShardedCheckpoint(manifest_path, verify=verify)
     try:
-        ct.load(sc, model, optimizer)
+        load_into(sc, model, optimizer)
         return sc.manifest
     finally:
         sc.close()
+
+
+def load_into(source: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None = None) -> None:
+    """``ct.load`` for replicas; for FSDP2 each rank reads only the global ranges of its local rows."""
+    if not is_sharded_model(model):
+        ct.load(source, model, optimizer)
+        return
+    from torch.distributed.tensor import DTensor
+    layout = {e["name"]: e for e in source.layout}
+    read = source.read if hasattr(source, "read") else (lambda region, a, b: getattr(source, region)[a:b].copy())
+    locals_: dict[int, dict[str, torch.Tensor]] = {}
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            entry = layout[name]
+            if list(p.shape) != entry["shape"]:
+                raise ct.CheckpointError(source.path, f"{name}: shape {entry['shape']} in the file, {list(p.shape)} in the model")
+            a, b = _local_flat_range(p, entry["offset"])
+            local = p.to_local()
+            local.copy_(torch.from_numpy(read("weights", a, b)).view(local.shape))
+            locals_[id(p)] = {r: torch.from_numpy(read(r, a, b)).view(local.shape).to(local.device) for r in ("m", "v")}
+    if optimizer is None:
+        return
+    opt = source.manifest.get("optimizer") or {}
+    if "step" not in opt or "hyperparams" not in opt:
+        raise ct.IncompleteResumeStateError(source.path, "cannot resume the optimizer: manifest lacks optimizer.step / optimizer.hyperparams")
+    sd = optimizer.state_dict()
+    ordered = [p for g in optimizer.param_groups for p in g["params"]]
+    state = {}
+    for index, p in enumerate(ordered):
+        if opt["step"] == 0:
+            continue
+        mine = locals_[id(p)]
+        state[index] = {"step": torch.tensor(float(opt["step"]), dtype=torch.float32),
+                        "exp_avg": DTensor.from_local(mine["m"], p.device_mesh, p.placements, shape=p.shape, stride=p.stride()),
+                        "exp_avg_sq": DTensor.from_local(mine["v"], p.device_mesh, p.placements, shape=p.shape, stride=p.stride())}
+    sd["state"] = state
+    for group, saved in zip(sd["param_groups"], opt["hyperparams"]):
+        for key, value in saved.items():
+            group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
+    optimizer.load_state_dict(sd)
+
+
+def _local_flat_range(p: torch.Tensor, offset: int) -> tuple[int, int]:
+    """Global flat range [a, b) of this rank's dim-0 shard of a DTensor parameter."""
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    local_shape, global_offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
+    row = 1
+    for d in p.shape[1:]:
+        row *= d
+    if any(global_offset[1:]):
+        raise ValueError("only dim-0 sharding (FSDP2's default) is supported")
+    start = offset + global_offset[0] * row
+    return start, start + (local_shape[0] if local_shape else 1) * row

@@ -17,7 +17,7 @@ import torch
 
 from . import format as fmt
 from . import reader, writer
-from .errors import CheckpointError, IncompleteResumeStateError
+from .errors import CheckpointError, IncompleteResumeStateError  # noqa: F401 (re-exported for ckptfmt.dist)
 
 STAGING = 8 << 20   # bytes per pinned staging buffer on the CUDA path
 

@@ -29,9 +29,9 @@ def torchrun(*args, env=None, nproc=2):
     return [PY, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(PORT[0]), *args]
 
 
-def train_argv(run, steps, nproc=2, every=20):
+def train_argv(run, steps, nproc=2, every=20, parallel="ddp"):
     return torchrun("-m", "ckptfmt.trainer", "--run-dir", str(run), "--steps", str(steps), "--checkpoint-every",
-                    str(every), "--sample-every", "0", "--log-every", "100000", nproc=nproc)
+                    str(every), "--sample-every", "0", "--log-every", "100000", "--parallel", parallel, nproc=nproc)
 
 
 def last_step(run: Path) -> int:
@@ -170,13 +170,14 @@ def test_dcp_round_trip_and_dcp_load(tmp_path):
     assert (back / "step_000001.bin").read_bytes() == src.read_bytes()
 
 
-def test_sigterm_to_rank_1_coordinates_and_resume_is_bit_exact(tmp_path):
+@pytest.mark.parametrize("parallel", ["ddp", "fsdp"])
+def test_sigterm_to_rank_1_coordinates_and_resume_is_bit_exact(tmp_path, parallel):
     straight = tmp_path / "straight"
-    proc = subprocess.run(train_argv(straight, 60), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(train_argv(straight, 60, parallel=parallel), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     run = tmp_path / "run"
     tag = uuid.uuid4().hex
-    proc = subprocess.Popen(train_argv(run, 60), env={**os.environ, "CKPTFMT_TAG": tag},
+    proc = subprocess.Popen(train_argv(run, 60, parallel=parallel), env={**os.environ, "CKPTFMT_TAG": tag},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while last_step(run) < 27:
@@ -188,9 +189,10 @@ def test_sigterm_to_rank_1_coordinates_and_resume_is_bit_exact(tmp_path):
     cut = Run(run).latest(deep=True).step
     assert 27 <= cut < 60 and cut % 20 != 0
     assert "rank 0] step %d: checkpoint (SIGTERM)" % cut in err and "rank 1] step %d: checkpoint (SIGTERM)" % cut in err
-    proc = subprocess.run(train_argv(run, 60), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(train_argv(run, 60, parallel=parallel), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     a = json.loads((straight / "step_000060.json").read_text())
+    assert a["run"]["parallel"] == parallel
     b = json.loads((run / "step_000060.json").read_text())
     assert a["blake3"] == b["blake3"] and [r["blake3"] for r in a["shards"]] == [r["blake3"] for r in b["shards"]]
     keep = ("step", "loss", "lr")
@@ -214,3 +216,22 @@ def test_resume_with_a_different_world_size_continues(tmp_path):
     proc = subprocess.run(train_argv(run, 80), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert Run(run).latest(deep=True).step == 80 and "world size changed from 1 to 2" in proc.stderr
+
+
+def test_an_fsdp_generation_resumes_in_one_process_and_loads_by_range(tmp_path):
+    run = tmp_path / "run"
+    proc = subprocess.run(train_argv(run, 20, parallel="fsdp"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    one = tmp_path / "one"
+    one.mkdir()
+    convert(str(run / "step_000020.json"), str(one / "step_000020.bin"))
+    import ckptfmt.torch as ct
+    from ckptfmt.trainer.config import CONFIGS
+    from ckptfmt.trainer.model import GPT
+    model = GPT(CONFIGS["tiny"])
+    opt = torch.optim.AdamW(model.parameters())
+    ct.load(str(one / "step_000020.bin"), model, opt)             # an FSDP2 run's state in a plain model
+    assert int(opt.state[next(model.parameters())]["step"]) == 20
+    proc = subprocess.run([PY, "-m", "ckptfmt.cli", "train", "--run", str(run), "--steps", "30",
+                           "--checkpoint-every", "10", "--sample-every", "0"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "world size changed from 2 to 1" in proc.stderr, proc.stderr

@@ -61,6 +61,7 @@ class Trainer:
                  checkpoint_every: int = 100, sample_every: int = 100, keep_last: int | None = None,
                  keep_every: int | None = None, async_save: bool = False, amp: str = "auto",
                  omit_rng_restore: bool = False, log_every: int = 50, flags: Flags = FLAGS,
+                 parallel: str = "ddp",
                  log: Callable[[str], None] | None = None):
         self.cfg, self.flags = cfg, flags
         self.checkpoint_every, self.sample_every = checkpoint_every, sample_every
@@ -75,6 +76,7 @@ class Trainer:
         if self.world > 1 and self.device.type == "cuda":
             self.device = torch.device("cuda", self.rank % torch.cuda.device_count())
         self.amp = ("bf16" if self.device.type == "cuda" else "none") if amp == "auto" else amp
+        self.parallel = parallel
         self.ckpt = Checkpointer(self.run, asynchronous=async_save and self.world == 1,
                                  after_commit=self._after_commit)
         self.provenance: dict[str, Any] | None = None
@@ -101,7 +103,13 @@ class Trainer:
             from torch.nn.parallel import DistributedDataParallel
             torch.manual_seed(cfg.seed * 1000 + self.rank)
             random.seed(cfg.seed * 1000 + self.rank)
-            self.net = DistributedDataParallel(self.model)
+            if self.parallel == "fsdp":
+                from torch.distributed.fsdp import fully_shard
+                for block in self.model.blocks:
+                    fully_shard(block)
+                fully_shard(self.model)
+            else:
+                self.net = DistributedDataParallel(self.model)
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                      weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self.lr_factor)
@@ -140,7 +148,11 @@ class Trainer:
             pivot = self._pivot_applies(gen.step)
             cfgmod.check_compatible(str(gen.manifest), doc["config"], self.cfg, pivot=pivot)
             self._check_data(str(gen.manifest), doc["data"], pivot)
-            ct.load(ck, self.model, self.opt)
+            if self.world > 1:
+                from ..dist import load_into
+                load_into(ck, self.model, self.opt)
+            else:
+                ct.load(ck, self.model, self.opt)
         self.sched.load_state_dict(doc["scheduler"])
         if pivot:
             self._apply_new_schedule()
@@ -274,7 +286,8 @@ class Trainer:
             "code": code_identity(),
             "run": {"device": str(self.device), "amp": self.amp,
                     "tokens_seen": step * self.cfg.batch * self.cfg.ctx * self.world,
-                    "deterministic": True, "threads": torch.get_num_threads(), "world_size": self.world},
+                    "deterministic": True, "threads": torch.get_num_threads(), "world_size": self.world,
+                    "parallel": self.parallel if self.world > 1 else "none"},
         }
         if self.world > 1:
             from ..dist import gather_json
