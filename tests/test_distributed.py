@@ -21,12 +21,9 @@ from ckptfmt.run import Run  # noqa: E402
 from ckptfmt.runops import validate_run  # noqa: E402
 
 PY = sys.executable
-PORT = [29700 + os.getpid() % 200]
-
-
-def torchrun(*args, env=None, nproc=2):
-    PORT[0] += 1
-    return [PY, "-m", "torch.distributed.run", "--nproc-per-node", str(nproc), "--master-port", str(PORT[0]), *args]
+def torchrun(*args, nproc=2):
+    """--standalone: torchrun picks a free port itself, so parallel test workers never collide."""
+    return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args]
 
 
 def train_argv(run, steps, nproc=2, every=20, parallel="ddp"):
@@ -42,7 +39,18 @@ def last_step(run: Path) -> int:
     return max((json.loads(x)["step"] for x in lines if '"loss"' in x and x.endswith("}")), default=0)
 
 
-def rank_pid(tag: str, rank: int) -> int | None:
+def rank_pid(tag: str, rank: int, timeout: float = 60) -> int:
+    """PID of the torchrun worker of ``rank`` in the job tagged ``tag`` (waits until it exists)."""
+    deadline = time.monotonic() + timeout
+    while True:
+        pid = _find_rank(tag, rank)
+        if pid is not None or time.monotonic() > deadline:
+            assert pid is not None, f"no worker of rank {rank}"
+            return pid
+        time.sleep(0.05)
+
+
+def _find_rank(tag: str, rank: int) -> int | None:
     for entry in os.listdir("/proc"):
         if not entry.isdigit():
             continue
@@ -179,7 +187,7 @@ def test_sigterm_to_rank_1_coordinates_and_resume_is_bit_exact(tmp_path, paralle
     tag = uuid.uuid4().hex
     proc = subprocess.Popen(train_argv(run, 60, parallel=parallel), env={**os.environ, "CKPTFMT_TAG": tag},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 120
+    deadline = time.monotonic() + 300
     while last_step(run) < 27:
         assert proc.poll() is None and time.monotonic() < deadline
         time.sleep(0.01)
@@ -235,3 +243,32 @@ def test_an_fsdp_generation_resumes_in_one_process_and_loads_by_range(tmp_path):
     proc = subprocess.run([PY, "-m", "ckptfmt.cli", "train", "--run", str(run), "--steps", "30",
                            "--checkpoint-every", "10", "--sample-every", "0"], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and "world size changed from 2 to 1" in proc.stderr, proc.stderr
+
+
+def test_sigusr1_to_rank_1_checkpoints_on_all_ranks_and_training_continues(tmp_path):
+    run = tmp_path / "run"
+    tag = uuid.uuid4().hex
+    proc = subprocess.Popen(train_argv(run, 10**6, every=10**6), env={**os.environ, "CKPTFMT_TAG": tag},
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        deadline = time.monotonic() + 300
+        while last_step(run) < 15:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        os.kill(rank_pid(tag, 1), signal.SIGUSR1)
+        while not [g for g in Run(run).generations() if g.committed]:
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+        at = last_step(run)
+        while last_step(run) < at + 10:                 # still training after the checkpoint
+            assert proc.poll() is None and time.monotonic() < deadline
+            time.sleep(0.01)
+    finally:
+        os.kill(rank_pid(tag, 0), signal.SIGTERM)
+        _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err[-2000:]
+    events = [e for e in hist.read(run / ".loss.json").events() if e["event"] == "checkpoint"]
+    assert [e["reason"] for e in events][:1] == ["SIGUSR1"] and events[-1]["reason"] == "SIGTERM"
+    assert "rank 1] step %d: checkpoint (SIGUSR1)" % events[0]["step"] in err
+    assert "rank 0] step %d: checkpoint (SIGUSR1)" % events[0]["step"] in err
+    assert validate_run(run).ok

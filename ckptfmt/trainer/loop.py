@@ -336,7 +336,8 @@ class Trainer:
         if step >= target:
             self.log(f"run is at step {step}, target {target}: nothing to do")
             return 0
-        while step < target and not self.flags.stop:
+        stop, _ = self._agree_on_flags()           # a SIGTERM during start-up, on any rank
+        while step < target and not stop:
             step += 1
             self.data_step = step
             record = self.train_step(step)
@@ -345,14 +346,13 @@ class Trainer:
             record.pop("ids")
             if self.is_main:
                 self.run.history.append(record)
-            self._agree_on_flags()
+            stop, checkpoint = self._agree_on_flags()
             if step % self.log_every == 0:
                 self.log(f"step {step}: loss {record['loss']:.4f} lr {record['lr']:.2e} source {record['source']}")
             if self.sample_every and step % self.sample_every == 0 and self.is_main:
                 self.sample(step, record["source"])
-            reason = self._due(step, target)
+            reason = self._due(step, target, stop, checkpoint)
             if reason:
-                self.flags.checkpoint = False
                 try:
                     self.checkpoint(step, reason)
                 except (CheckpointError, OSError) as exc:
@@ -364,20 +364,26 @@ class Trainer:
         self._log_stop(step)
         return 0
 
-    def _agree_on_flags(self) -> None:
-        """A signal delivered to any rank becomes every rank's decision at this step."""
+    def _agree_on_flags(self) -> tuple[bool, bool]:
+        """(stop, checkpoint) for this step. The checkpoint request is consumed before it is
+        shared, so a SIGUSR1 arriving later counts for the next step, never for one rank alone.
+        Under torchrun a signal delivered to any rank becomes every rank's decision."""
+        checkpoint, self.flags.checkpoint = self.flags.checkpoint, False
+        stop = self.flags.stop
         if self.world == 1:
-            return
-        flags = torch.tensor([int(self.flags.stop), int(self.flags.checkpoint)], dtype=torch.int64)
+            return stop, checkpoint
+        flags = torch.tensor([int(stop), int(checkpoint)], dtype=torch.int64)
         torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-        if flags[0] and not self.flags.stop:
+        stop, checkpoint = bool(flags[0]), bool(flags[1])
+        if stop and not self.flags.stop:
             self.flags.stop, self.flags.stop_at = True, time.monotonic()
-        self.flags.checkpoint = bool(flags[1])
+        return stop, checkpoint
 
-    def _due(self, step: int, target: int) -> str | None:
-        if self.flags.stop:
+    def _due(self, step: int, target: int, stop: bool, checkpoint: bool) -> str | None:
+        """Why this step is checkpointed, decided from the agreed flags only."""
+        if stop:
             return "SIGTERM"
-        if self.flags.checkpoint:
+        if checkpoint:
             return "SIGUSR1"
         if step == target:
             return "target"
