@@ -47,6 +47,16 @@ def make(directory, step: int, n: int = 100, seed: int = 0, **kwargs) -> Path:
     return path
 
 
+def last_step(run: Path) -> int:
+    """The newest step recorded in a run's .loss.json (0 before the first; a torn line is skipped)."""
+    import json
+    try:
+        lines = (Path(run) / ".loss.json").read_text().splitlines()
+    except FileNotFoundError:
+        return 0
+    return max((json.loads(x)["step"] for x in lines if '"loss"' in x and x.endswith("}")), default=0)
+
+
 def cli(*args: str, cwd=None, env=None, timeout=300) -> subprocess.CompletedProcess:
     """Run the real console entry point in a fresh process."""
     return subprocess.run([PY, "-m", "ckptfmt.cli", *args], capture_output=True, text=True,

@@ -20,6 +20,8 @@ from ckptfmt.convert import convert  # noqa: E402
 from ckptfmt.run import Run  # noqa: E402
 from ckptfmt.runops import validate_run  # noqa: E402
 
+from conftest import last_step  # noqa: E402
+
 PY = sys.executable
 def torchrun(*args, nproc=2):
     """--standalone: torchrun picks a free port itself, so parallel test workers never collide."""
@@ -29,14 +31,6 @@ def torchrun(*args, nproc=2):
 def train_argv(run, steps, nproc=2, every=20, parallel="ddp"):
     return torchrun("-m", "ckptfmt.trainer", "--run-dir", str(run), "--steps", str(steps), "--checkpoint-every",
                     str(every), "--sample-every", "0", "--log-every", "100000", "--parallel", parallel, nproc=nproc)
-
-
-def last_step(run: Path) -> int:
-    try:
-        lines = (run / ".loss.json").read_text().splitlines()
-    except FileNotFoundError:
-        return 0
-    return max((json.loads(x)["step"] for x in lines if '"loss"' in x and x.endswith("}")), default=0)
 
 
 def rank_pid(tag: str, rank: int, timeout: float = 60) -> int:

@@ -17,20 +17,14 @@ from ckptfmt.run import Run  # noqa: E402
 from ckptfmt.runops import validate_run  # noqa: E402
 from faults import scale  # noqa: E402
 
+from conftest import last_step  # noqa: E402
+
 PY = sys.executable
 
 
 def cmd(run, steps, every=10):
     return [PY, "-m", "ckptfmt.cli", "train", "--run", str(run), "--steps", str(steps), "--config", "tiny",
             "--checkpoint-every", str(every), "--sample-every", "0", "--log-every", "100000"]
-
-
-def last_step(run: Path) -> int:
-    try:
-        lines = (run / ".loss.json").read_text().splitlines()
-    except FileNotFoundError:
-        return 0
-    return max((json.loads(x)["step"] for x in lines if '"loss"' in x and x.endswith("}")), default=0)
 
 
 def wait_step(run, step, proc, timeout=120):

@@ -17,6 +17,8 @@ from ckptfmt import history as hist  # noqa: E402
 from ckptfmt.run import Run  # noqa: E402
 from ckptfmt.runops import validate_run  # noqa: E402
 
+from conftest import last_step  # noqa: E402
+
 PY = sys.executable
 N = 120
 
@@ -32,15 +34,6 @@ def train(run, steps, *extra, **kw):
 
 def start(run, steps, *extra):
     return subprocess.Popen(cmd(run, steps, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def last_step(run: Path) -> int:
-    try:
-        lines = (run / ".loss.json").read_text().splitlines()
-    except FileNotFoundError:
-        return 0
-    steps = [json.loads(x)["step"] for x in lines if '"loss"' in x and x.endswith("}")]
-    return max(steps, default=0)
 
 
 def wait_for(pred, proc, timeout=120):
