@@ -1,5 +1,4 @@
 """Signals against the real trainer (RELIABILITY.md items 21-23)."""
-import json
 import random
 import signal
 import subprocess
