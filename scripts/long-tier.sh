@@ -11,7 +11,7 @@ rm -rf fuzz/new fuzz/min && mkdir -p fuzz/new fuzz/min
 .venv/bin/python fuzz/target.py fuzz/new fuzz/corpus -max_total_time="${FUZZ_SECONDS:-600}" \
     -print_final_stats=1 > fuzz/last-run.log 2>&1 &
 fuzz=$!
-RELIABILITY_SCALE=long .venv/bin/python -m pytest -q -s -p no:warnings tests/test_reliability_*.py "$@" \
+RELIABILITY_SCALE=long .venv/bin/python -m pytest -q -s -p no:warnings --timeout 0 tests/test_reliability_*.py "$@" \
     | tee /tmp/long-tier.log | grep -E "FIGURE|crash states|passed|failed"
 wait "$fuzz" || { echo "fuzzing found a crash: see fuzz/last-run.log"; exit 1; }
 .venv/bin/python fuzz/target.py -merge=1 fuzz/min fuzz/corpus fuzz/new >> fuzz/last-run.log 2>&1

@@ -4,6 +4,7 @@ Scale: RELIABILITY_SCALE=long multiplies the counts (the long tier, scripts/long
 """
 from __future__ import annotations
 
+import functools
 import os
 import shutil
 import subprocess
@@ -25,6 +26,7 @@ def arrays(n: int, seed: int):
             (rng.random(n) * 1e-6).astype("<f4"))
 
 
+@functools.lru_cache(maxsize=64)
 def expected_digest(step: int, n: int) -> str:
     """blake3 of the file generation ``step`` must have (arrays seeded by the step)."""
     import blake3
