@@ -1,3 +1,4 @@
+#!/usr/bin/env python3
 """Fuzz target: every parser that sees untrusted bytes. Only CheckpointError may escape.
 
     .venv/bin/pip install atheris

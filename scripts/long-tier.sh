@@ -11,10 +11,16 @@ rm -rf fuzz/new fuzz/min && mkdir -p fuzz/new fuzz/min
 .venv/bin/python fuzz/target.py fuzz/new fuzz/corpus -max_total_time="${FUZZ_SECONDS:-600}" \
     -print_final_stats=1 > fuzz/last-run.log 2>&1 &
 fuzz=$!
+set +o pipefail     # a failing test must not skip the corpus merge below; the summary says it
 RELIABILITY_SCALE=long .venv/bin/python -m pytest -q -s -p no:warnings --timeout 0 tests/test_reliability_*.py "$@" \
     | tee /tmp/long-tier.log | grep -E "FIGURE|crash states|passed|failed"
 wait "$fuzz" || { echo "fuzzing found a crash: see fuzz/last-run.log"; exit 1; }
-.venv/bin/python fuzz/target.py -merge=1 fuzz/min fuzz/corpus fuzz/new >> fuzz/last-run.log 2>&1
-rm -rf fuzz/corpus fuzz/new && mv fuzz/min fuzz/corpus
+# libFuzzer's merge re-executes fuzz/target.py: its shebang must find the venv's python first
+PATH="$PWD/.venv/bin:$PATH" fuzz/target.py -merge=1 fuzz/min fuzz/corpus fuzz/new >> fuzz/last-run.log 2>&1
+if [ "$(ls fuzz/min | wc -l)" -ge "$(ls fuzz/corpus | wc -l)" ]; then
+  rm -rf fuzz/corpus fuzz/new && mv fuzz/min fuzz/corpus
+else
+  echo "merge produced fewer files than the old corpus; keeping fuzz/corpus and fuzz/new"; exit 1
+fi
 grep -E "stat::|Done" fuzz/last-run.log | tail -4
 echo "long tier done: $(ls fuzz/corpus | wc -l) corpus files; commit fuzz/corpus and the figures"
