@@ -211,6 +211,9 @@ def test_resume_with_a_different_world_size_continues(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert "world size changed from 2 to 1" in proc.stderr
+    change = [e for e in hist.read(run / ".loss.json").events() if e["event"] == "world_size_change"]
+    assert change[-1]["saved"] == 2 and change[-1]["now"] == 1 and change[-1]["per_rank_state_dropped"] == [1]
+    assert "optimizer" in change[-1]["identical"]
     gen = Run(run).latest(deep=True)
     assert gen.step == 60 and gen.bin is not None                    # one process saves one file
     losses = [r["loss"] for r in hist.read(run / ".loss.json").canonical()]

@@ -189,10 +189,17 @@ class Trainer:
         saved_world = len(ranks) if ranks else 1
         if saved_world == self.world:
             return {**doc, **(ranks[self.rank] if ranks else {})}
+        kept = list(range(min(saved_world, self.world)))
         self.log(f"world size changed from {saved_world} to {self.world}: weights, m, v, optimizer and "
                  f"scheduler resume exactly; per-rank RNG, data positions and bandits "
                  + ("of ranks < %d resume, the others start fresh" % saved_world if self.world > saved_world
                     else "of the dropped ranks are discarded"))
+        if self.is_main:
+            self.run.history.event("world_size_change", doc["step"], saved=saved_world, now=self.world,
+                                   identical=["weights", "m", "v", "optimizer", "scheduler", "history"],
+                                   per_rank_state_resumed=kept,
+                                   per_rank_state_fresh=[r for r in range(self.world) if r >= saved_world],
+                                   per_rank_state_dropped=list(range(self.world, saved_world)))
         if ranks and self.rank < saved_world:
             return {**doc, **ranks[self.rank]}
         if self.rank == 0:
