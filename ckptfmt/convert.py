@@ -349,7 +349,6 @@ def _verify(source: Source, dst: str, kind: str, weights_only: bool, dtype: str 
         for region in _regions(source, weights_only):
             want = cast(getattr(source, region), dtype)[1]
             got = getattr(back, region)
-            got = got if kind != "pt" or dtype != "bfloat16" else got
             if not np.array_equal(np.asarray(want).view(np.uint8), np.asarray(got).view(np.uint8)):
                 _discard(dst)
                 raise ConvertError(dst, f"verification failed: region {region} differs after "

@@ -23,7 +23,6 @@ from . import manifest as mf
 from . import reader, writer
 from .errors import ConvertError
 
-FLAT = [{"name": "flat", "shape": None, "offset": 0}]
 
 
 def _layout(ck) -> list[dict[str, Any]]:
