@@ -13,6 +13,9 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+# torchrun jobs run 2 ranks each: keep them on one xdist worker so two never oversubscribe 2 cores
+pytestmark = pytest.mark.xdist_group("torchrun")
+
 import ckptfmt  # noqa: E402
 from ckptfmt import history as hist  # noqa: E402
 from ckptfmt import shards  # noqa: E402
