@@ -9,6 +9,7 @@ import math
 import mmap
 import os
 import stat
+import threading
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -144,7 +145,19 @@ class Checkpoint:
         """Check the content hash against the manifest; a bare file has nothing to check."""
         if self.manifest is None:
             return
-        digest = self.fingerprint()
+        self.check_digest(self.fingerprint())
+
+    def verify_in_background(self) -> "BackgroundVerify":
+        """Start hashing on another thread (blake3 releases the GIL) so the caller can copy
+        out of the file at the same time; ``wait()`` raises what ``verify()`` would."""
+        self.require_manifest()
+        return BackgroundVerify(self)
+
+    def require_manifest(self) -> None:
+        if self.manifest is None:
+            raise mf.ManifestError(self.path, "cannot verify: no manifest beside the file (a bare, unverified file)")
+
+    def check_digest(self, digest: str) -> None:
         if digest != self.manifest["blake3"]:
             raise FingerprintMismatchError(self.path, f"blake3 mismatch: manifest says "
                                            f"{self.manifest['blake3']}, file hashes to {digest}",
@@ -171,6 +184,35 @@ class Checkpoint:
         return f"Checkpoint({self.path!r}, step={self.step}, n_params={self.n_params})"
 
 
+class BackgroundVerify:
+    """The file's blake3, computed on a second thread; ``position`` is how far it has read."""
+
+    def __init__(self, ck: Checkpoint):
+        self.ck = ck
+        self.position = 0
+        self._digest: str | None = None
+        self._error: BaseException | None = None
+        self._thread = threading.Thread(target=self._hash, name="ckptfmt-verify", daemon=True)
+        self._thread.start()
+
+    def _hash(self) -> None:
+        def advanced(nbytes: int) -> None:
+            self.position += nbytes
+        try:
+            self._digest = fingerprint.of_buffer(self.ck.buffer(), advanced)
+        except BaseException as exc:   # re-raised in the caller's thread by wait()
+            self._error = exc
+
+    def wait(self, check: bool = True) -> None:
+        """Join the hashing thread; with ``check``, raise if the file is not what was committed."""
+        self._thread.join()
+        if not check:
+            return
+        if self._error is not None:
+            raise self._error
+        self.ck.check_digest(self._digest or "")
+
+
 def open(path: "str | os.PathLike[str]", *, manifest: str = "auto", verify: bool = False,
          copy_on_write: bool = False, check_name: bool = True) -> Checkpoint:
     """Open a checkpoint in O(1): header check, one mmap, three views.
@@ -193,8 +235,7 @@ def open(path: "str | os.PathLike[str]", *, manifest: str = "auto", verify: bool
         os.close(fd)
     ckpt = Checkpoint(path, step, n, size, mm, doc, mm)
     if verify:
-        if doc is None:
-            raise mf.ManifestError(path, "cannot verify: no manifest beside the file (a bare, unverified file)")
+        ckpt.require_manifest()
         ckpt.verify()
     return ckpt
 

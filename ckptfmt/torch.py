@@ -115,11 +115,35 @@ def load(source: "str | reader.Checkpoint", model: torch.nn.Module,
          optimizer: torch.optim.Optimizer | None = None, *, verify: bool = True) -> reader.Checkpoint:
     """Copy weights (and m, v, step, hyper-parameters) into ``model``/``optimizer``.
 
-    The file is mapped copy-on-write so ``torch.from_numpy`` sees writable views and no warning
-    is raised; every value is copied into the model's own tensors, so nothing aliases the file.
+    Given a path, the file is mapped copy-on-write (``torch.from_numpy`` needs writable views)
+    and, with ``verify``, hashed on a second thread while the values are copied, so the check
+    costs little more than the copy. The shapes are checked before anything is copied; a
+    content-hash mismatch is raised after the copy, and then the model and optimizer hold
+    values that must not be used: load another generation. An already open ``Checkpoint`` is
+    taken as it is (its caller decides whether it was verified). Mapped pages are released
+    once copied, so the load does not leave the whole file resident.
     """
-    ck = source if not isinstance(source, (str, bytes)) and hasattr(source, "layout") else reader.open(
-        source, manifest="require", verify=verify, copy_on_write=True)
+    opened = isinstance(source, (str, bytes)) or not hasattr(source, "layout")
+    ck = reader.open(source, manifest="require", copy_on_write=True) if opened else source
+    check = ck.verify_in_background() if opened and verify else None
+    try:
+        params = _checked_params(ck, model)
+        targets = [("weights", params)]
+        if optimizer is not None:
+            states = prepare_optimizer(ck, model, optimizer)
+            targets += [("m", [st["exp_avg"] for st in states]), ("v", [st["exp_avg_sq"] for st in states])]
+        _copy_regions(ck, targets, check)
+    except BaseException:
+        if check is not None:
+            check.wait(check=False)
+        raise
+    if check is not None:
+        check.wait()
+    return ck
+
+
+def _checked_params(ck: reader.Checkpoint, model: torch.nn.Module) -> list[torch.nn.Parameter]:
+    """The model's parameters in layout order, after checking names, order and shapes."""
     layout = ck.layout
     if layout is None:
         raise IncompleteResumeStateError(ck.path, "cannot load into a model: manifest lacks layout")
@@ -127,16 +151,27 @@ def load(source: "str | reader.Checkpoint", model: torch.nn.Module,
     if [e["name"] for e in layout] != list(params):
         raise CheckpointError(ck.path, "parameter names/order differ from the model's: "
                                        f"file has {len(layout)} tensors, model {len(params)}")
+    for entry in layout:
+        if list(params[entry["name"]].shape) != entry["shape"]:
+            raise CheckpointError(ck.path, f"{entry['name']}: shape {entry['shape']} in the "
+                                           f"file, {list(params[entry['name']].shape)} in the model")
+    return [params[e["name"]] for e in layout]
+
+
+def _copy_regions(ck: Any, targets: list[tuple[str, list[torch.Tensor]]], check: Any) -> None:
+    """Copy each region into its tensors in file order, releasing mapped pages behind both the
+    copy and the hashing thread (the page cache keeps them)."""
+    released = 0
     with torch.no_grad():
-        for entry in layout:
-            p = params[entry["name"]]
-            if list(p.shape) != entry["shape"]:
-                raise CheckpointError(ck.path, f"{entry['name']}: shape {entry['shape']} in the "
-                                               f"file, {list(p.shape)} in the model")
-            p.copy_(_view(ck.weights, entry))
-    if optimizer is not None:
-        load_optimizer(ck, model, optimizer)
-    return ck
+        for region, tensors in targets:
+            base = fmt.region_offset(region, ck.n_params)
+            for entry, t in zip(ck.layout, tensors):
+                t.copy_(_view(getattr(ck, region), entry))
+                done = base + (entry["offset"] + t.numel()) * fmt.ITEM
+                safe = done if check is None else min(done, check.position)
+                if isinstance(ck, reader.Checkpoint) and safe > released:
+                    ck.release(released, safe - released)
+                    released = safe
 
 
 def _view(region: np.ndarray, entry: dict[str, Any]) -> torch.Tensor:
@@ -146,57 +181,62 @@ def _view(region: np.ndarray, entry: dict[str, Any]) -> torch.Tensor:
 
 def load_optimizer(ck: "reader.Checkpoint | Any", model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """``ck``: a Checkpoint, or anything with ``layout``, ``manifest``, ``path``, ``m`` and ``v``."""
+    states = prepare_optimizer(ck, model, optimizer)
+    with torch.no_grad():
+        for entry, st in zip(ck.layout, states):
+            st["exp_avg"].copy_(_view(ck.m, entry))
+            st["exp_avg_sq"].copy_(_view(ck.v, entry))
+
+
+def prepare_optimizer(ck: "reader.Checkpoint | Any", model: torch.nn.Module,
+                      optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
+    """Set the step and hyper-parameters from the manifest and make sure every parameter has
+    Adam state tensors; returns those states in layout order for m and v to be copied into.
+
+    Existing state of the right shape is reused (no fresh pages, no transient copy); a fresh
+    optimizer gets uninitialised tensors through ``load_state_dict``, so torch's own rules for
+    where ``step`` lives still apply. At step 0 there is no state: Adam creates it lazily,
+    exactly as in a fresh run.
+    """
     _check_optimizer(optimizer)
     doc = ck.manifest or {}
     opt = doc.get("optimizer")
     if not isinstance(opt, dict) or "step" not in opt or "hyperparams" not in opt:
         raise IncompleteResumeStateError(ck.path, "cannot resume the optimizer: manifest lacks "
                                                   "optimizer.step / optimizer.hyperparams")
-    by_param = {id(p): e for p, e in zip(model.parameters(), ck.layout)}
-    if opt["step"] and _load_in_place(ck, model, optimizer, by_param, opt):
-        return
-    sd = optimizer.state_dict()
-    ordered = [p for g in optimizer.param_groups for p in g["params"]]
-    state = {}
-    for index, p in enumerate(ordered):
-        entry = by_param[id(p)]
-        if opt["step"] == 0:
-            continue   # no update yet: Adam creates its state lazily, exactly as a fresh run
-        state[index] = {"step": torch.tensor(float(opt["step"]), dtype=torch.float32),
-                        "exp_avg": _view(ck.m, entry).to(p.device, copy=True),
-                        "exp_avg_sq": _view(ck.v, entry).to(p.device, copy=True)}
-    sd["state"] = state
-    if len(opt["hyperparams"]) != len(sd["param_groups"]):
-        raise CheckpointError(ck.path, f"{len(opt['hyperparams'])} param groups in the manifest, "
-                                       f"{len(sd['param_groups'])} in the optimizer")
-    for group, saved in zip(sd["param_groups"], opt["hyperparams"]):
-        for key, value in saved.items():
-            group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
-    optimizer.load_state_dict(sd)
-
-
-def _load_in_place(ck: reader.Checkpoint, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                   by_param: dict[int, dict[str, Any]], opt: dict[str, Any]) -> bool:
-    """When every parameter already has Adam state of the right shape, copy m, v and the step
-    into those tensors instead of allocating new ones (no fresh pages, no transient copy)."""
-    params = list(model.parameters())
-    states = [optimizer.state.get(p, {}) for p in params]
-    if not all("exp_avg" in st and st["exp_avg"].shape == p.shape and st["exp_avg"].dtype == p.dtype
-               for st, p in zip(states, params)):
-        return False
     if len(opt["hyperparams"]) != len(optimizer.param_groups):
         raise CheckpointError(ck.path, f"{len(opt['hyperparams'])} param groups in the manifest, "
                                        f"{len(optimizer.param_groups)} in the optimizer")
-    with torch.no_grad():
-        for p, st in zip(params, states):
-            entry = by_param[id(p)]
-            st["exp_avg"].copy_(_view(ck.m, entry))
-            st["exp_avg_sq"].copy_(_view(ck.v, entry))
-            st["step"] = torch.tensor(float(opt["step"]), dtype=torch.float32, device=st["step"].device)
     for group, saved in zip(optimizer.param_groups, opt["hyperparams"]):
         for key, value in saved.items():
             group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
-    return True
+    params = list(model.parameters())
+    if not opt["step"] or not _has_state(optimizer, params):
+        _fresh_state(optimizer, opt)
+    if not opt["step"]:
+        return []
+    states = [optimizer.state[p] for p in params]
+    for st in states:
+        st["step"] = torch.tensor(float(opt["step"]), dtype=torch.float32, device=st["step"].device)
+    return states
+
+
+def _has_state(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> bool:
+    states = [optimizer.state.get(p, {}) for p in params]
+    return all("exp_avg" in st and st["exp_avg"].shape == p.shape and st["exp_avg"].dtype == p.dtype
+               for st, p in zip(states, params))
+
+
+def _fresh_state(optimizer: torch.optim.Optimizer, opt: dict[str, Any]) -> None:
+    """Replace the optimizer's state with uninitialised Adam state at ``opt['step']`` (or none
+    at step 0)."""
+    sd = optimizer.state_dict()
+    ordered = [p for g in optimizer.param_groups for p in g["params"]]
+    sd["state"] = {} if not opt["step"] else {
+        index: {"step": torch.tensor(float(opt["step"]), dtype=torch.float32),
+                "exp_avg": torch.empty_like(p), "exp_avg_sq": torch.empty_like(p)}
+        for index, p in enumerate(ordered)}
+    optimizer.load_state_dict(sd)
 
 
 # ---------------------------------------------------------------- RNG state, JSON-able

@@ -117,3 +117,60 @@ def test_loading_into_an_optimizer_with_state_copies_in_place_and_continues_bit_
     assert all(torch.equal(a, b) for a, b in zip(m.parameters(), m2.parameters()))
     assert all(torch.equal(opt.state[a]["exp_avg_sq"], opt2.state[b]["exp_avg_sq"])
                for a, b in zip(m.parameters(), m2.parameters()))
+
+
+def test_shape_mismatch_is_refused_before_any_value_is_copied(tmp_path):
+    m, opt = model_and_opt()
+    train(m, opt, 1)
+    r = ct.save(str(tmp_path / "step_000001.bin"), m, opt)
+    torch.manual_seed(3)
+    other = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 3))
+    before = [p.detach().clone() for p in other.parameters()]
+    with pytest.raises(CheckpointError, match=r"2\.weight: shape \[2, 8\] in the file, \[3, 8\] in the model"):
+        ct.load(r.path, other)
+    assert all(torch.equal(a, b) for a, b in zip(before, other.parameters()))
+
+
+def test_hash_checked_while_copying_names_the_file_and_both_digests(tmp_path):
+    m, opt = model_and_opt()
+    train(m, opt, 2)
+    r = ct.save(str(tmp_path / "step_000002.bin"), m, opt)
+    data = bytearray(open(r.path, "rb").read())
+    data[-1] ^= 0x40                                 # the last byte of v: hashed last, copied last
+    open(r.path, "wb").write(bytes(data))
+    m2, opt2 = model_and_opt(seed=4)
+    with pytest.raises(ckptfmt.errors.FingerprintMismatchError) as info:
+        ct.load(r.path, m2, opt2)
+    assert str(info.value).startswith(f"{r.path}: blake3 mismatch: manifest says {r.blake3}")
+    ct.load(r.path, m2, opt2, verify=False)          # opt-out: the damaged byte is loaded as it is
+    assert opt2.state[list(m2.parameters())[-1]]["exp_avg_sq"].view(-1)[-1].item() != \
+        opt.state[list(m.parameters())[-1]]["exp_avg_sq"].view(-1)[-1].item()
+
+
+def _mapped_rss_kb(path: str) -> int:
+    """Resident kB of this process's mappings of ``path`` (from /proc/self/smaps)."""
+    total, inside = 0, False
+    for line in open("/proc/self/smaps"):
+        fields = line.split()
+        if "-" in fields[0] and len(fields) >= 5:
+            inside = fields[-1] == path
+        elif inside and fields[0] == "Rss:":
+            total += int(fields[1])
+    return total
+
+
+def test_load_releases_the_mapped_file_as_it_copies(tmp_path):
+    torch.manual_seed(0)
+    m = torch.nn.Linear(1024, 1024)                  # 12.6 MB file
+    opt = torch.optim.AdamW(m.parameters())
+    m(torch.randn(2, 1024)).sum().backward()
+    opt.step()
+    r = ct.save(str(tmp_path / "step_000001.bin"), m, opt)
+    m2 = torch.nn.Linear(1024, 1024)
+    opt2 = torch.optim.AdamW(m2.parameters())
+    for verify in (False, True):
+        ck = ct.load(r.path, m2, opt2, verify=verify)
+        assert _mapped_rss_kb(r.path) < 1024, verify   # < 1 MB of 12.6 MB still resident
+        ck.close()
+        assert torch.equal(m2.weight, m.weight)
+        assert torch.equal(opt2.state[m2.weight]["exp_avg_sq"], opt.state[m.weight]["exp_avg_sq"])
