@@ -237,9 +237,11 @@ class Run:
 
     def commit(self, step: int, weights: Any, m: Any, v: Any, *, manifest: dict[str, Any],
                n_params: int | None = None) -> writer.SaveResult:
-        """Durably write and commit generation ``step``; a committed one is never overwritten."""
+        """Durably write and commit generation ``step``; a valid committed one is never
+        overwritten. A damaged one (it fails the deep check, e.g. a bit flip after a resume
+        fell back past it) is replaced, or the run could never pass that step again."""
         gen = next((g for g in self.generations() if g.step == step), None)
-        if gen is not None and gen.committed and check_generation(gen) is None:
+        if gen is not None and gen.committed and check_generation(gen, deep=True) is None:
             raise SaveError(str(gen.bin), "generation is committed already; refusing to overwrite")
         return writer.save_generation(self.path, step, weights, m, v, manifest=manifest,
                                       n_params=n_params, overwrite=gen is not None)

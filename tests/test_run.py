@@ -82,6 +82,15 @@ def test_numeric_order_and_no_overwrite(tmp_path):
     assert (tmp_path / "step_1000001.bin").read_bytes() == before
 
 
+def test_damaged_committed_generation_is_replaced_on_commit(tmp_path):
+    make(tmp_path, 100, n=3)
+    corrupt(tmp_path, 100, "bit_flip")              # only the deep check sees it
+    run = Run(tmp_path)
+    result = run.commit(100, *arrays(3, seed=5), manifest={})
+    assert run.latest(deep=True).step == 100
+    assert ckptfmt.open(result.path, verify=True).weights.tobytes() == arrays(3, seed=5)[0].tobytes()
+
+
 def test_uncommitted_leftover_is_replaced_on_commit(tmp_path):
     ckptfmt.save(tmp_path / "step_000100.bin", 100, *arrays(3), write_manifest=False)
     make(tmp_path, 50)

@@ -247,3 +247,21 @@ def test_no_valid_generation_is_never_a_fresh_start(tmp_path):
     (run / "step_000020.bin").write_bytes(b"\0" * 100)
     proc = train(run, 40)
     assert proc.returncode == 1 and "no valid generation" in proc.stderr
+
+
+def test_damaged_newest_generation_is_skipped_and_replaced(tmp_path, straight):
+    """A bit flip in the newest .bin: the resume falls back to the one before (with a warning),
+    rewrites the damaged step, and ends byte-identical to the straight run."""
+    run = tmp_path / "run"
+    assert train(run, 60).returncode == 0
+    path = run / "step_000060.bin"
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 4
+    path.write_bytes(bytes(data))
+    proc = train(run, N)
+    assert proc.returncode == 0, proc.stderr
+    assert "skipping generation 60: blake3 mismatch" in proc.stderr
+    assert "resumed from step_000040.bin" in proc.stderr
+    assert final(run, 60) == final(straight, 60) and final(run) == final(straight)
+    assert canonical(run) == canonical(straight)[:N]
+    assert validate_run(run).ok

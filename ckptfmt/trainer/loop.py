@@ -164,14 +164,15 @@ class Trainer:
         return gen.step
 
     def _agreed_latest(self):
-        """Rank 0 picks the newest valid generation; every rank takes the same one."""
+        """Rank 0 picks the newest valid generation, its hash checked (a damaged newest one is
+        skipped with a warning, not fatal); every rank takes the same one."""
         if self.world == 1:
-            return self.run.latest()
+            return self.run.latest(deep=True)
         from ..dist import gather_json
         error, step = None, None
         if self.is_main:
             try:
-                gen = self.run.latest()
+                gen = self.run.latest(deep=True)
                 step = gen.step if gen else None
             except CheckpointError as exc:
                 error = str(exc)
