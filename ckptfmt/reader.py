@@ -131,12 +131,17 @@ class Checkpoint:
         if end > start:
             self._mmap.madvise(mmap.MADV_DONTNEED, start, end - start)
 
-    def fingerprint(self, progress=None) -> str:
-        """blake3 of the whole file; mapped pages are released as they are hashed, so hashing
-        a 1.4 GB file does not leave 1.4 GB resident in this process."""
+    def fingerprint(self, progress=None, behind: "ReleaseBehind | None" = None,
+                    lane: int | None = None) -> str:
+        """blake3 of the whole file; mapped pages are released as they are hashed (or, given
+        ``behind`` and this reader's ``lane``, once every reader of the pass has passed them),
+        so hashing a 1.4 GB file does not leave 1.4 GB resident in this process."""
+        behind = behind or ReleaseBehind(self)
+        lane = behind.lane() if lane is None else lane
+
         def done(nbytes: int, state=[0]) -> None:
-            self.release(state[0], nbytes)
             state[0] += nbytes
+            behind.advance(lane, state[0])
             if progress is not None:
                 progress(nbytes)
         return fingerprint.of_buffer(memoryview(self._buffer), done)
@@ -147,11 +152,12 @@ class Checkpoint:
             return
         self.check_digest(self.fingerprint())
 
-    def verify_in_background(self) -> "BackgroundVerify":
+    def verify_in_background(self, behind: "ReleaseBehind | None" = None) -> "BackgroundVerify":
         """Start hashing on another thread (blake3 releases the GIL) so the caller can copy
-        out of the file at the same time; ``wait()`` raises what ``verify()`` would."""
+        out of the file at the same time; ``wait()`` raises what ``verify()`` would. Register
+        the caller's own lane in ``behind`` first, so pages wait for both readers."""
         self.require_manifest()
-        return BackgroundVerify(self)
+        return BackgroundVerify(self, behind)
 
     def require_manifest(self) -> None:
         if self.manifest is None:
@@ -184,22 +190,47 @@ class Checkpoint:
         return f"Checkpoint({self.path!r}, step={self.step}, n_params={self.n_params})"
 
 
-class BackgroundVerify:
-    """The file's blake3, computed on a second thread; ``position`` is how far it has read."""
+class ReleaseBehind:
+    """Releases a mapping's pages once every reader of one pass has gone past them (a hash
+    thread and a copy or scan in file order), so neither re-faults what the other dropped."""
 
     def __init__(self, ck: Checkpoint):
         self.ck = ck
-        self.position = 0
+        self.positions: list[int] = []
+        self.released = 0
+        self._lock = threading.Lock()
+
+    def lane(self) -> int:
+        """Register a reader starting at offset 0; returns its lane for ``advance``."""
+        with self._lock:
+            self.positions.append(0)
+            return len(self.positions) - 1
+
+    def advance(self, lane: int, offset: int) -> None:
+        """Reader ``lane`` is done with every byte below ``offset``."""
+        with self._lock:
+            self.positions[lane] = offset
+            safe = min(self.positions)
+            if safe > self.released:
+                self.ck.release(self.released, safe - self.released)
+                self.released = safe
+
+
+class BackgroundVerify:
+    """The file's blake3, computed on a second thread while the caller reads the same bytes."""
+
+    def __init__(self, ck: Checkpoint, behind: ReleaseBehind | None = None):
+        self.ck = ck
+        self.behind = behind or ReleaseBehind(ck)
+        self.lane = self.behind.lane()     # registered before any reader starts
         self._digest: str | None = None
         self._error: BaseException | None = None
         self._thread = threading.Thread(target=self._hash, name="ckptfmt-verify", daemon=True)
         self._thread.start()
 
     def _hash(self) -> None:
-        def advanced(nbytes: int) -> None:
-            self.position += nbytes
         try:
-            self._digest = fingerprint.of_buffer(self.ck.buffer(), advanced)
+            self._digest = self.ck.fingerprint(behind=self.behind, lane=self.lane)
         except BaseException as exc:   # re-raised in the caller's thread by wait()
             self._error = exc
 

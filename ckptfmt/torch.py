@@ -125,14 +125,16 @@ def load(source: "str | reader.Checkpoint", model: torch.nn.Module,
     """
     opened = isinstance(source, (str, bytes)) or not hasattr(source, "layout")
     ck = reader.open(source, manifest="require", copy_on_write=True) if opened else source
-    check = ck.verify_in_background() if opened and verify else None
+    behind = reader.ReleaseBehind(ck) if isinstance(ck, reader.Checkpoint) else None
+    lane = behind.lane() if behind is not None else None
+    check = ck.verify_in_background(behind) if opened and verify else None
     try:
         params = _checked_params(ck, model)
         targets = [("weights", params)]
         if optimizer is not None:
             states = prepare_optimizer(ck, model, optimizer)
             targets += [("m", [st["exp_avg"] for st in states]), ("v", [st["exp_avg_sq"] for st in states])]
-        _copy_regions(ck, targets, check)
+        _copy_regions(ck, targets, behind, lane)
     except BaseException:
         if check is not None:
             check.wait(check=False)
@@ -158,20 +160,20 @@ def _checked_params(ck: reader.Checkpoint, model: torch.nn.Module) -> list[torch
     return [params[e["name"]] for e in layout]
 
 
-def _copy_regions(ck: Any, targets: list[tuple[str, list[torch.Tensor]]], check: Any) -> None:
-    """Copy each region into its tensors in file order, releasing mapped pages behind both the
-    copy and the hashing thread (the page cache keeps them)."""
-    released = 0
+def _copy_regions(ck: Any, targets: list[tuple[str, list[torch.Tensor]]],
+                  behind: "reader.ReleaseBehind | None", lane: int | None) -> None:
+    """Copy each region into its tensors in file order; with ``behind``, mapped pages are
+    released once the copy and the hashing thread have both passed them (the page cache keeps
+    them)."""
     with torch.no_grad():
         for region, tensors in targets:
             base = fmt.region_offset(region, ck.n_params)
             for entry, t in zip(ck.layout, tensors):
                 t.copy_(_view(getattr(ck, region), entry))
-                done = base + (entry["offset"] + t.numel()) * fmt.ITEM
-                safe = done if check is None else min(done, check.position)
-                if isinstance(ck, reader.Checkpoint) and safe > released:
-                    ck.release(released, safe - released)
-                    released = safe
+                if behind is not None:
+                    behind.advance(lane, base + (entry["offset"] + t.numel()) * fmt.ITEM)
+    if behind is not None:
+        behind.advance(lane, ck.size)
 
 
 def _view(region: np.ndarray, entry: dict[str, Any]) -> torch.Tensor:

@@ -102,9 +102,12 @@ def _check_contents(report: Report, ckpt: reader.Checkpoint, doc: dict | None, d
                     progress=None) -> None:
     if not deep:
         return
+    behind = reader.ReleaseBehind(ckpt)
+    scan, hashing = behind.lane(), behind.lane() if doc is not None else None
     with ThreadPoolExecutor(1, "ckptfmt-validate") as pool:
-        digest = pool.submit(ckpt.fingerprint, progress) if doc is not None else None
-        _check_values(report, ckpt)
+        digest = pool.submit(ckpt.fingerprint, progress, behind, hashing) if doc is not None else None
+        _check_values(report, ckpt, lambda offset: behind.advance(scan, offset))
+        behind.advance(scan, ckpt.size)
         if digest is not None:
             got = digest.result()
             report.details["blake3"] = got
@@ -121,13 +124,14 @@ SCAN = 1 << 22   # elements per reduction pass
 INF_BITS = 0x7F800000
 
 
-def values_plausible(values: "np.ndarray", non_negative: bool) -> bool:
+def values_plausible(values: "np.ndarray", non_negative: bool, scanned=None) -> bool:
     """One reduction pass per chunk, so deep validation costs little beyond the hash.
 
     weights, m: a float32 sum is NaN/inf whenever an element is (a sum that overflows on huge
     finite values only sends us to the exact pass). v: finite and >= +0.0 is exactly "bit
     pattern below 0x7F800000" (-0.0 goes to the exact pass, which accepts it).
-    True proves the region clean; False means "count exactly".
+    True proves the region clean; False means "count exactly". ``scanned(k)``: called with the
+    number of elements done after each chunk.
     """
     bits = values.view(np.uint32)
     with np.errstate(over="ignore", invalid="ignore"):     # inf - inf is the signal, not an error
@@ -137,13 +141,18 @@ def values_plausible(values: "np.ndarray", non_negative: bool) -> bool:
                     return False
             elif not np.isfinite(np.add.reduce(values[start:start + SCAN])):
                 return False
+            if scanned is not None:
+                scanned(min(start + SCAN, values.size))
     return True
 
 
-def _check_values(report: Report, ckpt: reader.Checkpoint) -> None:
+def _check_values(report: Report, ckpt: reader.Checkpoint, done=None) -> None:
+    """``done(offset)``: every byte below ``offset`` has been scanned (pages may go)."""
     for name in fmt.REGIONS:
         values = getattr(ckpt, name)
-        if values_plausible(values, non_negative=name == "v"):
+        base = fmt.region_offset(name, ckpt.n_params)
+        scanned = None if done is None else (lambda k, base=base: done(base + k * fmt.ITEM))
+        if values_plausible(values, non_negative=name == "v", scanned=scanned):
             continue
         stats = region_stats(values)
         if stats.nan or stats.inf:

@@ -176,3 +176,34 @@ def test_core_imports_without_torch(tmp_path):
             "assert ckptfmt.validate(r.path).ok\n"
             "assert not any(m == 'torch' or m.startswith('torch.') for m in sys.modules if sys.modules[m])\n")
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_pages_are_released_only_behind_every_reader_of_a_pass():
+    from ckptfmt.reader import ReleaseBehind
+
+    class Mapping:
+        released: list = []
+
+        def release(self, offset, length):
+            self.released.append((offset, length))
+
+    ck = Mapping()
+    behind = ReleaseBehind(ck)
+    hashing, copy = behind.lane(), behind.lane()
+    behind.advance(hashing, 4096)
+    assert ck.released == []                         # the copy has not been there yet
+    behind.advance(copy, 1000)
+    behind.advance(copy, 8192)
+    behind.advance(hashing, 10000)
+    assert ck.released == [(0, 1000), (1000, 3096), (4096, 4096)]
+    behind.advance(hashing, 12000)
+    behind.advance(copy, 12000)
+    assert ck.released[-1] == (8192, 3808) and sum(n for _, n in ck.released) == 12000
+
+
+def test_deep_validate_releasing_pages_still_scans_and_hashes_every_byte(tmp_path):
+    w, m, v = arrays(100_000, seed=3)
+    v[-1] = -1.0
+    r = ckptfmt.save(tmp_path / "step_000001.bin", 1, w, m, v)
+    report = ckptfmt.validate(r.path)
+    assert [f.code for f in report.findings] == ["negative_v"] and report.details["blake3"] == r.blake3
