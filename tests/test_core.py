@@ -178,10 +178,12 @@ def test_core_imports_without_torch(tmp_path):
     subprocess.run([sys.executable, "-c", code], check=True)
 
 
-def test_pages_are_released_only_behind_every_reader_of_a_pass():
+def test_pages_are_released_only_behind_every_reader_of_a_pass(monkeypatch):
     from ckptfmt.reader import ReleaseBehind
+    monkeypatch.setattr(ReleaseBehind, "BATCH", 1000)
 
     class Mapping:
+        size = 12000
         released: list = []
 
         def release(self, offset, length):
@@ -192,13 +194,17 @@ def test_pages_are_released_only_behind_every_reader_of_a_pass():
     hashing, copy = behind.lane(), behind.lane()
     behind.advance(hashing, 4096)
     assert ck.released == []                         # the copy has not been there yet
+    behind.advance(copy, 999)
+    assert ck.released == []                         # less than a batch
     behind.advance(copy, 1000)
     behind.advance(copy, 8192)
     behind.advance(hashing, 10000)
     assert ck.released == [(0, 1000), (1000, 3096), (4096, 4096)]
     behind.advance(hashing, 12000)
-    behind.advance(copy, 12000)
-    assert ck.released[-1] == (8192, 3808) and sum(n for _, n in ck.released) == 12000
+    behind.advance(copy, 11500)
+    assert ck.released[-1] == (8192, 3308)
+    behind.advance(copy, 12000)                      # the end: the last partial batch goes
+    assert ck.released[-1] == (11500, 500) and sum(n for _, n in ck.released) == 12000
 
 
 def test_deep_validate_releasing_pages_still_scans_and_hashes_every_byte(tmp_path):

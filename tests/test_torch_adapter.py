@@ -131,17 +131,19 @@ def test_shape_mismatch_is_refused_before_any_value_is_copied(tmp_path):
     assert all(torch.equal(a, b) for a, b in zip(before, other.parameters()))
 
 
-def test_hash_checked_while_copying_names_the_file_and_both_digests(tmp_path):
+def test_hash_mismatch_names_both_digests_and_leaves_the_model_untouched(tmp_path):
     m, opt = model_and_opt()
     train(m, opt, 2)
     r = ct.save(str(tmp_path / "step_000002.bin"), m, opt)
     data = bytearray(open(r.path, "rb").read())
-    data[-1] ^= 0x40                                 # the last byte of v: hashed last, copied last
+    data[-1] ^= 0x40                                 # the last byte of v
     open(r.path, "wb").write(bytes(data))
     m2, opt2 = model_and_opt(seed=4)
+    before = [p.detach().clone() for p in m2.parameters()]
     with pytest.raises(ckptfmt.errors.FingerprintMismatchError) as info:
         ct.load(r.path, m2, opt2)
     assert str(info.value).startswith(f"{r.path}: blake3 mismatch: manifest says {r.blake3}")
+    assert all(torch.equal(a, b) for a, b in zip(before, m2.parameters())) and not opt2.state
     ct.load(r.path, m2, opt2, verify=False)          # opt-out: the damaged byte is loaded as it is
     assert opt2.state[list(m2.parameters())[-1]]["exp_avg_sq"].view(-1)[-1].item() != \
         opt.state[list(m.parameters())[-1]]["exp_avg_sq"].view(-1)[-1].item()
