@@ -53,7 +53,8 @@ def main() -> int:
     args = ap.parse_args()
     if args.worker:
         worker(args.config, args.reps, args.worker[1])
-        return 0
+        from ckptfmt.dist import exit_worker
+        exit_worker(0)
     results = []
     for world in (1, 2, 1, 2):            # alternate, keep the better of each
         d = tempfile.mkdtemp(dir=args.dir)

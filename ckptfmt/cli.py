@@ -522,6 +522,9 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
                      device=device, checkpoint_every=checkpoint_every, sample_every=sample_every,
                      keep_last=keep_last, keep_every=keep_every, async_save=async_save, amp=amp,
                      log_every=log_every, omit_rng_restore=omit_rng_restore, parallel=parallel)
+    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        from .dist import exit_worker
+        exit_worker(code)          # skip finalization: see exit_worker for the gloo abort it avoids
     sys.exit(code)
 
 

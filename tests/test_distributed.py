@@ -83,6 +83,7 @@ for step in (1, 2):
     cd.save_sharded(run, step, m, opt, meta())
     torch.save({k: v.clone() for k, v in m.state_dict().items()}, os.path.join(run, f"ref{step}-rank{rank}.pt"))
 dist.destroy_process_group()
+cd.exit_worker(0)
 '''
 
 
