@@ -4,9 +4,10 @@
     .venv/bin/python benchmarks/run.py --sizes 12.8M --reps 3 --skip-train
 
 Writes benchmarks/results/latest.json and benchmarks/results/latest.png; the tables in
-benchmarks/README.md are produced by ``--markdown``. Contenders alternate within each
+benchmarks/README.md come from ``benchmarks/report.py``. Contenders alternate within each
 repetition; buffers are prewarmed (this VM returns idle memory to the host, and touching it
-again runs at 0.5-0.9 GB/s). Scratch files go to --dir (default /work/bench or a temp dir).
+again runs at 0.5-0.9 GB/s). Scratch files go to a fresh directory under --dir (default
+/work/bench, else the temp dir), removed at the end; nothing else in --dir is touched.
 """
 from __future__ import annotations
 
@@ -391,8 +392,9 @@ def main() -> int:
     ap.add_argument("--out", default=str(HERE / "results" / "latest.json"))
     args = ap.parse_args()
     torch.set_num_threads(2)
-    d = Path(args.dir or tempfile.mkdtemp())
-    d.mkdir(parents=True, exist_ok=True)
+    if args.dir:
+        Path(args.dir).mkdir(parents=True, exist_ok=True)
+    d = Path(tempfile.mkdtemp(prefix="ckptfmt-bench-", dir=args.dir))   # ours alone: emptied per size
     res: dict[str, Any] = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
                            "command": " ".join([".venv/bin/python", "benchmarks/run.py"] + sys.argv[1:]),
                            "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
@@ -412,6 +414,7 @@ def main() -> int:
     from chart import draw
     draw(res, str(Path(args.out).with_suffix(".png")))
     print(json.dumps(res["goals"], indent=1))
+    shutil.rmtree(d, ignore_errors=True)
     return 0
 
 

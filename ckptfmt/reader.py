@@ -150,7 +150,10 @@ class Checkpoint:
             behind.advance(lane, state[0])
             if progress is not None:
                 progress(nbytes)
-        return fingerprint.of_buffer(memoryview(self._buffer), done)
+        try:
+            return fingerprint.of_buffer(memoryview(self._buffer), done)
+        finally:
+            behind.advance(lane, self.size)
 
     def verify(self) -> None:
         """Check the content hash against the manifest; a bare file has nothing to check."""
@@ -194,31 +197,38 @@ class ReleaseBehind:
     thread and a copy or scan in file order), so neither re-faults what the other dropped.
 
     Pages go in batches of ``BATCH`` bytes: one ``madvise`` per tensor cost a fifth of a 154 MB
-    load (benchmarks/README.md); per 32 MiB it costs next to nothing.
+    load (benchmarks/README.md); per 32 MiB it costs next to nothing. A reader more than
+    ``WINDOW`` bytes ahead of the slowest waits for it, so the pages mapped at once (and the
+    process's RSS) stay bounded however the two readers' speeds differ. Every reader must end
+    with ``advance(lane, ck.size)``, also when it fails, or the others would wait for it.
     """
 
     BATCH = 32 << 20
+    WINDOW = 64 << 20
 
     def __init__(self, ck: Checkpoint):
         self.ck = ck
         self.positions: list[int] = []
         self.released = 0
-        self._lock = threading.Lock()
+        self._cond = threading.Condition()
 
     def lane(self) -> int:
         """Register a reader starting at offset 0; returns its lane for ``advance``."""
-        with self._lock:
+        with self._cond:
             self.positions.append(0)
             return len(self.positions) - 1
 
     def advance(self, lane: int, offset: int) -> None:
         """Reader ``lane`` is done with every byte below ``offset`` (``ck.size``: finished)."""
-        with self._lock:
+        with self._cond:
             self.positions[lane] = offset
             safe = min(self.positions)
             if safe - self.released >= self.BATCH or (safe >= self.ck.size and safe > self.released):
                 self.ck.release(self.released, safe - self.released)
                 self.released = safe
+            self._cond.notify_all()
+            while offset < self.ck.size and offset - min(self.positions) > self.WINDOW:
+                self._cond.wait()
 
 
 def open(path: "str | os.PathLike[str]", *, manifest: str = "auto", verify: bool = False,

@@ -106,8 +106,10 @@ def _check_contents(report: Report, ckpt: reader.Checkpoint, doc: dict | None, d
     scan, hashing = behind.lane(), behind.lane() if doc is not None else None
     with ThreadPoolExecutor(1, "ckptfmt-validate") as pool:
         digest = pool.submit(ckpt.fingerprint, progress, behind, hashing) if doc is not None else None
-        _check_values(report, ckpt, lambda offset: behind.advance(scan, offset))
-        behind.advance(scan, ckpt.size)
+        try:
+            _check_values(report, ckpt, lambda offset: behind.advance(scan, offset))
+        finally:
+            behind.advance(scan, ckpt.size)     # never leave the hashing thread waiting
         if digest is not None:
             got = digest.result()
             report.details["blake3"] = got

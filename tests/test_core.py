@@ -213,3 +213,36 @@ def test_deep_validate_releasing_pages_still_scans_and_hashes_every_byte(tmp_pat
     r = ckptfmt.save(tmp_path / "step_000001.bin", 1, w, m, v)
     report = ckptfmt.validate(r.path)
     assert [f.code for f in report.findings] == ["negative_v"] and report.details["blake3"] == r.blake3
+
+
+def test_a_reader_far_ahead_waits_for_the_slowest_and_a_finished_one_frees_it(monkeypatch):
+    import threading
+    from ckptfmt.reader import ReleaseBehind
+    monkeypatch.setattr(ReleaseBehind, "BATCH", 10)
+    monkeypatch.setattr(ReleaseBehind, "WINDOW", 100)
+
+    class Mapping:
+        size = 1000
+
+        def release(self, offset, length):
+            pass
+
+    behind = ReleaseBehind(Mapping())
+    fast, slow = behind.lane(), behind.lane()
+    behind.advance(fast, 100)                        # at the window's edge: goes on
+    ahead = threading.Thread(target=behind.advance, args=(fast, 300))
+    ahead.start()
+    ahead.join(0.2)
+    assert ahead.is_alive()                          # 300 bytes ahead of the slow reader: waits
+    behind.advance(slow, 250)
+    ahead.join(5)
+    assert not ahead.is_alive()
+    waiting = threading.Thread(target=behind.advance, args=(fast, 990))
+    waiting.start()
+    waiting.join(0.2)
+    assert waiting.is_alive()
+    behind.advance(slow, 1000)                       # the slow reader ends (or fails and says so)
+    waiting.join(5)
+    assert not waiting.is_alive()
+    behind.advance(fast, 1000)
+    assert behind.released == 1000
