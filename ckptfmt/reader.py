@@ -120,12 +120,6 @@ class Checkpoint:
         """The whole file as bytes, without a copy."""
         return memoryview(self._buffer)
 
-    def prefetch(self) -> None:
-        """Ask the kernel to read the whole file ahead (``MADV_WILLNEED``): a cold load then
-        hashes and copies pages that are already arriving instead of faulting them one by one."""
-        if self._mmap is not None and hasattr(mmap, "MADV_WILLNEED"):
-            self._mmap.madvise(mmap.MADV_WILLNEED)
-
     def release(self, offset: int, length: int) -> None:
         """Drop our mapping of a byte range already processed (the page cache keeps the data),
         so streaming over a 1.4 GB file does not grow the process's RSS to 1.4 GB."""
@@ -159,13 +153,7 @@ class Checkpoint:
         """Check the content hash against the manifest; a bare file has nothing to check."""
         if self.manifest is None:
             return
-        self.check_digest(self.fingerprint())
-
-    def require_manifest(self) -> None:
-        if self.manifest is None:
-            raise mf.ManifestError(self.path, "cannot verify: no manifest beside the file (a bare, unverified file)")
-
-    def check_digest(self, digest: str) -> None:
+        digest = self.fingerprint()
         if digest != self.manifest["blake3"]:
             raise FingerprintMismatchError(self.path, f"blake3 mismatch: manifest says "
                                            f"{self.manifest['blake3']}, file hashes to {digest}",
@@ -253,7 +241,8 @@ def open(path: "str | os.PathLike[str]", *, manifest: str = "auto", verify: bool
         os.close(fd)
     ckpt = Checkpoint(path, step, n, size, mm, doc, mm)
     if verify:
-        ckpt.require_manifest()
+        if doc is None:
+            raise mf.ManifestError(path, "cannot verify: no manifest beside the file (a bare, unverified file)")
         ckpt.verify()
     return ckpt
 

@@ -124,15 +124,12 @@ def load(source: "str | reader.Checkpoint", model: torch.nn.Module,
     """
     opened = isinstance(source, (str, bytes)) or not hasattr(source, "layout")
     ck = reader.open(source, manifest="require", copy_on_write=True) if opened else source
-    if opened:
-        ck.prefetch()
     params = _checked_params(ck, model)
     if opened and verify:
         ck.verify()
     targets = [("weights", params)]
     if optimizer is not None:
-        states = prepare_optimizer(ck, model, optimizer)
-        targets += [("m", [st["exp_avg"] for st in states]), ("v", [st["exp_avg_sq"] for st in states])]
+        targets += _moment_targets(prepare_optimizer(ck, model, optimizer))
     _copy_regions(ck, targets)
     return ck
 
@@ -160,11 +157,11 @@ def _copy_regions(ck: Any, targets: list[tuple[str, list[torch.Tensor]]]) -> Non
     lane = behind.lane() if behind is not None else 0
     with torch.no_grad():
         for region, tensors in targets:
-            base = fmt.region_offset(region, ck.n_params)
             for entry, t in zip(ck.layout, tensors):
                 t.copy_(_view(getattr(ck, region), entry))
                 if behind is not None:
-                    behind.advance(lane, base + (entry["offset"] + t.numel()) * fmt.ITEM)
+                    offset = fmt.region_offset(region, ck.n_params) + (entry["offset"] + t.numel()) * fmt.ITEM
+                    behind.advance(lane, offset)
     if behind is not None:
         behind.advance(lane, ck.size)
 
@@ -176,11 +173,12 @@ def _view(region: np.ndarray, entry: dict[str, Any]) -> torch.Tensor:
 
 def load_optimizer(ck: "reader.Checkpoint | Any", model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """``ck``: a Checkpoint, or anything with ``layout``, ``manifest``, ``path``, ``m`` and ``v``."""
-    states = prepare_optimizer(ck, model, optimizer)
-    with torch.no_grad():
-        for entry, st in zip(ck.layout, states):
-            st["exp_avg"].copy_(_view(ck.m, entry))
-            st["exp_avg_sq"].copy_(_view(ck.v, entry))
+    _copy_regions(ck, _moment_targets(prepare_optimizer(ck, model, optimizer)))
+
+
+def _moment_targets(states: list[dict[str, Any]]) -> list[tuple[str, list[torch.Tensor]]]:
+    """Where m and v go: each parameter's ``exp_avg`` and ``exp_avg_sq``."""
+    return [("m", [st["exp_avg"] for st in states]), ("v", [st["exp_avg_sq"] for st in states])]
 
 
 def prepare_optimizer(ck: "reader.Checkpoint | Any", model: torch.nn.Module,

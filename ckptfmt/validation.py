@@ -102,8 +102,9 @@ def _check_contents(report: Report, ckpt: reader.Checkpoint, doc: dict | None, d
                     progress=None) -> None:
     if not deep:
         return
-    behind = reader.ReleaseBehind(ckpt)
-    scan, hashing = behind.lane(), behind.lane() if doc is not None else None
+    behind = reader.ReleaseBehind(ckpt)      # pages go once the scan and the hash have passed
+    scan = behind.lane()
+    hashing = behind.lane() if doc is not None else None
     with ThreadPoolExecutor(1, "ckptfmt-validate") as pool:
         digest = pool.submit(ckpt.fingerprint, progress, behind, hashing) if doc is not None else None
         try:
