@@ -141,7 +141,7 @@ class Trainer:
             if self.is_main:
                 self.run.history.event("start", 0, config=self.cfg.name, world_size=self.world)
             return 0
-        ck = open_generation(gen)
+        ck = open_generation(gen, verify=not self.is_main)   # rank 0 hashed it in _agreed_latest
         with ck:
             doc = ck.manifest
             mf.require(str(gen.manifest), doc)
@@ -444,12 +444,13 @@ def train(run_dir: str, config_name: str, steps: int, *, seed: int | None = None
             trainer.run.history.close()
 
 
-def open_generation(gen):
-    """A verified, copy-on-write view of a generation, single file or sharded."""
+def open_generation(gen, verify: bool = True):
+    """A copy-on-write view of a generation, single file or sharded, hashed unless the caller
+    has just checked it deeply (``verify=False``)."""
     if gen.bin is None and gen.shards is not None:
         from ..shards import ShardedCheckpoint
-        return ShardedCheckpoint(gen.manifest, verify=True)
-    return reader.open(gen.bin, manifest="require", verify=True, copy_on_write=True)
+        return ShardedCheckpoint(gen.manifest, verify=verify)
+    return reader.open(gen.bin, manifest="require", verify=verify, copy_on_write=True)
 
 
 def _train_distributed(run_dir: str, cfg: cfgmod.TrainConfig, steps: int, flags: Flags,
