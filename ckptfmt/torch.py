@@ -117,8 +117,9 @@ def load(source: "str | reader.Checkpoint", model: torch.nn.Module,
 
     Given a path, the file is mapped copy-on-write (``torch.from_numpy`` needs writable views),
     names and shapes are checked, and with ``verify`` the whole file is hashed, all before the
-    first value is copied: a damaged file never touches the model. (Hashing while copying was
-    measured and is no faster on two cores: blake3 and torch's copy each use both.) An already
+    first value is copied: a damaged file never touches the model. (Hashing while copying
+    measured at most a few percent faster on two cores, where blake3 and torch's copy each use
+    both: benchmarks/load_variants.py. Not worth a damaged file in the model.) An already
     open ``Checkpoint`` is taken as it is; its caller decides whether it was verified. Mapped
     pages are released behind the copy, so a load does not leave the whole file resident.
     """
