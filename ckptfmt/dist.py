@@ -135,39 +135,25 @@ def load_into(source: Any, model: torch.nn.Module, optimizer: torch.optim.Optimi
     if not is_sharded_model(model):
         ct.load(source, model, optimizer)
         return
-    from torch.distributed.tensor import DTensor
     layout = {e["name"]: e for e in source.layout}
     read = source.read if hasattr(source, "read") else (lambda region, a, b: getattr(source, region)[a:b].copy())
-    locals_: dict[int, dict[str, torch.Tensor]] = {}
+    ranges: dict[int, tuple[int, int]] = {}
+
+    def fill(local: torch.Tensor, region: str, a: int, b: int) -> None:
+        local.copy_(torch.from_numpy(read(region, a, b)).view(local.shape))
     with torch.no_grad():
         for name, p in model.named_parameters():
             entry = layout[name]
             if list(p.shape) != entry["shape"]:
                 raise ct.CheckpointError(source.path, f"{name}: shape {entry['shape']} in the file, {list(p.shape)} in the model")
-            a, b = _local_flat_range(p, entry["offset"])
-            local = p.to_local()
-            local.copy_(torch.from_numpy(read("weights", a, b)).view(local.shape))
-            locals_[id(p)] = {r: torch.from_numpy(read(r, a, b)).view(local.shape).to(local.device) for r in ("m", "v")}
-    if optimizer is None:
-        return
-    opt = source.manifest.get("optimizer") or {}
-    if "step" not in opt or "hyperparams" not in opt:
-        raise ct.IncompleteResumeStateError(source.path, "cannot resume the optimizer: manifest lacks optimizer.step / optimizer.hyperparams")
-    sd = optimizer.state_dict()
-    ordered = [p for g in optimizer.param_groups for p in g["params"]]
-    state = {}
-    for index, p in enumerate(ordered):
-        if opt["step"] == 0:
-            continue
-        mine = locals_[id(p)]
-        state[index] = {"step": torch.tensor(float(opt["step"]), dtype=torch.float32),
-                        "exp_avg": DTensor.from_local(mine["m"], p.device_mesh, p.placements, shape=p.shape, stride=p.stride()),
-                        "exp_avg_sq": DTensor.from_local(mine["v"], p.device_mesh, p.placements, shape=p.shape, stride=p.stride())}
-    sd["state"] = state
-    for group, saved in zip(sd["param_groups"], opt["hyperparams"]):
-        for key, value in saved.items():
-            group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
-    optimizer.load_state_dict(sd)
+            ranges[id(p)] = _local_flat_range(p, entry["offset"])
+            fill(p.to_local(), "weights", *ranges[id(p)])
+        if optimizer is None:
+            return
+        states = ct.prepare_optimizer(source, model, optimizer)   # DTensor state like the params
+        for p, st in zip(model.parameters(), states):
+            fill(st["exp_avg"].to_local(), "m", *ranges[id(p)])
+            fill(st["exp_avg_sq"].to_local(), "v", *ranges[id(p)])
 
 
 def _local_flat_range(p: torch.Tensor, offset: int) -> tuple[int, int]:
