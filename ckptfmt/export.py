@@ -14,6 +14,8 @@ import time
 from pathlib import Path
 from typing import Any, Callable
 
+import zstandard
+
 from . import atomic, fingerprint
 from . import history as hist
 from . import manifest as mf
@@ -205,7 +207,6 @@ def archive(run_dir: str, archive_path: str, **options: Any) -> dict[str, Any]:
 
 def _read_archive(path: Path, dest: Path | None) -> dict[str, str]:
     """blake3 of every member (extracting into ``dest`` when given); refuses unsafe members."""
-    import zstandard
     digests = {}
     with open(path, "rb") as f, zstandard.ZstdDecompressor().stream_reader(f) as z, \
             tarfile.open(fileobj=z, mode="r|") as tar:
@@ -237,7 +238,7 @@ def import_archive(archive_path: str, dest: str) -> dict[str, Any]:
     _prepare_dest(out)
     try:
         digests = _read_archive(Path(archive_path), out)
-    except (tarfile.TarError, OSError, ValueError) as exc:
+    except (tarfile.TarError, OSError, ValueError, zstandard.ZstdError) as exc:
         raise ExportError(archive_path, f"cannot unpack: {exc}") from None
     try:
         doc = json.loads((out / ARCHIVE_MANIFEST).read_text())

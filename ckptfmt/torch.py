@@ -79,7 +79,7 @@ def chunks(tensors: list[torch.Tensor]) -> Iterator[Any]:
         if t.device.type == "cpu":
             yield t.contiguous().view(-1).numpy()
             continue
-        if not staging:   # two pinned buffers: the writer hashes one while the next is filled
+        if not staging:   # refilled only when the writer resumes us: spec/FORMAT.md §5.7.1
             pin = torch.cuda.is_available()
             staging = [torch.empty(STAGING // 4, dtype=torch.float32, pin_memory=pin) for _ in range(2)]
         flat = t.contiguous().view(-1)

@@ -12,7 +12,7 @@ from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
@@ -108,10 +108,14 @@ def _agree_on_n(path: str, counts: tuple[int, ...], n_params: int | None) -> int
 
 
 def _write_hashed(path: str, header: bytes, sources: tuple, n: int) -> str:
-    """Write every chunk while a second thread hashes the previous ones, in order.
+    """Write every chunk while a second thread hashes it, in order.
 
-    At most one chunk's hash is outstanding when the next chunk is pulled, so a producer that
-    alternates two staging buffers (the CUDA path) never has a buffer overwritten mid-hash.
+    Buffer contract (spec/FORMAT.md §5.1): a buffer a region iterator yields is read by the
+    writer and the hasher until the writer asks that iterator for its next piece; by then every
+    byte of every earlier piece has been written and hashed, so the producer may refill any
+    buffer it yielded before (the CUDA staging pair, or one scratch buffer). Within one piece,
+    and across pieces of a list or array (which nobody can refill), hashing chunk k overlaps
+    writing chunk k+1.
     """
     hasher = fingerprint.hasher(1)
     expected = fmt.file_size(n)
@@ -119,13 +123,16 @@ def _write_hashed(path: str, header: bytes, sources: tuple, n: int) -> str:
         atomic.remove(mf.path_for(path))
     with atomic.AtomicWriter(path) as out, ThreadPoolExecutor(1, "ckptfmt-hash") as pool:
         pending: deque[Future] = deque()
-        for chunk in _chunks_with_header(header, sources):
-            while len(pending) > 1:
+
+        def drain(keep: int = 0) -> None:
+            while len(pending) > keep:
                 pending.popleft().result()
+
+        for chunk in _chunks_with_header(header, sources, drain):
+            drain(keep=1)
             pending.append(pool.submit(hasher.update, chunk))
             out.write(chunk)
-        for fut in pending:
-            fut.result()
+        drain()
         if out.offset != expected:
             raise SaveError(path, f"regions hold {out.offset - fmt.HEADER_SIZE} bytes, header "
                                   f"promises {expected - fmt.HEADER_SIZE}", expected=expected, got=out.offset)
@@ -133,10 +140,23 @@ def _write_hashed(path: str, header: bytes, sources: tuple, n: int) -> str:
     return hasher.hexdigest()
 
 
-def _chunks_with_header(header: bytes, sources: tuple) -> Iterator[memoryview]:
+def _chunks_with_header(header: bytes, sources: tuple,
+                        drain: Callable[[], None]) -> Iterator[memoryview]:
     yield memoryview(header)
     for views in sources:
-        yield from _chunks(views)
+        yield from _chunks(views if isinstance(views, list) else _pulled(views, drain))
+
+
+def _pulled(views: Iterable[memoryview], drain: Callable[[], None]) -> Iterator[memoryview]:
+    """Resume a producer only once nothing it yielded is still being hashed (the contract)."""
+    it = iter(views)
+    while True:
+        drain()
+        try:
+            view = next(it)
+        except StopIteration:
+            return
+        yield view
 
 
 def save_generation(directory: "str | os.PathLike[str]", step: int, weights: Region, m: Region,

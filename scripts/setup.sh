@@ -4,6 +4,14 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
+# System tools the tests run as a user would (zstd -d, b3sum --check): Debian packages.
+need=""
+for tool in zstd b3sum; do command -v "$tool" >/dev/null || need="$need $tool"; done
+if [ -n "$need" ]; then
+  if [ "$(id -u)" = 0 ]; then SUDO=""; elif command -v sudo >/dev/null; then SUDO="sudo -n"; else SUDO="false"; fi
+  { $SUDO apt-get update -qq && $SUDO apt-get install -y -qq $need; } >/dev/null 2>&1 \
+    || { echo "setup: could not install$need (apt-get as root); install them and rerun" >&2; exit 2; }
+fi
 [ -x .venv/bin/python ] || "$PY" -m venv .venv
 stamp=.venv/.ckptfmt-installed
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
