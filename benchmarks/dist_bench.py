@@ -25,7 +25,7 @@ def worker(config: str, reps: int, out: str) -> None:
     import torch.distributed as dist
     sys.path.insert(0, str(Path(__file__).resolve().parent))
     from run import build_state
-    from ckptfmt.dist import save_sharded
+    from ckptfmt.torch.distributed import save_sharded
     dist.init_process_group("gloo")
     torch.set_num_threads(1)
     model, opt = build_state(config)
@@ -53,7 +53,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.worker:
         worker(args.config, args.reps, args.worker[1])
-        from ckptfmt.dist import exit_worker
+        from ckptfmt.torch.distributed import exit_worker
         exit_worker(0)
     results = []
     for world in (1, 2, 1, 2):            # alternate, keep the better of each

@@ -22,7 +22,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from run import build_state  # noqa: E402
 
 import ckptfmt.torch as ct  # noqa: E402
-from ckptfmt.export import export  # noqa: E402
+from ckptfmt.tools.export import export  # noqa: E402
 
 
 def main() -> int:

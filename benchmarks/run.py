@@ -244,8 +244,8 @@ def bench_open(d: Path, reps: int) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- validate, diff, convert
 def bench_validate_diff(d: Path, reps: int, nbytes: int, model, opt) -> dict[str, Any]:
-    from ckptfmt.diff import diff
-    from ckptfmt.validation import validate_file
+    from ckptfmt.tools.diff import diff
+    from ckptfmt.tools.validate import validate_file
     a = d / "step_001000.bin"
     other = d / "other"
     other.mkdir(exist_ok=True)
@@ -271,7 +271,7 @@ def bench_validate_diff(d: Path, reps: int, nbytes: int, model, opt) -> dict[str
 
 def bench_compress(src: str, d: Path) -> dict[str, Any]:
     """Compression choices on a trained checkpoint: level x byte planes, ratio and GB/s."""
-    from ckptfmt import convert as cv
+    from ckptfmt.tools import convert as cv
     out = {}
     source = cv.load(src)
     size = os.path.getsize(src)

@@ -15,8 +15,12 @@ __version__ = "0.1.0"
 
 
 def validate(path, *, deep: bool = True):
-    """See :func:`ckptfmt.validation.validate_path` (imported lazily to keep ``open`` cheap)."""
-    from .validation import validate_path
+    """Validate a ``.bin`` or a run directory: a ``Report`` (see ``ckptfmt.tools.validate``).
+
+    The one declared upward reference of the core (spec/FORMAT.md "Architecture"): the tools
+    layer is imported here, lazily, so ``import ckptfmt`` and ``open`` stay cheap.
+    """
+    from .tools.validate import validate_path  # upward, lazy: the declared exception
     return validate_path(path, deep=deep)
 
 

@@ -8,16 +8,18 @@ retry that could report success after the kernel dropped the data, PostgreSQL "f
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
 from pathlib import Path
-from typing import Iterable
+from typing import Any, Iterable
 
-from . import fsio
+from . import fingerprint, fsio
 from .errors import SaveError
 from .format import TEMP_PREFIX
 
 WRITEBACK_EVERY = 64 << 20   # start writeback every 64 MiB (spec §5: speed-up only)
+COPY_CHUNK = 8 << 20         # bytes per read/write in copy_verified
 
 
 def temp_path_for(final: "str | os.PathLike[str]") -> str:
@@ -125,3 +127,45 @@ def remove(path: "str | os.PathLike[str]") -> None:
     except OSError as exc:
         raise SaveError(path, f"cannot remove: {exc.strerror or exc}") from exc
     sync_dir_of(path)
+
+
+def make_durable_dir(path: Path) -> None:
+    """mkdir -p, fsyncing each parent whose entry was created, so a new run directory survives
+    a power cut together with the first generation committed into it."""
+    missing = []
+    p = path
+    while not p.exists():
+        missing.append(p)
+        p = p.parent
+    for d in reversed(missing):
+        try:
+            d.mkdir()
+        except FileExistsError:
+            continue
+        fsio.fsync_dir(str(d.parent))
+
+
+def write_json(path: "str | os.PathLike[str]", value: Any) -> None:
+    write_bytes(path, (json.dumps(value, indent=1, sort_keys=True) + "\n").encode())
+
+
+def copy_verified(src: Path, dst: Path, expected: str | None, progress=None) -> str:
+    """Copy through the durable write, hashing as it goes; refuse a copy whose hash differs."""
+    size = src.stat().st_size
+    with open(src, "rb") as f, AtomicWriter(dst) as out:
+        h = fingerprint.hasher(0)
+        while True:
+            chunk = f.read(COPY_CHUNK)
+            if not chunk:
+                break
+            h.update(chunk)
+            out.write(chunk)
+            if progress is not None:
+                progress(len(chunk))
+        digest = h.hexdigest()
+        if expected is not None and digest != expected:
+            raise SaveError(str(dst), f"copy of {src} hashes to {digest}, expected {expected}")
+        if out.offset != size:
+            raise SaveError(str(dst), f"copied {out.offset} bytes, source has {size}")
+        out.commit()
+    return digest

@@ -119,6 +119,17 @@ def check_matches(manifest_path: str, doc: dict[str, Any], bin_path: str, *,
                                         expected=doc[field], got=actual)
 
 
+def json_fields(state: dict[str, Any]) -> dict[str, Any]:
+    """The entries of a ``state_dict()`` (scheduler, GradScaler) that JSON holds as they are:
+    None, bool, int, float, str and lists. Tensors and other objects are left out; a caller
+    that needs them stores them elsewhere.
+
+    >>> json_fields({"last_epoch": 3, "gamma": 0.5, "verbose": False, "fn": print})
+    {'last_epoch': 3, 'gamma': 0.5, 'verbose': False}
+    """
+    return {k: v for k, v in state.items() if v is None or isinstance(v, (bool, int, float, str, list))}
+
+
 def get_dotted(doc: dict[str, Any], dotted: str) -> Any:
     node: Any = doc
     for part in dotted.split("."):

@@ -55,8 +55,7 @@ def save_shard(run_dir: "str | os.PathLike[str]", step: int, rank: int, world: i
                weights: Any, m: Any, v: Any) -> dict[str, Any]:
     """Durably write one rank's shard; returns the row rank 0 puts in the manifest."""
     directory = shards_dir(run_dir, step)
-    from .run import make_durable_dir
-    make_durable_dir(directory)
+    atomic.make_durable_dir(directory)
     path = directory / shard_name(rank, world)
     result = writer.save(path, step, weights, m, v, n_params=stop - start, write_manifest=False, overwrite=True)
     return {"file": path.name, "rank": rank, "start": start, "stop": stop, "size": result.size,
@@ -208,10 +207,9 @@ def remove(manifest_path: Path, directory: Path) -> None:
 
 def split(src: "str | os.PathLike[str]", run_dir: "str | os.PathLike[str]", world: int) -> Path:
     """Split one .bin into ``world`` shards plus a manifest in ``run_dir``."""
-    from .run import make_durable_dir
     ck = reader.open(src, check_name=False)
     with ck:
-        make_durable_dir(Path(run_dir))
+        atomic.make_durable_dir(Path(run_dir))
         rows = []
         for rank in range(world):
             lo, hi = partition(ck.n_params, world, rank)

@@ -16,7 +16,9 @@ import tempfile
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 
-from ckptfmt import history, manifest, safetensors_io  # noqa: E402
+from ckptfmt.run import history  # noqa: E402
+from ckptfmt import manifest  # noqa: E402
+from ckptfmt.tools.convert import safetensors as safetensors_io  # noqa: E402
 from ckptfmt.errors import CheckpointError  # noqa: E402
 from ckptfmt.reader import from_bytes  # noqa: E402
 

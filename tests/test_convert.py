@@ -3,7 +3,7 @@ import pytest
 
 import ckptfmt
 from ckptfmt import fingerprint
-from ckptfmt.convert import convert, load, planes, unplanes
+from ckptfmt.tools.convert import convert, load, planes, unplanes
 from ckptfmt.errors import ConvertError, DestinationExistsError
 from conftest import arrays
 
@@ -65,7 +65,7 @@ def test_weights_only_export(tmp_path, src, dtype, code):
 
 
 def test_bfloat16_rounds_to_nearest_even():
-    from ckptfmt.convert import cast
+    from ckptfmt.tools.convert import cast
     torch = pytest.importorskip("torch")
     x = np.random.default_rng(1).standard_normal(10_000).astype("<f4")
     x[:3] = [np.nan, -0.0, np.float32(3.0e38)]

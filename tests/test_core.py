@@ -169,8 +169,8 @@ def test_core_imports_without_torch(tmp_path):
     import subprocess
     import sys
     code = ("import sys; sys.modules['torch'] = None\n"
-            "import ckptfmt, ckptfmt.cli, ckptfmt.validation, ckptfmt.diff, ckptfmt.convert, ckptfmt.run, "
-            "ckptfmt.runops, ckptfmt.export, ckptfmt.summary\n"
+            "import ckptfmt, ckptfmt.cli, ckptfmt.tools.validate, ckptfmt.tools.diff, ckptfmt.tools.convert, "
+            "ckptfmt.run, ckptfmt.tools.export, ckptfmt.tools.inspect, ckptfmt.tools.plot\n"
             "import numpy as np\n"
             f"r = ckptfmt.save({str(tmp_path / 'a.bin')!r}, 1, np.ones(3, '<f4'), np.ones(3, '<f4'), np.ones(3, '<f4'))\n"
             "assert ckptfmt.validate(r.path).ok\n"

@@ -17,11 +17,11 @@ torch = pytest.importorskip("torch")
 pytestmark = pytest.mark.xdist_group("torchrun")
 
 import ckptfmt  # noqa: E402
-from ckptfmt import history as hist  # noqa: E402
+from ckptfmt.run import history as hist  # noqa: E402
 from ckptfmt import shards  # noqa: E402
-from ckptfmt.convert import convert  # noqa: E402
+from ckptfmt.tools.convert import convert  # noqa: E402
 from ckptfmt.run import Run  # noqa: E402
-from ckptfmt.runops import validate_run  # noqa: E402
+from ckptfmt.tools.validate import validate_run  # noqa: E402
 
 from conftest import last_step  # noqa: E402
 
@@ -32,7 +32,7 @@ def torchrun(*args, nproc=2):
 
 
 def train_argv(run, steps, nproc=2, every=20, parallel="ddp"):
-    return torchrun("-m", "ckptfmt.trainer", "--run-dir", str(run), "--steps", str(steps), "--checkpoint-every",
+    return torchrun("-m", "ckptfmt.cli", "train", "--run-dir", str(run), "--steps", str(steps), "--checkpoint-every",
                     str(every), "--sample-every", "0", "--log-every", "100000", "--parallel", parallel, nproc=nproc)
 
 
@@ -62,7 +62,8 @@ def _find_rank(tag: str, rank: int) -> int | None:
 
 SAVE_SCRIPT = r'''
 import os, sys, torch, torch.distributed as dist
-from ckptfmt import dist as cd, fsio
+from ckptfmt.torch import distributed as cd
+from ckptfmt import fsio
 from ckptfmt.run import Run
 import ckptfmt.torch as ct
 dist.init_process_group("gloo")
@@ -109,7 +110,7 @@ def test_save_with_2_ranks_load_with_1_2_and_3(tmp_path):
         assert step == 2 and len(data) == 8 + 12 * int(n)
     ref = torch.load(run / "ref2-rank0.pt", weights_only=True)
     import ckptfmt.torch as ct
-    from ckptfmt.dist import load_range, load_sharded
+    from ckptfmt.torch.distributed import load_range, load_sharded
     m = torch.nn.Sequential(torch.nn.Linear(64, 33), torch.nn.Linear(33, 7))
     opt = torch.optim.AdamW(m.parameters(), lr=0.5)
     load_sharded(gen.manifest, m, opt)                              # world size 1

@@ -8,7 +8,7 @@ pytest.importorskip("torch")
 
 import ckptfmt  # noqa: E402
 from ckptfmt.errors import DestinationExistsError, ExportError  # noqa: E402
-from ckptfmt.export import INCOMPLETE, archive, export, import_archive  # noqa: E402
+from ckptfmt.tools.export import INCOMPLETE, archive, export, import_archive  # noqa: E402
 from conftest import arrays, cli, seed_write  # noqa: E402
 
 PY = sys.executable

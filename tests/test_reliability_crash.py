@@ -12,7 +12,7 @@ import pytest
 
 import ckptfmt
 from ckptfmt import fsio
-from ckptfmt import history as hist
+from ckptfmt.run import history as hist
 from ckptfmt.errors import CheckpointError, SaveError
 from ckptfmt.run import Run
 from faults import arrays, base_run, clone, expected_digest, scale, writer_argv

@@ -18,7 +18,7 @@ import numpy as np
 
 import ckptfmt
 from ckptfmt import fsio
-from ckptfmt import history as hist
+from ckptfmt.run import history as hist
 from ckptfmt.errors import NoValidGenerationError
 from ckptfmt.run import Run
 from faults import arrays, expected_digest

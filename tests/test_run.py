@@ -10,10 +10,12 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 import ckptfmt
-from ckptfmt import history as hist
+from ckptfmt.run import history as hist
 from ckptfmt.errors import NoValidGenerationError, RunLockedError, SaveError
 from ckptfmt.run import Run, RunLock, check_generation, plan_retention
-from ckptfmt.runops import bisect, fork, ls_run, pivot, validate_run, zombie_arms
+from ckptfmt.run.ops import bisect, fork, ls_run, pivot
+from ckptfmt.tools.validate import validate_run
+from ckptfmt.run import zombie_arms
 from conftest import arrays, make
 
 warnings.simplefilter("ignore", UserWarning)
@@ -311,7 +313,7 @@ def test_bare_run_is_valid_but_unverified(tmp_path):
 
 
 def test_plot_series_marks_events(tmp_path):
-    from ckptfmt.plot import series
+    from ckptfmt.tools.plot import series
     make(tmp_path, 2)
     h = hist.History(tmp_path / ".loss.json")
     for s in (1, 2, 3):

@@ -13,9 +13,9 @@ import pytest
 pytest.importorskip("torch")
 
 import ckptfmt  # noqa: E402
-from ckptfmt import history as hist  # noqa: E402
+from ckptfmt.run import history as hist  # noqa: E402
 from ckptfmt.run import Run  # noqa: E402
-from ckptfmt.runops import validate_run  # noqa: E402
+from ckptfmt.tools.validate import validate_run  # noqa: E402
 
 from conftest import last_step  # noqa: E402
 

@@ -4,8 +4,8 @@ import numpy as np
 import pytest
 
 import ckptfmt
-from ckptfmt.diff import diff, ordered_bits
-from ckptfmt.validation import validate_file
+from ckptfmt.tools.diff import diff, ordered_bits
+from ckptfmt.tools.validate import validate_file
 from conftest import arrays, make, seed_write
 
 
@@ -143,7 +143,7 @@ def test_progress_callbacks_cover_every_byte(tmp_path):
 
 
 def test_terminal_bar_stays_silent_off_a_terminal(capsys):
-    from ckptfmt.progress import terminal_bar
+    from ckptfmt.cli.progress import terminal_bar
     with terminal_bar("x", 10**12) as bar:
         assert bar is None              # pytest's stderr is not a TTY
     with terminal_bar("x", 10**12, quiet=True) as bar:

@@ -9,7 +9,7 @@ import pytest
 
 pytest.importorskip("torch")
 
-from ckptfmt.verify import Deviation, check_pair, compare  # noqa: E402
+from ckptfmt.verify.protocol import Deviation, check_pair, compare  # noqa: E402
 from conftest import cli  # noqa: E402
 
 
@@ -45,7 +45,7 @@ def test_each_broken_piece_exits_1_and_names_its_check(tmp_path, fault, check):
 
 
 def test_a_toothless_negative_control_fails(tmp_path):
-    mini = f"{shlex.quote(sys.executable)} -B -m ckptfmt.mini --steps {{steps}} --output {{output}} {{resume}}"
+    mini = f"{shlex.quote(sys.executable)} -B -m ckptfmt.trainer.mini --steps {{steps}} --output {{output}} {{resume}}"
     proc = cli("verify-resume", "--output", str(tmp_path / "p"), "--trainer", "command", "--command", mini, "--json")
     assert proc.returncode == 1
     result = json.loads(proc.stdout)
@@ -87,7 +87,7 @@ def test_comparison_reports_structure_and_non_finite():
 
 
 def test_mini_runs_standalone_with_the_seed_flags(tmp_path):
-    run = lambda *a: subprocess.run([sys.executable, "-B", "-m", "ckptfmt.mini", *a], capture_output=True, text=True)  # noqa: E731
+    run = lambda *a: subprocess.run([sys.executable, "-B", "-m", "ckptfmt.trainer.mini", *a], capture_output=True, text=True)  # noqa: E731
     assert run("--steps", "5", "--output", str(tmp_path / "cut")).returncode == 0
     ckpt = tmp_path / "cut" / "step_000005.bin"
     import blake3

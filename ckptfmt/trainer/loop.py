@@ -4,7 +4,6 @@ generations on cadence, on SIGUSR1 (and continue) and on SIGTERM (and exit), and
 from __future__ import annotations
 
 import datetime
-import json
 import math
 import os
 import random
@@ -12,14 +11,13 @@ import sys
 import time
 from typing import Any, Callable
 
-import numpy as np
 import torch
 
 from .. import fingerprint, reader
 from .. import manifest as mf
 from .. import torch as ct
 from ..errors import CheckpointError, ConfigMismatchError
-from ..history import encode_float
+from ..run.history import encode_float
 from ..run import PIVOT, SAMPLES, STATE, Run, RunLock
 from . import config as cfgmod
 from .bandit import Bandit
@@ -52,10 +50,6 @@ def pick_device(name: str) -> torch.device:
     return torch.device(name)
 
 
-def _jsonable(state: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in state.items() if v is None or isinstance(v, (bool, int, float, str, list))}
-
-
 class Trainer:
     def __init__(self, run_dir: str, cfg: cfgmod.TrainConfig, *, device: str = "auto",
                  checkpoint_every: int = 100, sample_every: int = 100, keep_last: int | None = None,
@@ -69,7 +63,7 @@ class Trainer:
         self.omit_rng_restore, self.log_every = omit_rng_restore, log_every
         self.log = log or (lambda msg: print(f"[train] {msg}", file=sys.stderr, flush=True))
         self.run = Run(run_dir, create=True)
-        from ..dist import rank_world
+        from ..torch.distributed import rank_world
         self.rank, self.world = rank_world()
         self.is_main = self.rank == 0
         self.device = pick_device(device)
@@ -149,7 +143,7 @@ class Trainer:
             cfgmod.check_compatible(str(gen.manifest), doc["config"], self.cfg, pivot=pivot)
             self._check_data(str(gen.manifest), doc["data"], pivot)
             if self.world > 1:
-                from ..dist import load_into
+                from ..torch.distributed import load_into
                 load_into(ck, self.model, self.opt)
             else:
                 ct.load(ck, self.model, self.opt)
@@ -168,7 +162,7 @@ class Trainer:
         skipped with a warning, not fatal); every rank takes the same one."""
         if self.world == 1:
             return self.run.latest(deep=True)
-        from ..dist import gather_json
+        from ..torch.distributed import gather_json
         error, step = None, None
         if self.is_main:
             try:
@@ -285,7 +279,7 @@ class Trainer:
             "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "layout": ct.layout_of(self.model),
             "optimizer": {"type": "AdamW", "step": opt_step, "hyperparams": ct.hyperparams(self.opt)},
-            "scheduler": _jsonable(self.sched.state_dict()),
+            "scheduler": mf.json_fields(self.sched.state_dict()),
             "rng": ct.rng_state({"bandit": self.bandit.rng}),
             "data": {**self.data.state(), "identity": identity(self.sources)},
             "bandit": self.bandit.state(),
@@ -298,10 +292,10 @@ class Trainer:
                     "parallel": self.parallel if self.world > 1 else "none"},
         }
         if self.world > 1:
-            from ..dist import gather_json
+            from ..torch.distributed import gather_json
             doc["ranks"] = gather_json({"rng": doc["rng"], "data": doc["data"], "bandit": doc["bandit"]})
         if self.scaler is not None:
-            doc["amp"] = {"dtype": "fp16", "scaler": _jsonable(self.scaler.state_dict())}
+            doc["amp"] = {"dtype": "fp16", "scaler": mf.json_fields(self.scaler.state_dict())}
         if self.provenance:
             doc["provenance"] = self.provenance
         return doc
@@ -319,7 +313,7 @@ class Trainer:
     def checkpoint(self, step: int, reason: str) -> None:
         if self.world > 1:
             started = time.perf_counter()
-            from ..dist import save_sharded
+            from ..torch.distributed import save_sharded
             if self.is_main:
                 self.run.history.sync()
             save_sharded(self.run.path, step, self.model, self.opt, self.manifest(step))

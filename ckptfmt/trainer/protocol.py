@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import time
 from pathlib import Path
 from typing import Any
@@ -18,6 +17,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from .. import manifest as mf
 from .. import torch as ct
 
 
@@ -48,22 +48,10 @@ class Observer:
                              "parameters": torch.cat([p.detach().reshape(-1) for p in t.model.parameters()]).tolist(),
                              "optimizer": {"step": opt_step, "m": torch.cat([x.reshape(-1) for x in ms]).tolist(),
                                            "v": torch.cat([x.reshape(-1) for x in vs]).tolist()},
-                             "scheduler": {k: v for k, v in t.sched.state_dict().items()
-                                           if isinstance(v, (int, float, list)) and not isinstance(v, bool)},
+                             "scheduler": mf.json_fields(t.sched.state_dict()),
                              "progress": {"data": t.data.state()["positions"], "bandit": t.bandit.state()},
-                             "next_draws": self.next_draws(), "eval": {"loss": self.eval_loss()}}}
+                             "next_draws": ct.next_draws(self.trainer.bandit.rng), "eval": {"loss": self.eval_loss()}}}
         Path(path).write_text(json.dumps(summary))
-
-    def next_draws(self) -> dict[str, list[float]]:
-        """Observe the next draws of every RNG, then put each state back."""
-        t = self.trainer
-        py, npst, tst = random.getstate(), t.bandit.rng.bit_generator.state, torch.get_rng_state()
-        draws = {"python": [random.random() for _ in range(3)], "numpy": t.bandit.rng.random(3).tolist(),
-                 "torch": torch.rand(3).tolist()}
-        random.setstate(py)
-        t.bandit.rng.bit_generator.state = npst
-        torch.set_rng_state(tst)
-        return draws
 
     def eval_loss(self) -> float:
         """Loss on a fixed batch (the first windows of each source), in eval mode: no RNG used."""

@@ -10,14 +10,14 @@ import os
 import tempfile
 from pathlib import Path
 
-from . import fingerprint, shards
-from . import format as fmt
-from . import manifest as mf
-from .errors import ConvertError, DestinationExistsError
+from ... import fingerprint, shards
+from ... import format as fmt
+from ... import manifest as mf
+from ...errors import ConvertError, DestinationExistsError
 
 
 def _report(src: str, dst: str, src_kind: str, dst_kind: str, step: int, n: int, how: str, digest: str | None):
-    from .convert import ConvertReport
+    from . import ConvertReport
 
     def size(p: str) -> int:
         path = Path(p)
@@ -62,7 +62,7 @@ def _consolidate(src: str, dst: str, verify: bool):
 def _split(src: str, run_dir: str, world: int, verify: bool):
     if world < 1:
         raise ConvertError(src, f"--shards must be at least 1, got {world}")
-    from . import reader
+    from ... import reader
     with reader.open(src, check_name=False) as ck:
         step, n = ck.step, ck.n_params
     target = Path(run_dir)
@@ -81,7 +81,8 @@ def _split(src: str, run_dir: str, world: int, verify: bool):
 
 
 def _to_dcp(src: str, dst: str, verify: bool):
-    from . import dcp, reader
+    from . import dcp
+    from ... import reader
     dcp.to_dcp(src, dst)
     with reader.open(src, check_name=False) as ck:
         step, n = ck.step, ck.n_params

@@ -15,8 +15,8 @@ from typing import Any, Iterable
 
 import numpy as np
 
-from . import atomic
-from .errors import ConvertError
+from ... import atomic
+from ...errors import ConvertError
 
 MAX_HEADER = 100 << 20
 DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}

@@ -5,9 +5,9 @@ Three RNGs drive it: Python ``random`` (a gain on the inputs), a NumPy PCG64 gen
 noise and the epoch permutations) and torch (dropout). Checkpoints are ckptfmt generations;
 everything beyond weights, m and v is in the manifest, and nothing is unpickled on load.
 
-    python -B -m ckptfmt.mini --steps 10 --output runs/continu
-    python -B -m ckptfmt.mini --steps 5 --output runs/coupure
-    python -B -m ckptfmt.mini --steps 5 --resume runs/coupure/step_000005.bin --output runs/reprise
+    python -B -m ckptfmt.trainer.mini --steps 10 --output runs/continu
+    python -B -m ckptfmt.trainer.mini --steps 5 --output runs/coupure
+    python -B -m ckptfmt.trainer.mini --steps 5 --resume runs/coupure/step_000005.bin --output runs/reprise
 
 ``--fault`` breaks one piece of the resume on purpose, to show the verifier catches it.
 """
@@ -21,6 +21,12 @@ import sys
 from typing import Any
 
 import numpy as np
+import torch
+
+from .. import atomic, fingerprint, reader
+from .. import manifest as mf
+from .. import torch as ct
+from ..errors import CheckpointError
 
 ROWS, BATCH, HIDDEN = 24, 4, 8
 FAULTS = ("optimizer", "scheduler", "cursor", "rng-python", "rng-numpy", "rng-torch")
@@ -34,7 +40,7 @@ def dataset() -> tuple[np.ndarray, np.ndarray]:
     return x, y
 
 
-def build(torch):
+def build() -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(2, HIDDEN), torch.nn.Tanh(), torch.nn.Dropout(0.25),
                                 torch.nn.Linear(HIDDEN, 1))
@@ -42,24 +48,13 @@ def build(torch):
     return model, opt
 
 
-def next_draws(torch, np_rng: np.random.Generator) -> dict[str, list[float]]:
-    """Observe the next draws of each RNG and restore them, so the run is not disturbed."""
-    py, npst, tst = random.getstate(), np_rng.bit_generator.state, torch.get_rng_state()
-    draws = {"python": [random.random() for _ in range(3)], "numpy": np_rng.random(3).tolist(),
-             "torch": torch.rand(3).tolist()}
-    random.setstate(py)
-    np_rng.bit_generator.state = npst
-    torch.set_rng_state(tst)
-    return draws
-
-
 class Mini:
-    def __init__(self, torch, fault: str | None = None):
-        self.torch, self.fault = torch, fault
+    def __init__(self, fault: str | None = None):
+        self.fault = fault
         torch.set_num_threads(1)
         torch.use_deterministic_algorithms(True)
         self.x, self.y = dataset()
-        self.model, self.opt = build(torch)
+        self.model, self.opt = build()
         self.sched = None if fault == "scheduler" else torch.optim.lr_scheduler.StepLR(self.opt, 3, 0.5)
         random.seed(1)
         self.np_rng = np.random.Generator(np.random.PCG64(2))
@@ -68,7 +63,6 @@ class Mini:
         self.history: list[dict[str, Any]] = []
 
     def update(self) -> dict[str, Any]:
-        torch = self.torch
         if self.cursor == ROWS:
             self.epoch, self.cursor = self.epoch + 1, 0
             self.perm = self.np_rng.permutation(ROWS)
@@ -90,7 +84,6 @@ class Mini:
         return rec
 
     def eval_mse(self) -> float:
-        torch = self.torch
         self.model.eval()
         with torch.no_grad():
             mse = torch.nn.functional.mse_loss(self.model(torch.from_numpy(self.x)), torch.from_numpy(self.y))
@@ -98,12 +91,10 @@ class Mini:
         return float(mse.item())
 
     def manifest(self) -> dict[str, Any]:
-        from . import torch as ct
-        from .trainer.loop import _jsonable
         return {"layout": ct.layout_of(self.model),
                 "optimizer": {"type": "Adam", "step": ct.moments(self.model, self.opt)[2],
                               "hyperparams": ct.hyperparams(self.opt)},
-                "scheduler": _jsonable(self.sched.state_dict()),
+                "scheduler": mf.json_fields(self.sched.state_dict()),
                 "rng": ct.rng_state({"pcg64": self.np_rng}),
                 "data": {"identity": {"rows": ROWS, "seed": 20260924}, "epoch": self.epoch,
                          "cursor": self.cursor, "permutation": self.perm.tolist()},
@@ -114,8 +105,6 @@ class Mini:
                 "bandit": None, "versions": ct.versions(), "code": {"mini": _code_id()}}
 
     def save(self, output: str) -> str:
-        from . import torch as ct
-        from . import atomic
         path = os.path.join(output, f"step_{self.step:06d}.bin")
         result = ct.save(path, self.model, self.opt, self.step, manifest=self.manifest())
         # the seed's checkpoint.pt.sha256, as b3sum prints it: "DIGEST  NAME"
@@ -123,10 +112,6 @@ class Mini:
         return path
 
     def resume(self, path: str, omit_rng: bool) -> None:
-        from . import manifest as mf
-        from . import reader
-        from . import torch as ct
-        torch = self.torch
         ck = reader.open(path, manifest="require", verify=True, copy_on_write=True)
         doc = ck.manifest
         mf.require(path, doc, ("layout", "optimizer.step", "scheduler", "rng.python", "rng.numpy",
@@ -146,8 +131,7 @@ class Mini:
             self._restore_rng(doc["rng"])
 
     def _restore_rng(self, rng: dict[str, Any]) -> None:
-        from . import torch as ct
-        saved = (random.getstate(), self.np_rng.bit_generator.state, self.torch.get_rng_state())
+        saved = (random.getstate(), self.np_rng.bit_generator.state, torch.get_rng_state())
         ct.restore_rng(rng, {"pcg64": self.np_rng})
         skip = {"rng-python": 0, "rng-numpy": 1, "rng-torch": 2}.get(self.fault or "")
         if skip == 0:
@@ -155,46 +139,38 @@ class Mini:
         elif skip == 1:
             self.np_rng.bit_generator.state = saved[1]
         elif skip == 2:
-            self.torch.set_rng_state(saved[2])
+            torch.set_rng_state(saved[2])
 
     def summary(self, records: list[dict[str, Any]], checkpoint: str) -> dict[str, Any]:
-        from . import torch as ct
         ms, vs, opt_step = ct.moments(self.model, self.opt)
         return {"trainer": "mini", "steps": records, "checkpoint": os.path.basename(checkpoint),
                 "final": {"step": self.step,
                           "parameters": {n: p.detach().reshape(-1).tolist() for n, p in self.model.named_parameters()},
                           "optimizer": {"step": opt_step, "m": [t.reshape(-1).tolist() for t in ms],
                                         "v": [t.reshape(-1).tolist() for t in vs]},
-                          "scheduler": _jsonable_sched(self.sched.state_dict()),
+                          "scheduler": mf.json_fields(self.sched.state_dict()),
                           "progress": {"step": self.step, "epoch": self.epoch, "cursor": self.cursor},
-                          "next_draws": next_draws(self.torch, self.np_rng),
+                          "next_draws": ct.next_draws(self.np_rng),
                           "eval": {"mse": self.eval_mse()}}}
 
 
-def _jsonable_sched(state: dict[str, Any]) -> dict[str, Any]:
-    return {k: v for k, v in state.items() if isinstance(v, (int, float, list)) and not isinstance(v, bool)}
-
-
 def _code_id() -> str:
-    from . import fingerprint
     return fingerprint.of_bytes(open(__file__, "rb").read())
 
 
 def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m ckptfmt.mini", description=__doc__.split("\n\n")[0])
+    ap = argparse.ArgumentParser(prog="python -m ckptfmt.trainer.mini", description=__doc__.split("\n\n")[0])
     ap.add_argument("--steps", type=int, required=True, help="additional updates to run")
     ap.add_argument("--output", required=True, help="new directory for this run")
     ap.add_argument("--resume", help="checkpoint (.bin with manifest) to resume from")
     ap.add_argument("--omit-rng-restore", action="store_true", help="negative control: skip RNG restore")
     ap.add_argument("--fault", choices=FAULTS, help="break one piece of the resume (verifier tests)")
     args = ap.parse_args(argv)
-    import torch
-    from .errors import CheckpointError
     if os.path.exists(args.output):
         print(f"mini: {args.output}: exists already; choose a new output directory", file=sys.stderr)
         return 2
     os.makedirs(args.output)
-    mini = Mini(torch, fault=args.fault if args.resume else None)
+    mini = Mini(fault=args.fault if args.resume else None)
     try:
         if args.resume:
             mini.resume(args.resume, args.omit_rng_restore)

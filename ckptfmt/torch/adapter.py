@@ -7,17 +7,15 @@ so no full copy of the model is ever made on the CPU.
 """
 from __future__ import annotations
 
-import base64
 import math
-import random
 from typing import Any, Iterator
 
 import numpy as np
 import torch
 
-from . import format as fmt
-from . import reader, writer
-from .errors import CheckpointError, IncompleteResumeStateError  # noqa: F401 (re-exported for ckptfmt.dist)
+from .. import format as fmt
+from .. import reader, writer
+from ..errors import CheckpointError, IncompleteResumeStateError  # noqa: F401 (re-exported for ckptfmt.dist)
 
 STAGING = 8 << 20   # bytes per pinned staging buffer on the CUDA path
 
@@ -233,45 +231,6 @@ def _fresh_state(optimizer: torch.optim.Optimizer, opt: dict[str, Any]) -> None:
     optimizer.load_state_dict(sd)
 
 
-# ---------------------------------------------------------------- RNG state, JSON-able
-
-def rng_state(numpy_generators: dict[str, np.random.Generator] | None = None) -> dict[str, Any]:
-    """Every RNG that drives training: Python, the named NumPy generators, torch CPU, each CUDA
-    device. Torch states are bytes, stored as base64 (no pickle anywhere)."""
-    version, internal, gauss = random.getstate()
-    out: dict[str, Any] = {
-        "python": {"version": version, "state": list(internal), "gauss_next": gauss},
-        "numpy": {k: g.bit_generator.state for k, g in (numpy_generators or {}).items()},
-        "torch_cpu": _b64(torch.get_rng_state()),
-    }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        out["torch_cuda"] = [_b64(s) for s in torch.cuda.get_rng_state_all()]
-    return out
-
-
-def restore_rng(state: dict[str, Any], numpy_generators: dict[str, np.random.Generator] | None = None,
-                path: str = "<manifest>") -> None:
-    try:
-        py = state["python"]
-        random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
-        for name, gen in (numpy_generators or {}).items():
-            gen.bit_generator.state = state["numpy"][name]
-        torch.set_rng_state(_unb64(state["torch_cpu"]))
-        if torch.cuda.is_available() and torch.cuda.is_initialized():
-            cuda = state["torch_cuda"]
-            torch.cuda.set_rng_state_all([_unb64(s) for s in cuda])
-    except KeyError as exc:
-        raise IncompleteResumeStateError(path, f"cannot resume: manifest lacks rng.{exc.args[0]}") from None
-
-
-def _b64(t: torch.Tensor) -> str:
-    return base64.b64encode(t.numpy().tobytes()).decode()
-
-
-def _unb64(s: str) -> torch.Tensor:
-    return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
-
-
 def versions() -> dict[str, str]:
     import platform
     import ckptfmt
@@ -279,5 +238,6 @@ def versions() -> dict[str, str]:
             "python": platform.python_version()}
 
 
-__all__ = ["layout_of", "moments", "regions", "save", "load", "load_optimizer", "rng_state",
-           "restore_rng", "versions", "fmt"]
+__all__ = ["layout_of", "moments", "hyperparams", "chunks", "regions", "save", "load",
+           "load_optimizer", "prepare_optimizer", "versions", "CheckpointError",
+           "IncompleteResumeStateError"]

@@ -15,7 +15,7 @@ from typing import Any, Callable
 
 import click
 
-from .errors import (CheckpointError, DestinationExistsError, NotACheckpointError, NoValidGenerationError,
+from ..errors import (CheckpointError, DestinationExistsError, NotACheckpointError, NoValidGenerationError,
                      RunLockedError)
 
 EXIT_OK, EXIT_DEFECT, EXIT_CANNOT = 0, 1, 2
@@ -111,10 +111,10 @@ def main() -> None:
 @guarded
 def inspect(path: str, as_json: bool, tensors: bool) -> None:
     """Show step, size, fingerprint status and per-region statistics of a file or run."""
-    from .summary import inspect_file
+    from ..tools.inspect import inspect_file
     if os.path.isdir(path):
-        from .run import Run
-        from .runops import ls_run
+        from ..run import Run
+        from ..run.ops import ls_run
         data = ls_run(path)
         try:
             gen = Run(path).latest(allow_bare=True)
@@ -167,7 +167,7 @@ def _print_run_inspect(d: dict) -> None:
 @guarded
 def validate(paths: tuple[str, ...], as_json: bool, fast: bool) -> None:
     """Check files or run directories: structure, fingerprint, manifest, values, sidecars."""
-    from .validation import validate_path
+    from ..tools.validate import validate_path
     for p in paths:
         if not os.path.exists(p):
             raise Fail(f"{p}: no such file or directory", EXIT_CANNOT)
@@ -208,7 +208,7 @@ def _print_report(r) -> None:
 def diff(a: str, b: str, as_json: bool, atol: float, rtol: float, tensors: bool) -> None:
     """Compare two checkpoints: header and weights, m, v. Exit 0 only when bit-identical
     (or within --atol/--rtol)."""
-    from .diff import diff as run_diff, per_tensor
+    from ..tools.diff import diff as run_diff, per_tensor
     from .progress import terminal_bar
     total = os.path.getsize(a) + os.path.getsize(b) if os.path.isfile(a) and os.path.isfile(b) else 0
     with terminal_bar("comparing", total, quiet=as_json) as bar:
@@ -261,7 +261,7 @@ def convert(src: str, dst: str, to: str | None, n_shards: int, weights_only: boo
     """Convert between .bin, .safetensors, .pt, .npz, .zst, sharded generations (a
     step_NNNNNN.json of one; consolidate with DST .bin, split with --to shards) and DCP
     directories; every conversion is verified by converting back."""
-    from .convert import convert as run_convert
+    from ..tools.convert import convert as run_convert
     if dtype and not weights_only:
         raise click.UsageError("--dtype needs --weights-only (a resumable checkpoint stays float32)")
     from .progress import terminal_bar
@@ -283,7 +283,7 @@ def convert(src: str, dst: str, to: str | None, n_shards: int, weights_only: boo
 @guarded
 def ls_cmd(run: str, as_json: bool, deep: bool, keep_every: int | None) -> None:
     """List a run's generations with status, pins, milestones and leftovers."""
-    from .runops import ls_run
+    from ..run.ops import ls_run
     emit(ls_run(run, deep=deep, keep_every=keep_every), as_json, _print_ls)
 
 
@@ -307,7 +307,7 @@ def _print_ls(d: dict) -> None:
 @guarded
 def gc(run: str, keep_last: int, keep_every: int | None, dry_run: bool, as_json: bool) -> None:
     """Apply retention: keep the last K, milestones and pins; never the newest valid one."""
-    from .run import Run, RunLock
+    from ..run import Run, RunLock
     r = Run(run)
     with RunLock(run, purpose="gc"):
         swept = [] if dry_run else [str(p) for p in r.sweep_temps()]
@@ -325,7 +325,7 @@ def gc(run: str, keep_last: int, keep_every: int | None, dry_run: bool, as_json:
 @guarded
 def pin(run: str, step: int, off: bool) -> None:
     """Pin a step so retention never deletes it (or --off to unpin)."""
-    from .run import Run
+    from ..run import Run
     click.echo(f"pinned: {Run(run).pin(step, on=not off)}")
 
 
@@ -338,7 +338,7 @@ def pin(run: str, step: int, off: bool) -> None:
 def pivot(run: str, note: str | None, as_json: bool) -> None:
     """Polish pivot: archive .samples.json and .state.json by step; keep weights, m, v, history.
     The next `train` may change caps, floors and the lr schedule and starts a fresh bandit."""
-    from .runops import pivot as run_pivot
+    from ..run.ops import pivot as run_pivot
     emit(run_pivot(run, note=note), as_json,
          lambda d: click.echo(f"pivot at step {d['step']}: archived {d['archived'] or 'nothing'} to {d['archive']}"))
 
@@ -351,7 +351,7 @@ def pivot(run: str, note: str | None, as_json: bool) -> None:
 @guarded
 def fork(run: str, dest: str, step: int, as_json: bool) -> None:
     """Audit fork: start a new run DEST from generation --step, with provenance."""
-    from .runops import fork as run_fork
+    from ..run.ops import fork as run_fork
     emit(run_fork(run, step, dest), as_json,
          lambda d: click.echo(f"forked {run} at step {d['step']} into {d['dest']} (blake3 {d['blake3'][:16]}…)"))
 
@@ -363,7 +363,7 @@ def fork(run: str, dest: str, step: int, as_json: bool) -> None:
 @guarded
 def bisect(run_a: str, run_b: str, as_json: bool) -> None:
     """First step where two runs' generations or loss histories differ (exit 1 if any)."""
-    from .runops import bisect as run_bisect
+    from ..run.ops import bisect as run_bisect
     data = run_bisect(run_a, run_b)
     emit(data, as_json, lambda d: click.echo(
         f"generations: first difference at step {d['first_generation_difference']} "
@@ -380,7 +380,7 @@ def bisect(run_a: str, run_b: str, as_json: bool) -> None:
 def plot(runs: tuple[str, ...], out: str) -> None:
     """Draw loss (raw and EMA) of runs with generations, pivots, resumes and forks marked,
     and the curriculum's source shares below (needs matplotlib)."""
-    from .plot import plot as run_plot
+    from ..tools.plot import plot as run_plot
     for r in runs:
         if not os.path.isdir(r):
             raise Fail(f"{r}: not a run directory", EXIT_CANNOT)
@@ -402,7 +402,7 @@ def plot(runs: tuple[str, ...], out: str) -> None:
 def export_cmd(run: str, dest: str, latest: bool, steps: str | None, with_history: bool,
                weights_only: bool, archive: bool, as_json: bool) -> None:
     """Export generations, history and sidecars to DEST, verified at DEST (and loaded there)."""
-    from .export import archive as run_archive, export as run_export
+    from ..tools.export import archive as run_archive, export as run_export
     chosen = None
     if steps:
         try:
@@ -427,7 +427,7 @@ def export_cmd(run: str, dest: str, latest: bool, steps: str | None, with_histor
 @guarded
 def import_cmd(archive: str, dest: str, as_json: bool) -> None:
     """Unpack an exported .tar.zst into DEST and verify every file."""
-    from .export import import_archive
+    from ..tools.export import import_archive
     doc = import_archive(archive, dest)
     emit(doc, as_json, lambda d: click.echo(f"imported {d['files']} files into {d['dest']}: verified"))
 
@@ -449,7 +449,7 @@ def verify_resume_cmd(output: str, trainer: str, steps: int, cut: int, atol: flo
                       command: str | None, fault: str | None, as_json: bool) -> None:
     """Prove a resume is complete: continuous, cut, resumed and resumed-without-RNG runs in
     fresh processes. Exit 0 when the resume matches and the negative control diverges."""
-    from .verify import VerifyIncomplete, verify_resume
+    from ..verify import VerifyIncomplete, verify_resume
     if cut >= steps:
         raise click.UsageError(f"--cut ({cut}) must be smaller than --steps ({steps})")
     log = None if as_json else (lambda m: click.echo(f"  {m}", err=True))
@@ -510,20 +510,20 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
     SIGTERM/SIGINT: checkpoint the current step and exit 0 (75 if that save fails).
     SIGUSR1: checkpoint the current step and continue.
     """
-    from .trainer.signals import install
+    from ..trainer.signals import install
     flags = install()           # before the slow imports: a signal during start-up is honoured
-    from .trainer.config import parse_sets
+    from ..trainer.config import parse_sets
     try:
         overrides = parse_sets(sets)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
-    from .trainer.loop import train as run_train
+    from ..trainer.loop import train as run_train
     code = run_train(run_dir, config_name, steps, seed=seed, threads=threads, sets=overrides, flags=flags,
                      device=device, checkpoint_every=checkpoint_every, sample_every=sample_every,
                      keep_last=keep_last, keep_every=keep_every, async_save=async_save, amp=amp,
                      log_every=log_every, omit_rng_restore=omit_rng_restore, parallel=parallel)
     if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        from .dist import exit_worker
+        from ..torch.distributed import exit_worker
         exit_worker(code)          # skip finalization: see exit_worker for the gloo abort it avoids
     sys.exit(code)
 

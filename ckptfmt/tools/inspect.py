@@ -5,10 +5,10 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from . import format as fmt
-from . import manifest as mf
-from . import reader
-from .errors import CheckpointError
+from .. import format as fmt
+from .. import manifest as mf
+from .. import reader
+from ..errors import CheckpointError
 from .stats import region_stats
 
 MANIFEST_SUMMARY = ("created", "config", "optimizer", "scheduler", "versions", "code", "data",

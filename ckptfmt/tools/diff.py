@@ -12,8 +12,8 @@ from typing import Any
 
 import numpy as np
 
-from . import format as fmt
-from . import reader
+from .. import format as fmt
+from .. import reader
 
 CHUNK = 1 << 18   # elements per comparison pass (temporaries stay in cache)
 

@@ -12,10 +12,12 @@ from typing import Any
 
 import numpy as np
 
-from . import format as fmt
-from . import manifest as mf
-from . import reader
-from .errors import CheckpointError
+from .. import format as fmt
+from .. import manifest as mf
+from .. import reader
+from ..errors import CheckpointError
+from ..run import STATE, SAMPLES, Run, check_generation, zombie_arms
+from ..run import history as hist
 from .stats import region_stats
 
 DEFECT, WARNING = "defect", "warning"
@@ -167,8 +169,80 @@ def _check_values(report: Report, ckpt: reader.Checkpoint, done=None) -> None:
 
 
 def validate_path(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None) -> Report:
-    """A file or a run directory (the run check lives in ``ckptfmt.runops``)."""
+    """A file or a run directory."""
     if os.path.isdir(path):
-        from .runops import validate_run
         return validate_run(path, deep=deep, progress=progress)
     return validate_file(path, deep=deep, progress=progress)
+
+
+def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None) -> Report:
+    run = Run(path)
+    report = Report(str(path), kind="run")
+    listing = run.listing()
+    bare = run.is_bare()
+    gens_out = []
+    for gen in listing.generations:
+        gens_out.append(_validate_generation(report, gen, deep, bare, progress))
+    report.details["generations"] = gens_out
+    for temp in listing.temps:
+        report.warn("leftover_temp", f"{temp}: temp file of an interrupted save (ckptfmt gc sweeps it)")
+    for entry, why in listing.foreign:
+        report.warn("foreign_entry", f"{entry}: skipped: {why}")
+    _validate_sidecars(report, run)
+    committed_ok = [g for g in gens_out if g["status"] in ("verified", "committed")]
+    if not listing.generations:
+        report.defect("no_generation", f"{path}: no generation to resume from")
+    elif not committed_ok and not bare:
+        report.defect("no_valid_generation", f"{path}: no committed generation is valid")
+    elif bare:
+        report.warn("bare_run", f"{path}: bare .bin files without manifests: structure only, unverified")
+    report.status = "damaged" if not report.ok else ("verified" if deep and not bare else "committed")
+    return report
+
+
+def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=None) -> dict[str, Any]:
+    row = {"step": gen.step, "status": "unverified"}
+    if gen.bin is None and gen.shards is not None:
+        reason = check_generation(gen, deep=deep)
+        if reason is None:
+            row["status"] = "verified" if deep else "committed"
+        elif gen.manifest is None:
+            report.warn("uncommitted", f"{gen.shards}: shards without a manifest (an interrupted sharded save)")
+            row["status"] = "uncommitted"
+        else:
+            report.defect("shard_defect", f"{gen.manifest}: {reason}")
+            row["status"] = "damaged"
+        return row
+    if gen.bin is None:
+        report.warn("orphan_manifest", f"{gen.manifest}: manifest without its .bin (uncommitted)")
+        row["status"] = "orphan manifest"
+        return row
+    if gen.manifest is None and not bare:
+        report.warn("uncommitted", f"{gen.bin}: no manifest: an uncommitted leftover of a crash")
+        row["status"] = "uncommitted"
+        return row
+    sub = validate_file(gen.bin, deep=deep, progress=progress)
+    report.findings.extend(f for f in sub.findings if not (bare and f.code == "unverified"))
+    row["status"] = sub.status
+    return row
+
+
+def _validate_sidecars(report: Report, run: Run) -> None:
+    loss = hist.read(run.path / hist.NAME)
+    for w in loss.warnings:
+        report.warn("history_torn", w)
+    for p in loss.problems:
+        report.defect("history_corrupt", p)
+    report.details["history_records"] = len(loss.records)
+    for name in (SAMPLES, STATE):
+        try:
+            run.read_sidecar(name)
+        except CheckpointError as exc:
+            report.defect("sidecar_corrupt", str(exc))
+    try:
+        zombies = zombie_arms(run)
+    except CheckpointError:
+        zombies = []
+    for arm in zombies:
+        report.warn("zombie_arm", f"{run.path / STATE}: bandit arm {arm!r} has no data source in the "
+                                  "run's config (zombie arm; the trainer drops it)")

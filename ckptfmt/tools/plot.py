@@ -7,9 +7,9 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from . import history as hist
-from .errors import CheckpointError
-from .run import Run
+from ..run import history as hist
+from ..errors import CheckpointError
+from ..run import Run
 
 EVENT_STYLE = {"pivot": ("tab:red", "--"), "resume": ("tab:orange", ":"), "fork": ("tab:purple", "-.")}
 

@@ -1,111 +1,20 @@
-"""Operations on a whole run: validate, ls, polish pivot, audit fork, bisect (spec/RUN.md §4-§7)."""
+"""Operations on a whole run: ls, polish pivot, audit fork, bisect (spec/RUN.md §4-§7)."""
 from __future__ import annotations
 
 import os
-import shutil
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
-from . import format as fmt
+from .. import atomic, fsio
+from .. import format as fmt
+from .. import manifest as mf
+from ..errors import CheckpointError, DestinationExistsError
 from . import history as hist
-from . import manifest as mf
-from .errors import CheckpointError, DestinationExistsError
-from .run import (ARCHIVE, PIVOT, SAMPLES, STATE, Run, RunLock, check_generation, copy_verified,
-                  lock_holder, read_json, write_json)
-from .validation import Report, error_code, validate_file
-
-
-def zombie_arms(run: Run) -> list[str]:
-    """Bandit arms in .state.json whose data source the run's config no longer has (seed: the
-    step-112,619 lesson). Empty when there is no state or no config to compare with."""
-    state = run.read_sidecar(STATE, default=None)
-    if not isinstance(state, dict) or not isinstance(state.get("arms"), dict):
-        return []
-    gen = next((g for g in reversed(run.generations()) if g.committed), None)
-    if gen is None:
-        return []
-    try:
-        sources = mf.read(gen.manifest).get("config", {}).get("sources")
-    except CheckpointError:
-        return []
-    if not sources:
-        return []
-    return sorted(set(state["arms"]) - set(sources))
-
-
-def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None) -> Report:
-    run = Run(path)
-    report = Report(str(path), kind="run")
-    listing = run.listing()
-    bare = run.is_bare()
-    gens_out = []
-    for gen in listing.generations:
-        gens_out.append(_validate_generation(report, gen, deep, bare, progress))
-    report.details["generations"] = gens_out
-    for temp in listing.temps:
-        report.warn("leftover_temp", f"{temp}: temp file of an interrupted save (ckptfmt gc sweeps it)")
-    for entry, why in listing.foreign:
-        report.warn("foreign_entry", f"{entry}: skipped: {why}")
-    _validate_sidecars(report, run)
-    committed_ok = [g for g in gens_out if g["status"] in ("verified", "committed")]
-    if not listing.generations:
-        report.defect("no_generation", f"{path}: no generation to resume from")
-    elif not committed_ok and not bare:
-        report.defect("no_valid_generation", f"{path}: no committed generation is valid")
-    elif bare:
-        report.warn("bare_run", f"{path}: bare .bin files without manifests: structure only, unverified")
-    report.status = "damaged" if not report.ok else ("verified" if deep and not bare else "committed")
-    return report
-
-
-def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=None) -> dict[str, Any]:
-    row = {"step": gen.step, "status": "unverified"}
-    if gen.bin is None and gen.shards is not None:
-        reason = check_generation(gen, deep=deep)
-        if reason is None:
-            row["status"] = "verified" if deep else "committed"
-        elif gen.manifest is None:
-            report.warn("uncommitted", f"{gen.shards}: shards without a manifest (an interrupted sharded save)")
-            row["status"] = "uncommitted"
-        else:
-            report.defect("shard_defect", f"{gen.manifest}: {reason}")
-            row["status"] = "damaged"
-        return row
-    if gen.bin is None:
-        report.warn("orphan_manifest", f"{gen.manifest}: manifest without its .bin (uncommitted)")
-        row["status"] = "orphan manifest"
-        return row
-    if gen.manifest is None and not bare:
-        report.warn("uncommitted", f"{gen.bin}: no manifest: an uncommitted leftover of a crash")
-        row["status"] = "uncommitted"
-        return row
-    sub = validate_file(gen.bin, deep=deep, progress=progress)
-    report.findings.extend(f for f in sub.findings if not (bare and f.code == "unverified"))
-    row["status"] = sub.status
-    return row
-
-
-def _validate_sidecars(report: Report, run: Run) -> None:
-    loss = hist.read(run.path / hist.NAME)
-    for w in loss.warnings:
-        report.warn("history_torn", w)
-    for p in loss.problems:
-        report.defect("history_corrupt", p)
-    report.details["history_records"] = len(loss.records)
-    for name in (SAMPLES, STATE):
-        try:
-            run.read_sidecar(name)
-        except CheckpointError as exc:
-            report.defect("sidecar_corrupt", str(exc))
-    try:
-        zombies = zombie_arms(run)
-    except CheckpointError:
-        zombies = []
-    for arm in zombies:
-        report.warn("zombie_arm", f"{run.path / STATE}: bandit arm {arm!r} has no data source in the "
-                                  "run's config (zombie arm; the trainer drops it)")
+from .directory import Run
+from .generations import check_generation
+from .lock import RunLock, lock_holder
+from .sidecars import ARCHIVE, PIVOT, SAMPLES, STATE
 
 
 def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: int | None = None) -> dict[str, Any]:
@@ -148,7 +57,7 @@ def pivot(path: "str | os.PathLike[str]", *, note: str | None = None) -> dict[st
         _fsync_dirs(dest, run.path)
         record = {"step": gen.step, "note": note, "time": time.time(), "archived": moved,
                   "archive": str(dest.relative_to(run.path))}
-        write_json(run.path / PIVOT, record)
+        atomic.write_json(run.path / PIVOT, record)
         run.history.event("pivot", gen.step, note=note)
         run.history.sync()
         run.history.close()
@@ -166,9 +75,8 @@ def _archive_dir(run: Run, step: int) -> Path:
 
 
 def _fsync_dirs(*dirs: Path) -> None:
-    from .fsio import fsync_dir
     for d in dirs:
-        fsync_dir(str(d))
+        fsio.fsync_dir(str(d))
 
 
 def fork(path: "str | os.PathLike[str]", step: int, dest: "str | os.PathLike[str]") -> dict[str, Any]:
@@ -185,7 +93,7 @@ def fork(path: "str | os.PathLike[str]", step: int, dest: "str | os.PathLike[str
         raise DestinationExistsError(str(dest), "exists and is not empty; refusing to fork into it")
     dest.mkdir(parents=True, exist_ok=True)
     doc = mf.read(gen.manifest)
-    copy_verified(gen.bin, dest / gen.bin.name, doc["blake3"])
+    atomic.copy_verified(gen.bin, dest / gen.bin.name, doc["blake3"])
     doc["provenance"] = {"parent_run": str(run.path.resolve()), "parent_step": step,
                          "parent_blake3": doc["blake3"], "forked_at": time.time()}
     mf.write(dest / gen.manifest.name, doc)

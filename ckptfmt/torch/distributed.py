@@ -17,8 +17,8 @@ from typing import Any, Iterator, NoReturn
 import torch
 import torch.distributed as dist
 
-from . import shards
-from . import torch as ct
+from .. import shards
+from . import adapter as ct
 
 
 def exit_worker(code: int) -> NoReturn:

@@ -16,10 +16,11 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import atomic, fingerprint
-from . import format as fmt
-from . import reader, safetensors_io, writer
-from .errors import ConvertError, DestinationExistsError
+from ... import atomic, fingerprint
+from ... import format as fmt
+from ... import reader, writer
+from . import safetensors as safetensors_io
+from ...errors import ConvertError, DestinationExistsError
 
 FORMATS = ("bin", "safetensors", "pt", "npz", "zst", "shards", "dcp")
 ZST_MAGIC = b"CKPTZST\x01"
@@ -318,7 +319,7 @@ def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = F
     if dst_kind != "shards" and os.path.lexists(dst) and not overwrite:
         raise DestinationExistsError(dst, "exists already; refusing to overwrite")
     if "shards" in (src_kind, dst_kind) or "dcp" in (src_kind, dst_kind):
-        from .convert_dist import convert_distributed
+        from .shards import convert_distributed
         return convert_distributed(src, dst, src_kind, dst_kind, shards=shards, verify=verify)
     source = load(src, src_kind)
     original = fingerprint.of_file(src) if src_kind == "bin" else source.blake3

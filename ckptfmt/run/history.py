@@ -14,8 +14,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import fsio
-from .errors import HistoryCorruptError
+from .. import fsio
+from ..errors import HistoryCorruptError
 
 NAME = ".loss.json"
 

@@ -29,10 +29,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from . import fingerprint
-from .errors import CheckpointError
+from .. import fingerprint
+from ..errors import CheckpointError
 
-MINI = f"{shlex.quote(sys.executable)} -B -m ckptfmt.mini --steps {{steps}} --output {{output}} {{resume}} {{omit_rng}}"
+MINI = f"{shlex.quote(sys.executable)} -B -m ckptfmt.trainer.mini --steps {{steps}} --output {{output}} {{resume}} {{omit_rng}}"
 RUNS = ("continuous", "cut", "resume", "resume-without-rng")
 TIMEOUT = 600
 
@@ -167,7 +167,7 @@ class Protocol:
 
     # ------------------------------------------------------------ the andrea trainer
     def run_andrea(self) -> dict[str, dict[str, Any]]:
-        from .runops import fork
+        from ..run.ops import fork
         runs = {"continuous": self._andrea("continuous", self.steps)}
         runs["cut"] = self._andrea("cut", self.steps, pause_at=self.cut)
         cut_step = runs["cut"]["final"]["step"]
@@ -180,7 +180,7 @@ class Protocol:
 
     def _andrea(self, name: str, steps: int, pause_at: int | None = None, omit: bool = False) -> dict[str, Any]:
         run = self.out / name
-        argv = [sys.executable, "-B", "-m", "ckptfmt.trainer", "--run", str(run), "--steps", str(steps),
+        argv = [sys.executable, "-B", "-m", "ckptfmt.cli", "train", "--run", str(run), "--steps", str(steps),
                 "--config", "tiny", "--checkpoint-every", str(10 ** 6), "--sample-every", "0"]
         env = {"CKPTFMT_SUMMARY": str(run / "summary.json")}
         if omit:

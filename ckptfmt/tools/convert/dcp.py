@@ -19,9 +19,9 @@ import numpy as np
 import torch
 import torch.distributed.checkpoint as dcp
 
-from . import manifest as mf
-from . import reader, writer
-from .errors import ConvertError
+from ... import manifest as mf
+from ... import reader, writer
+from ...errors import ConvertError
 
 
 

@@ -6,7 +6,6 @@ an ``EXPORT-INCOMPLETE`` marker, so a half export is never mistaken for a good o
 from __future__ import annotations
 
 import datetime
-import io
 import json
 import os
 import tarfile
@@ -16,12 +15,12 @@ from typing import Any, Callable
 
 import zstandard
 
-from . import atomic, fingerprint
-from . import history as hist
-from . import manifest as mf
-from .errors import DestinationExistsError, ExportError
-from .run import SAMPLES, STATE, Run, copy_verified, write_json
-from .validation import validate_file
+from .. import atomic, fingerprint
+from ..run import history as hist
+from .. import manifest as mf
+from ..errors import DestinationExistsError, ExportError
+from ..run import SAMPLES, STATE, Run
+from .validate import validate_file
 
 INCOMPLETE = "EXPORT-INCOMPLETE"
 SIDECARS = (hist.NAME, SAMPLES, STATE)
@@ -67,12 +66,12 @@ def export(run_dir: str, dest: str, *, steps: list[int] | None = None,
         src = run.path / name
         if src.exists():
             files.append({"file": name, "size": src.stat().st_size,
-                          "blake3": copy_verified(src, out / name, None)})
+                          "blake3": atomic.copy_verified(src, out / name, None)})
     if tamper:
         tamper(out)
     checks = _verify_at_dest(out, files, gens, weights_only, load_check)
     doc = _describe(run, out, gens, files, checks, time.perf_counter() - started)
-    write_json(out / ARCHIVE_MANIFEST, doc)
+    atomic.write_json(out / ARCHIVE_MANIFEST, doc)
     (out / "EXPORT.md").write_text(_export_md(doc))
     atomic.remove(out / INCOMPLETE)
     return doc
@@ -86,12 +85,12 @@ def _export_generation(gen, out: Path, weights_only: bool, progress=None) -> lis
         return [{"file": target.name, "size": target.stat().st_size, "blake3": fingerprint.of_file(target),
                  "step": gen.step, "kind": "weights-only"}]
     doc = mf.read(gen.manifest) if gen.manifest else None
-    digest = copy_verified(gen.bin, out / gen.bin.name, doc["blake3"] if doc else None, progress)
+    digest = atomic.copy_verified(gen.bin, out / gen.bin.name, doc["blake3"] if doc else None, progress)
     rows = [{"file": gen.bin.name, "size": gen.bin.stat().st_size, "blake3": digest, "step": gen.step,
              "kind": "generation", "verified_against": "manifest" if doc else "unverified (bare file)"}]
     if gen.manifest:
         rows.append({"file": gen.manifest.name, "size": gen.manifest.stat().st_size,
-                     "blake3": copy_verified(gen.manifest, out / gen.manifest.name, None), "kind": "manifest"})
+                     "blake3": atomic.copy_verified(gen.manifest, out / gen.manifest.name, None), "kind": "manifest"})
     return rows
 
 
@@ -129,9 +128,9 @@ def _load_into_model(path: Path) -> str:
     doc = mf.read(mf.path_for(path))
     if not isinstance(doc.get("config"), dict) or "ctx" not in doc["config"]:
         return "skipped: not a reference-trainer checkpoint (validated fully instead)"
-    from . import torch as ct
-    from .trainer.config import from_dict
-    from .trainer.model import GPT
+    from .. import torch as ct
+    from ..trainer.config import from_dict
+    from ..trainer.model import GPT
     cfg = from_dict(doc["config"])
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,

@@ -1,0 +1,119 @@
+"""The run directory (spec/RUN.md): generations, latest-valid, commit, pins, retention, sidecars.
+
+"Latest" is found by checking, newest first, never by the highest number alone.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import warnings
+from pathlib import Path
+from typing import Any
+
+from .. import atomic, shards, writer
+from ..errors import NoValidGenerationError, SaveError
+from .generations import Generation, Listing, check_bare, check_generation, list_dir
+from .history import History
+from .retention import plan_retention
+from .sidecars import PINS, read_json
+
+
+class Run:
+    """A run directory. ``Run(path).latest()`` is the newest committed, valid generation."""
+
+    def __init__(self, path: "str | os.PathLike[str]", *, create: bool = False):
+        self.path = Path(path)
+        if create and not self.path.is_dir():
+            atomic.make_durable_dir(self.path)
+        if not self.path.exists():
+            raise FileNotFoundError(errno.ENOENT, "no such run directory", str(self.path))
+        if not self.path.is_dir():
+            raise NotADirectoryError(errno.ENOTDIR, "not a run directory", str(self.path))
+        self.history = History(self.path / ".loss.json")
+
+    def listing(self) -> Listing:
+        return list_dir(self.path)
+
+    def generations(self) -> list[Generation]:
+        return self.listing().generations
+
+    def is_bare(self) -> bool:
+        """A run of the original trainer: .bin files and no manifest at all."""
+        gens = self.generations()
+        return bool(gens) and all(g.manifest is None for g in gens)
+
+    def latest(self, *, deep: bool = False, allow_bare: bool = False) -> Generation | None:
+        """Newest valid generation; skips invalid ones with a warning saying why.
+
+        None when the run has no generation at all; ``NoValidGenerationError`` when it has some
+        but none is valid, so a resume never silently starts afresh.
+        """
+        gens = self.generations()
+        if not gens:
+            return None
+        bare = allow_bare and self.is_bare()
+        reasons = []
+        for gen in reversed(gens):
+            reason = check_bare(gen) if bare else check_generation(gen, deep=deep)
+            if reason is None:
+                return gen
+            reasons.append(f"step {gen.step}: {reason}")
+            warnings.warn(f"{self.path}: skipping generation {gen.step}: {reason}", stacklevel=2)
+        raise NoValidGenerationError(str(self.path), "no valid generation: " + "; ".join(reasons))
+
+    def commit(self, step: int, weights: Any, m: Any, v: Any, *, manifest: dict[str, Any],
+               n_params: int | None = None) -> writer.SaveResult:
+        """Durably write and commit generation ``step``; a valid committed one is never
+        overwritten. A damaged one (it fails the deep check, e.g. a bit flip after a resume
+        fell back past it) is replaced, or the run could never pass that step again."""
+        gen = next((g for g in self.generations() if g.step == step), None)
+        if gen is not None and gen.committed and check_generation(gen, deep=True) is None:
+            raise SaveError(str(gen.bin), "generation is committed already; refusing to overwrite")
+        return writer.save_generation(self.path, step, weights, m, v, manifest=manifest,
+                                      n_params=n_params, overwrite=gen is not None)
+
+    # ------------------------------------------------------------ retention
+    def pins(self) -> list[int]:
+        return read_json(self.path / PINS, default=[])
+
+    def pin(self, step: int, on: bool = True) -> list[int]:
+        pins = set(self.pins())
+        pins = pins | {step} if on else pins - {step}
+        atomic.write_json(self.path / PINS, sorted(pins))
+        return sorted(pins)
+
+    def plan_gc(self, *, keep_last: int, keep_every: int | None = None) -> tuple[list[Generation], Generation | None]:
+        """(generations to delete, newest valid) after verify-before-delete of the newest."""
+        committed = [g for g in self.generations() if g.committed]
+        newest = self.latest(deep=True) if committed else None
+        doomed = plan_retention([g.step for g in committed], keep_last=keep_last, keep_every=keep_every,
+                                pinned=self.pins(), protect=[newest.step] if newest else [])
+        return [g for g in committed if g.step in doomed], newest
+
+    def gc(self, *, keep_last: int, keep_every: int | None = None, dry_run: bool = False) -> list[int]:
+        """Delete what the policy allows; the manifest goes first, so a crash leaves uncommitted."""
+        doomed, _ = self.plan_gc(keep_last=keep_last, keep_every=keep_every)
+        if not dry_run:
+            for gen in doomed:
+                if gen.bin is None and gen.shards is not None:
+                    shards.remove(gen.manifest, gen.shards)
+                    continue
+                atomic.remove(gen.manifest)
+                atomic.remove(gen.bin)
+        return [g.step for g in doomed]
+
+    def sweep_temps(self) -> list[Path]:
+        """Remove orphan temp files of our own pattern (killed saves); nothing else."""
+        removed = []
+        for temp in self.listing().temps:
+            if temp.is_file() and not temp.is_symlink():
+                atomic.remove(temp)
+                removed.append(temp)
+        return removed
+
+    # ------------------------------------------------------------ sidecars
+    def read_sidecar(self, name: str, default: Any = None) -> Any:
+        return read_json(self.path / name, default=default)
+
+    def write_sidecar(self, name: str, value: Any) -> None:
+        atomic.write_json(self.path / name, value)

@@ -1,0 +1,101 @@
+"""Generations of a run directory: listing them and checking each (spec/RUN.md §1-§2).
+
+A generation is ``step_NNNNNN.bin`` + ``step_NNNNNN.json`` (or a sharded generation's
+``step_NNNNNN.shards/`` + manifest); it is committed when both exist and agree.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from .. import format as fmt
+from .. import reader, shards
+from ..errors import CheckpointError
+
+
+@dataclass
+class Generation:
+    step: int
+    bin: Path | None = None
+    manifest: Path | None = None
+    shards: Path | None = None          # step_NNNNNN.shards/ of a sharded generation
+
+    @property
+    def committed(self) -> bool:
+        return self.manifest is not None and (self.bin is not None or self.shards is not None)
+
+    @property
+    def size(self) -> int | None:
+        if self.bin is not None:
+            return self.bin.stat().st_size
+        if self.shards is not None:
+            return sum(e.stat().st_size for e in self.shards.iterdir() if e.is_file())
+        return None
+
+
+@dataclass
+class Listing:
+    generations: list[Generation] = field(default_factory=list)
+    temps: list[Path] = field(default_factory=list)
+    foreign: list[tuple[Path, str]] = field(default_factory=list)   # (entry, why skipped)
+
+
+def list_dir(path: "str | os.PathLike[str]") -> Listing:
+    """Classify every entry without following symlinks or opening anything."""
+    root = Path(path)
+    gens: dict[int, Generation] = {}
+    out = Listing()
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        name = entry.name
+        if fmt.is_temp_name(name):
+            out.temps.append(root / name)
+            continue
+        parsed = fmt.parse_name(name)
+        if parsed is None:
+            if name.startswith("step_"):
+                out.foreign.append((root / name, "look-alike name, not a canonical step_NNNNNN"))
+            continue
+        step, kind = parsed
+        if kind == "shards":
+            if not entry.is_dir(follow_symlinks=False):
+                out.foreign.append((root / name, "a .shards entry that is not a directory"))
+                continue
+        elif not entry.is_file(follow_symlinks=False):
+            out.foreign.append((root / name, "not a regular file (symlink, directory or device)"))
+            continue
+        gen = gens.setdefault(step, Generation(step))
+        setattr(gen, {"bin": "bin", "json": "manifest", "shards": "shards"}[kind], root / name)
+    out.generations = [gens[s] for s in sorted(gens)]
+    return out
+
+
+def check_generation(gen: Generation, *, deep: bool = False) -> str | None:
+    """None when the generation is committed and valid, else the reason it is not."""
+    if gen.bin is None and gen.shards is not None and gen.manifest is not None:
+        return shards.check(gen.manifest, deep=deep)
+    if gen.bin is None and gen.shards is not None:
+        return "not committed: shards without a manifest"
+    if gen.bin is None:
+        return "manifest without its .bin"
+    if gen.manifest is None:
+        return "not committed: no manifest"
+    try:
+        with reader.open(gen.bin, manifest="require", verify=deep) as ck:
+            if ck.step != gen.step:
+                return f"header step {ck.step} is not the name's step {gen.step}"
+    except CheckpointError as exc:
+        return exc.problem
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or exc}"
+    return None
+
+
+def check_bare(gen: Generation) -> str | None:
+    if gen.bin is None:
+        return "manifest without its .bin"
+    try:
+        step, _, _ = reader.read_header(gen.bin)
+    except CheckpointError as exc:
+        return exc.problem
+    return None if step == gen.step else f"header step {step} is not the name's step {gen.step}"

@@ -1,0 +1,79 @@
+"""One writer per run: an flock on ``RUN/.lock`` naming its holder (spec/RUN.md §3)."""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import socket
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import RunLockedError
+
+LOCK = ".lock"
+
+
+class RunLock:
+    """An flock on ``RUN/.lock`` for the life of a writer; it dies with its process, so a lock
+    left by a dead process is stale by construction and is taken over (and reported)."""
+
+    def __init__(self, run: "str | os.PathLike[str]", purpose: str = "writer"):
+        self.path = Path(run) / LOCK
+        self.purpose = purpose
+        self.fd: int | None = None
+        self.stale: dict[str, Any] | None = None
+
+    def acquire(self) -> "RunLock":
+        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = _read_holder(fd)
+            os.close(fd)
+            raise RunLockedError(str(self.path.parent), f"locked by {holder.get('purpose', 'a writer')} "
+                                 f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}",
+                                 got=holder) from None
+        previous = _read_holder(fd)
+        if previous.get("pid") and previous.get("pid") != os.getpid():
+            self.stale = previous
+        info = {"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
+                "since": time.time()}
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, json.dumps(info).encode(), 0)
+        self.fd = fd
+        return self
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.ftruncate(self.fd, 0)
+            os.close(self.fd)
+            self.fd = None
+
+    def __enter__(self) -> "RunLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _read_holder(fd: int) -> dict[str, Any]:
+    try:
+        return json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except ValueError:
+        return {}
+
+
+def lock_holder(run: "str | os.PathLike[str]") -> dict[str, Any] | None:
+    """Who holds the writer lock now, or None (used by ls and pivot)."""
+    path = Path(run) / LOCK
+    if not path.exists():
+        return None
+    fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        return None
+    except BlockingIOError:
+        return _read_holder(fd)
+    finally:
+        os.close(fd)

@@ -1,0 +1,50 @@
+"""The run's sidecar files and their rules (spec/RUN.md §4): names, JSON reading, zombie arms.
+
+Lifetimes differ on purpose (seed 000, "Eine Regel"): the loss history runs on through pivots
+and restarts, while samples and bandit state may be archived and reset at a polish pivot.
+"""
+from __future__ import annotations
+
+import json
+import os
+from typing import TYPE_CHECKING, Any
+
+from .. import manifest as mf
+from ..errors import CheckpointError
+
+if TYPE_CHECKING:
+    from .directory import Run
+
+PINS = ".pins.json"
+SAMPLES = ".samples.json"
+STATE = ".state.json"
+PIVOT = ".pivot.json"
+ARCHIVE = "archive"
+
+
+def read_json(path: "str | os.PathLike[str]", default: Any = None) -> Any:
+    try:
+        with open(path, "rb") as f:
+            return json.loads(f.read())
+    except FileNotFoundError:
+        return default
+    except ValueError as exc:
+        raise CheckpointError(str(path), f"not valid JSON: {exc}") from None
+
+
+def zombie_arms(run: "Run") -> list[str]:
+    """Bandit arms in .state.json whose data source the run's config no longer has (seed: the
+    step-112,619 lesson). Empty when there is no state or no config to compare with."""
+    state = run.read_sidecar(STATE, default=None)
+    if not isinstance(state, dict) or not isinstance(state.get("arms"), dict):
+        return []
+    gen = next((g for g in reversed(run.generations()) if g.committed), None)
+    if gen is None:
+        return []
+    try:
+        sources = mf.read(gen.manifest).get("config", {}).get("sources")
+    except CheckpointError:
+        return []
+    if not sources:
+        return []
+    return sorted(set(state["arms"]) - set(sources))
