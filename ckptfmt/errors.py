@@ -1,24 +1,49 @@
-"""One exception hierarchy (spec §7). Every failure of a checkpoint is a ``CheckpointError``.
+"""One exception hierarchy (spec/FORMAT.md §7). Every failure of ckptfmt is a ``CheckpointError``.
 
 OS errors on reading stay OS errors; failures of a save are ``SaveError`` with the OS error as
-its cause, so callers can tell "the file is bad" from "the disk refused".
+its cause, so callers can tell "the file is bad" from "the disk refused". Each subclass says
+whether it means "the check ran and found a defect" or "it could not run"
+(``could_not_run``): the CLI turns the first into exit 1 and the second into exit 2.
+
+>>> str(TruncatedError("a.bin", "truncated at offset 4", offset=4, expected=8, got=4, unit="bytes"))
+'a.bin: truncated at offset 4: expected 8 bytes, got 4'
+>>> MissingDependencyError("x.pt", ".pt needs torch: pip install 'ckptfmt[torch]'").could_not_run
+True
 """
 from __future__ import annotations
 
 import os
 
+__all__ = ["CheckpointError", "NotACheckpointError", "BadHeaderError", "TruncatedError",
+           "TrailingDataError", "BadNameError", "ManifestError", "ManifestMismatchError",
+           "FingerprintMismatchError", "IncompleteResumeStateError", "ConfigMismatchError",
+           "LayoutMismatchError", "OptimizerMismatchError", "NoValidGenerationError",
+           "GenerationNotFoundError", "RunLockedError", "HistoryCorruptError", "SidecarError",
+           "RankDisagreementError", "SaveError", "ConvertError", "ExportError",
+           "DestinationExistsError", "MissingDependencyError", "DeviceUnavailableError"]
+
 
 class CheckpointError(ValueError):
-    """Root of every ckptfmt error: carries the path and, where known, offset/expected/got."""
+    """Root of every ckptfmt error: carries the path and, where known, offset/expected/got.
+
+    With ``unit`` (or ``at_least``), the message ends in "expected X unit, got Y", rendered
+    here from the fields, so every such message reads the same way.
+    """
+
+    could_not_run = False    # True: CLI exit 2 (could not run); False: exit 1 (a defect found)
 
     def __init__(self, path: "str | os.PathLike[str] | None", problem: str, *,
-                 offset: int | None = None, expected: object = None, got: object = None):
+                 offset: int | None = None, expected: object = None, got: object = None,
+                 unit: str | None = None, at_least: bool = False):
         self.path = os.fspath(path) if path is not None else None
         self.problem = problem
         self.offset = offset
         self.expected = expected
         self.got = got
-        super().__init__(f"{self.path}: {problem}" if self.path else problem)
+        if unit is not None:
+            bound = "at least " if at_least else ""
+            self.problem = f"{problem}: expected {bound}{expected} {unit}, got {got}"
+        super().__init__(f"{self.path}: {self.problem}" if self.path else self.problem)
 
 
 class NotACheckpointError(CheckpointError):
@@ -61,16 +86,38 @@ class ConfigMismatchError(CheckpointError):
     """A run was started with a config that differs from the one it was trained with."""
 
 
+class LayoutMismatchError(CheckpointError):
+    """The checkpoint's parameters (names, order, shapes) are not the model's."""
+
+
+class OptimizerMismatchError(CheckpointError):
+    """The checkpoint's optimizer state does not fit the optimizer (type, param groups)."""
+
+
 class NoValidGenerationError(CheckpointError):
     """A run has generations but none of them is committed and valid."""
+
+
+class GenerationNotFoundError(CheckpointError):
+    """The run has no committed generation where one was asked for (a step, or any at all)."""
 
 
 class RunLockedError(CheckpointError):
     """Another live process holds the run's writer lock."""
 
+    could_not_run = True
+
 
 class HistoryCorruptError(CheckpointError):
     """The loss history is damaged in the middle, not just torn at its tail."""
+
+
+class SidecarError(CheckpointError):
+    """A run's sidecar file (pins, samples, bandit state, pivot record) is not valid JSON."""
+
+
+class RankDisagreementError(CheckpointError):
+    """The ranks of a torch.distributed job could not agree on a decision (what to resume)."""
 
 
 class SaveError(CheckpointError):
@@ -87,3 +134,17 @@ class ExportError(CheckpointError):
 
 class DestinationExistsError(CheckpointError):
     """A destination that must be new already exists; nothing was written (CLI exit 2)."""
+
+    could_not_run = True
+
+
+class MissingDependencyError(CheckpointError):
+    """An optional dependency (torch, matplotlib, safetensors) is not installed (CLI exit 2)."""
+
+    could_not_run = True
+
+
+class DeviceUnavailableError(CheckpointError):
+    """The device asked for (``--device cuda``) is not available on this machine (CLI exit 2)."""
+
+    could_not_run = True

@@ -30,11 +30,11 @@ def check_header(path: str, step: int, n_params: int, size: int) -> None:
         raise BadHeaderError(path, f"negative n_params {n_params} at offset 4", offset=4, got=n_params)
     expected = fmt.file_size(n_params)
     if size < expected:
-        raise TruncatedError(path, f"truncated at offset {size}: expected {expected} bytes, got {size}",
-                             offset=size, expected=expected, got=size)
+        raise TruncatedError(path, f"truncated at offset {size}", offset=size, expected=expected,
+                             got=size, unit="bytes")
     if size > expected:
-        raise TrailingDataError(path, f"trailing data at offset {expected}: expected {expected} bytes, "
-                                      f"got {size}", offset=expected, expected=expected, got=size)
+        raise TrailingDataError(path, f"trailing data at offset {expected}", offset=expected,
+                                expected=expected, got=size, unit="bytes")
 
 
 def read_header(path: "str | os.PathLike[str]", fd: int | None = None) -> tuple[int, int, int]:
@@ -46,9 +46,8 @@ def read_header(path: "str | os.PathLike[str]", fd: int | None = None) -> tuple[
     try:
         size = os.fstat(fd).st_size
         if size < fmt.HEADER_SIZE:
-            raise NotACheckpointError(path, f"too short for a header: expected at least "
-                                            f"{fmt.HEADER_SIZE} bytes, got {size}",
-                                      offset=size, expected=fmt.HEADER_SIZE, got=size)
+            raise NotACheckpointError(path, "too short for a header", offset=size,
+                                      expected=fmt.HEADER_SIZE, got=size, unit="bytes", at_least=True)
         step, n = fmt.unpack_header(os.pread(fd, fmt.HEADER_SIZE, 0))
         check_header(path, step, n, size)
         return step, n, size

@@ -15,8 +15,7 @@ from typing import Any, Callable
 
 import click
 
-from ..errors import (CheckpointError, DestinationExistsError, NotACheckpointError, NoValidGenerationError,
-                     RunLockedError)
+from ..errors import CheckpointError, NotACheckpointError, NoValidGenerationError
 
 EXIT_OK, EXIT_DEFECT, EXIT_CANNOT = 0, 1, 2
 
@@ -38,13 +37,11 @@ def guarded(fn: Callable) -> Callable:
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         try:
             return fn(*args, **kwargs)
-        except (RunLockedError, DestinationExistsError) as exc:
-            raise Fail(str(exc), EXIT_CANNOT) from None
         except NotACheckpointError as exc:
             code = EXIT_CANNOT if exc.path and os.path.isdir(exc.path) else EXIT_DEFECT
             raise Fail(str(exc), code) from None
         except CheckpointError as exc:
-            raise Fail(str(exc), EXIT_DEFECT) from None
+            raise Fail(str(exc), EXIT_CANNOT if exc.could_not_run else EXIT_DEFECT) from None
         except OSError as exc:
             where = exc.filename or ""
             raise Fail(f"{where}: {exc.strerror or exc}" if where else str(exc), EXIT_CANNOT) from None

@@ -9,7 +9,8 @@ from typing import Any
 from .. import atomic, fsio
 from .. import format as fmt
 from .. import manifest as mf
-from ..errors import CheckpointError, DestinationExistsError
+from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoundError,
+                      NoValidGenerationError)
 from . import history as hist
 from .directory import Run
 from .generations import check_generation
@@ -46,7 +47,7 @@ def pivot(path: "str | os.PathLike[str]", *, note: str | None = None) -> dict[st
     with RunLock(path, purpose="pivot"):
         gen = run.latest()
         if gen is None:
-            raise CheckpointError(str(path), "cannot pivot: the run has no committed generation")
+            raise GenerationNotFoundError(str(path), "cannot pivot: the run has no committed generation")
         dest = _archive_dir(run, gen.step)
         moved = []
         for name in (SAMPLES, STATE):
@@ -85,10 +86,10 @@ def fork(path: "str | os.PathLike[str]", step: int, dest: "str | os.PathLike[str
     run, dest = Run(path), Path(dest)
     gen = next((g for g in run.generations() if g.step == step), None)
     if gen is None or not gen.committed:
-        raise CheckpointError(str(path), f"no committed generation at step {step}")
+        raise GenerationNotFoundError(str(path), f"no committed generation at step {step}")
     reason = check_generation(gen, deep=True)
     if reason:
-        raise CheckpointError(str(gen.bin), f"cannot fork from it: {reason}")
+        raise NoValidGenerationError(str(gen.bin), f"cannot fork from it: {reason}")
     if dest.exists() and any(dest.iterdir()):
         raise DestinationExistsError(str(dest), "exists and is not empty; refusing to fork into it")
     dest.mkdir(parents=True, exist_ok=True)

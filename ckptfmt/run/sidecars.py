@@ -10,7 +10,7 @@ import os
 from typing import TYPE_CHECKING, Any
 
 from .. import manifest as mf
-from ..errors import CheckpointError
+from ..errors import CheckpointError, SidecarError
 
 if TYPE_CHECKING:
     from .directory import Run
@@ -29,7 +29,7 @@ def read_json(path: "str | os.PathLike[str]", default: Any = None) -> Any:
     except FileNotFoundError:
         return default
     except ValueError as exc:
-        raise CheckpointError(str(path), f"not valid JSON: {exc}") from None
+        raise SidecarError(str(path), f"not valid JSON: {exc}") from None
 
 
 def zombie_arms(run: "Run") -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 from typing import Any
 
 from ..run import history as hist
-from ..errors import CheckpointError
+from ..errors import MissingDependencyError
 from ..run import Run
 
 EVENT_STYLE = {"pivot": ("tab:red", "--"), "resume": ("tab:orange", ":"), "fork": ("tab:purple", "-.")}
@@ -49,7 +49,7 @@ def plot(run_dirs: list[str], out: str) -> dict[str, Any]:
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
     except ImportError:
-        raise CheckpointError(out, "plot needs matplotlib: pip install 'ckptfmt[plot]'") from None
+        raise MissingDependencyError(out, "plot needs matplotlib: pip install 'ckptfmt[plot]'") from None
     data = [series(r) for r in run_dirs]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, height_ratios=[3, 1])
     for d in data:

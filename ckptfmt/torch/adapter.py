@@ -15,7 +15,8 @@ import torch
 
 from .. import format as fmt
 from .. import reader, writer
-from ..errors import CheckpointError, IncompleteResumeStateError  # noqa: F401 (re-exported for ckptfmt.dist)
+from ..errors import (CheckpointError, IncompleteResumeStateError, LayoutMismatchError,
+                      OptimizerMismatchError)
 
 STAGING = 8 << 20   # bytes per pinned staging buffer on the CUDA path
 
@@ -140,11 +141,11 @@ def _checked_params(ck: reader.Checkpoint, model: torch.nn.Module) -> list[torch
         raise IncompleteResumeStateError(ck.path, "cannot load into a model: manifest lacks layout")
     params = dict(model.named_parameters())
     if [e["name"] for e in layout] != list(params):
-        raise CheckpointError(ck.path, "parameter names/order differ from the model's: "
+        raise LayoutMismatchError(ck.path, "parameter names/order differ from the model's: "
                                        f"file has {len(layout)} tensors, model {len(params)}")
     for entry in layout:
         if list(params[entry["name"]].shape) != entry["shape"]:
-            raise CheckpointError(ck.path, f"{entry['name']}: shape {entry['shape']} in the "
+            raise LayoutMismatchError(ck.path, f"{entry['name']}: shape {entry['shape']} in the "
                                            f"file, {list(params[entry['name']].shape)} in the model")
     return [params[e["name"]] for e in layout]
 
@@ -197,7 +198,7 @@ def prepare_optimizer(ck: "reader.Checkpoint | Any", model: torch.nn.Module,
         raise IncompleteResumeStateError(ck.path, "cannot resume the optimizer: manifest lacks "
                                                   "optimizer.step / optimizer.hyperparams")
     if len(opt["hyperparams"]) != len(optimizer.param_groups):
-        raise CheckpointError(ck.path, f"{len(opt['hyperparams'])} param groups in the manifest, "
+        raise OptimizerMismatchError(ck.path, f"{len(opt['hyperparams'])} param groups in the manifest, "
                                        f"{len(optimizer.param_groups)} in the optimizer")
     for group, saved in zip(optimizer.param_groups, opt["hyperparams"]):
         for key, value in saved.items():

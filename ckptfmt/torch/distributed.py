@@ -18,6 +18,7 @@ import torch
 import torch.distributed as dist
 
 from .. import shards
+from ..errors import LayoutMismatchError
 from . import adapter as ct
 
 
@@ -145,7 +146,7 @@ def load_into(source: Any, model: torch.nn.Module, optimizer: torch.optim.Optimi
         for name, p in model.named_parameters():
             entry = layout[name]
             if list(p.shape) != entry["shape"]:
-                raise ct.CheckpointError(source.path, f"{name}: shape {entry['shape']} in the file, {list(p.shape)} in the model")
+                raise LayoutMismatchError(source.path, f"{name}: shape {entry['shape']} in the file, {list(p.shape)} in the model")
             ranges[id(p)] = _local_flat_range(p, entry["offset"])
             fill(p.to_local(), "weights", *ranges[id(p)])
         if optimizer is None:

@@ -16,7 +16,7 @@ import torch
 from .. import fingerprint, reader
 from .. import manifest as mf
 from .. import torch as ct
-from ..errors import CheckpointError, ConfigMismatchError
+from ..errors import CheckpointError, ConfigMismatchError, DeviceUnavailableError, RankDisagreementError
 from ..run.history import encode_float
 from ..run import PIVOT, SAMPLES, STATE, Run, RunLock
 from . import config as cfgmod
@@ -46,7 +46,7 @@ def pick_device(name: str) -> torch.device:
     if name == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     if name == "cuda" and not torch.cuda.is_available():
-        raise CheckpointError(None, "--device cuda: no CUDA device is available")
+        raise DeviceUnavailableError(None, "--device cuda: no CUDA device is available")
     return torch.device(name)
 
 
@@ -172,7 +172,7 @@ class Trainer:
                 error = str(exc)
         choice = gather_json({"step": step, "error": error})[0]
         if choice["error"]:
-            raise CheckpointError(None, choice["error"])
+            raise RankDisagreementError(None, choice["error"])
         if choice["step"] is None:
             return None
         return next(g for g in self.run.generations() if g.step == choice["step"])

@@ -20,7 +20,7 @@ from ... import atomic, fingerprint
 from ... import format as fmt
 from ... import reader, writer
 from . import safetensors as safetensors_io
-from ...errors import ConvertError, DestinationExistsError
+from ...errors import ConvertError, DestinationExistsError, MissingDependencyError
 
 FORMATS = ("bin", "safetensors", "pt", "npz", "zst", "shards", "dcp")
 ZST_MAGIC = b"CKPTZST\x01"
@@ -125,7 +125,7 @@ def _torch(path: str):
     try:
         import torch
     except ImportError:
-        raise ConvertError(path, ".pt needs torch: pip install 'ckptfmt[torch]'") from None
+        raise MissingDependencyError(path, ".pt needs torch: pip install 'ckptfmt[torch]'") from None
     return torch
 
 
