@@ -36,6 +36,7 @@ def main() -> int:
     run.mkdir()
     model, opt = build_state(args.config)
     from ckptfmt.trainer.config import CONFIGS
+    from ckptfmt.trainer.export_check import export_check
     manifest = {"config": CONFIGS[args.config].to_dict()}
     ct.save(str(run / "step_001000.bin"), model, opt, manifest=manifest)
     (run / ".loss.json").write_text("".join(json.dumps({"step": s, "loss": 1.0}) + "\n" for s in range(1, 1001)))
@@ -48,7 +49,7 @@ def main() -> int:
         subprocess.run(["sync"], check=True)
         cp.append(time.perf_counter() - t)
         t = time.perf_counter()
-        doc = export(str(run), str(base / f"ex{i}"))
+        doc = export(str(run), str(base / f"ex{i}"), check=export_check)
         ex.append(time.perf_counter() - t)
     shutil.rmtree(base)
     out = {"config": args.config, "bytes": size, "cp_sync_s": statistics.median(cp), "export_s": statistics.median(ex),

@@ -9,6 +9,7 @@ pytest.importorskip("torch")
 import ckptfmt  # noqa: E402
 from ckptfmt.errors import DestinationExistsError, ExportError  # noqa: E402
 from ckptfmt.tools.export import INCOMPLETE, archive, export, import_archive  # noqa: E402
+from ckptfmt.trainer.export_check import export_check  # noqa: E402
 from conftest import arrays, cli, seed_write  # noqa: E402
 
 PY = sys.executable
@@ -31,7 +32,7 @@ def trained(tmp_path_factory):
 
 def test_export_then_resume_gives_the_same_bytes(trained, tmp_path):
     dest = tmp_path / "dest"
-    doc = export(str(trained / "run"), str(dest))
+    doc = export(str(trained / "run"), str(dest), check=export_check)
     assert doc["steps"] == [40] and doc["verified"]["validated"]["status"] == "verified"
     assert "loaded into a fresh tiny model" in doc["verified"]["loaded"]
     assert not (dest / INCOMPLETE).exists() and (dest / "EXPORT.md").exists()

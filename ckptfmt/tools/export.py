@@ -49,11 +49,18 @@ def _prepare_dest(dest: Path) -> None:
 
 
 def export(run_dir: str, dest: str, *, steps: list[int] | None = None,
-           with_history: bool = True, weights_only: bool = False, load_check: bool = True,
+           with_history: bool = True, weights_only: bool = False,
+           check: Callable[[Path], str] | None = None,
            tamper: Callable[[Path], None] | None = None, progress=None) -> dict[str, Any]:
     """Copy the chosen generations and sidecars to DEST and prove them there.
 
-    ``tamper`` is a test hook run after the copy and before the verification.
+    Every file is re-read and hashed at DEST and the newest generation is validated fully.
+    ``check``, when given, is then called with that generation's path at DEST and returns one
+    line for the export's record, for example "loaded into a fresh model + AdamW at step 40"
+    (``ckptfmt.trainer.export_check`` does that for the reference trainer); it raises a
+    ``CheckpointError`` if the generation cannot be used. The library knows no model, so a
+    caller that has one supplies the check. ``tamper`` is a test hook run after the copy and
+    before the verification.
     """
     run, out = Run(run_dir), Path(dest)
     gens = _choose(run, steps)
@@ -69,7 +76,7 @@ def export(run_dir: str, dest: str, *, steps: list[int] | None = None,
                           "blake3": atomic.copy_verified(src, out / name, None)})
     if tamper:
         tamper(out)
-    checks = _verify_at_dest(out, files, gens, weights_only, load_check)
+    checks = _verify_at_dest(out, files, gens, weights_only, check)
     doc = _describe(run, out, gens, files, checks, time.perf_counter() - started)
     atomic.write_json(out / ARCHIVE_MANIFEST, doc)
     (out / "EXPORT.md").write_text(_export_md(doc))
@@ -95,7 +102,7 @@ def _export_generation(gen, out: Path, weights_only: bool, progress=None) -> lis
 
 
 def _verify_at_dest(out: Path, files: list[dict[str, Any]], gens: list, weights_only: bool,
-                    load_check: bool) -> dict[str, Any]:
+                    check: Callable[[Path], str] | None) -> dict[str, Any]:
     """Re-read every copied file from DEST; then validate and load one generation from DEST."""
     for row in files:
         path = out / row["file"]
@@ -114,30 +121,9 @@ def _verify_at_dest(out: Path, files: list[dict[str, Any]], gens: list, weights_
         raise ExportError(str(newest), "does not validate at the destination: "
                                        + "; ".join(f.message for f in report.findings))
     checks["validated"] = {"file": newest.name, "status": report.status}
-    if load_check and report.status == "verified":
-        checks["loaded"] = _load_into_model(newest)
+    if check is not None and report.status == "verified":
+        checks["loaded"] = check(newest)
     return checks
-
-
-def _load_into_model(path: Path) -> str:
-    """Load into a fresh model + optimizer from DEST (torch extra), else say why not."""
-    try:
-        import torch  # noqa: F401
-    except ImportError:
-        return "skipped: torch not installed (validated fully instead)"
-    doc = mf.read(mf.path_for(path))
-    if not isinstance(doc.get("config"), dict) or "ctx" not in doc["config"]:
-        return "skipped: not a reference-trainer checkpoint (validated fully instead)"
-    from .. import torch as ct
-    from ..trainer.config import from_dict
-    from ..trainer.model import GPT
-    cfg = from_dict(doc["config"])
-    model = GPT(cfg)
-    opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
-                            weight_decay=cfg.weight_decay)
-    ck = ct.load(str(path), model, opt, verify=True)
-    ck.close()
-    return f"loaded into a fresh {cfg.name} model + AdamW at step {doc['optimizer']['step']}"
 
 
 def _describe(run: Run, out: Path, gens: list, files: list, checks: dict, seconds: float) -> dict[str, Any]:

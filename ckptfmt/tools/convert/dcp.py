@@ -12,24 +12,30 @@ from __future__ import annotations
 import json
 import math
 import os
-from pathlib import Path
 from typing import Any
 
 import numpy as np
-import torch
-import torch.distributed.checkpoint as dcp
 
+from ... import format as fmt
 from ... import manifest as mf
 from ... import reader, writer
 from ...errors import ConvertError
+from .source import require_torch
 
+
+def _torch_dcp(path: str) -> tuple[Any, Any]:
+    """(torch, torch.distributed.checkpoint), imported here only: the rest of the conversions
+    must work without torch."""
+    torch = require_torch(path)
+    import torch.distributed.checkpoint as dcp  # lazy: torch is the optional extra
+    return torch, dcp
 
 
 def _layout(ck) -> list[dict[str, Any]]:
     return ck.layout or [{"name": "flat", "shape": [ck.n_params], "offset": 0}]
 
 
-def _tensors(region: np.ndarray, layout: list[dict[str, Any]]) -> dict[str, torch.Tensor]:
+def _tensors(torch: Any, region: np.ndarray, layout: list[dict[str, Any]]) -> dict[str, Any]:
     out = {}
     for e in layout:
         count = math.prod(e["shape"])
@@ -37,12 +43,9 @@ def _tensors(region: np.ndarray, layout: list[dict[str, Any]]) -> dict[str, torc
     return out
 
 
-def _bytes_tensor(obj: Any) -> torch.Tensor:
-    return torch.frombuffer(bytearray(json.dumps(obj).encode()), dtype=torch.uint8)
-
-
 def to_dcp(src: str, dst: str) -> None:
     """Write a .bin (with or without manifest) as a DCP directory."""
+    torch, dcp = _torch_dcp(dst)
     if os.path.exists(dst) and os.listdir(dst):
         raise ConvertError(dst, "DCP destination exists and is not empty")
     ck = reader.open(src, copy_on_write=True, check_name=False)
@@ -51,19 +54,21 @@ def to_dcp(src: str, dst: str) -> None:
         extra = {k: v for k, v in (ck.manifest or {}).items() if k not in mf.REQUIRED}
         extra.setdefault("layout", layout)
         opt = (ck.manifest or {}).get("optimizer", {})
-        weights, m, v = (_tensors(getattr(ck, r), layout) for r in ("weights", "m", "v"))
+        weights, m, v = (_tensors(torch, getattr(ck, r), layout) for r in fmt.REGIONS)
+        manifest_bytes = torch.frombuffer(bytearray(json.dumps(extra).encode()), dtype=torch.uint8)
         state = {"model": weights,
                  "optim": {"state": {name: {"exp_avg": m[name], "exp_avg_sq": v[name],
                                             "step": torch.tensor(float(opt.get("step", ck.step)))}
                                      for name in weights},
                            "param_groups": [dict(g, params=list(weights)) for g in opt.get("hyperparams", [{}])]},
-                 "ckptfmt": {"step": torch.tensor(ck.step, dtype=torch.int64), "manifest": _bytes_tensor(extra)}}
+                 "ckptfmt": {"step": torch.tensor(ck.step, dtype=torch.int64), "manifest": manifest_bytes}}
         dcp.save(state, checkpoint_id=dst)
 
 
 def from_dcp(src: str, dst: str) -> writer.SaveResult:
     """Read a DCP directory written by ``to_dcp`` (or any with model/optim keys and a layout)
     into arrays, then save a .bin and its manifest."""
+    torch, dcp = _torch_dcp(src)
     meta = dcp.FileSystemReader(src).read_metadata().state_dict_metadata
     if "ckptfmt.manifest" not in meta:
         raise ConvertError(src, "not written by ckptfmt: no ckptfmt.manifest entry (its layout is needed)")
@@ -73,15 +78,11 @@ def from_dcp(src: str, dst: str) -> writer.SaveResult:
     extra = json.loads(bytes(head["ckptfmt"]["manifest"].tolist()).decode())
     layout = extra["layout"]
     n = sum(math.prod(e["shape"]) for e in layout)
-    regions = {r: np.empty(n, dtype="<f4") for r in ("weights", "m", "v")}
-    w, m, v = (_tensors(regions[r], layout) for r in ("weights", "m", "v"))
+    regions = {r: np.empty(n, dtype=fmt.DTYPE) for r in fmt.REGIONS}
+    w, m, v = (_tensors(torch, regions[r], layout) for r in fmt.REGIONS)
     state = {"model": w, "optim": {"state": {k: {"exp_avg": m[k], "exp_avg_sq": v[k]} for k in w}}}
     dcp.load(state, checkpoint_id=src)
     if extra.get("layout") == [{"name": "flat", "shape": [n], "offset": 0}]:
         extra.pop("layout")
     return writer.save(dst, int(head["ckptfmt"]["step"]), regions["weights"], regions["m"], regions["v"],
                        manifest=extra)
-
-
-def is_dcp(path: "str | os.PathLike[str]") -> bool:
-    return Path(path).is_dir() and (Path(path) / ".metadata").is_file()

@@ -16,7 +16,9 @@ from typing import Any, Iterable
 import numpy as np
 
 from ... import atomic
+from ... import format as fmt
 from ...errors import ConvertError
+from .source import Source, cast, meta, meta_source, named, regions_of
 
 MAX_HEADER = 100 << 20
 DTYPES = {"F32": np.dtype("<f4"), "F16": np.dtype("<f2"), "BF16": np.dtype("<u2")}
@@ -107,3 +109,27 @@ class SafeFile:
         if (end - start) != count * dtype.itemsize:
             raise ConvertError(self.path, f"tensor {name}: shape and byte range disagree")
         return np.frombuffer(self._mm, dtype=dtype, count=count, offset=self.data_start + start)
+
+
+def load(path: str) -> Source:
+    sf = SafeFile(path)
+    regions = {}
+    for region in fmt.REGIONS:
+        if region in sf.header:
+            regions[region] = sf.tensor(region)
+        else:
+            parts = [sf.tensor(n) for n in sf.names() if n.startswith(region + "/")]
+            if parts:
+                regions[region] = np.concatenate(parts)
+    return meta_source(path, sf.metadata, regions)
+
+
+def write_source(src: Source, dst: str, weights_only: bool, dtype: str | None, progress=None) -> None:
+    tensors = []
+    for region in regions_of(src, weights_only):
+        for name, shape, arr in named(src, region, getattr(src, region)):
+            code, data = cast(arr, dtype)
+            tensors.append((name, code, shape, data))
+    write(dst, tensors, meta(src, weights_only), progress)
+
+

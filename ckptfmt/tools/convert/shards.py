@@ -10,14 +10,15 @@ import os
 import tempfile
 from pathlib import Path
 
-from ... import fingerprint, shards
+from ... import fingerprint, reader, shards
 from ... import format as fmt
 from ... import manifest as mf
 from ...errors import ConvertError, DestinationExistsError
+from . import dcp
+from .source import ConvertReport, discard
 
 
 def _report(src: str, dst: str, src_kind: str, dst_kind: str, step: int, n: int, how: str, digest: str | None):
-    from . import ConvertReport
 
     def size(p: str) -> int:
         path = Path(p)
@@ -53,7 +54,7 @@ def _consolidate(src: str, dst: str, verify: bool):
         with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(dst))) as tmp:
             back = mf.read(shards.split(dst, tmp, len(doc["shards"])))
         if [r["blake3"] for r in back["shards"]] != [r["blake3"] for r in doc["shards"]]:
-            _discard(dst)
+            discard(dst)
             raise ConvertError(dst, "round trip failed: splitting the result again does not reproduce the shards")
         how = "round-trip"
     return _report(str(manifest), dst, "shards", "bin", result.step, result.n_params, how, result.blake3)
@@ -62,7 +63,6 @@ def _consolidate(src: str, dst: str, verify: bool):
 def _split(src: str, run_dir: str, world: int, verify: bool):
     if world < 1:
         raise ConvertError(src, f"--shards must be at least 1, got {world}")
-    from ... import reader
     with reader.open(src, check_name=False) as ck:
         step, n = ck.step, ck.n_params
     target = Path(run_dir)
@@ -81,8 +81,6 @@ def _split(src: str, run_dir: str, world: int, verify: bool):
 
 
 def _to_dcp(src: str, dst: str, verify: bool):
-    from . import dcp
-    from ... import reader
     dcp.to_dcp(src, dst)
     with reader.open(src, check_name=False) as ck:
         step, n = ck.step, ck.n_params
@@ -98,7 +96,6 @@ def _to_dcp(src: str, dst: str, verify: bool):
 
 
 def _from_dcp(src: str, dst: str, verify: bool):
-    from . import dcp
     result = dcp.from_dcp(src, dst)
     how = "skipped"
     if verify:
@@ -106,15 +103,7 @@ def _from_dcp(src: str, dst: str, verify: bool):
             dcp.to_dcp(dst, os.path.join(tmp, "dcp"))
             again = dcp.from_dcp(os.path.join(tmp, "dcp"), os.path.join(tmp, fmt.checkpoint_name(result.step)))
         if again.blake3 != result.blake3:
-            _discard(dst)
+            discard(dst)
             raise ConvertError(dst, "round trip failed: the result does not survive DCP and back")
         how = "round-trip"
     return _report(src, dst, "dcp", "bin", result.step, result.n_params, how, result.blake3)
-
-
-def _discard(path: str) -> None:
-    for p in (Path(path), Path(path).with_suffix(".json")):
-        try:
-            p.unlink()
-        except OSError:
-            pass

@@ -1,0 +1,40 @@
+"""torch ``.pt``: a dict of one tensor per region plus metadata, loaded only with
+``torch.load(weights_only=True)``. torch is imported lazily (``require_torch``), so the other
+conversions work without it."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ... import atomic
+from ... import format as fmt
+from ...errors import ConvertError
+from .source import Source, meta, meta_source, regions_of, require_torch
+
+
+def load(path: str) -> Source:
+    torch = require_torch(path)
+    try:
+        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+    except Exception as exc:  # torch raises many types for a bad file
+        raise ConvertError(path, f"cannot load with torch.load(weights_only=True): {exc}") from None
+    if not isinstance(state, dict):
+        raise ConvertError(path, "not a ckptfmt .pt: expected a dict")
+    regions = {r: state[r].contiguous().numpy() for r in fmt.REGIONS if r in state}
+    meta = {k: v for k, v in state.items() if k not in fmt.REGIONS}
+    return meta_source(path, meta, regions)
+
+
+def write(src: Source, dst: str, weights_only: bool, dtype: str | None, progress=None) -> None:
+    torch = require_torch(dst)
+    state: dict[str, Any] = dict(meta(src, weights_only))
+    for region in regions_of(src, weights_only):
+        t = torch.from_numpy(np.array(getattr(src, region), copy=True))
+        state[region] = t.to(getattr(torch, dtype)) if dtype else t
+    with atomic.AtomicWriter(dst) as out:
+        with out.fileobj() as f:
+            torch.save(state, f)
+        out.commit()
+
+

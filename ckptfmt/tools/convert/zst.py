@@ -1,0 +1,89 @@
+"""The byte-plane zstd form: a small JSON head, then the ``.bin`` bytes with each float32 split
+into four byte planes (exponents together compress better), zstd level 1 (spec §10)."""
+from __future__ import annotations
+
+import json
+import struct
+
+import numpy as np
+import zstandard
+
+from ... import atomic
+from ... import format as fmt
+from ...errors import ConvertError
+from .source import Source
+
+MAGIC = b"CKPTZST\x01"
+CHUNK = 1 << 20          # floats per byte-plane block
+LEVEL = 1                # spec §10: chosen from benchmarks/README.md figures
+
+
+def planes(chunk: np.ndarray) -> bytes:
+    """Split float32 values into 4 byte planes (exponents together compress better)."""
+    return chunk.view(np.uint8).reshape(-1, 4).T.tobytes()
+
+
+def unplanes(data: bytes) -> np.ndarray:
+    return np.frombuffer(data, dtype=np.uint8).reshape(4, -1).T.copy().view(fmt.DTYPE).ravel()
+
+
+def write(src: Source, dst: str, weights_only: bool, dtype: str | None, progress=None,
+               level: int = LEVEL, use_planes: bool = True) -> None:
+    if weights_only or dtype:
+        raise ConvertError(dst, "the .zst form is a compressed .bin: it holds all three regions")
+    head = {"format": "ckptfmt", "step": src.step, "n_params": src.n_params, "blake3": src.blake3,
+            "planes": use_planes, "chunk": CHUNK, "layout": src.layout}
+    blob = json.dumps(head).encode()
+    with atomic.AtomicWriter(dst) as out:
+        with out.fileobj() as f:
+            f.write(MAGIC + struct.pack("<I", len(blob)) + blob)
+            cctx = zstandard.ZstdCompressor(level=level, threads=-1)
+            with cctx.stream_writer(f, closefd=False) as z:
+                z.write(fmt.pack_header(src.step, src.n_params))
+                for region in fmt.REGIONS:
+                    arr = getattr(src, region)
+                    for start in range(0, arr.size, CHUNK):
+                        piece = arr[start:start + CHUNK]
+                        z.write(planes(piece) if use_planes else piece.tobytes())
+                        if progress is not None:
+                            progress(piece.nbytes)
+        out.commit()
+
+
+def _read_exact(stream, n: int, path: str) -> bytes:
+    parts, got = [], 0
+    while got < n:
+        piece = stream.read(n - got)
+        if not piece:
+            raise ConvertError(path, f"compressed stream ends early: expected {n} more bytes, got {got}")
+        parts.append(piece)
+        got += len(piece)
+    return b"".join(parts)
+
+
+def load(path: str) -> Source:
+    with open(path, "rb") as f:
+        if f.read(8) != MAGIC:
+            raise ConvertError(path, "not a ckptfmt .zst (bad magic)")
+        (hlen,) = struct.unpack("<I", f.read(4))
+        if hlen > 16 << 20:
+            raise ConvertError(path, f"header length {hlen} is impossible")
+        head = json.loads(f.read(hlen))
+        try:
+            with zstandard.ZstdDecompressor().stream_reader(f) as z:
+                step, n = fmt.unpack_header(_read_exact(z, fmt.HEADER_SIZE, path))
+                regions = {}
+                for region in fmt.REGIONS:
+                    arr = np.empty(n, dtype=fmt.DTYPE)
+                    for start in range(0, n, head["chunk"]):
+                        count = min(head["chunk"], n - start)
+                        data = _read_exact(z, count * 4, path)
+                        arr[start:start + count] = unplanes(data) if head["planes"] else \
+                            np.frombuffer(data, dtype=fmt.DTYPE)
+                    regions[region] = arr
+        except zstandard.ZstdError as exc:
+            raise ConvertError(path, f"corrupt compressed data: {exc}") from None
+    return Source(path, step, regions["weights"], regions["m"], regions["v"], head.get("layout"),
+                  head.get("blake3"))
+
+
