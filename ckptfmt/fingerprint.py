@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import mmap
 import os
-from typing import Iterable
 
 import blake3
 
@@ -22,13 +21,6 @@ def hasher(threads: int = 1) -> "blake3.blake3":
 
 def of_bytes(data: "bytes | memoryview") -> str:
     return blake3.blake3(data).hexdigest()
-
-
-def of_chunks(chunks: Iterable["bytes | memoryview"]) -> str:
-    h = hasher(0)
-    for chunk in chunks:
-        h.update(chunk)
-    return h.hexdigest()
 
 
 def of_file(path: "str | os.PathLike[str]") -> str:

@@ -119,6 +119,23 @@ def check_matches(manifest_path: str, doc: dict[str, Any], bin_path: str, *,
                                         expected=doc[field], got=actual)
 
 
+def beside(bin_path: "str | os.PathLike[str]", *, size: int, step: int,
+           n_params: int) -> dict[str, Any] | None:
+    """The manifest beside ``bin_path`` when there is one and it describes that file, else None.
+
+    The one check of "is the manifest beside this file, and does it match" that the reader,
+    validation and inspection share: raises ``ManifestError`` when it cannot be read or breaks
+    the schema, ``ManifestMismatchError`` when it describes other bytes (name, size, step,
+    n_params). The blake3 is not checked here (that needs the whole file: ``verify``).
+    """
+    mpath = path_for(bin_path)
+    if not mpath.exists():
+        return None
+    doc = read(mpath)
+    check_matches(str(mpath), doc, os.fspath(bin_path), size=size, step=step, n_params=n_params)
+    return doc
+
+
 def json_fields(state: dict[str, Any]) -> dict[str, Any]:
     """The entries of a ``state_dict()`` (scheduler, GradScaler) that JSON holds as they are:
     None, bool, int, float, str and lists. Tensors and other objects are left out; a caller

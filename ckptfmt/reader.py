@@ -10,7 +10,6 @@ import mmap
 import os
 import stat
 import threading
-from pathlib import Path
 from typing import Any, Iterator
 
 import numpy as np
@@ -256,25 +255,18 @@ def _check_name(path: str, step: int) -> None:
 def _load_manifest(path: str, mode: str, **facts: int) -> dict[str, Any] | None:
     if mode == "ignore":
         return None
-    mpath = mf.path_for(path)
-    if not mpath.exists():
-        if mode == "require":
-            raise mf.ManifestError(str(mpath), "missing: the generation is not committed")
-        return None
-    doc = mf.read(mpath)
-    mf.check_matches(str(mpath), doc, path, **facts)
+    doc = mf.beside(path, **facts)
+    if doc is None and mode == "require":
+        raise mf.ManifestError(str(mf.path_for(path)), "missing: the generation is not committed")
     return doc
 
 
 def from_bytes(data: bytes, path: str = "<bytes>") -> Checkpoint:
     """Parse a checkpoint held in memory (tests, fuzzing); same checks as ``open``."""
     if len(data) < fmt.HEADER_SIZE:
-        raise NotACheckpointError(path, f"too short for a header: expected at least "
-                                        f"{fmt.HEADER_SIZE} bytes, got {len(data)}", offset=len(data))
+        raise NotACheckpointError(path, "too short for a header", offset=len(data),
+                                  expected=fmt.HEADER_SIZE, got=len(data), unit="bytes", at_least=True)
     step, n = fmt.unpack_header(data)
     check_header(path, step, n, len(data))
     return Checkpoint(path, step, n, len(data), data, None, None)
 
-
-def manifest_path(path: "str | os.PathLike[str]") -> Path:
-    return Path(mf.path_for(path))

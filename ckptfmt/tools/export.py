@@ -17,6 +17,7 @@ import zstandard
 
 from .. import atomic, fingerprint
 from ..run import history as hist
+from .. import format as fmt
 from .. import manifest as mf
 from ..errors import DestinationExistsError, ExportError
 from ..run import SAMPLES, STATE, Run
@@ -143,7 +144,7 @@ def _describe(run: Run, out: Path, gens: list, files: list, checks: dict, second
 
 def _export_md(doc: dict[str, Any]) -> str:
     step = doc["steps"][-1]
-    name = f"step_{step:06d}.bin"
+    name = fmt.checkpoint_name(step)
     lines = [f"# ckptfmt export of {doc['source_run']}", "",
              f"Exported {doc['exported_at']}: steps {doc['steps']}; verified at this destination: "
              f"{json.dumps(doc['verified'])}.", ""]
@@ -233,7 +234,7 @@ def import_archive(archive_path: str, dest: str) -> dict[str, Any]:
         if digests.get(row["file"]) != row["blake3"]:
             raise ExportError(str(out / row["file"]), "blake3 after unpacking differs from the export manifest")
     for gen_step in doc["steps"]:
-        name = out / f"step_{gen_step:06d}.bin"
+        name = out / fmt.checkpoint_name(gen_step)
         if name.exists():
             report = validate_file(name, deep=True)
             if not report.ok:

@@ -42,12 +42,7 @@ def inspect_file(path: "str | os.PathLike[str]", *, tensors: bool = False) -> di
 
 
 def _manifest(path: str, ck: reader.Checkpoint) -> tuple[dict | None, str | None]:
-    mpath = mf.path_for(path)
-    if not mpath.exists():
-        return None, None
     try:
-        doc = mf.read(mpath)
-        mf.check_matches(str(mpath), doc, path, size=ck.size, step=ck.step, n_params=ck.n_params)
-        return doc, None
+        return mf.beside(path, size=ck.size, step=ck.step, n_params=ck.n_params), None
     except CheckpointError as exc:
         return None, str(exc)

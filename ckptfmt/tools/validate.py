@@ -84,17 +84,16 @@ def _check_manifest(report: Report, ckpt: reader.Checkpoint) -> dict[str, Any] |
     parsed = fmt.parse_name(os.path.basename(ckpt.path))
     if parsed is not None and parsed[0] != ckpt.step:
         report.defect("bad_name", f"{ckpt.path}: name says step {parsed[0]}, header says {ckpt.step}")
-    if not os.path.exists(mpath):
-        report.warn("unverified", f"{ckpt.path}: no manifest, contents cannot be verified")
-        return None
     try:
-        doc = mf.read(mpath)
-        mf.check_matches(mpath, doc, ckpt.path, size=ckpt.size, step=ckpt.step, n_params=ckpt.n_params)
+        doc = mf.beside(ckpt.path, size=ckpt.size, step=ckpt.step, n_params=ckpt.n_params)
     except CheckpointError as exc:
         report.defect(error_code(exc), str(exc))
         return None
     except OSError as exc:
         report.defect("manifest_unreadable", f"{mpath}: {exc.strerror or exc}")
+        return None
+    if doc is None:
+        report.warn("unverified", f"{ckpt.path}: no manifest, contents cannot be verified")
         return None
     report.status = "committed"
     return doc

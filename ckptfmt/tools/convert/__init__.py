@@ -10,6 +10,7 @@ import tempfile
 import numpy as np
 
 from ... import fingerprint
+from ... import format as fmt
 from ...errors import ConvertError, DestinationExistsError
 from . import bin, npz, pt, safetensors, zst
 from .shards import convert_distributed
@@ -95,7 +96,7 @@ def _verify(source: Source, dst: str, kind: str, weights_only: bool, dtype: str 
             raise ConvertError(dst, "verification failed: blake3 differs from the source's")
         return "values"
     with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(dst))) as tmp:
-        back_path = os.path.join(tmp, f"step_{source.step:06d}.bin")
+        back_path = os.path.join(tmp, fmt.checkpoint_name(source.step))
         bin.write(load(dst, kind), back_path, False, None)
         got = fingerprint.of_file(back_path)
     if got != original:

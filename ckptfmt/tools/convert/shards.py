@@ -30,7 +30,7 @@ def _report(src: str, dst: str, src_kind: str, dst_kind: str, step: int, n: int,
 
 def _manifest_of(src: str) -> Path:
     path = Path(src.rstrip("/"))
-    return path.with_suffix(".json") if path.suffix == shards.SUFFIX else path
+    return mf.path_for(path) if path.suffix == shards.SUFFIX else path
 
 
 def convert_distributed(src: str, dst: str, src_kind: str, dst_kind: str, *, shards: int, verify: bool):

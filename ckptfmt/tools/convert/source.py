@@ -11,6 +11,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ... import format as fmt
+from ... import manifest as mf
 from ...errors import ConvertError, MissingDependencyError
 
 
@@ -96,9 +97,7 @@ def require_torch(path: str):  # lazy: torch is the optional extra
 def discard(path: str) -> None:
     """A result that failed verification must not be mistaken for a good one: remove it (and
     the manifest beside a .bin)."""
-    for p in (Path(path), Path(path).with_suffix(".json") if path.endswith(".bin") else None):
-        if p is None:
-            continue
+    for p in (Path(path), mf.path_for(path)) if path.endswith(".bin") else (Path(path),):
         try:
             p.unlink()
         except OSError:
