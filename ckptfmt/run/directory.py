@@ -32,9 +32,11 @@ class Run:
         self.history = History(self.path / ".loss.json")
 
     def listing(self) -> Listing:
+        """Every entry classified: generations, temp files of interrupted saves, foreign names."""
         return list_dir(self.path)
 
     def generations(self) -> list[Generation]:
+        """Generations in step order, committed or not (see ``Generation.committed``)."""
         return self.listing().generations
 
     def is_bare(self) -> bool:
@@ -74,9 +76,11 @@ class Run:
 
     # ------------------------------------------------------------ retention
     def pins(self) -> list[int]:
+        """Pinned steps: retention never deletes them."""
         return read_json(self.path / PINS, default=[])
 
     def pin(self, step: int, on: bool = True) -> list[int]:
+        """Pin (or with ``on=False`` unpin) ``step``; returns the pins after the change."""
         pins = set(self.pins())
         pins = pins | {step} if on else pins - {step}
         atomic.write_json(self.path / PINS, sorted(pins))
@@ -113,7 +117,9 @@ class Run:
 
     # ------------------------------------------------------------ sidecars
     def read_sidecar(self, name: str, default: Any = None) -> Any:
+        """The JSON of a sidecar (``SAMPLES``, ``STATE``, ...), or ``default`` if absent."""
         return read_json(self.path / name, default=default)
 
     def write_sidecar(self, name: str, value: Any) -> None:
+        """Replace a sidecar atomically (temp, fsync, rename, fsync the directory)."""
         atomic.write_json(self.path / name, value)

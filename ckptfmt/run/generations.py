@@ -23,10 +23,12 @@ class Generation:
 
     @property
     def committed(self) -> bool:
+        """Both halves exist: the manifest (the commit marker) and the .bin or shards."""
         return self.manifest is not None and (self.bin is not None or self.shards is not None)
 
     @property
     def size(self) -> int | None:
+        """Bytes on disk of the .bin (or of all shards), None for a lone manifest."""
         if self.bin is not None:
             return self.bin.stat().st_size
         if self.shards is not None:

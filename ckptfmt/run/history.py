@@ -51,6 +51,11 @@ class HistoryRead:
 
 
 class History:
+    """The append-only ``.loss.json`` of a run: one JSON line per record, never rewritten.
+
+    A torn last line (a crash mid-append) is terminated before the next record, so readers
+    can skip it; ``read`` gives the canonical one-record-per-step view (spec/RUN.md §4).
+    """
     def __init__(self, path: "str | os.PathLike[str]"):
         self.path = os.fspath(path)
         self._fd: int | None = None
@@ -68,22 +73,27 @@ class History:
             fsio.write_all(self._fd, b"\n", self.path)
 
     def append(self, record: dict[str, Any]) -> None:
+        """Append one record as strict JSON (a NaN loss is refused: use ``encode_float``)."""
         line = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
         fsio.write_all(self._ensure_open(), line.encode(), self.path)
 
     def event(self, kind: str, step: int, **fields: Any) -> None:
+        """Append an event record (resume, pivot, fork, signal) at ``step``."""
         self.append({"event": kind, "step": step, "time": time.time(), **fields})
 
     def sync(self) -> None:
+        """fsync what was appended, so it survives a power cut."""
         if self._fd is not None:
             fsio.fsync(self._fd, self.path)
 
     def close(self) -> None:
+        """Close the file (appending again reopens it)."""
         if self._fd is not None:
             os.close(self._fd)
             self._fd = None
 
     def read(self) -> HistoryRead:
+        """Read the whole history (see the module function ``read``)."""
         return read(self.path)
 
 

@@ -25,6 +25,8 @@ class RunLock:
         self.stale: dict[str, Any] | None = None
 
     def acquire(self) -> "RunLock":
+        """Take the lock or raise ``RunLockedError`` naming the live holder; a lock left by a
+        dead process is taken over and recorded in ``stale``."""
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -45,6 +47,7 @@ class RunLock:
         return self
 
     def release(self) -> None:
+        """Give the lock up (also on process death, by the kernel)."""
         if self.fd is not None:
             os.ftruncate(self.fd, 0)
             os.close(self.fd)

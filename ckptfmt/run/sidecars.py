@@ -23,6 +23,8 @@ ARCHIVE = "archive"
 
 
 def read_json(path: "str | os.PathLike[str]", default: Any = None) -> Any:
+    """A sidecar's JSON, ``default`` when the file does not exist, ``SidecarError`` when it is
+    not valid JSON (a damaged sidecar is reported, never silently replaced)."""
     try:
         with open(path, "rb") as f:
             return json.loads(f.read())

@@ -15,6 +15,8 @@ import numpy as np
 from .. import format as fmt
 from .. import reader
 
+__all__ = ["DiffResult", "RegionDiff", "diff", "diff_regions", "locate", "max_ulp", "ordered_bits", "per_tensor"]
+
 CHUNK = 1 << 18   # elements per comparison pass (temporaries stay in cache)
 
 
@@ -34,6 +36,7 @@ class RegionDiff:
     _dot: float = 0.0
 
     def to_dict(self) -> dict[str, Any]:
+        """The differences of one region as JSON-able fields."""
         out = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
         out["rel_l2"] = math.sqrt(self._sq_diff / self._sq_a) if self._sq_a else (
             0.0 if self._sq_diff == 0 else math.inf)
@@ -53,20 +56,24 @@ class DiffResult:
 
     @property
     def identical(self) -> bool:
+        """Same header and every byte of every region equal."""
         return self.comparable and self.header["step"][0] == self.header["step"][1] and all(
             r.n_diff == 0 for r in self.regions.values())
 
     @property
     def within_tolerance(self) -> bool:
+        """Every region within the --atol / --rtol given."""
         return self.comparable and all(r.within_tol for r in self.regions.values())
 
     @property
     def verdict(self) -> str:
+        """'identical', 'within tolerance', 'different' or 'not comparable'."""
         if self.identical:
             return "bit-identical"
         return "equal within tolerance" if self.within_tolerance else "different"
 
     def to_dict(self) -> dict[str, Any]:
+        """The whole comparison as JSON-able fields (``--json``)."""
         return {"a": self.a, "b": self.b, "header": self.header, "comparable": self.comparable,
                 "identical": self.identical, "within_tolerance": self.within_tolerance,
                 "verdict": self.verdict,
@@ -81,6 +88,7 @@ def ordered_bits(x: np.ndarray) -> np.ndarray:
 
 
 def max_ulp(a: np.ndarray, b: np.ndarray) -> int:
+    """Largest distance in units in the last place between equal-index float32 values."""
     d = np.subtract(ordered_bits(a), ordered_bits(b), dtype=np.int64)
     return int(np.abs(d, out=d).max())
 

@@ -23,6 +23,8 @@ from ..errors import DestinationExistsError, ExportError
 from ..run import SAMPLES, STATE, Run
 from .validate import validate_file
 
+__all__ = ["INCOMPLETE", "archive", "export", "import_archive"]
+
 INCOMPLETE = "EXPORT-INCOMPLETE"
 SIDECARS = (hist.NAME, SAMPLES, STATE)
 ARCHIVE_MANIFEST = "export.json"

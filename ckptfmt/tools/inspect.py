@@ -11,6 +11,8 @@ from .. import reader
 from ..errors import CheckpointError
 from .stats import region_stats
 
+__all__ = ["inspect_file"]
+
 MANIFEST_SUMMARY = ("created", "config", "optimizer", "scheduler", "versions", "code", "data",
                     "provenance")
 

@@ -11,6 +11,8 @@ from ..run import history as hist
 from ..errors import MissingDependencyError
 from ..run import Run
 
+__all__ = ["plot", "series"]
+
 EVENT_STYLE = {"pivot": ("tab:red", "--"), "resume": ("tab:orange", ":"), "fork": ("tab:purple", "-.")}
 
 
@@ -44,6 +46,8 @@ def series(run_dir: str, ema: float | None = None, window: int | None = None) ->
 
 
 def plot(run_dirs: list[str], out: str) -> dict[str, Any]:
+    """Draw the loss (raw and EMA) of each run with its events into ``out`` (a .png); needs
+    matplotlib (``MissingDependencyError`` otherwise). Returns what was drawn."""
     try:
         import matplotlib
         matplotlib.use("Agg")

@@ -6,6 +6,8 @@ from dataclasses import asdict, dataclass
 
 import numpy as np
 
+__all__ = ["RegionStats", "region_stats"]
+
 CHUNK = 1 << 22   # elements per pass (16 MiB of float32)
 
 
@@ -23,6 +25,7 @@ class RegionStats:
     _sumsq: float = 0.0
 
     def add(self, chunk: np.ndarray) -> None:
+        """Fold one chunk of values into the running statistics."""
         self.count += chunk.size
         finite_mask = np.isfinite(chunk)
         n_finite = int(np.count_nonzero(finite_mask))
@@ -44,9 +47,11 @@ class RegionStats:
 
     @property
     def finite(self) -> int:
+        """Values that are neither NaN nor inf."""
         return self.count - self.nan - self.inf
 
     def to_dict(self) -> dict:
+        """The statistics as JSON-able fields."""
         out = {k: v for k, v in asdict(self).items() if not k.startswith("_")}
         n = self.finite
         out["mean"] = self._sum / n if n else None
@@ -55,6 +60,7 @@ class RegionStats:
 
 
 def region_stats(values: np.ndarray, chunk: int = CHUNK) -> RegionStats:
+    """Count, NaN, inf, zeros, negatives, min, max, mean of a region, in cache-sized chunks."""
     stats = RegionStats()
     for start in range(0, values.size, chunk):
         stats.add(values[start:start + chunk])

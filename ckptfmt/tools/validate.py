@@ -20,6 +20,8 @@ from ..run import STATE, SAMPLES, Run, check_generation, zombie_arms
 from ..run import history as hist
 from .stats import region_stats
 
+__all__ = ["Finding", "Report", "error_code", "validate_file", "validate_path", "validate_run", "values_plausible"]
+
 DEFECT, WARNING = "defect", "warning"
 
 
@@ -42,16 +44,20 @@ class Report:
 
     @property
     def ok(self) -> bool:
+        """No defect found (warnings allowed)."""
         return not any(f.level == DEFECT for f in self.findings)
 
     def defect(self, code: str, message: str) -> None:
+        """Record a defect: the thing checked is not usable as it is (CLI exit 1)."""
         self.findings.append(Finding(DEFECT, code, message))
         self.status = "damaged"
 
     def warn(self, code: str, message: str) -> None:
+        """Record a warning: worth knowing, not a defect."""
         self.findings.append(Finding(WARNING, code, message))
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-able fields (``--json``)."""
         out = asdict(self)
         out["ok"] = self.ok
         return out
@@ -64,6 +70,8 @@ def error_code(exc: CheckpointError) -> str:
 
 
 def validate_file(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None) -> Report:
+    """Check one ``.bin``: structure, name, manifest, and with ``deep`` the blake3 and the values
+    (finite, v >= 0). The library never prints or exits: it returns a ``Report``."""
     path = os.fspath(path)
     report = Report(path)
     try:
@@ -175,6 +183,8 @@ def validate_path(path: "str | os.PathLike[str]", *, deep: bool = True, progress
 
 
 def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None) -> Report:
+    """Check a run directory: every generation, leftovers, the history and the sidecars, and that
+    a committed valid generation exists to resume from."""
     run = Run(path)
     report = Report(str(path), kind="run")
     listing = run.listing()

@@ -233,6 +233,7 @@ def _fresh_state(optimizer: torch.optim.Optimizer, opt: dict[str, Any]) -> None:
 
 
 def versions() -> dict[str, str]:
+    """Versions recorded in a manifest, so a resume on other software can be told apart."""
     import platform
     import ckptfmt
     return {"ckptfmt": ckptfmt.__version__, "torch": torch.__version__, "numpy": np.__version__,

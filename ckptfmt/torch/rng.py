@@ -34,6 +34,8 @@ def rng_state(numpy_generators: dict[str, np.random.Generator] | None = None) ->
 
 def restore_rng(state: dict[str, Any], numpy_generators: dict[str, np.random.Generator] | None = None,
                 path: str = "<manifest>") -> None:
+    """Put every RNG back as ``rng_state`` recorded it; a missing piece is refused by name
+    (``IncompleteResumeStateError``), never silently left as it was."""
     try:
         py = state["python"]
         random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))

@@ -28,6 +28,11 @@ WRITERS = {"bin": bin.write, "safetensors": safetensors.write_source, "pt": pt.w
 
 
 def detect(path: "str | os.PathLike[str]") -> str:
+    """The format of ``path`` from its name (or, for a directory, its DCP ``.metadata``).
+
+    >>> detect("step_000100.safetensors"), detect("x.pth"), detect("step_000100.json")
+    ('safetensors', 'pt', 'shards')
+    """
     name = os.fspath(path).lower().rstrip("/")
     if name.endswith(".shards") or name.endswith(".json"):
         return "shards"
@@ -42,6 +47,7 @@ def detect(path: "str | os.PathLike[str]") -> str:
 
 
 def load(path: str, kind: str | None = None) -> Source:
+    """Read any supported single-file format into a ``Source`` (step, regions, layout)."""
     kind = kind or detect(path)
     return READERS[kind](path)
 

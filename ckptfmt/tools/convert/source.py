@@ -29,6 +29,7 @@ class Source:
 
     @property
     def n_params(self) -> int:
+        """Parameters per region."""
         return int(self.weights.size)
 
 
@@ -118,4 +119,5 @@ class ConvertReport:
     dst_bytes: int
 
     def to_dict(self) -> dict[str, Any]:
+        """The report as JSON-able fields (``--json``)."""
         return dict(self.__dict__)
