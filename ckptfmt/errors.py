@@ -19,7 +19,7 @@ __all__ = ["CheckpointError", "NotACheckpointError", "BadHeaderError", "Truncate
            "FingerprintMismatchError", "IncompleteResumeStateError", "ConfigMismatchError",
            "LayoutMismatchError", "OptimizerMismatchError", "NoValidGenerationError",
            "GenerationNotFoundError", "RunLockedError", "HistoryCorruptError", "SidecarError",
-           "RankDisagreementError", "SaveError", "ConvertError", "ExportError",
+           "RankDisagreementError", "SaveError", "ConvertError", "TensorFileError", "ExportError",
            "DestinationExistsError", "MissingDependencyError", "DeviceUnavailableError"]
 
 
@@ -126,6 +126,11 @@ class SaveError(CheckpointError):
 
 class ConvertError(CheckpointError):
     """A conversion could not be done or did not round-trip."""
+
+
+class TensorFileError(ConvertError):
+    """A safetensors-format file (a generation's companion file, a converted checkpoint) is
+    malformed: bad header length, header not JSON, a tensor entry or byte range that is wrong."""
 
 
 class ExportError(CheckpointError):

@@ -18,7 +18,7 @@ sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."
 
 from ckptfmt.run import history  # noqa: E402
 from ckptfmt import manifest  # noqa: E402
-from ckptfmt.tools.convert import safetensors as safetensors_io  # noqa: E402
+from ckptfmt import tensorfile  # noqa: E402
 from ckptfmt.errors import CheckpointError  # noqa: E402
 from ckptfmt.reader import from_bytes  # noqa: E402
 
@@ -36,7 +36,7 @@ def one_input(data: bytes) -> None:
             path = os.path.join(SCRATCH, "x.safetensors")
             with open(path, "wb") as f:
                 f.write(body)
-            sf = safetensors_io.SafeFile(path)
+            sf = tensorfile.TensorFile(path)
             for name in sf.names():
                 sf.tensor(name)
         else:
