@@ -8,10 +8,10 @@ from .directory import Run
 from .generations import Generation, Listing, check_generation, list_dir
 from .history import History
 from .lock import LOCK, RunLock, lock_holder
-from .ops import bisect, fork, ls_run, pivot
+from .ops import bisect, fork, gc, ls_run, pivot
 from .retention import plan_retention
 from .sidecars import ARCHIVE, PINS, PIVOT, SAMPLES, STATE, read_json, zombie_arms
 
 __all__ = ["Run", "Generation", "Listing", "check_generation", "list_dir", "History", "LOCK",
-           "RunLock", "lock_holder", "bisect", "fork", "ls_run", "pivot", "plan_retention",
+           "RunLock", "lock_holder", "bisect", "fork", "gc", "ls_run", "pivot", "plan_retention",
            "ARCHIVE", "PINS", "PIVOT", "SAMPLES", "STATE", "read_json", "zombie_arms"]

@@ -40,6 +40,17 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
             "foreign": [f"{p}: {why}" for p, why in listing.foreign], "lock": lock_holder(path)}
 
 
+def gc(path: "str | os.PathLike[str]", *, keep_last: int, keep_every: int | None = None,
+       dry_run: bool = False) -> dict[str, Any]:
+    """Under the run lock: sweep temp files of killed saves (unless ``dry_run``), then delete
+    what the retention policy allows (verify-before-delete of the newest, spec/RUN.md §5)."""
+    run = Run(path)
+    with RunLock(path, purpose="gc"):
+        swept = [] if dry_run else [str(p) for p in run.sweep_temps()]
+        deleted = run.gc(keep_last=keep_last, keep_every=keep_every, dry_run=dry_run)
+    return {"run": str(path), "dry_run": dry_run, "deleted": deleted, "swept_temps": swept}
+
+
 def pivot(path: "str | os.PathLike[str]", *, note: str | None = None) -> dict[str, Any]:
     """Polish pivot: archive samples and bandit state by step, keep weights, m, v and the loss
     history, record the pivot. Refused while a writer holds the run."""

@@ -8,10 +8,11 @@ from typing import Any
 from .. import format as fmt
 from .. import manifest as mf
 from .. import reader
-from ..errors import CheckpointError
+from ..errors import CheckpointError, NoValidGenerationError
+from ..run import Run, ls_run
 from .stats import region_stats
 
-__all__ = ["inspect_file"]
+__all__ = ["inspect_file", "inspect_run"]
 
 MANIFEST_SUMMARY = ("created", "config", "optimizer", "scheduler", "versions", "code", "data",
                     "provenance")
@@ -48,3 +49,14 @@ def _manifest(path: str, ck: reader.Checkpoint) -> tuple[dict | None, str | None
         return mf.beside(path, size=ck.size, step=ck.step, n_params=ck.n_params), None
     except CheckpointError as exc:
         return None, str(exc)
+
+
+def inspect_run(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dict[str, Any]:
+    """``ls`` of a run plus ``inspect`` of its newest valid generation (or why there is none)."""
+    data = ls_run(path)
+    try:
+        gen = Run(path).latest(allow_bare=True)
+    except NoValidGenerationError as exc:
+        gen, data["latest_problem"] = None, str(exc)
+    data["latest"] = inspect_file(gen.bin, tensors=tensors) if gen else None
+    return data
