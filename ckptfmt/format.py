@@ -28,7 +28,7 @@ MAX_STEP = 2**31 - 1
 REGIONS = ("weights", "m", "v")          # spec §2: region order in the file
 MIN_DIGITS = 6                           # spec §3: step_ + at least 6 digits
 
-_NAME = re.compile(r"^step_(\d{6,})\.(bin|json|shards)$")
+_NAME = re.compile(r"^step_(\d{6,})\.(bin|json|shards|extra\.safetensors)$")
 
 
 def file_size(n_params: int) -> int:
@@ -80,7 +80,7 @@ def manifest_name(step: int) -> str:
 
 
 def parse_name(name: str) -> tuple[int, str] | None:
-    """(step, 'bin'|'json'|'shards') for a canonical name; None for anything else.
+    """(step, 'bin'|'json'|'shards'|'companion') for a canonical name; None for anything else.
 
     Only the canonical spelling counts: ``step_0000100.bin`` (an extra zero) is a look-alike,
     not generation 100, so two names can never claim the same step.
@@ -89,9 +89,10 @@ def parse_name(name: str) -> tuple[int, str] | None:
     if not match:
         return None
     step = int(match.group(1))
-    if stem(step) != name.rsplit(".", 1)[0] or step > MAX_STEP:
+    if stem(step) != name.split(".", 1)[0] or step > MAX_STEP:
         return None
-    return step, match.group(2)
+    kind = match.group(2)
+    return step, "companion" if kind == "extra.safetensors" else kind
 
 
 TEMP_PREFIX = ".ckptfmt-tmp."            # spec §5: never matches step_*.bin

@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import atomic
+from . import atomic, companion
 from .errors import IncompleteResumeStateError, ManifestError, ManifestMismatchError
 
 FORMAT_ID = "ckptfmt"
@@ -133,6 +133,8 @@ def beside(bin_path: "str | os.PathLike[str]", *, size: int, step: int,
         return None
     doc = read(mpath)
     check_matches(str(mpath), doc, os.fspath(bin_path), size=size, step=step, n_params=n_params)
+    if companion.FIELD in doc:
+        companion.require(bin_path, doc[companion.FIELD], deep=False)
     return doc
 
 

@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import fingerprint
+from . import companion, fingerprint, tensorfile
 from . import format as fmt
 from . import manifest as mf
 from .errors import (BadHeaderError, BadNameError, FingerprintMismatchError, NotACheckpointError,
@@ -171,6 +171,15 @@ class Checkpoint:
             raise FingerprintMismatchError(self.path, f"blake3 mismatch: manifest says "
                                            f"{self.manifest['blake3']}, file hashes to {digest}",
                                            expected=self.manifest["blake3"], got=digest)
+        if companion.FIELD in self.manifest:
+            companion.require(self.path, self.manifest[companion.FIELD], deep=True)
+
+    def companion(self) -> "tensorfile.TensorFile | None":
+        """The generation's companion file (buffers and state tensors), None when it has
+        none; its size is checked here, its blake3 by ``verify``."""
+        if self.manifest is None or companion.FIELD not in self.manifest:
+            return None
+        return companion.read(self.path, self.manifest[companion.FIELD])
 
     def close(self) -> None:
         """Drop our references; the map closes when the last view is gone."""

@@ -49,10 +49,11 @@ def write(path: str, tensors: Iterable[tuple[str, str, list[int], np.ndarray]],
     blob += b" " * (-len(blob) % 8)
     hasher = fingerprint.hasher(0)
     with atomic.AtomicWriter(path) as out:
-        for piece in _pieces(struct.pack("<Q", len(blob)) + blob, tensors):
+        head = struct.pack("<Q", len(blob)) + blob
+        for piece in _pieces(head, tensors):
             hasher.update(piece)
             out.write(piece)
-            if progress is not None:
+            if progress is not None and piece.obj is not head:   # progress counts tensor bytes
                 progress(len(piece))
         out.commit()
     return hasher.hexdigest()
@@ -129,4 +130,5 @@ class TensorFile:
         count = math.prod(info["shape"])
         if (end - start) != count * dtype.itemsize:
             raise TensorFileError(self.path, f"tensor {name}: shape and byte range disagree")
-        return np.frombuffer(self._mm, dtype=dtype, count=count, offset=self.data_start + start)
+        flat = np.frombuffer(self._mm, dtype=dtype, count=count, offset=self.data_start + start)
+        return flat.reshape(info["shape"])

@@ -16,7 +16,7 @@ from typing import Any, Callable, Iterable, Iterator
 
 import numpy as np
 
-from . import atomic, fingerprint
+from . import atomic, companion, fingerprint
 from . import format as fmt
 from . import manifest as mf
 from .errors import SaveError
@@ -71,11 +71,14 @@ def _chunks(views: Iterable[memoryview]) -> Iterator[memoryview]:
 
 def save(path: "str | os.PathLike[str]", step: int, weights: Region, m: Region, v: Region, *,
          manifest: dict[str, Any] | None = None, n_params: int | None = None,
-         write_manifest: bool = True, overwrite: bool = False) -> SaveResult:
+         write_manifest: bool = True, overwrite: bool = False,
+         extra_tensors: dict[str, Any] | None = None) -> SaveResult:
     """Durably write ``step_NNNNNN.bin`` and commit its manifest; returns what was written.
 
     ``n_params`` is required only when regions are generators. An existing file is refused
     unless ``overwrite`` (a committed generation is never overwritten by accident).
+    ``extra_tensors`` (name -> array, or (safetensors code, array)) go to the generation's
+    companion file, written after the ``.bin`` and before the manifest that lists it.
     """
     started = time.perf_counter()
     path = os.fspath(path)
@@ -89,6 +92,10 @@ def save(path: "str | os.PathLike[str]", step: int, weights: Region, m: Region, 
     header = fmt.pack_header(step, n)
     digest = _write_hashed(path, header, sources, n)
     size = fmt.file_size(n)
+    if extra_tensors:
+        manifest = {**(manifest or {}), companion.FIELD: companion.write(path, step, extra_tensors)}
+    elif overwrite:
+        companion.remove_stale(path)   # the generation it belonged to was uncommitted above
     if write_manifest:
         doc = mf.build(file=os.path.basename(path), size=size, step=step, n_params=n,
                        digest=digest, extra=manifest)

@@ -64,7 +64,8 @@ class Run:
         raise NoValidGenerationError(str(self.path), "no valid generation: " + "; ".join(reasons))
 
     def commit(self, step: int, weights: Any, m: Any, v: Any, *, manifest: dict[str, Any],
-               n_params: int | None = None) -> writer.SaveResult:
+               n_params: int | None = None, extra_tensors: dict[str, Any] | None = None
+               ) -> writer.SaveResult:
         """Durably write and commit generation ``step``; a valid committed one is never
         overwritten. A damaged one (it fails the deep check, e.g. a bit flip after a resume
         fell back past it) is replaced, or the run could never pass that step again."""
@@ -72,7 +73,8 @@ class Run:
         if gen is not None and gen.committed and check_generation(gen, deep=True) is None:
             raise SaveError(str(gen.bin), "generation is committed already; refusing to overwrite")
         return writer.save_generation(self.path, step, weights, m, v, manifest=manifest,
-                                      n_params=n_params, overwrite=gen is not None)
+                                      n_params=n_params, overwrite=gen is not None,
+                                      extra_tensors=extra_tensors)
 
     # ------------------------------------------------------------ retention
     def pins(self) -> list[int]:
@@ -104,6 +106,8 @@ class Run:
                     continue
                 atomic.remove(gen.manifest)
                 atomic.remove(gen.bin)
+                if gen.companion is not None:
+                    atomic.remove(gen.companion)
         return [g.step for g in doomed]
 
     def sweep_temps(self) -> list[Path]:

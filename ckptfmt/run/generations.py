@@ -20,6 +20,7 @@ class Generation:
     bin: Path | None = None
     manifest: Path | None = None
     shards: Path | None = None          # step_NNNNNN.shards/ of a sharded generation
+    companion: Path | None = None       # step_NNNNNN.extra.safetensors (buffers, state tensors)
 
     @property
     def committed(self) -> bool:
@@ -28,9 +29,10 @@ class Generation:
 
     @property
     def size(self) -> int | None:
-        """Bytes on disk of the .bin (or of all shards), None for a lone manifest."""
+        """Bytes on disk of the .bin and its companion (or of all shards), None for a lone
+        manifest."""
         if self.bin is not None:
-            return self.bin.stat().st_size
+            return self.bin.stat().st_size + (self.companion.stat().st_size if self.companion else 0)
         if self.shards is not None:
             return sum(e.stat().st_size for e in self.shards.iterdir() if e.is_file())
         return None
@@ -67,7 +69,8 @@ def list_dir(path: "str | os.PathLike[str]") -> Listing:
             out.foreign.append((root / name, "not a regular file (symlink, directory or device)"))
             continue
         gen = gens.setdefault(step, Generation(step))
-        setattr(gen, {"bin": "bin", "json": "manifest", "shards": "shards"}[kind], root / name)
+        setattr(gen, {"bin": "bin", "json": "manifest", "shards": "shards",
+                      "companion": "companion"}[kind], root / name)
     out.generations = [gens[s] for s in sorted(gens)]
     return out
 

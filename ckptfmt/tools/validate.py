@@ -12,6 +12,7 @@ from typing import Any
 
 import numpy as np
 
+from .. import companion
 from .. import format as fmt
 from .. import manifest as mf
 from .. import reader
@@ -126,7 +127,11 @@ def _check_contents(report: Report, ckpt: reader.Checkpoint, doc: dict | None, d
             if got != doc["blake3"]:
                 report.defect("fingerprint_mismatch", f"{ckpt.path}: blake3 mismatch: manifest says "
                                                       f"{doc['blake3']}, file hashes to {got}")
-            elif report.ok:
+            reason = companion.check(ckpt.path, doc[companion.FIELD], deep=True) \
+                if companion.FIELD in doc else None
+            if reason is not None:
+                report.defect("companion_defect", f"{companion.path_for(ckpt.path)}: {reason}")
+            if report.ok:
                 report.status = "verified"
 
 
@@ -221,6 +226,11 @@ def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=N
         else:
             report.defect("shard_defect", f"{gen.manifest}: {reason}")
             row["status"] = "damaged"
+        return row
+    if gen.bin is None and gen.manifest is None:
+        report.warn("uncommitted", f"{gen.companion}: companion file without its .bin and manifest "
+                                   "(a leftover of an interrupted save)")
+        row["status"] = "uncommitted"
         return row
     if gen.bin is None:
         report.warn("orphan_manifest", f"{gen.manifest}: manifest without its .bin (uncommitted)")

@@ -15,9 +15,9 @@ def load(path: str) -> Source:
     regions = {}
     for region in fmt.REGIONS:
         if region in sf.header:
-            regions[region] = sf.tensor(region)
+            regions[region] = sf.tensor(region).reshape(-1)
         else:
-            parts = [sf.tensor(n) for n in sf.names() if n.startswith(region + "/")]
+            parts = [sf.tensor(n).reshape(-1) for n in sf.names() if n.startswith(region + "/")]
             if parts:
                 regions[region] = np.concatenate(parts)
     return meta_source(path, sf.metadata, regions)

@@ -1,0 +1,69 @@
+"""The companion file of a generation (issue 16; spec/FORMAT.md §4.6): committed with it,
+listed by the manifest with its blake3, checked wherever the generation is."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import ckptfmt
+from ckptfmt import companion
+from ckptfmt.errors import FingerprintMismatchError, ManifestMismatchError
+from ckptfmt.run import Run, check_generation
+from conftest import arrays, cli
+
+EXTRA = {"bn.running_mean": np.arange(3, dtype="<f4"), "bn.num_batches_tracked": np.array(7, dtype="<i8"),
+         "sampler.perm": np.array([2, 0, 1], dtype="<i8")}
+
+
+def commit(run: Run, step: int, **kw):
+    return run.commit(step, *arrays(12, step), manifest={"config": {"x": 1}}, extra_tensors=EXTRA, **kw)
+
+
+def test_companion_is_committed_listed_and_readable(tmp_path):
+    run = Run(tmp_path / "r", create=True)
+    commit(run, 100)
+    ck = ckptfmt.open(tmp_path / "r" / "step_000100.bin", verify=True)
+    entry = ck.manifest["companion"]
+    assert entry["file"] == "step_000100.extra.safetensors"
+    assert entry["blake3"] == ckptfmt.fingerprint.of_file(tmp_path / "r" / entry["file"])
+    extra = ck.companion()
+    assert extra.tensor("bn.num_batches_tracked").tolist() == 7
+    np.testing.assert_array_equal(extra.tensor("sampler.perm"), [2, 0, 1])
+    from safetensors.numpy import load_file   # the real library opens it
+    assert load_file(str(tmp_path / "r" / entry["file"]))["bn.running_mean"].tolist() == [0.0, 1.0, 2.0]
+    assert [g.step for g in run.generations()] == [100] and not run.listing().foreign
+    assert cli("validate", str(tmp_path / "r")).returncode == 0
+
+
+def test_a_damaged_companion_makes_the_generation_invalid(tmp_path):
+    run = Run(tmp_path / "r", create=True)
+    commit(run, 100)
+    commit(run, 200)
+    path = tmp_path / "r" / "step_000200.extra.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    with pytest.raises(FingerprintMismatchError, match="companion"):
+        ckptfmt.open(tmp_path / "r" / "step_000200.bin", verify=True)
+    proc = cli("validate", str(tmp_path / "r" / "step_000200.bin"))
+    assert proc.returncode == 1 and "companion" in proc.stdout + proc.stderr
+    with pytest.warns(UserWarning, match="companion"):
+        assert run.latest(deep=True).step == 100
+    path.unlink()
+    gen = run.generations()[-1]
+    assert "missing" in check_generation(gen)
+    with pytest.raises(ManifestMismatchError, match="missing"):
+        ckptfmt.open(tmp_path / "r" / "step_000200.bin")
+
+
+def test_gc_removes_the_companion_and_overwrite_drops_a_stale_one(tmp_path):
+    run = Run(tmp_path / "r", create=True)
+    for step in (100, 200, 300):
+        commit(run, step)
+    assert run.gc(keep_last=1) == [100, 200]
+    assert sorted(p.name for p in (tmp_path / "r").glob("step_*")) == [
+        "step_000300.bin", "step_000300.extra.safetensors", "step_000300.json"]
+    ckptfmt.save(tmp_path / "step_000001.bin", 1, *arrays(4), extra_tensors={"a": np.zeros(2, "<f4")})
+    ckptfmt.save(tmp_path / "step_000001.bin", 1, *arrays(4), overwrite=True)
+    assert not companion.path_for(tmp_path / "step_000001.bin").exists()
+    assert ckptfmt.validate(tmp_path / "step_000001.bin").ok
