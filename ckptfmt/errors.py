@@ -17,7 +17,7 @@ import os
 __all__ = ["CheckpointError", "NotACheckpointError", "BadHeaderError", "TruncatedError",
            "TrailingDataError", "BadNameError", "ManifestError", "ManifestMismatchError",
            "FingerprintMismatchError", "IncompleteResumeStateError", "ConfigMismatchError",
-           "LayoutMismatchError", "OptimizerMismatchError", "NoValidGenerationError",
+           "LayoutMismatchError", "OptimizerMismatchError", "UnsupportedOptimizerError", "NoValidGenerationError",
            "GenerationNotFoundError", "RunLockedError", "HistoryCorruptError", "SidecarError",
            "RankDisagreementError", "SaveError", "ConvertError", "TensorFileError", "ExportError",
            "DestinationExistsError", "MissingDependencyError", "DeviceUnavailableError"]
@@ -92,6 +92,10 @@ class LayoutMismatchError(CheckpointError):
 
 class OptimizerMismatchError(CheckpointError):
     """The checkpoint's optimizer state does not fit the optimizer (type, param groups)."""
+
+
+class UnsupportedOptimizerError(OptimizerMismatchError):
+    """The optimizer keeps state the seed layout cannot hold (only Adam, AdamW and SGD fit)."""
 
 
 class NoValidGenerationError(CheckpointError):

@@ -55,7 +55,7 @@ def _find_rank(tag: str, rank: int) -> int | None:
             env = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
         except OSError:
             continue
-        if f"CKPTFMT_TAG={tag}".encode() in env and f"RANK={rank}".encode() in env:
+        if f"TEST_JOB_TAG={tag}".encode() in env and f"RANK={rank}".encode() in env:
             return int(entry)
     return None
 
@@ -93,8 +93,7 @@ def run_save(tmp_path, die="none"):
     run.mkdir()
     script = tmp_path / "save.py"
     script.write_text(SAVE_SCRIPT)
-    env = {**os.environ, "CKPTFMT_DIST_TIMEOUT": "20"}
-    proc = subprocess.run(torchrun(str(script), str(run), die), capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(torchrun(str(script), str(run), die), capture_output=True, text=True, timeout=300)
     return run, proc
 
 
@@ -184,7 +183,7 @@ def test_sigterm_to_rank_1_coordinates_and_resume_is_bit_exact(tmp_path, paralle
     assert proc.returncode == 0, proc.stderr[-2000:]
     run = tmp_path / "run"
     tag = uuid.uuid4().hex
-    proc = subprocess.Popen(train_argv(run, 60, parallel=parallel), env={**os.environ, "CKPTFMT_TAG": tag},
+    proc = subprocess.Popen(train_argv(run, 60, parallel=parallel), env={**os.environ, "TEST_JOB_TAG": tag},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 300
     while last_step(run) < 27:
@@ -250,7 +249,7 @@ def test_an_fsdp_generation_resumes_in_one_process_and_loads_by_range(tmp_path):
 def test_sigusr1_to_rank_1_checkpoints_on_all_ranks_and_training_continues(tmp_path):
     run = tmp_path / "run"
     tag = uuid.uuid4().hex
-    proc = subprocess.Popen(train_argv(run, 10**6, every=10**6), env={**os.environ, "CKPTFMT_TAG": tag},
+    proc = subprocess.Popen(train_argv(run, 10**6, every=10**6), env={**os.environ, "TEST_JOB_TAG": tag},
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
         deadline = time.monotonic() + 300

@@ -6,6 +6,7 @@ never with --json or in a pipe, and only for inputs large enough to take about a
 from __future__ import annotations
 
 import contextlib
+import os
 import sys
 from typing import Callable, Iterator
 
@@ -21,3 +22,10 @@ def terminal_bar(label: str, total: int, *, quiet: bool = False) -> Iterator[Cal
     import click
     with click.progressbar(length=total, label=label, file=sys.stderr) as bar:
         yield bar.update
+
+
+def bytes_in(path: str) -> int:
+    """Bytes a deep validation of PATH will hash (the .bin files in a run): the bar's total."""
+    if os.path.isdir(path):
+        return sum(e.stat().st_size for e in os.scandir(path) if e.name.endswith(".bin") and e.is_file())
+    return os.path.getsize(path)

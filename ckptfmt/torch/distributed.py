@@ -1,4 +1,7 @@
-"""Sharded save and resharded load under torch.distributed (imports torch).
+"""torch.distributed helpers any training loop may use (imports torch): process-group setup
+under torchrun; flags every rank agrees on, a decision rank 0 takes for all, a JSON gather and a
+mean over the ranks (each the single-process answer outside a process group); and sharded save
+and resharded load.
 
 Every rank durably writes its contiguous range of the flat weights/m/v arrays as its own
 seed-layout file; the ranks exchange their shard rows (JSON in uint8 tensors: nothing pickled);
@@ -8,17 +11,21 @@ manifest: the generation is not committed and latest-valid skips it.
 """
 from __future__ import annotations
 
+import contextlib
+import datetime
 import json
 import os
 import sys
 from pathlib import Path
-from typing import Any, Iterator, NoReturn
+from typing import Any, Callable, Iterator, NoReturn
 
+import numpy as np
 import torch
 import torch.distributed as dist
 
+from .. import format as fmt
 from .. import shards
-from ..errors import LayoutMismatchError
+from ..errors import CheckpointError, LayoutMismatchError, RankDisagreementError
 from . import adapter as ct
 
 
@@ -36,10 +43,67 @@ def exit_worker(code: int) -> NoReturn:
     os._exit(code)
 
 
+def launched_by_torchrun() -> bool:
+    """True in a worker of a torchrun job of more than one process (torchrun's WORLD_SIZE)."""
+    return int(os.environ.get("WORLD_SIZE", "1")) > 1
+
+
+@contextlib.contextmanager
+def process_group(device: str = "auto", timeout_s: float = 120) -> Iterator[int]:
+    """The process group of a torchrun worker, NCCL on GPUs and gloo on the CPU, with
+    ``timeout_s`` for every collective; yields this rank and destroys the group on exit."""
+    backend = "nccl" if device != "cpu" and torch.cuda.is_available() else "gloo"
+    dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
+    try:
+        yield dist.get_rank()
+    finally:
+        dist.destroy_process_group()
+
+
 def rank_world() -> tuple[int, int]:
+    """(rank, world size); (0, 1) outside a process group."""
     if dist.is_available() and dist.is_initialized():
         return dist.get_rank(), dist.get_world_size()
     return 0, 1
+
+
+def any_rank(*flags: bool) -> tuple[bool, ...]:
+    """Each flag as every rank sees it: true if true on any rank (a MAX all-reduce), so a signal
+    delivered to one rank becomes every rank's decision. One process: the flags unchanged."""
+    if rank_world()[1] == 1:
+        return flags
+    agreed = torch.tensor([int(f) for f in flags], dtype=torch.int64)
+    dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
+    return tuple(bool(f) for f in agreed)
+
+
+def mean_over_ranks(value: torch.Tensor) -> float:
+    """The mean of a scalar tensor over the ranks (a collective); one process: its value."""
+    world = rank_world()[1]
+    if world == 1:
+        return float(value.item())
+    total = value.detach().clone()
+    dist.all_reduce(total)
+    return float(total.item()) / world
+
+
+def decided_by_rank0(decide: Callable[[], Any]) -> Any:
+    """Rank 0's answer on every rank: only rank 0 calls ``decide`` (which returns JSON-able data),
+    so the ranks cannot disagree; a ``CheckpointError`` there is raised on every rank as
+    ``RankDisagreementError``, so no rank goes on alone. One process: ``decide()``."""
+    rank, world = rank_world()
+    if world == 1:
+        return decide()
+    answer, error = None, None
+    if rank == 0:
+        try:
+            answer = decide()
+        except CheckpointError as exc:
+            error = str(exc)
+    choice = gather_json({"answer": answer, "error": error})[0]
+    if choice["error"]:
+        raise RankDisagreementError(None, choice["error"])
+    return choice["answer"]
 
 
 def gather_json(obj: Any) -> list[Any]:
@@ -72,7 +136,9 @@ def _range_views(tensors: list[torch.Tensor], start: int, stop: int) -> Iterator
 
 def is_sharded_model(model: torch.nn.Module) -> bool:
     """True for FSDP2 models (parameters are DTensors sharded across ranks)."""
-    from torch.distributed.tensor import DTensor
+    if not dist.is_available():
+        return False
+    from torch.distributed.tensor import DTensor  # lazy: absent from torch builds without distributed
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
@@ -80,8 +146,7 @@ def _range_from_dtensors(tensors: list[torch.Tensor], start: int, stop: int) -> 
     """This rank's global range [start, stop), gathered one parameter at a time: every rank
     all-gathers each parameter in the same order (a collective) and keeps only its slice, so
     at most one full parameter, never the whole model, exists on a rank."""
-    import numpy as np
-    out = np.empty(stop - start, dtype="<f4")
+    out = np.empty(stop - start, dtype=fmt.DTYPE)
     offset = 0
     for t in tensors:
         full = t.full_tensor().detach().reshape(-1) if hasattr(t, "full_tensor") else t.detach().reshape(-1)
@@ -159,7 +224,7 @@ def load_into(source: Any, model: torch.nn.Module, optimizer: torch.optim.Optimi
 
 def _local_flat_range(p: torch.Tensor, offset: int) -> tuple[int, int]:
     """Global flat range [a, b) of this rank's dim-0 shard of a DTensor parameter."""
-    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset
+    from torch.distributed.tensor._utils import compute_local_shape_and_global_offset  # lazy: private, FSDP2 only
     local_shape, global_offset = compute_local_shape_and_global_offset(p.shape, p.device_mesh, p.placements)
     row = 1
     for d in p.shape[1:]:

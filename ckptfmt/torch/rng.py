@@ -15,7 +15,7 @@ import torch
 
 from ..errors import IncompleteResumeStateError
 
-__all__ = ["rng_state", "restore_rng", "next_draws"]
+__all__ = ["rng_state", "restore_rng", "next_draws", "capture", "restore_all"]
 
 
 def rng_state(numpy_generators: dict[str, np.random.Generator] | None = None) -> dict[str, Any]:
@@ -67,3 +67,63 @@ def next_draws(np_rng: np.random.Generator, n: int = 3) -> dict[str, list[float]
     np_rng.bit_generator.state = npst
     torch.set_rng_state(tst)
     return draws
+
+
+def capture(generators: "dict[str, Any] | None" = None) -> dict[str, Any]:
+    """Every RNG a training loop draws from, as JSON: Python's, NumPy's global one, each named
+    generator (``numpy.random.Generator`` or ``torch.Generator``), torch's CPU RNG and the CUDA
+    RNG of the device in use (only that device: another machine may have fewer GPUs)."""
+    version, internal, gauss = random.getstate()
+    name, keys, pos, has_gauss, cached = np.random.get_state()
+    out: dict[str, Any] = {
+        "python": {"version": version, "state": list(internal), "gauss_next": gauss},
+        "numpy_global": {"name": name, "keys": keys.tolist(), "pos": pos, "has_gauss": has_gauss,
+                         "cached_gaussian": cached},
+        "torch_cpu": _b64(torch.get_rng_state()),
+        "generators": {k: _generator_state(g) for k, g in (generators or {}).items()},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        device = torch.cuda.current_device()
+        out["torch_cuda"] = {"device": device, "state": _b64(torch.cuda.get_rng_state(device))}
+    return out
+
+
+def _generator_state(gen: Any) -> dict[str, Any]:
+    if isinstance(gen, np.random.Generator):
+        return {"kind": "numpy", "state": gen.bit_generator.state}
+    if isinstance(gen, torch.Generator):
+        return {"kind": "torch", "device": str(gen.device), "state": _b64(gen.get_state())}
+    raise TypeError(f"generators: {type(gen).__name__} is neither a numpy Generator nor a torch Generator")
+
+
+def restore_all(doc: dict[str, Any], generators: "dict[str, Any] | None" = None, *,
+                skip: "set[str] | frozenset[str]" = frozenset(), path: str = "<manifest>") -> None:
+    """Put back what ``capture`` recorded, except the pieces named in ``skip`` ('python',
+    'numpy_global', 'torch_cpu', 'torch_cuda', 'generators.NAME'). A piece the loop has but the
+    checkpoint lacks is refused by name."""
+    def need(key: str) -> Any:
+        if key not in doc:
+            raise IncompleteResumeStateError(path, f"cannot resume: manifest lacks rng.{key}")
+        return doc[key]
+    if "python" not in skip:
+        py = need("python")
+        random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
+    if "numpy_global" not in skip:
+        g = need("numpy_global")
+        np.random.set_state((g["name"], np.array(g["keys"], dtype=np.uint32), g["pos"], g["has_gauss"],
+                             g["cached_gaussian"]))
+    if "torch_cpu" not in skip:
+        torch.set_rng_state(_unb64(need("torch_cpu")))
+    if "torch_cuda" not in skip and torch.cuda.is_available() and torch.cuda.is_initialized():
+        cuda = need("torch_cuda")
+        torch.cuda.set_rng_state(_unb64(cuda["state"]), torch.cuda.current_device())
+    saved = doc.get("generators", {})
+    for name, gen in (generators or {}).items():
+        if f"generators.{name}" in skip:
+            continue
+        if name not in saved:
+            raise IncompleteResumeStateError(path, f"cannot resume: manifest lacks rng.generators.{name}")
+        if isinstance(gen, np.random.Generator):
+            gen.bit_generator.state = saved[name]["state"]
+        else:
+            gen.set_state(_unb64(saved[name]["state"]))

@@ -1,5 +1,12 @@
 """The training loop: resume from the newest valid generation, train to ``--steps N``, commit
 generations on cadence, on SIGUSR1 (and continue) and on SIGTERM (and exit), and always at N.
+
+Read top to bottom, it is the single-process story: ``Trainer.build`` (model, optimizer,
+scheduler, data, bandit), ``resume``, the step loop in ``fit`` (step, history, agreed signal
+flags, log, sample, checkpoint when due), stop; ``train`` at the end is what ``ckptfmt train``
+calls. Under torchrun every rank runs the same loop: the calls into ``.distributed`` (trainer
+specifics) and ``..torch.distributed`` (collectives) give the single-process answer for one
+process, and only rank 0 (``is_main``) writes the run's history and sidecars.
 """
 from __future__ import annotations
 
@@ -16,14 +23,18 @@ import torch
 from .. import fingerprint, reader
 from .. import manifest as mf
 from .. import torch as ct
-from ..errors import CheckpointError, ConfigMismatchError, DeviceUnavailableError, RankDisagreementError
+from ..errors import CheckpointError, ConfigMismatchError, DeviceUnavailableError
+from ..run import PIVOT, SAMPLES, STATE, Generation, Run, RunLock
 from ..run.history import encode_float
-from ..run import PIVOT, SAMPLES, STATE, Run, RunLock
+from ..shards import ShardedCheckpoint
+from ..torch.distributed import any_rank, launched_by_torchrun, load_into, mean_over_ranks, rank_world
 from . import config as cfgmod
 from .bandit import Bandit
-from .checkpointer import Checkpointer
+from ..torch.saver import Saver
 from .data import DataStream, corpus, identity
+from .distributed import add_rank_states, agreed_latest, rank_device, rank_state, train_distributed, wrap_model
 from .model import GPT
+from .protocol import Observer
 from .signals import FLAGS, Flags
 
 EXIT_SAVE_FAILED = 75
@@ -63,16 +74,13 @@ class Trainer:
         self.omit_rng_restore, self.log_every = omit_rng_restore, log_every
         self.log = log or (lambda msg: print(f"[train] {msg}", file=sys.stderr, flush=True))
         self.run = Run(run_dir, create=True)
-        from ..torch.distributed import rank_world
         self.rank, self.world = rank_world()
-        self.is_main = self.rank == 0
-        self.device = pick_device(device)
-        if self.world > 1 and self.device.type == "cuda":
-            self.device = torch.device("cuda", self.rank % torch.cuda.device_count())
+        self.is_main = self.rank == 0           # rank 0 writes the history and the sidecars
+        self.device = rank_device(pick_device(device))
         self.amp = ("bf16" if self.device.type == "cuda" else "none") if amp == "auto" else amp
         self.parallel = parallel
-        self.ckpt = Checkpointer(self.run, asynchronous=async_save and self.world == 1,
-                                 after_commit=self._after_commit)
+        self.ckpt = Saver(self.run, asynchronous=async_save, sharded=self.world > 1,
+                          after_commit=self._after_commit)
         self.provenance: dict[str, Any] | None = None
         self.started = time.time()
 
@@ -92,18 +100,7 @@ class Trainer:
         self.data = DataStream(self.sources, cfg.sources, cfg.ctx, cfg.seed + 7 * self.rank)
         self.model = GPT(cfg).to(self.device)
         self.model.train()
-        self.net = self.model
-        if self.world > 1:      # same initial weights everywhere; per-rank dropout and data
-            from torch.nn.parallel import DistributedDataParallel
-            torch.manual_seed(cfg.seed * 1000 + self.rank)
-            random.seed(cfg.seed * 1000 + self.rank)
-            if self.parallel == "fsdp":
-                from torch.distributed.fsdp import fully_shard
-                for block in self.model.blocks:
-                    fully_shard(block)
-                fully_shard(self.model)
-            else:
-                self.net = DistributedDataParallel(self.model)
+        self.net = wrap_model(self.model, self.parallel, cfg.seed)   # the model itself for one process
         self.opt = torch.optim.AdamW(self.model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                                      weight_decay=cfg.weight_decay)
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self.lr_factor)
@@ -130,76 +127,25 @@ class Trainer:
             removed = self.run.sweep_temps()
             if removed:
                 self.log(f"removed {len(removed)} temp files of interrupted saves")
-        gen = self._agreed_latest()
+        gen = agreed_latest(self.run)
         if gen is None:
-            if self.is_main:
-                self.run.history.event("start", 0, config=self.cfg.name, world_size=self.world)
+            self._event("start", 0, config=self.cfg.name, world_size=self.world)
             return 0
-        ck = open_generation(gen, verify=not self.is_main)   # rank 0 hashed it in _agreed_latest
-        with ck:
+        with open_generation(gen, verify=not self.is_main) as ck:   # rank 0 hashed it just now
             doc = ck.manifest
             mf.require(str(gen.manifest), doc)
             pivot = self._pivot_applies(gen.step)
             cfgmod.check_compatible(str(gen.manifest), doc["config"], self.cfg, pivot=pivot)
             self._check_data(str(gen.manifest), doc["data"], pivot)
-            if self.world > 1:
-                from ..torch.distributed import load_into
-                load_into(ck, self.model, self.opt)
-            else:
-                ct.load(ck, self.model, self.opt)
+            load_into(ck, self.model, self.opt)          # ct.load, or this rank's FSDP2 shards
         self.sched.load_state_dict(doc["scheduler"])
         if pivot:
             self._apply_new_schedule()
-        self._restore_position(self._rank_state(doc), pivot)
+        self._restore_position(rank_state(doc, self.run, self.log), pivot)
         self.provenance = doc.get("provenance")
-        if self.is_main:
-            self.run.history.event("resume", gen.step, pivot=pivot, world_size=self.world)
+        self._event("resume", gen.step, pivot=pivot, world_size=self.world)
         self.log(f"resumed from {(gen.bin or gen.shards).name}" + (" after a pivot: fresh bandit" if pivot else ""))
         return gen.step
-
-    def _agreed_latest(self):
-        """Rank 0 picks the newest valid generation, its hash checked (a damaged newest one is
-        skipped with a warning, not fatal); every rank takes the same one."""
-        if self.world == 1:
-            return self.run.latest(deep=True)
-        from ..torch.distributed import gather_json
-        error, step = None, None
-        if self.is_main:
-            try:
-                gen = self.run.latest(deep=True)
-                step = gen.step if gen else None
-            except CheckpointError as exc:
-                error = str(exc)
-        choice = gather_json({"step": step, "error": error})[0]
-        if choice["error"]:
-            raise RankDisagreementError(None, choice["error"])
-        if choice["step"] is None:
-            return None
-        return next(g for g in self.run.generations() if g.step == choice["step"])
-
-    def _rank_state(self, doc: dict[str, Any]) -> dict[str, Any]:
-        """This rank's RNG, data and bandit state: its own entry when the world size matches,
-        rank 0's top-level state for a single process, fresh (with a report) otherwise."""
-        ranks = doc.get("ranks")
-        saved_world = len(ranks) if ranks else 1
-        if saved_world == self.world:
-            return {**doc, **(ranks[self.rank] if ranks else {})}
-        kept = list(range(min(saved_world, self.world)))
-        self.log(f"world size changed from {saved_world} to {self.world}: weights, m, v, optimizer and "
-                 f"scheduler resume exactly; per-rank RNG, data positions and bandits "
-                 + ("of ranks < %d resume, the others start fresh" % saved_world if self.world > saved_world
-                    else "of the dropped ranks are discarded"))
-        if self.is_main:
-            self.run.history.event("world_size_change", doc["step"], saved=saved_world, now=self.world,
-                                   identical=["weights", "m", "v", "optimizer", "scheduler", "history"],
-                                   per_rank_state_resumed=kept,
-                                   per_rank_state_fresh=[r for r in range(self.world) if r >= saved_world],
-                                   per_rank_state_dropped=list(range(self.world, saved_world)))
-        if ranks and self.rank < saved_world:
-            return {**doc, **ranks[self.rank]}
-        if self.rank == 0:
-            return doc
-        return {**doc, "fresh_rank": True}
 
     def _pivot_applies(self, step: int) -> bool:
         record = self.run.read_sidecar(PIVOT, default=None)
@@ -263,12 +209,8 @@ class Trainer:
         else:
             self.opt.step()
         self.sched.step()
-        value = float(loss.item())
-        self.bandit.update(source, value)
-        if self.world > 1:                 # the history records the mean loss over the ranks
-            mean = loss.detach().clone()
-            torch.distributed.all_reduce(mean)
-            value = float(mean.item()) / self.world
+        self.bandit.update(source, float(loss.item()))
+        value = mean_over_ranks(loss)          # the history records the mean loss over the ranks
         return {"step": step, "loss": encode_float(value), "lr": lr, "source": source,
                 "tokens": step * self.cfg.batch * self.cfg.ctx, "ids": ids,
                 "wall": round(time.time() - self.started, 4)}
@@ -291,9 +233,7 @@ class Trainer:
                     "deterministic": True, "threads": torch.get_num_threads(), "world_size": self.world,
                     "parallel": self.parallel if self.world > 1 else "none"},
         }
-        if self.world > 1:
-            from ..torch.distributed import gather_json
-            doc["ranks"] = gather_json({"rng": doc["rng"], "data": doc["data"], "bandit": doc["bandit"]})
+        add_rank_states(doc)                   # under torchrun: every rank's rng, data, bandit
         if self.scaler is not None:
             doc["amp"] = {"dtype": "fp16", "scaler": mf.json_fields(self.scaler.state_dict())}
         if self.provenance:
@@ -311,19 +251,8 @@ class Trainer:
                 self.log(f"retention deleted steps {deleted}")
 
     def checkpoint(self, step: int, reason: str) -> None:
-        if self.world > 1:
-            started = time.perf_counter()
-            from ..torch.distributed import save_sharded
-            if self.is_main:
-                self.run.history.sync()
-            save_sharded(self.run.path, step, self.model, self.opt, self.manifest(step))
-            self._after_commit(step, {"bandit": self.bandit.state(),
-                                      "rng": {"numpy": {"bandit": self.bandit.rng.bit_generator.state}}})
-            self.ckpt.last_stall_s = time.perf_counter() - started
-        else:
-            self.ckpt.save(step, self.model, self.opt, self.manifest(step))
-        if self.is_main:
-            self.run.history.event("checkpoint", step, reason=reason, stall_ms=round(self.ckpt.last_stall_s * 1e3, 3))
+        self.ckpt.save(step, self.model, self.opt, self.manifest(step))   # sharded under torchrun
+        self._event("checkpoint", step, reason=reason, stall_ms=round(self.ckpt.last_stall_s * 1e3, 3))
         self.log(f"step {step}: checkpoint ({reason}), training stalled {self.ckpt.last_stall_s * 1e3:.1f} ms")
 
     def sample(self, step: int, source: str) -> None:
@@ -371,12 +300,7 @@ class Trainer:
         shared, so a SIGUSR1 arriving later counts for the next step, never for one rank alone.
         Under torchrun a signal delivered to any rank becomes every rank's decision."""
         checkpoint, self.flags.checkpoint = self.flags.checkpoint, False
-        stop = self.flags.stop
-        if self.world == 1:
-            return stop, checkpoint
-        flags = torch.tensor([int(stop), int(checkpoint)], dtype=torch.int64)
-        torch.distributed.all_reduce(flags, op=torch.distributed.ReduceOp.MAX)
-        stop, checkpoint = bool(flags[0]), bool(flags[1])
+        stop, checkpoint = any_rank(self.flags.stop, checkpoint)
         if stop and not self.flags.stop:
             self.flags.stop, self.flags.stop_at = True, time.monotonic()
         return stop, checkpoint
@@ -400,75 +324,57 @@ class Trainer:
     def _log_stop(self, step: int) -> None:
         if self.flags.stop and self.flags.stop_at is not None:
             took = time.monotonic() - self.flags.stop_at
-            if self.is_main:
-                self.run.history.event("stop", step, seconds_after_signal=round(took, 3))
+            self._event("stop", step, seconds_after_signal=round(took, 3))
             self.log(f"stopped at step {step}, {took:.3f} s after the signal")
         if self.is_main:
             self.run.history.sync()
 
+    def _event(self, name: str, step: int, **fields: Any) -> None:
+        """A history event; every rank's loop calls this, rank 0 writes it."""
+        if self.is_main:
+            self.run.history.event(name, step, **fields)
+
 
 def train(run_dir: str, config_name: str, steps: int, *, seed: int | None = None,
           threads: int | None = None, sets: dict[str, Any] | None = None, flags: Flags = FLAGS,
-          **options: Any) -> int:
-    """Entry point used by ``ckptfmt train``: lock the run, build, resume, fit."""
+          summary: str | None = None, pause_at: tuple[int, str] | None = None,
+          dist_timeout: float = 120, **options: Any) -> int:
+    """Entry point used by ``ckptfmt train``: lock the run, build, resume, fit; the exit code.
+
+    ``options`` are the Trainer's (device, cadences, retention, amp, omit_rng_restore, ...).
+    The verifier's hooks (trainer/protocol.py), single process only: ``summary`` writes its
+    summary.json there at exit; ``pause_at=(N, MARKER)`` creates MARKER after step N and waits
+    for a signal. Under torchrun (``WORLD_SIZE`` > 1), ``dist_timeout`` seconds bound every
+    collective.
+    """
     cfg = cfgmod.get(config_name, **{**(sets or {}), **{k: v for k, v in (("seed", seed), ("threads", threads))
                                                         if v is not None}})
     Run(run_dir, create=True)
     if flags.stop:
         return 0
-    if os.environ.get("CKPTFMT_OMIT_RNG_RESTORE") == "1":
-        options["omit_rng_restore"] = True
-    if int(os.environ.get("WORLD_SIZE", "1")) > 1:
-        return _train_distributed(run_dir, cfg, steps, flags, options)
+    if launched_by_torchrun():
+        if summary or pause_at:
+            raise ValueError("summary and pause_at are single-process only (not under torchrun)")
+        return train_distributed(run_dir, steps, lambda log: Trainer(run_dir, cfg, flags=flags, log=log, **options),
+                                 device=options.get("device", "auto"), timeout_s=dist_timeout)
     with RunLock(run_dir, purpose="trainer"):
         trainer = Trainer(run_dir, cfg, flags=flags, **options)
         trainer.build()
         if flags.stop:        # SIGTERM during start-up: nothing new is written
             return 0
-        observer = None
-        if os.environ.get("CKPTFMT_SUMMARY"):
-            from .protocol import Observer
-            observer = Observer(trainer)
+        observer = Observer(trainer, pause_at) if summary or pause_at else None
         try:
             code = trainer.fit(steps, on_step=observer.on_step if observer else None)
-            if observer is not None and code == 0:
-                observer.write(os.environ["CKPTFMT_SUMMARY"])
+            if summary and code == 0:
+                observer.write(summary)
             return code
         finally:
             trainer.run.history.close()
 
 
-def open_generation(gen, verify: bool = True):
+def open_generation(gen: Generation, verify: bool = True) -> "ShardedCheckpoint | reader.Checkpoint":
     """A copy-on-write view of a generation, single file or sharded, hashed unless the caller
     has just checked it deeply (``verify=False``)."""
     if gen.bin is None and gen.shards is not None:
-        from ..shards import ShardedCheckpoint
         return ShardedCheckpoint(gen.manifest, verify=verify)
     return reader.open(gen.bin, manifest="require", verify=verify, copy_on_write=True)
-
-
-def _train_distributed(run_dir: str, cfg: cfgmod.TrainConfig, steps: int, flags: Flags,
-                       options: dict[str, Any]) -> int:
-    """Under torchrun: gloo on the CPU, NCCL on GPUs; rank 0 holds the run's writer lock."""
-    import contextlib
-    import datetime as dt
-    import torch.distributed as tdist
-    backend = "nccl" if options.get("device", "auto") != "cpu" and torch.cuda.is_available() else "gloo"
-    tdist.init_process_group(backend, timeout=dt.timedelta(seconds=int(os.environ.get("CKPTFMT_DIST_TIMEOUT", "120"))))
-    try:
-        rank = tdist.get_rank()
-        lock = RunLock(run_dir, purpose="trainer rank 0") if rank == 0 else contextlib.nullcontext()
-        Run(run_dir, create=True)
-        with lock:
-            trainer = Trainer(run_dir, cfg, flags=flags, log=_rank_log(rank), **options)
-            trainer.build()
-            try:
-                return trainer.fit(steps)
-            finally:
-                trainer.run.history.close()
-    finally:
-        tdist.destroy_process_group()
-
-
-def _rank_log(rank: int) -> Callable[[str], None]:
-    return lambda msg: print(f"[train rank {rank}] {msg}", file=sys.stderr, flush=True)

@@ -24,6 +24,7 @@ import numpy as np
 import torch
 
 from .. import atomic, fingerprint, reader
+from .. import format as fmt
 from .. import manifest as mf
 from .. import torch as ct
 from ..errors import CheckpointError
@@ -105,7 +106,7 @@ class Mini:
                 "bandit": None, "versions": ct.versions(), "code": {"mini": _code_id()}}
 
     def save(self, output: str) -> str:
-        path = os.path.join(output, f"step_{self.step:06d}.bin")
+        path = os.path.join(output, fmt.checkpoint_name(self.step))
         result = ct.save(path, self.model, self.opt, self.step, manifest=self.manifest())
         # the seed's checkpoint.pt.sha256, as b3sum prints it: "DIGEST  NAME"
         atomic.write_bytes(path + ".b3", f"{result.blake3}  {os.path.basename(path)}\n".encode())

@@ -69,8 +69,3 @@ class GPT(nn.Module):
             idx = torch.cat([idx, logits[:, -1].argmax(-1, keepdim=True)], dim=1)
         self.train(was_training)
         return bytes(idx[0, len(prompt):].tolist())
-
-
-def n_params(cfg: TrainConfig) -> int:
-    d, L, c = cfg.d_model, cfg.n_layer, cfg.ctx
-    return VOCAB * d + c * d + L * (12 * d * d + 13 * d) + 2 * d + d * VOCAB

@@ -1,10 +1,13 @@
 """Hooks that let ``ckptfmt verify-resume --trainer andrea`` observe the reference trainer.
 
-Set by environment (so the trainer's command line stays the user's):
-  CKPTFMT_SUMMARY=PATH               write the verifier's summary.json at exit
-  CKPTFMT_PAUSE_AT_STEP=N:MARKER     after step N, create MARKER and wait for a signal, so an
-                                     external SIGTERM lands exactly at step N
-  CKPTFMT_OMIT_RNG_RESTORE=1         the negative control: resume without restoring any RNG
+Options of ``ckptfmt train`` (hidden from its --help: the verifier passes them on the command
+line; ``trainer.loop.train`` takes them as arguments), single process only:
+
+  --summary PATH                 write the verifier's summary.json at exit (``summary=``)
+  --pause-at-step N MARKER       after step N, create MARKER and wait for a signal, so an external
+                                 SIGTERM lands exactly at step N (``pause_at=(N, MARKER)``)
+  --omit-rng-restore             the negative control: resume without restoring any RNG
+                                 (``omit_rng_restore=True``, a Trainer option)
 """
 from __future__ import annotations
 
@@ -22,14 +25,14 @@ from .. import torch as ct
 
 
 class Observer:
-    def __init__(self, trainer: Any):
+    """Records each step's ids, lr and loss; ``pause_at=(N, MARKER)``: pause after step N."""
+
+    def __init__(self, trainer: Any, pause_at: "tuple[int, str | Path] | None" = None):
         self.trainer = trainer
         self.records: list[dict[str, Any]] = []
-        pause = os.environ.get("CKPTFMT_PAUSE_AT_STEP")
         self.pause_step, self.marker = (None, None)
-        if pause:
-            step, marker = pause.split(":", 1)
-            self.pause_step, self.marker = int(step), Path(marker)
+        if pause_at is not None:
+            self.pause_step, self.marker = int(pause_at[0]), Path(pause_at[1])
 
     def on_step(self, record: dict[str, Any]) -> None:
         self.records.append({k: record[k] for k in ("step", "ids", "lr", "loss")})

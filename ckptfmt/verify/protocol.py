@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import json
 import math
-import os
+import platform
 import shlex
 import signal
 import subprocess
@@ -31,9 +31,9 @@ from typing import Any
 
 from .. import fingerprint
 from ..errors import CheckpointError
+from ..run.ops import fork
 
 MINI = f"{shlex.quote(sys.executable)} -B -m ckptfmt.trainer.mini --steps {{steps}} --output {{output}} {{resume}} {{omit_rng}}"
-RUNS = ("continuous", "cut", "resume", "resume-without-rng")
 TIMEOUT = 600
 
 
@@ -43,11 +43,13 @@ class VerifyIncomplete(Exception):
 
 @dataclass
 class Deviation:
+    """How far a resumed run's values are from the continuous run's, and what differs in kind."""
     max_abs: float = 0.0
     structural: list[str] = field(default_factory=list)
     non_finite: list[str] = field(default_factory=list)
 
     def ok(self, atol: float, rtol_hit: bool) -> bool:
+        """Within tolerance and nothing differs in structure or finiteness."""
         return not self.structural and not self.non_finite and not rtol_hit and self.max_abs <= atol
 
 
@@ -104,6 +106,7 @@ def check_pair(reference: dict[str, Any], candidate: dict[str, Any], cut: int,
 
 
 class Protocol:
+    """The four runs of seed 001 for one trainer (mini, andrea, or a command), and their verdict."""
     def __init__(self, output: str, *, trainer: str = "mini", steps: int = 10, cut: int = 5,
                  atol: float = 1e-12, rtol: float = 0.0, command: str | None = None,
                  fault: str | None = None, log=None):
@@ -124,13 +127,12 @@ class Protocol:
                                   omit_rng="--omit-rng-restore" if omit else "")
         if self.fault and not resume:
             cmd = cmd.replace(f" --fault {self.fault}", "")
-        self._spawn(name, shlex.split(cmd), {})
+        self._spawn(name, shlex.split(cmd))
         return self._summary(output)
 
-    def _spawn(self, name: str, argv: list[str], env: dict[str, str], on_start=None) -> None:
+    def _spawn(self, name: str, argv: list[str], on_start=None) -> None:
         self.log(f"{name}: {' '.join(argv)}")
-        proc = subprocess.Popen(argv, env={**os.environ, **env}, stdout=subprocess.PIPE,
-                                stderr=subprocess.STDOUT, text=True)
+        proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
         if on_start:
             on_start(proc)
         try:
@@ -157,6 +159,7 @@ class Protocol:
         return summary
 
     def run_template(self) -> dict[str, dict[str, Any]]:
+        """The four runs of a command trainer (or mini), each in a fresh process."""
         runs = {"continuous": self._run_template("continuous", self.steps, None, False),
                 "cut": self._run_template("cut", self.cut, None, False)}
         ckpt = str(self.out / "cut" / runs["cut"]["checkpoint"])
@@ -167,7 +170,7 @@ class Protocol:
 
     # ------------------------------------------------------------ the andrea trainer
     def run_andrea(self) -> dict[str, dict[str, Any]]:
-        from ..run.ops import fork
+        """The four runs of the reference trainer; the cut is a real SIGTERM after step ``cut``."""
         runs = {"continuous": self._andrea("continuous", self.steps)}
         runs["cut"] = self._andrea("cut", self.steps, pause_at=self.cut)
         cut_step = runs["cut"]["final"]["step"]
@@ -179,18 +182,19 @@ class Protocol:
         return runs
 
     def _andrea(self, name: str, steps: int, pause_at: int | None = None, omit: bool = False) -> dict[str, Any]:
+        """One run of ``ckptfmt train`` with the observer's options (trainer/protocol.py)."""
         run = self.out / name
         argv = [sys.executable, "-B", "-m", "ckptfmt.cli", "train", "--run", str(run), "--steps", str(steps),
-                "--config", "tiny", "--checkpoint-every", str(10 ** 6), "--sample-every", "0"]
-        env = {"CKPTFMT_SUMMARY": str(run / "summary.json")}
+                "--config", "tiny", "--checkpoint-every", str(10 ** 6), "--sample-every", "0",
+                "--summary", str(run / "summary.json")]
         if omit:
-            env["CKPTFMT_OMIT_RNG_RESTORE"] = "1"
+            argv.append("--omit-rng-restore")
         on_start = None
         if pause_at is not None:
             marker = self.out / f"{name}.paused"
-            env["CKPTFMT_PAUSE_AT_STEP"] = f"{pause_at}:{marker}"
+            argv += ["--pause-at-step", str(pause_at), str(marker)]
             on_start = lambda proc: self._sigterm_when(proc, marker)   # noqa: E731
-        self._spawn(name, argv, env, on_start)
+        self._spawn(name, argv, on_start)
         return self._summary(run)
 
     @staticmethod
@@ -205,6 +209,7 @@ class Protocol:
 
     # ------------------------------------------------------------ verdict
     def run(self) -> dict[str, Any]:
+        """Run the protocol into a new output directory; the verdict, also written to verification.json."""
         if self.out.exists():
             raise VerifyIncomplete(f"{self.out}: exists already; the protocol needs a new directory")
         self.out.mkdir(parents=True)
@@ -217,6 +222,7 @@ class Protocol:
         return self.verdict(runs)
 
     def verdict(self, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
+        """Positive (the resume matches) and negative (without RNG it diverges) checks of ``runs``."""
         cont = runs["continuous"]
         prefix = {"steps": [s for s in cont["steps"] if s["step"] <= self.cut],
                   "final": {}}
@@ -247,11 +253,10 @@ class Protocol:
 
 
 def _environment() -> dict[str, str]:
-    import platform
     env = {"python": platform.python_version(), "platform": platform.platform()}
     try:
-        import numpy
-        import torch
+        import numpy  # lazy: optional here, this module drives trainers as subprocesses
+        import torch  # lazy: optional, as numpy
         env.update(torch=torch.__version__, numpy=numpy.__version__, device="cpu")
     except ImportError:
         pass

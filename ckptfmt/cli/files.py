@@ -1,0 +1,170 @@
+"""Commands on checkpoint files: inspect, validate, diff, convert.
+
+Library imports stay inside the commands: each tool module costs milliseconds that
+``ckptfmt --help`` would otherwise pay.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from .app import main
+from .output import EXIT_CANNOT, EXIT_DEFECT, Fail, emit, fmt, guarded, json_option, size
+from .progress import bytes_in, terminal_bar
+from .runs import print_ls
+
+
+# ---------------------------------------------------------------- inspect
+@main.command()
+@click.argument("path", type=click.Path())
+@json_option
+@click.option("--tensors", is_flag=True, help="Statistics per parameter (needs a layout).")
+@guarded
+def inspect(path: str, as_json: bool, tensors: bool) -> None:
+    """Show step, size, fingerprint status and per-region statistics of a file or run."""
+    from ..tools.inspect import inspect_file, inspect_run  # lazy: keeps `ckptfmt --help` fast
+    if os.path.isdir(path):
+        data = inspect_run(path, tensors=tensors)
+        emit(data, as_json, _print_run_inspect)
+        if data["latest"] is None and "latest_problem" in data:
+            sys.exit(EXIT_DEFECT)
+        return
+    emit(inspect_file(path, tensors=tensors), as_json, _print_inspect)
+
+
+def _print_inspect(d: dict) -> None:
+    click.echo(f"{d['path']}\n  step {d['step']}  n_params {d['n_params']:,}  size {d['size']:,} bytes")
+    click.echo(f"  fingerprint {d['fingerprint']}  blake3 {d['blake3']}")
+    if d.get("manifest_problem"):
+        click.echo(f"  manifest problem: {d['manifest_problem']}")
+    if d.get("manifest"):
+        man = d["manifest"]
+        click.echo(f"  manifest: {man.get('layout_tensors', 0)} tensors in layout"
+                   + (f", config {man['config'].get('name')}" if isinstance(man.get("config"), dict) else ""))
+    _print_stats_table(d["regions"])
+    for name, regions in (d.get("tensors") or {}).items():
+        click.echo(f"  {name}")
+        _print_stats_table(regions, indent="    ")
+
+
+def _print_stats_table(regions: dict, indent: str = "  ") -> None:
+    cols = ("min", "max", "mean", "std", "max_abs", "nan", "inf", "zeros")
+    click.echo(indent + f"{'region':8}" + "".join(f"{c:>13}" for c in cols))
+    for name, s in regions.items():
+        click.echo(indent + f"{name:8}" + "".join(f"{fmt(s[c]):>13}" for c in cols))
+
+
+def _print_run_inspect(d: dict) -> None:
+    print_ls(d)
+    if d.get("latest_problem"):
+        click.echo(f"no valid generation: {d['latest_problem']}")
+    if d.get("latest"):
+        click.echo("latest valid generation:")
+        _print_inspect(d["latest"])
+
+
+# ---------------------------------------------------------------- validate
+@main.command()
+@click.argument("paths", nargs=-1, required=True, type=click.Path())
+@json_option
+@click.option("--fast", is_flag=True, help="Skip hashing and value scans (structure and manifest only).")
+@guarded
+def validate(paths: tuple[str, ...], as_json: bool, fast: bool) -> None:
+    """Check files or run directories: structure, fingerprint, manifest, values, sidecars."""
+    from ..tools.validate import validate_path  # lazy: keeps `ckptfmt --help` fast
+    for p in paths:
+        if not os.path.exists(p):
+            raise Fail(f"{p}: no such file or directory", EXIT_CANNOT)
+    reports = []
+    for p in paths:
+        with terminal_bar(f"validating {p}", bytes_in(p) if not fast else 0, quiet=as_json) as bar:
+            reports.append(validate_path(p, deep=not fast, progress=bar))
+    emit([r.to_dict() for r in reports] if len(reports) > 1 else reports[0].to_dict(), as_json,
+         lambda _: [_print_report(r) for r in reports])
+    if not all(r.ok for r in reports):
+        sys.exit(EXIT_DEFECT)
+
+
+def _print_report(r) -> None:
+    verdict = "OK" if r.ok else "DAMAGED"
+    click.echo(f"{r.path}: {verdict} ({r.status})")
+    for f in r.findings:
+        click.echo(f"  {f.level}: {f.message}")
+
+
+# ---------------------------------------------------------------- diff
+@main.command()
+@click.argument("a", type=click.Path())
+@click.argument("b", type=click.Path())
+@json_option
+@click.option("--atol", type=float, default=0.0, show_default=True, help="Absolute tolerance.")
+@click.option("--rtol", type=float, default=0.0, show_default=True, help="Relative tolerance.")
+@click.option("--tensors", is_flag=True, help="List every differing parameter (needs a layout).")
+@guarded
+def diff(a: str, b: str, as_json: bool, atol: float, rtol: float, tensors: bool) -> None:
+    """Compare two checkpoints: header and weights, m, v. Exit 0 only when bit-identical
+    (or within --atol/--rtol)."""
+    from ..tools.diff import diff as run_diff, per_tensor  # lazy: keeps `ckptfmt --help` fast
+    total = os.path.getsize(a) + os.path.getsize(b) if os.path.isfile(a) and os.path.isfile(b) else 0
+    with terminal_bar("comparing", total, quiet=as_json) as bar:
+        result = run_diff(a, b, atol=atol, rtol=rtol, progress=bar)
+    data = result.to_dict()
+    if tensors:
+        data["tensors"] = per_tensor(a, b)
+    emit(data, as_json, _print_diff)
+    if not (result.identical or (result.within_tolerance and (atol or rtol))):
+        sys.exit(EXIT_DEFECT)
+
+
+def _print_diff(d: dict) -> None:
+    click.echo(f"{d['a']} vs {d['b']}: {d['verdict']}")
+    steps, ns = d["header"]["step"], d["header"]["n_params"]
+    click.echo(f"  step {steps[0]} vs {steps[1]}; n_params {ns[0]:,} vs {ns[1]:,}")
+    if not d["comparable"]:
+        click.echo("  n_params differ: regions are not comparable")
+        return
+    for name, r in d["regions"].items():
+        if r["identical"]:
+            click.echo(f"  {name:8} identical")
+            continue
+        where = f"index {r['first_index']}"
+        if r["first_param"]:
+            where += f" ({r['first_param']}[{r['first_param_index']}])"
+        click.echo(f"  {name:8} {r['n_diff']:,} differ; max|d| {fmt(r['max_abs'])} max rel "
+                   f"{fmt(r['max_rel'])} max ulp {r['max_ulp']} rel L2 {fmt(r['rel_l2'])} cos "
+                   f"{fmt(r['cosine'])}; first at {where}")
+    for name, regions in (d.get("tensors") or {}).items():
+        click.echo(f"  {name}: " + ", ".join(f"{r} {n:,}" for r, n in regions.items()))
+
+
+# ---------------------------------------------------------------- convert
+@main.command()
+@click.argument("src", type=click.Path())
+@click.argument("dst", type=click.Path())
+@click.option("--to", "to", type=click.Choice(["bin", "safetensors", "pt", "npz", "zst", "shards", "dcp"]),
+              help="Target format (default: from DST's extension). shards: DST is a run directory that "
+                   "receives a sharded generation; dcp: DST is a torch.distributed.checkpoint directory.")
+@click.option("--shards", "n_shards", type=click.IntRange(min=1), default=2, show_default=True,
+              help="With --to shards: how many shards (ranks).")
+@click.option("--weights-only", is_flag=True, help="Inference export: weights only, per parameter.")
+@click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), help="With --weights-only.")
+@click.option("--no-verify", is_flag=True, help="Skip the round-trip verification.")
+@json_option
+@guarded
+def convert(src: str, dst: str, to: str | None, n_shards: int, weights_only: bool, dtype: str | None,
+            no_verify: bool, as_json: bool) -> None:
+    """Convert between .bin, .safetensors, .pt, .npz, .zst, sharded generations (a
+    step_NNNNNN.json of one; consolidate with DST .bin, split with --to shards) and DCP
+    directories; every conversion is verified by converting back."""
+    from ..tools.convert import convert as run_convert  # lazy: keeps `ckptfmt --help` fast
+    if dtype and not weights_only:
+        raise click.UsageError("--dtype needs --weights-only (a resumable checkpoint stays float32)")
+    total = os.path.getsize(src) * (1 if no_verify else 2) if os.path.isfile(src) else 0
+    with terminal_bar(f"converting {src}", total, quiet=as_json) as bar:
+        report = run_convert(src, dst, to=to, weights_only=weights_only, dtype=dtype, verify=not no_verify,
+                             progress=bar, shards=n_shards)
+    emit(report.to_dict(), as_json, lambda r: click.echo(
+        f"{r['src']} -> {r['dst']} ({r['dst_format']}, {size(r['dst_bytes'])}, "
+        f"ratio {r['src_bytes'] / max(r['dst_bytes'], 1):.3f}); verified: {r['verified']}"))

@@ -1,0 +1,128 @@
+"""Commands on run directories: ls, gc, pin, pivot, fork, bisect, plot.
+
+Library imports stay inside the commands: ``ckptfmt.run`` costs milliseconds that
+``ckptfmt --help`` would otherwise pay, and ``plot`` needs matplotlib.
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from .app import main
+from .output import EXIT_CANNOT, EXIT_DEFECT, Fail, emit, guarded, json_option, size
+
+
+# ---------------------------------------------------------------- ls / gc / pin
+@main.command("ls")
+@click.argument("run", type=click.Path())
+@json_option
+@click.option("--deep", is_flag=True, help="Verify fingerprints too.")
+@click.option("--keep-every", type=click.IntRange(min=1), help="Mark milestones (steps divisible by N).")
+@guarded
+def ls_cmd(run: str, as_json: bool, deep: bool, keep_every: int | None) -> None:
+    """List a run's generations with status, pins, milestones and leftovers."""
+    from ..run.ops import ls_run  # lazy: keeps `ckptfmt --help` fast
+    emit(ls_run(run, deep=deep, keep_every=keep_every), as_json, print_ls)
+
+
+def print_ls(d: dict) -> None:
+    click.echo(f"{d['run']}" + (f"  (locked by pid {d['lock'].get('pid')})" if d.get("lock") else ""))
+    for g in d["generations"]:
+        marks = (" pinned" if g["pinned"] else "") + (" milestone" if g.get("milestone") else "")
+        click.echo(f"  {g['step']:>10}  {size(g['size']):>10}  {g['age_s']:>9.0f}s  {g['status']}{marks}")
+    for t in d["leftovers"]:
+        click.echo(f"  leftover: {t}")
+    for f in d["foreign"]:
+        click.echo(f"  skipped: {f}")
+
+
+@main.command()
+@click.argument("run", type=click.Path())
+@click.option("--keep-last", type=click.IntRange(min=1), required=True, help="Newest generations to keep.")
+@click.option("--keep-every", type=click.IntRange(min=1), help="Also keep steps divisible by this (milestones).")
+@click.option("--dry-run", is_flag=True, help="Only say what would be deleted.")
+@json_option
+@guarded
+def gc(run: str, keep_last: int, keep_every: int | None, dry_run: bool, as_json: bool) -> None:
+    """Apply retention: keep the last K, milestones and pins; never the newest valid one."""
+    from ..run import gc as run_gc  # lazy: keeps `ckptfmt --help` fast
+    data = run_gc(run, keep_last=keep_last, keep_every=keep_every, dry_run=dry_run)
+    emit(data, as_json, _print_gc)
+
+
+def _print_gc(d: dict) -> None:
+    click.echo(("would delete" if d["dry_run"] else "deleted") + f" steps {d['deleted'] or 'none'}"
+               + (f"; swept {len(d['swept_temps'])} temp files" if d["swept_temps"] else ""))
+
+
+@main.command()
+@click.argument("run", type=click.Path())
+@click.argument("step", type=int)
+@click.option("--off", is_flag=True, help="Unpin.")
+@guarded
+def pin(run: str, step: int, off: bool) -> None:
+    """Pin a step so retention never deletes it (or --off to unpin)."""
+    from ..run import Run  # lazy: keeps `ckptfmt --help` fast
+    click.echo(f"pinned: {Run(run).pin(step, on=not off)}")
+
+
+# ---------------------------------------------------------------- pivot / fork / bisect
+@main.command()
+@click.argument("run", type=click.Path())
+@click.option("--note", help="Why the pivot (recorded in the history).")
+@json_option
+@guarded
+def pivot(run: str, note: str | None, as_json: bool) -> None:
+    """Polish pivot: archive .samples.json and .state.json by step; keep weights, m, v, history.
+    The next `train` may change caps, floors and the lr schedule and starts a fresh bandit."""
+    from ..run.ops import pivot as run_pivot  # lazy: keeps `ckptfmt --help` fast
+    emit(run_pivot(run, note=note), as_json,
+         lambda d: click.echo(f"pivot at step {d['step']}: archived {d['archived'] or 'nothing'} to {d['archive']}"))
+
+
+@main.command()
+@click.argument("run", type=click.Path())
+@click.argument("dest", type=click.Path())
+@click.option("--step", type=int, required=True, help="Generation to fork from.")
+@json_option
+@guarded
+def fork(run: str, dest: str, step: int, as_json: bool) -> None:
+    """Audit fork: start a new run DEST from generation --step, with provenance."""
+    from ..run.ops import fork as run_fork  # lazy: keeps `ckptfmt --help` fast
+    emit(run_fork(run, step, dest), as_json,
+         lambda d: click.echo(f"forked {run} at step {d['step']} into {d['dest']} (blake3 {d['blake3'][:16]}…)"))
+
+
+@main.command()
+@click.argument("run_a", type=click.Path())
+@click.argument("run_b", type=click.Path())
+@json_option
+@guarded
+def bisect(run_a: str, run_b: str, as_json: bool) -> None:
+    """First step where two runs' generations or loss histories differ (exit 1 if any)."""
+    from ..run.ops import bisect as run_bisect  # lazy: keeps `ckptfmt --help` fast
+    data = run_bisect(run_a, run_b)
+    emit(data, as_json, lambda d: click.echo(
+        f"generations: first difference at step {d['first_generation_difference']} "
+        f"(last identical {d['last_identical_generation']}); history: first difference at step "
+        f"{d['first_history_difference']}"))
+    if not data["identical"]:
+        sys.exit(EXIT_DEFECT)
+
+
+# ---------------------------------------------------------------- plot
+@main.command()
+@click.argument("runs", nargs=-1, required=True, type=click.Path())
+@click.option("--out", required=True, type=click.Path(), help="PNG file to write.")
+@guarded
+def plot(runs: tuple[str, ...], out: str) -> None:
+    """Draw loss (raw and EMA) of runs with generations, pivots, resumes and forks marked,
+    and the curriculum's source shares below (needs matplotlib)."""
+    from ..tools.plot import plot as run_plot  # lazy: plotting needs matplotlib
+    for r in runs:
+        if not os.path.isdir(r):
+            raise Fail(f"{r}: not a run directory", EXIT_CANNOT)
+    run_plot(list(runs), out)
+    click.echo(f"wrote {out}")

@@ -1,0 +1,123 @@
+"""``train`` and ``verify-resume``: the commands that run the reference trainer (torch)."""
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from .app import main
+from .output import EXIT_CANNOT, EXIT_DEFECT, Fail, emit, guarded, json_option
+
+
+# ---------------------------------------------------------------- verify-resume
+@main.command("verify-resume")
+@click.option("--output", required=True, type=click.Path(), help="New directory for the four runs and verification.json.")
+@click.option("--trainer", type=click.Choice(["mini", "andrea", "command"]), default="mini", show_default=True)
+@click.option("--steps", type=click.IntRange(min=2), default=10, show_default=True)
+@click.option("--cut", type=click.IntRange(min=1), default=5, show_default=True)
+@click.option("--atol", type=float, default=1e-12, show_default=True)
+@click.option("--rtol", type=float, default=0.0, show_default=True)
+@click.option("--command", "command", help="With --trainer command: template with {steps} {output} {resume} {omit_rng}.")
+@click.option("--fault", type=click.Choice(["optimizer", "scheduler", "cursor", "rng-python", "rng-numpy", "rng-torch"]),
+              hidden=True, help="mini only: break one piece of the resume (to test the verifier).")
+@json_option
+@guarded
+def verify_resume_cmd(output: str, trainer: str, steps: int, cut: int, atol: float, rtol: float,
+                      command: str | None, fault: str | None, as_json: bool) -> None:
+    """Prove a resume is complete: continuous, cut, resumed and resumed-without-RNG runs in
+    fresh processes. Exit 0 when the resume matches and the negative control diverges."""
+    from ..verify import VerifyIncomplete, verify_resume  # lazy: the verify layer (uses torch), keeps --help fast
+    if cut >= steps:
+        raise click.UsageError(f"--cut ({cut}) must be smaller than --steps ({steps})")
+    log = None if as_json else (lambda m: click.echo(f"  {m}", err=True))
+    try:
+        result = verify_resume(output, trainer=trainer, steps=steps, cut=cut, atol=atol, rtol=rtol,
+                               command=command, fault=fault, log=log)
+    except VerifyIncomplete as exc:
+        raise Fail(f"verify-resume could not complete: {exc}", EXIT_CANNOT) from None
+    emit(result, as_json, _print_verification)
+    if not result["all_checks_passed"]:
+        sys.exit(EXIT_DEFECT)
+
+
+def _print_verification(r: dict) -> None:
+    click.echo(f"trainer {r['trainer']}: {r['steps']} steps, cut at {r['cut']}, atol {r['atol']}, rtol {r['rtol']}")
+    for name, c in r["checks"]["resume"].items():
+        neg = r["checks"]["resume_without_rng"].get(name, {})
+        click.echo(f"  {name:16} resume {'ok' if c['ok'] else 'FAIL'} (max dev {c['max_deviation']:.3g})"
+                   f"   without RNG: {'same' if neg.get('ok') else 'differs'} (max dev {neg.get('max_deviation', 0):.3g})")
+    click.echo(f"positive: {r['positive']}  negative_divergence_detected: {r['negative_divergence_detected']}"
+               f"  all_checks_passed: {r['all_checks_passed']}")
+    for f in r["failed_checks"]:
+        click.echo(f"  failed: {f}")
+
+
+# ---------------------------------------------------------------- train
+@main.command()
+@click.option("--run", "--run-dir", "run_dir", required=True, type=click.Path(),
+              help="Run directory (created if new). Under torchrun use --run-dir (torchrun claims --run).")
+@click.option("--config", "config_name", default="tiny", show_default=True,
+              type=click.Choice(["tiny", "andrea-12m", "andrea-120m"]), help="Named model/training config.")
+@click.option("--steps", type=click.IntRange(min=0), required=True, help="Train until global step N.")
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
+@click.option("--checkpoint-every", type=click.IntRange(min=1), default=100, show_default=True)
+@click.option("--sample-every", type=click.IntRange(min=0), default=100, show_default=True)
+@click.option("--keep-last", type=click.IntRange(min=1), help="Retention: newest generations kept.")
+@click.option("--keep-every", type=click.IntRange(min=1), help="Retention: milestone interval.")
+@click.option("--seed", type=int, help="Config seed (default 0; part of the config).")
+@click.option("--threads", type=click.IntRange(min=1), help="torch threads (part of the config: bit-exact "
+              "resume needs the same count).")
+@click.option("--async-save", is_flag=True, help="Write checkpoints in the background.")
+@click.option("--amp", type=click.Choice(["auto", "none", "bf16", "fp16"]), default="auto", show_default=True,
+              help="Mixed precision on CUDA (auto: bf16 on CUDA, none on CPU).")
+@click.option("--log-every", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--set", "sets", multiple=True, metavar="KEY=JSON",
+              help="Override a config field, e.g. --set lr=1e-3 --set 'caps={\"code\":0.5,...}'. A run's "
+                   "config can only change in caps, floors, sources and the lr schedule, after `ckptfmt pivot`.")
+@click.option("--parallel", type=click.Choice(["ddp", "fsdp"]), default="ddp", show_default=True,
+              help="Under torchrun: DDP replicas or FSDP2 sharding (the checkpoint format is the same).")
+@click.option("--dist-timeout", type=click.IntRange(min=1), default=120, show_default=True, metavar="SECONDS",
+              help="Under torchrun: how long a collective may wait for the other ranks before failing.")
+@click.option("--omit-rng-restore", is_flag=True, hidden=True, help="Negative control of verify-resume.")
+@click.option("--summary", type=click.Path(), hidden=True, help="verify-resume: write summary.json here at exit.")
+@click.option("--pause-at-step", "pause_at", nargs=2, type=(click.IntRange(min=1), click.Path()), hidden=True,
+              metavar="N MARKER", help="verify-resume: after step N, create MARKER and wait for a signal.")
+@guarded
+def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_every: int,
+          sample_every: int, keep_last: int | None, keep_every: int | None, seed: int | None,
+          threads: int | None, async_save: bool, amp: str, log_every: int, sets: tuple[str, ...],
+          parallel: str, dist_timeout: int, omit_rng_restore: bool, summary: str | None,
+          pause_at: tuple[int, str] | None) -> None:
+    """Train the reference model to --steps N, resuming from the newest valid generation.
+
+    SIGTERM/SIGINT: checkpoint the current step and exit 0 (75 if that save fails).
+    SIGUSR1: checkpoint the current step and continue.
+    \f
+    Hidden options, passed by ``ckptfmt verify-resume --trainer andrea`` (single process only;
+    see ckptfmt/trainer/protocol.py): ``--summary PATH`` writes the verifier's summary.json at
+    exit; ``--pause-at-step N MARKER`` creates MARKER after step N and waits for a signal, so an
+    external SIGTERM lands exactly at step N; ``--omit-rng-restore`` resumes without restoring
+    any RNG (the negative control).
+    """
+    from ..trainer.signals import install  # lazy: the trainer layer, keeps --help fast
+    flags = install()           # before the slow imports: a signal during start-up is honoured
+    distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1   # launched by torchrun
+    if distributed and (summary or pause_at):
+        raise click.UsageError("--summary and --pause-at-step are single-process only (not under torchrun)")
+    from ..trainer.config import parse_sets  # lazy: keeps `ckptfmt --help` fast
+    try:
+        overrides = parse_sets(sets)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    from ..trainer.loop import train as run_train  # lazy: imports torch
+    code = run_train(run_dir, config_name, steps, seed=seed, threads=threads, sets=overrides, flags=flags,
+                     device=device, checkpoint_every=checkpoint_every, sample_every=sample_every,
+                     keep_last=keep_last, keep_every=keep_every, async_save=async_save, amp=amp,
+                     log_every=log_every, omit_rng_restore=omit_rng_restore, parallel=parallel,
+                     summary=summary, pause_at=pause_at, dist_timeout=dist_timeout)
+    if distributed:
+        from ..torch.distributed import exit_worker  # lazy: imports torch
+        exit_worker(code)          # skip finalization: see exit_worker for the gloo abort it avoids
+    sys.exit(code)
+

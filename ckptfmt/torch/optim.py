@@ -1,0 +1,93 @@
+"""Which optimizers the seed layout can hold, and how their state maps onto m and v.
+
+The layout has two moment regions. Adam and AdamW fill both (``m`` = ``exp_avg``, ``v`` =
+``exp_avg_sq``); SGD with momentum fills ``m`` with its momentum buffer and leaves ``v`` zero;
+the manifest's ``optimizer.type`` says which. Any other optimizer keeps state the layout cannot
+hold, so a manager refuses it when it is constructed, before a single training step.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import OptimizerMismatchError, UnsupportedOptimizerError
+
+SUPPORTED = "Adam, AdamW (without amsgrad) and SGD (momentum or none)"
+MOMENTS = {"Adam": ("exp_avg", "exp_avg_sq"), "AdamW": ("exp_avg", "exp_avg_sq"),
+           "SGD": ("momentum_buffer", None)}
+
+
+def kind(optimizer: torch.optim.Optimizer) -> str:
+    """'Adam', 'AdamW' or 'SGD'; ``UnsupportedOptimizerError`` for anything else.
+
+    >>> p = [torch.nn.Parameter(torch.zeros(2))]
+    >>> kind(torch.optim.SGD(p, lr=0.1, momentum=0.9))
+    'SGD'
+    >>> kind(torch.optim.Adagrad(p))
+    Traceback (most recent call last):
+    ...
+    ckptfmt.errors.UnsupportedOptimizerError: Adagrad keeps state the seed layout cannot hold; supported: Adam, AdamW (without amsgrad) and SGD (momentum or none)
+    """
+    name = type(optimizer).__name__
+    if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD):
+        raise UnsupportedOptimizerError(None, f"{name} keeps state the seed layout cannot hold; "
+                                              f"supported: {SUPPORTED}")
+    if any(group.get("amsgrad") for group in optimizer.param_groups):
+        raise UnsupportedOptimizerError(None, f"{name} with amsgrad keeps a third moment the seed "
+                                              f"layout cannot hold; supported: {SUPPORTED}")
+    return name
+
+
+def moments(params: list[torch.Tensor], optimizer: torch.optim.Optimizer,
+            step: int) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
+    """(m tensors, v tensors, optimizer step) in parameter order; zeros where there is no state
+    yet. SGD keeps no step of its own: the caller's ``step`` is recorded instead."""
+    first, second = MOMENTS[kind(optimizer)]
+    ms, vs, steps = [], [], set()
+    for p in params:
+        state = optimizer.state.get(p, {})
+        ms.append(state[first] if first in state and state[first] is not None else torch.zeros_like(p))
+        vs.append(state[second] if second and second in state else torch.zeros_like(p))
+        if "step" in state:
+            steps.add(int(state["step"]))
+    if len(steps) > 1:
+        raise OptimizerMismatchError(None, f"parameters disagree on the optimizer step: {sorted(steps)}")
+    return ms, vs, steps.pop() if steps else (0 if second else step)
+
+
+def describe(optimizer: torch.optim.Optimizer, step: int) -> dict[str, Any]:
+    """The manifest's ``optimizer``: type, step and every param group's JSON-able settings."""
+    groups = []
+    for group in optimizer.param_groups:
+        groups.append({k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items()
+                       if k != "params" and (v is None or isinstance(v, (bool, int, float, str, tuple, list)))})
+    return {"type": kind(optimizer), "step": step, "hyperparams": groups,
+            "has_state": any(optimizer.state.get(p) for g in optimizer.param_groups for p in g["params"])}
+
+
+def restore(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], doc: dict[str, Any],
+            m: list[torch.Tensor], v: list[torch.Tensor], path: str) -> None:
+    """Load the optimizer from the manifest's ``optimizer`` and the m, v tensors (already in
+    parameter order, dtype and device)."""
+    name = kind(optimizer)
+    if doc.get("type") != name:
+        raise OptimizerMismatchError(path, f"optimizer: the checkpoint holds {doc.get('type')} state, "
+                                           f"the loop uses {name}")
+    groups = doc.get("hyperparams") or []
+    if len(groups) != len(optimizer.param_groups):
+        raise OptimizerMismatchError(path, f"optimizer: {len(groups)} param groups in the checkpoint, "
+                                           f"{len(optimizer.param_groups)} in the loop")
+    index = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+    first, second = MOMENTS[name]
+    state: dict[int, dict[str, Any]] = {}
+    for p, mt, vt in zip(params, m, v) if doc.get("has_state", True) else ():
+        if name == "SGD":
+            if any(g["momentum"] for g in optimizer.param_groups if any(q is p for q in g["params"])):
+                state[index[id(p)]] = {first: mt}
+            continue
+        state[index[id(p)]] = {"step": torch.tensor(float(doc["step"]), dtype=torch.float32),
+                               first: mt, second: vt}
+    saved = [{**group, "params": [index[id(p)] for p in live["params"]]}
+             for group, live in zip(groups, optimizer.param_groups)]
+    optimizer.load_state_dict({"state": state, "param_groups": saved})

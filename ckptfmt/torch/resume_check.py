@@ -1,0 +1,83 @@
+"""What ``ckptfmt verify-resume --trainer command`` compares, recorded by any training loop.
+
+The protocol (``ckptfmt.verify``) runs a loop four times in fresh processes and compares, step
+by step, the sample ids each step consumed, its learning rate and loss, then the final state:
+parameters, optimizer, scheduler, progress, the next draws of every RNG (observed and put back)
+and an evaluation. A loop records them with ``ResumeRecord`` and writes ``summary.json``::
+
+    record = ResumeRecord()
+    ...                                   # in the loop:
+    record.step(step, ids=batch_ids, lr=sched.get_last_lr()[0], loss=loss.item())
+    ...                                   # at the end:
+    record.write(output, checkpoint=path, model=model, optimizer=opt, scheduler=sched,
+                 progress=sampler.state_dict(), generators={"noise": gen}, evaluation={"mse": mse})
+"""
+from __future__ import annotations
+
+import json
+import os
+import random
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+
+from . import optim
+from .state import split
+
+__all__ = ["ResumeRecord", "next_draws_all"]
+
+
+class ResumeRecord:
+    """The per-step records of one process, and the final summary it writes."""
+
+    def __init__(self) -> None:
+        self.steps: list[dict[str, Any]] = []
+
+    def step(self, step: int, *, ids: Any, lr: float, loss: float) -> None:
+        """What step ``step`` consumed (sample ids), its learning rate and its loss."""
+        ids = ids.tolist() if hasattr(ids, "tolist") else list(ids)
+        self.steps.append({"step": step, "ids": ids, "lr": float(lr), "loss": float(loss)})
+
+    def write(self, output: "str | os.PathLike[str]", *, checkpoint: "str | os.PathLike[str]",
+              model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
+              progress: Any = None, generators: dict[str, Any] | None = None,
+              evaluation: dict[str, float] | None = None, step: int | None = None) -> Path:
+        """Write ``output/summary.json`` as the verify-resume contract asks; returns its path."""
+        params = list(model.parameters())
+        ms, vs, opt_step = optim.moments(params, optimizer, step or 0)
+        flat = lambda ts: torch.cat([t.detach().float().reshape(-1).cpu() for t in ts]).tolist()  # noqa: E731
+        final = {"step": step if step is not None else (self.steps[-1]["step"] if self.steps else 0),
+                 "parameters": flat(params),
+                 "buffers": {k: v.detach().double().reshape(-1).tolist()
+                             for k, v in model.state_dict().items() if k not in dict(model.named_parameters())},
+                 "optimizer": {"step": opt_step, "m": flat(ms), "v": flat(vs)},
+                 "scheduler": split(scheduler.state_dict(), "scheduler")[0] if scheduler is not None else None,
+                 "progress": split(progress, "progress")[0] if progress is not None else None,
+                 "next_draws": next_draws_all(generators), "eval": evaluation or {}}
+        path = Path(output) / "summary.json"
+        path.write_text(json.dumps({"steps": self.steps, "checkpoint": os.path.basename(checkpoint),
+                                    "final": final}))
+        return path
+
+
+def next_draws_all(generators: dict[str, Any] | None = None, n: int = 3) -> dict[str, list[float]]:
+    """The next ``n`` draws of Python's, NumPy's global, torch's CPU RNG and each named
+    generator; every state is put back, so observing them changes nothing."""
+    py, npst, tst = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    out = {"python": [random.random() for _ in range(n)], "numpy_global": np.random.random(n).tolist(),
+           "torch": torch.rand(n).tolist()}
+    random.setstate(py)
+    np.random.set_state(npst)
+    torch.set_rng_state(tst)
+    for name, gen in (generators or {}).items():
+        if isinstance(gen, np.random.Generator):
+            saved = gen.bit_generator.state
+            out[name] = gen.random(n).tolist()
+            gen.bit_generator.state = saved
+        else:
+            saved = gen.get_state()
+            out[name] = torch.rand(n, generator=gen, device=gen.device).tolist()
+            gen.set_state(saved)
+    return out

@@ -1,0 +1,111 @@
+"""Loop state as JSON plus tensors: ``split`` a ``state_dict()`` into a strict-JSON tree (for the
+manifest) and the tensors and arrays it holds (for the generation's companion file); ``join``
+puts them back, bit for bit.
+
+A tensor or array in the tree becomes ``{"__tensor__": KEY, "kind": "torch"|"numpy", ...}``
+with KEY its name in the companion file; a float JSON cannot hold (NaN, inf) becomes
+``{"__float__": "nan"}``; a tuple becomes ``{"__tuple__": [...]}`` so it comes back a tuple.
+Anything else that JSON cannot hold is refused by its path, never dropped silently.
+
+>>> tree, tensors = split({"perm": torch.tensor([2, 0, 1]), "epoch": 3, "best": float("inf")}, "data")
+>>> tree["perm"], tree["best"], sorted(tensors)
+({'__tensor__': 'data/perm', 'kind': 'torch', 'dtype': 'int64'}, {'__float__': 'inf'}, ['data/perm'])
+>>> back = join(tree, {k: v for k, v in tensors.items()})
+>>> back["perm"].tolist(), back["epoch"], back["best"]
+([2, 0, 1], 3, inf)
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Callable, Mapping
+
+import numpy as np
+import torch
+
+from ..errors import IncompleteResumeStateError
+
+# torch dtypes the companion file holds, by name; bfloat16 travels as its uint16 bits.
+DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
+          "bfloat16": torch.bfloat16, "int64": torch.int64, "int32": torch.int32,
+          "int16": torch.int16, "int8": torch.int8, "uint8": torch.uint8, "bool": torch.bool}
+
+
+def dtype_name(dtype: torch.dtype) -> str:
+    """'bfloat16' for ``torch.bfloat16`` (the names of ``DTYPES``)."""
+    return str(dtype).removeprefix("torch.")
+
+
+def to_array(t: torch.Tensor) -> "np.ndarray | tuple[str, np.ndarray]":
+    """A CPU numpy array of the tensor's exact bytes (``("BF16", uint16 bits)`` for bfloat16)."""
+    t = t.detach().to("cpu", copy=True).contiguous()   # a copy: training goes on changing t
+    if t.dtype == torch.bfloat16:
+        return "BF16", t.view(torch.int16).numpy().view(np.uint16)
+    return t.numpy()
+
+
+def from_array(array: np.ndarray, dtype: str) -> torch.Tensor:
+    """The tensor ``to_array`` stored (a copy: the companion's map is read-only)."""
+    if dtype == "bfloat16":
+        return torch.from_numpy(np.array(array, dtype=np.uint16).view(np.int16)).view(torch.bfloat16)
+    return torch.from_numpy(np.array(array))
+
+
+def split(obj: Any, prefix: str) -> tuple[Any, dict[str, Any]]:
+    """(strict-JSON tree, {companion key: array}) of a nested state."""
+    tensors: dict[str, Any] = {}
+    return _split(obj, prefix, tensors), tensors
+
+
+def _split(obj: Any, path: str, tensors: dict[str, Any]) -> Any:
+    if isinstance(obj, torch.Tensor):
+        tensors[path] = to_array(obj)
+        return {"__tensor__": path, "kind": "torch", "dtype": dtype_name(obj.dtype)}
+    if isinstance(obj, np.ndarray):
+        tensors[path] = np.array(obj, copy=True, order="C")
+        return {"__tensor__": path, "kind": "numpy", "dtype": obj.dtype.str}
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return {"__float__": repr(obj)}
+    if obj is None or isinstance(obj, (bool, int, float, str)):
+        return obj
+    if isinstance(obj, np.generic):
+        return _split(obj.item(), path, tensors)
+    if isinstance(obj, tuple):
+        return {"__tuple__": [_split(v, f"{path}/{i}", tensors) for i, v in enumerate(obj)]}
+    if isinstance(obj, list):
+        return [_split(v, f"{path}/{i}", tensors) for i, v in enumerate(obj)]
+    if isinstance(obj, Mapping):
+        if not all(isinstance(k, (str, int)) for k in obj):
+            raise TypeError(f"{path}: state keys must be str or int")
+        return {"__dict__": [[k, _split(v, f"{path}/{k}", tensors)] for k, v in obj.items()]} \
+            if any(isinstance(k, int) for k in obj) else {k: _split(v, f"{path}/{k}", tensors) for k, v in obj.items()}
+    raise TypeError(f"{path}: a {type(obj).__name__} cannot be checkpointed (not JSON, tensor or array)")
+
+
+def join(tree: Any, tensors: "Mapping[str, Any] | Callable[[str], Any]") -> Any:
+    """The state ``split`` took apart; ``tensors`` maps (or looks up) companion keys to arrays."""
+    get = tensors if callable(tensors) else tensors.__getitem__
+    if isinstance(tree, list):
+        return [join(v, get) for v in tree]
+    if not isinstance(tree, dict):
+        return tree
+    if "__tensor__" in tree:
+        return _tensor(tree, get)
+    if "__float__" in tree:
+        return float(tree["__float__"])
+    if "__tuple__" in tree:
+        return tuple(join(v, get) for v in tree["__tuple__"])
+    if "__dict__" in tree:
+        return {k: join(v, get) for k, v in tree["__dict__"]}
+    return {k: join(v, get) for k, v in tree.items()}
+
+
+def _tensor(tree: dict[str, Any], get: Callable[[str], Any]) -> Any:
+    try:
+        array = get(tree["__tensor__"])
+    except KeyError:
+        raise IncompleteResumeStateError(None, f"companion file lacks tensor {tree['__tensor__']}") from None
+    if isinstance(array, tuple):          # straight from split: (safetensors code, array)
+        array = array[1]
+    if tree["kind"] == "numpy":
+        return np.array(array, dtype=np.dtype(tree["dtype"]))
+    return from_array(array, tree["dtype"])
