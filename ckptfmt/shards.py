@@ -19,10 +19,10 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import atomic, fsio, reader, writer
+from . import atomic, fingerprint, fsio, reader, writer
 from . import format as fmt
 from . import manifest as mf
-from .errors import FingerprintMismatchError, ManifestError, ManifestMismatchError
+from .errors import CheckpointError, FingerprintMismatchError, ManifestError, ManifestMismatchError
 
 SUFFIX = ".shards"
 
@@ -47,7 +47,6 @@ def shards_dir(run_dir: "str | os.PathLike[str]", step: int) -> Path:
 
 
 def root_digest(rows: list[dict[str, Any]]) -> str:
-    from . import fingerprint
     return fingerprint.of_bytes(b"".join(bytes.fromhex(r["blake3"]) for r in rows))
 
 
@@ -184,7 +183,6 @@ class ShardedCheckpoint:
 
 def check(manifest_path: Path, *, deep: bool = False) -> str | None:
     """None when the sharded generation is committed and valid, else why not."""
-    from .errors import CheckpointError
     try:
         with ShardedCheckpoint(manifest_path, verify=deep):
             return None

@@ -9,6 +9,7 @@ import datetime
 import json
 import os
 import tarfile
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -16,11 +17,12 @@ from typing import Any, Callable
 import zstandard
 
 from .. import atomic, fingerprint
-from ..run import history as hist
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import DestinationExistsError, ExportError
 from ..run import SAMPLES, STATE, Run
+from ..run import history as hist
+from .convert import convert
 from .validate import validate_file
 
 __all__ = ["INCOMPLETE", "archive", "export", "import_archive"]
@@ -89,7 +91,6 @@ def export(run_dir: str, dest: str, *, steps: list[int] | None = None,
 
 def _export_generation(gen, out: Path, weights_only: bool, progress=None) -> list[dict[str, Any]]:
     if weights_only:
-        from .convert import convert
         target = out / (gen.bin.stem + ".safetensors")
         convert(str(gen.bin), str(target), weights_only=True)
         return [{"file": target.name, "size": target.stat().st_size, "blake3": fingerprint.of_file(target),
@@ -168,8 +169,6 @@ def _export_md(doc: dict[str, Any]) -> str:
 def archive(run_dir: str, archive_path: str, **options: Any) -> dict[str, Any]:
     """Export into a temp dir, then pack it into one .tar.zst with an embedded manifest,
     verified by reading the archive back."""
-    import tempfile
-    import zstandard
     target = Path(archive_path)
     if target.exists():
         raise DestinationExistsError(str(target), "exists already; refusing to overwrite")

@@ -49,9 +49,9 @@ def plot(run_dirs: list[str], out: str) -> dict[str, Any]:
     """Draw the loss (raw and EMA) of each run with its events into ``out`` (a .png); needs
     matplotlib (``MissingDependencyError`` otherwise). Returns what was drawn."""
     try:
-        import matplotlib
+        import matplotlib  # lazy: the optional plot extra, here only
         matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
+        import matplotlib.pyplot as plt  # lazy: as matplotlib
     except ImportError:
         raise MissingDependencyError(out, "plot needs matplotlib: pip install 'ckptfmt[plot]'") from None
     data = [series(r) for r in run_dirs]

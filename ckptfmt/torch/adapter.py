@@ -8,10 +8,13 @@ so no full copy of the model is ever made on the CPU.
 from __future__ import annotations
 
 import math
+import platform
 from typing import Any, Iterator
 
 import numpy as np
 import torch
+
+import ckptfmt
 
 from .. import format as fmt
 from .. import reader, writer
@@ -234,8 +237,6 @@ def _fresh_state(optimizer: torch.optim.Optimizer, opt: dict[str, Any]) -> None:
 
 def versions() -> dict[str, str]:
     """Versions recorded in a manifest, so a resume on other software can be told apart."""
-    import platform
-    import ckptfmt
     return {"ckptfmt": ckptfmt.__version__, "torch": torch.__version__, "numpy": np.__version__,
             "python": platform.python_version()}
 

@@ -3,6 +3,7 @@ every manifest and a changed config is caught on resume); how long to train is n
 from __future__ import annotations
 
 import dataclasses
+import json
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -70,7 +71,6 @@ def get(name: str, **overrides: Any) -> TrainConfig:
 
 def parse_sets(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
     """``KEY=VALUE`` pairs (VALUE as JSON, else a string) for fields of TrainConfig."""
-    import json
     names = {f.name for f in dataclasses.fields(TrainConfig)}
     out: dict[str, Any] = {}
     for item in items:

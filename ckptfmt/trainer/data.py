@@ -40,7 +40,7 @@ def corpus(max_bytes: int) -> dict[str, bytes]:
                 docs += piece.strip() + b"\n\n"
         if len(code) >= max_bytes and len(docs) >= max_bytes:
             break
-    from pydoc_data.topics import topics
+    from pydoc_data.topics import topics  # lazy: 1 MB of help text, read only to build the corpus
     helps = "\n\n".join(topics[k] for k in sorted(topics)).encode("utf-8", "replace")
     return {"code": bytes(code[:max_bytes]), "topics": helps[:max_bytes], "docstrings": bytes(docs[:max_bytes])}
 

@@ -84,10 +84,10 @@ def regions_of(src: Source, weights_only: bool) -> list[str]:
     return ["weights"] if weights_only else list(fmt.REGIONS)
 
 
-def require_torch(path: str):  # lazy: torch is the optional extra
+def require_torch(path: str):
     """The torch module, or a could-not-run error naming the extra to install."""
     try:
-        import torch
+        import torch  # lazy: torch is the optional extra (the .pt and DCP conversions only)
     except ImportError:
         raise MissingDependencyError(path, ".pt needs torch: pip install 'ckptfmt[torch]'") from None
     return torch
