@@ -20,7 +20,8 @@ __all__ = ["CheckpointError", "NotACheckpointError", "BadHeaderError", "Truncate
            "LayoutMismatchError", "OptimizerMismatchError", "UnsupportedOptimizerError", "NoValidGenerationError",
            "GenerationNotFoundError", "RunLockedError", "HistoryCorruptError", "SidecarError",
            "RankDisagreementError", "SaveError", "ConvertError", "TensorFileError", "ExportError",
-           "DestinationExistsError", "MissingDependencyError", "DeviceUnavailableError"]
+           "DestinationExistsError", "MissingDependencyError", "UnsupportedSetupError",
+           "DeviceUnavailableError"]
 
 
 class CheckpointError(ValueError):
@@ -149,6 +150,12 @@ class DestinationExistsError(CheckpointError):
 
 class MissingDependencyError(CheckpointError):
     """An optional dependency (torch, matplotlib, safetensors) is not installed (CLI exit 2)."""
+
+    could_not_run = True
+
+
+class UnsupportedSetupError(CheckpointError):
+    """What was asked is not supported in this setup yet (a CheckpointManager under torchrun)."""
 
     could_not_run = True
 

@@ -209,3 +209,12 @@ def test_one_manager_per_run_and_close_is_idempotent(tmp_path):
     mgr.close(7)
     assert sorted(p.name for p in (tmp_path / "r").glob("step_*.bin")) == ["step_000007.bin"]
     CheckpointManager(tmp_path / "r", model, opt, handle_signals=False).close()   # lock released
+
+
+def test_under_torchrun_the_manager_refuses_for_now(tmp_path, monkeypatch):
+    from ckptfmt.errors import UnsupportedSetupError
+    monkeypatch.setattr(torch.distributed, "is_initialized", lambda: True)
+    monkeypatch.setattr(torch.distributed, "get_world_size", lambda: 2)
+    model, opt = small()
+    with pytest.raises(UnsupportedSetupError, match="world size 2"):
+        CheckpointManager(tmp_path / "r", model, opt, handle_signals=False)

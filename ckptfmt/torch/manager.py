@@ -26,7 +26,7 @@ from typing import Any, Mapping
 import torch
 
 from .. import reader
-from ..errors import IncompleteResumeStateError, LayoutMismatchError
+from ..errors import IncompleteResumeStateError, LayoutMismatchError, UnsupportedSetupError
 from ..run import Run, RunLock
 from ..run.history import encode_float
 from . import adapter, optim, rng
@@ -50,6 +50,7 @@ class CheckpointManager:
                  config: Any = None):
         optim.kind(optimizer)
         _check_pieces(state, every, keep_last)
+        _refuse_torchrun()
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.state, self.generators = dict(state or {}), dict(generators or {})
         self.every, self.keep_last, self.keep_every, self.config = every, keep_last, keep_every, config
@@ -238,6 +239,14 @@ def _check_pieces(state: Mapping[str, Any] | None, every: int, keep_last: int | 
             raise TypeError(f"state[{name!r}]: needs state_dict() and load_state_dict()")
     if every < 1 or (keep_last is not None and keep_last < 1):
         raise ValueError(f"every and keep_last must be at least 1, got {every} and {keep_last}")
+
+
+def _refuse_torchrun() -> None:
+    if torch.distributed.is_available() and torch.distributed.is_initialized() \
+            and torch.distributed.get_world_size() > 1:
+        raise UnsupportedSetupError(None, "CheckpointManager under torchrun (world size "
+                                          f"{torch.distributed.get_world_size()}) is not supported yet: "
+                                          "use ckptfmt.torch.distributed.save_sharded / load_into")
 
 
 def _install(mgr: CheckpointManager) -> dict[int, Any]:
