@@ -23,7 +23,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import fingerprint, tensorfile
+from . import atomic, fingerprint, tensorfile
 from .errors import FingerprintMismatchError, ManifestMismatchError, SaveError
 
 SUFFIX = ".extra.safetensors"
@@ -97,6 +97,18 @@ def read(bin_path: "str | os.PathLike[str]", entry: Mapping[str, Any]) -> tensor
     if reason is not None:
         raise ManifestMismatchError(str(path_for(bin_path)), reason)
     return tensorfile.TensorFile(str(path_for(bin_path)))
+
+
+def copy(bin_path: "str | os.PathLike[str]", dest_bin: "str | os.PathLike[str]",
+         doc: Mapping[str, Any], progress=None) -> dict[str, Any] | None:
+    """Copy the companion of ``bin_path`` beside ``dest_bin`` (durably, hashed while copied and
+    refused if the hash is not the manifest's); its row (file, size, blake3), None without one."""
+    entry = doc.get(FIELD) if doc else None
+    if entry is None:
+        return None
+    src, dst = path_for(bin_path), path_for(dest_bin)
+    digest = atomic.copy_verified(src, dst, entry["blake3"], progress)
+    return {"file": dst.name, "size": dst.stat().st_size, "blake3": digest}
 
 
 def remove_stale(bin_path: "str | os.PathLike[str]") -> None:

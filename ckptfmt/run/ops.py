@@ -6,7 +6,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .. import atomic, fsio
+from .. import atomic, companion, fsio
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoundError,
@@ -106,6 +106,7 @@ def fork(path: "str | os.PathLike[str]", step: int, dest: "str | os.PathLike[str
     dest.mkdir(parents=True, exist_ok=True)
     doc = mf.read(gen.manifest)
     atomic.copy_verified(gen.bin, dest / gen.bin.name, doc["blake3"])
+    companion.copy(gen.bin, dest / gen.bin.name, doc)
     doc["provenance"] = {"parent_run": str(run.path.resolve()), "parent_step": step,
                          "parent_blake3": doc["blake3"], "forked_at": time.time()}
     mf.write(dest / gen.manifest.name, doc)

@@ -16,7 +16,7 @@ from typing import Any, Callable
 
 import zstandard
 
-from .. import atomic, fingerprint
+from .. import atomic, companion, fingerprint
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import DestinationExistsError, ExportError
@@ -99,6 +99,9 @@ def _export_generation(gen, out: Path, weights_only: bool, progress=None) -> lis
     digest = atomic.copy_verified(gen.bin, out / gen.bin.name, doc["blake3"] if doc else None, progress)
     rows = [{"file": gen.bin.name, "size": gen.bin.stat().st_size, "blake3": digest, "step": gen.step,
              "kind": "generation", "verified_against": "manifest" if doc else "unverified (bare file)"}]
+    extra = companion.copy(gen.bin, out / gen.bin.name, doc, progress)
+    if extra is not None:
+        rows.append({**extra, "step": gen.step, "kind": "companion"})
     if gen.manifest:
         rows.append({"file": gen.manifest.name, "size": gen.manifest.stat().st_size,
                      "blake3": atomic.copy_verified(gen.manifest, out / gen.manifest.name, None), "kind": "manifest"})
