@@ -30,8 +30,10 @@ from .errors import TensorFileError
 MAX_HEADER = 100 << 20
 DTYPES = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
           "BF16": np.dtype("<u2"), "I64": np.dtype("<i8"), "I32": np.dtype("<i4"),
-          "I16": np.dtype("<i2"), "I8": np.dtype("i1"), "U8": np.dtype("u1"), "BOOL": np.dtype("?")}
-CODES = {dtype: code for code, dtype in DTYPES.items() if code != "BF16"}
+          "I16": np.dtype("<i2"), "I8": np.dtype("i1"), "U64": np.dtype("<u8"), "U32": np.dtype("<u4"),
+          "U16": np.dtype("<u2"), "U8": np.dtype("u1"), "BOOL": np.dtype("?")}
+CODES = {dtype: code for code, dtype in DTYPES.items() if code != "BF16" and code != "U16"}
+CODES[np.dtype("<u2")] = "U16"
 CHUNK = 8 << 20
 
 
@@ -62,7 +64,9 @@ def write(path: str, tensors: Iterable[tuple[str, str, list[int], np.ndarray]],
 def _pieces(head: bytes, tensors: list) -> Iterable[memoryview]:
     yield memoryview(head)
     for _, _, _, arr in tensors:
-        view = memoryview(np.ascontiguousarray(arr)).cast("B")
+        if arr.nbytes == 0:
+            continue
+        view = memoryview(np.ascontiguousarray(arr).reshape(-1)).cast("B")
         for start in range(0, view.nbytes, CHUNK):
             yield view[start:start + CHUNK]
 

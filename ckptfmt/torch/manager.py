@@ -21,12 +21,17 @@ import math
 import signal
 import time
 import warnings
+from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
 import torch
 
+from .. import format as fmt
+from .. import manifest as mf
 from .. import reader
-from ..errors import IncompleteResumeStateError, LayoutMismatchError, UnsupportedSetupError
+from ..errors import (IncompleteResumeStateError, LayoutMismatchError, NoValidGenerationError,
+                      UnsupportedSetupError)
 from ..run import Run, RunLock
 from ..run.history import encode_float
 from . import adapter, optim, rng
@@ -50,15 +55,17 @@ class CheckpointManager:
                  config: Any = None):
         optim.kind(optimizer)
         _check_pieces(state, every, keep_last)
+        _check_params(model, optimizer)
+        _strict_json({"rng": rng.capture(generators), "config": config})   # a generator JSON cannot hold
         _refuse_torchrun()
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.state, self.generators = dict(state or {}), dict(generators or {})
         self.every, self.keep_last, self.keep_every, self.config = every, keep_last, keep_every, config
         self.run = Run(directory, create=True)
+        self._stop = self._save_requested = False
+        self._handlers = _install(self) if handle_signals else None   # before the lock: may raise
         self._lock = RunLock(directory, purpose="checkpoint manager").acquire()
         self._saver = Saver(self.run, asynchronous=async_save, after_commit=self._retain)
-        self._stop = self._save_requested = False
-        self._handlers = _install(self) if handle_signals else None
         self.committed: int | None = None
         self.fresh: list[str] = []
         self.closed = False
@@ -75,20 +82,24 @@ class CheckpointManager:
     def step(self, step: int, loss: Any = None, **metrics: Any) -> bool:
         """Record step ``step`` in ``.loss.json``; save on cadence or on request. True once a
         stop was requested: the generation is committed and the loop should exit."""
+        self._require_open()
         record: dict[str, Any] = {"step": step, "time": time.time()}
         values = {**({"loss": loss} if loss is not None else {}), **metrics}
         for key, value in values.items():
             record[key] = encode_float(float(value)) if _is_number(value) else value
         self.run.history.append(record)
         stop = self._stop
-        if stop or self._save_requested or step % self.every == 0:
+        if (stop or self._save_requested or step % self.every == 0) and self.committed != step:
             self._save_requested = False
             self.save(step)
         return stop
 
     def save(self, step: int) -> None:
-        """Commit generation ``step`` now (asynchronously with ``async_save``)."""
+        """Commit generation ``step`` now (asynchronously with ``async_save``). Everything that
+        cannot be stored is refused here, before a byte is written."""
+        self._require_open()
         manifest, extra = self._manifest(step)
+        _strict_json(manifest)
         self._saver.save(step, self.model, self.optimizer, manifest, extra)
         self.committed = step
 
@@ -110,6 +121,10 @@ class CheckpointManager:
                 for sig, handler in self._handlers.items():
                     signal.signal(sig, handler)
 
+    def _require_open(self) -> None:
+        if self.closed:
+            raise RuntimeError(f"{self.run.path}: the checkpoint manager is closed")
+
     def __enter__(self) -> "CheckpointManager":
         return self
 
@@ -124,7 +139,7 @@ class CheckpointManager:
         for entry, p in zip(layout, params):
             if p.dtype != torch.float32:
                 entry["dtype"] = dtype_name(p.dtype)
-        doc: dict[str, Any] = {"layout": layout, "optimizer": optim.describe(self.optimizer, opt_step),
+        doc: dict[str, Any] = {"layout": layout, "optimizer": optim.describe(self.optimizer, opt_step, params),
                                "rng": rng.capture(self.generators), "versions": adapter.versions(),
                                "created": time.time(), "progress": {"step": step}}
         extra: dict[str, Any] = {}
@@ -163,6 +178,9 @@ class CheckpointManager:
         ``restore_rng=False`` is the negative control of resume verification.
         """
         self.run.sweep_temps()
+        self.fresh = []
+        if source is not None:
+            self._refuse_rollback(source)
         path = source if source is not None else self._newest()
         if path is None:
             self.run.history.event("resume", 0, fresh=True)
@@ -178,8 +196,28 @@ class CheckpointManager:
         self.run.history.event("resume", step, fresh_pieces=self.fresh)
         return step
 
+    def _refuse_rollback(self, source: Any) -> None:
+        """Resuming this run from one of its own older generations would collide with the newer
+        ones at the next save, and deleting them would lose good checkpoints: fork instead."""
+        src = Path(source).resolve()
+        parsed = fmt.parse_name(src.name)
+        if src.parent != self.run.path.resolve() or parsed is None:
+            return
+        later = [g.step for g in self.run.generations() if g.committed and g.step > parsed[0]]
+        if later:
+            raise UnsupportedSetupError(str(source), f"a generation of this run, which has newer ones "
+                                                     f"(steps {later}); to go back, fork it: ckptfmt fork "
+                                                     f"{self.run.path} --step STEP NEW_RUN, and resume NEW_RUN")
+
     def _newest(self) -> Any:
-        gen = self.run.latest(deep=True)      # hashed here, so the open below does not again
+        try:
+            gen = self.run.latest(deep=True)  # hashed here, so the open below does not again
+        except NoValidGenerationError:
+            if any(g.manifest is not None for g in self.run.generations()):
+                raise                         # committed generations exist and all fail: refuse
+            warnings.warn(f"{self.run.path}: only uncommitted leftovers of an interrupted first save; "
+                          "starting fresh", stacklevel=3)
+            return None
         if gen is not None and gen.bin is None:
             raise LayoutMismatchError(str(gen.manifest), "a sharded generation: restore it under "
                                                           "torchrun with the same or another world size")
@@ -208,9 +246,12 @@ class CheckpointManager:
                 self._missing(piece, strict, ck.path)
                 continue
             obj.load_state_dict(join(tree, self._get))
-        for name in (doc.get("state") or {}):
-            if name not in self.state:
-                self._missing(f"state.{name} (in the checkpoint, not given to the manager)", strict, ck.path)
+        given = {piece for piece, _ in self._pieces()}
+        saved = [k for k in ("scheduler",) if doc.get(k) is not None] + \
+            [f"amp.{k}" for k in (doc.get("amp") or {})] + [f"state.{k}" for k in (doc.get("state") or {})]
+        for piece in saved:
+            if piece not in given:
+                self._missing(f"{piece} (in the checkpoint, not given to the manager)", strict, ck.path)
 
     def _load_rng(self, doc: dict[str, Any], strict: bool, path: str) -> None:
         saved = _need(doc, "rng", path)
@@ -222,6 +263,9 @@ class CheckpointManager:
             if not present:
                 self._missing(f"rng.{key}", strict, path)
                 skip.add(key)
+        for name in saved.get("generators", {}):
+            if name not in self.generators:
+                self._missing(f"rng.generators.{name} (in the checkpoint, not given to the manager)", strict, path)
         rng.restore_all(saved, self.generators, skip=skip, path=path)
 
     def _missing(self, piece: str, strict: bool, path: str) -> None:
@@ -241,6 +285,19 @@ def _check_pieces(state: Mapping[str, Any] | None, every: int, keep_last: int | 
         raise ValueError(f"every and keep_last must be at least 1, got {every} and {keep_last}")
 
 
+def _check_params(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Parameters the layout holds exactly, and no optimizer tensor outside the model."""
+    for name, p in model.named_parameters():
+        if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise UnsupportedSetupError(None, f"parameter {name} is {dtype_name(p.dtype)}: the seed layout "
+                                              "holds float32 (bf16 and fp16 widen exactly; float64 would not)")
+    known = {id(p) for p in model.parameters()}
+    outside = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in known)
+    if outside:
+        raise UnsupportedSetupError(None, f"the optimizer holds {outside} tensor(s) that are not parameters "
+                                          "of the model: their values and state would not be saved")
+
+
 def _refuse_torchrun() -> None:
     if torch.distributed.is_available() and torch.distributed.is_initialized() \
             and torch.distributed.get_world_size() > 1:
@@ -258,13 +315,23 @@ def _install(mgr: CheckpointManager) -> dict[int, Any]:
     return previous
 
 
+def _strict_json(manifest: dict[str, Any]) -> None:
+    """Refuse, before anything is written, a manifest JSON cannot hold (a NaN or a Path in the
+    config, a generator whose state is not JSON): a failure after the .bin is on disk would
+    leave an uncommitted leftover behind."""
+    try:
+        mf.dumps(manifest)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"cannot checkpoint: the manifest would not be strict JSON ({exc})") from None
+
+
 def _is_number(value: Any) -> bool:
-    return isinstance(value, (float, int, torch.Tensor)) and not isinstance(value, bool)
+    return isinstance(value, (float, int, torch.Tensor, np.number)) and not isinstance(value, bool)
 
 
 def _buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
     """Persistent buffers (what ``state_dict`` holds besides parameters)."""
-    params = {name for name, _ in model.named_parameters()}
+    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}   # tied aliases too
     return {k: v for k, v in model.state_dict().items() if k not in params}
 
 

@@ -42,28 +42,39 @@ def kind(optimizer: torch.optim.Optimizer) -> str:
 def moments(params: list[torch.Tensor], optimizer: torch.optim.Optimizer,
             step: int) -> tuple[list[torch.Tensor], list[torch.Tensor], int]:
     """(m tensors, v tensors, optimizer step) in parameter order; zeros where there is no state
-    yet. SGD keeps no step of its own: the caller's ``step`` is recorded instead."""
+    yet. The step is the largest any parameter has taken (``param_steps`` has each one); SGD
+    keeps no step of its own: the caller's ``step`` is recorded instead."""
     first, second = MOMENTS[kind(optimizer)]
-    ms, vs, steps = [], [], set()
+    ms, vs = [], []
     for p in params:
         state = optimizer.state.get(p, {})
-        ms.append(state[first] if first in state and state[first] is not None else torch.zeros_like(p))
+        ms.append(state[first] if state.get(first) is not None else torch.zeros_like(p))
         vs.append(state[second] if second and second in state else torch.zeros_like(p))
-        if "step" in state:
-            steps.add(int(state["step"]))
-    if len(steps) > 1:
-        raise OptimizerMismatchError(None, f"parameters disagree on the optimizer step: {sorted(steps)}")
-    return ms, vs, steps.pop() if steps else (0 if second else step)
+    taken = [s for s in param_steps(params, optimizer) if s is not None]
+    return ms, vs, max(taken, default=0) if second else step
 
 
-def describe(optimizer: torch.optim.Optimizer, step: int) -> dict[str, Any]:
-    """The manifest's ``optimizer``: type, step and every param group's JSON-able settings."""
+def param_steps(params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> list[int | None]:
+    """Per parameter: its own optimizer step count (0 for SGD state), None where it has no state
+    (never updated, frozen, or outside the optimizer): parameters may have taken different
+    numbers of steps (a branch used every third step, experts, unfreezing)."""
+    first, _ = MOMENTS[kind(optimizer)]
+    out: list[int | None] = []
+    for p in params:
+        state = optimizer.state.get(p, {})
+        out.append(None if state.get(first) is None else int(state.get("step", 0)))
+    return out
+
+
+def describe(optimizer: torch.optim.Optimizer, step: int, params: list[torch.Tensor]) -> dict[str, Any]:
+    """The manifest's ``optimizer``: type, step, each parameter's step (None: no state) and
+    every param group's JSON-able settings."""
     groups = []
     for group in optimizer.param_groups:
         groups.append({k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items()
                        if k != "params" and (v is None or isinstance(v, (bool, int, float, str, tuple, list)))})
     return {"type": kind(optimizer), "step": step, "hyperparams": groups,
-            "has_state": any(optimizer.state.get(p) for g in optimizer.param_groups for p in g["params"])}
+            "param_steps": param_steps(params, optimizer)}
 
 
 def restore(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], doc: dict[str, Any],
@@ -79,15 +90,15 @@ def restore(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], doc: d
         raise OptimizerMismatchError(path, f"optimizer: {len(groups)} param groups in the checkpoint, "
                                            f"{len(optimizer.param_groups)} in the loop")
     index = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
+    steps = doc.get("param_steps") or [doc["step"]] * len(params)
     first, second = MOMENTS[name]
     state: dict[int, dict[str, Any]] = {}
-    for p, mt, vt in zip(params, m, v) if doc.get("has_state", True) else ():
-        if name == "SGD":
-            if any(g["momentum"] for g in optimizer.param_groups if any(q is p for q in g["params"])):
-                state[index[id(p)]] = {first: mt}
+    for p, mt, vt, taken in zip(params, m, v, steps):
+        if taken is None or id(p) not in index:
             continue
-        state[index[id(p)]] = {"step": torch.tensor(float(doc["step"]), dtype=torch.float32),
-                               first: mt, second: vt}
-    saved = [{**group, "params": [index[id(p)] for p in live["params"]]}
+        state[index[id(p)]] = {first: mt} if second is None else \
+            {"step": torch.tensor(float(taken), dtype=torch.float32), first: mt, second: vt}
+    saved = [{**{k: tuple(v) if isinstance(live.get(k), tuple) else v for k, v in group.items()},
+              "params": [index[id(p)] for p in live["params"]]}
              for group, live in zip(groups, optimizer.param_groups)]
     optimizer.load_state_dict({"state": state, "param_groups": saved})

@@ -22,7 +22,10 @@ from typing import Any, Callable, Mapping
 import numpy as np
 import torch
 
+from .. import companion
 from ..errors import IncompleteResumeStateError
+
+MARKERS = ("__tensor__", "__float__", "__tuple__", "__dict__")
 
 # torch dtypes the companion file holds, by name; bfloat16 travels as its uint16 bits.
 DTYPES = {"float64": torch.float64, "float32": torch.float32, "float16": torch.float16,
@@ -56,29 +59,46 @@ def split(obj: Any, prefix: str) -> tuple[Any, dict[str, Any]]:
     return _split(obj, prefix, tensors), tensors
 
 
+def _key(path: str, tensors: dict[str, Any]) -> str:
+    """A companion key for ``path`` no other entry has (paths can coincide: "a/b" vs a.b)."""
+    return path if path not in tensors else f"{path}#{len(tensors)}"
+
+
 def _split(obj: Any, path: str, tensors: dict[str, Any]) -> Any:
     if isinstance(obj, torch.Tensor):
-        tensors[path] = to_array(obj)
-        return {"__tensor__": path, "kind": "torch", "dtype": dtype_name(obj.dtype)}
-    if isinstance(obj, np.ndarray):
-        tensors[path] = np.array(obj, copy=True, order="C")
-        return {"__tensor__": path, "kind": "numpy", "dtype": obj.dtype.str}
+        if obj.dtype.is_complex or dtype_name(obj.dtype) not in DTYPES:
+            raise TypeError(f"{path}: a {obj.dtype} tensor cannot be checkpointed")
+        key = _key(path, tensors)
+        tensors[key] = to_array(obj)
+        return {"__tensor__": key, "kind": "torch", "dtype": dtype_name(obj.dtype)}
+    if isinstance(obj, (np.ndarray, np.generic)):
+        return _split_numpy(np.asarray(obj), path, tensors, scalar=isinstance(obj, np.generic))
     if isinstance(obj, float) and not math.isfinite(obj):
         return {"__float__": repr(obj)}
     if obj is None or isinstance(obj, (bool, int, float, str)):
         return obj
-    if isinstance(obj, np.generic):
-        return _split(obj.item(), path, tensors)
     if isinstance(obj, tuple):
         return {"__tuple__": [_split(v, f"{path}/{i}", tensors) for i, v in enumerate(obj)]}
     if isinstance(obj, list):
         return [_split(v, f"{path}/{i}", tensors) for i, v in enumerate(obj)]
     if isinstance(obj, Mapping):
-        if not all(isinstance(k, (str, int)) for k in obj):
+        if not all(isinstance(k, (str, int)) and not isinstance(k, bool) for k in obj):
             raise TypeError(f"{path}: state keys must be str or int")
-        return {"__dict__": [[k, _split(v, f"{path}/{k}", tensors)] for k, v in obj.items()]} \
-            if any(isinstance(k, int) for k in obj) else {k: _split(v, f"{path}/{k}", tensors) for k, v in obj.items()}
+        if any(isinstance(k, int) or k in MARKERS for k in obj):    # keys JSON or the markers would change
+            return {"__dict__": [[k, _split(v, f"{path}/{k}", tensors)] for k, v in obj.items()]}
+        return {k: _split(v, f"{path}/{k}", tensors) for k, v in obj.items()}
     raise TypeError(f"{path}: a {type(obj).__name__} cannot be checkpointed (not JSON, tensor or array)")
+
+
+def _split_numpy(array: np.ndarray, path: str, tensors: dict[str, Any], scalar: bool) -> dict[str, Any]:
+    stored = array.astype(array.dtype.newbyteorder("<")) if array.dtype.byteorder == ">" else array
+    try:
+        companion.code_of(stored)
+    except TypeError:
+        raise TypeError(f"{path}: a numpy {array.dtype} array cannot be checkpointed") from None
+    key = _key(path, tensors)
+    tensors[key] = np.array(stored, copy=True, order="C")
+    return {"__tensor__": key, "kind": "numpy-scalar" if scalar else "numpy", "dtype": array.dtype.str}
 
 
 def join(tree: Any, tensors: "Mapping[str, Any] | Callable[[str], Any]") -> Any:
@@ -106,6 +126,7 @@ def _tensor(tree: dict[str, Any], get: Callable[[str], Any]) -> Any:
         raise IncompleteResumeStateError(None, f"companion file lacks tensor {tree['__tensor__']}") from None
     if isinstance(array, tuple):          # straight from split: (safetensors code, array)
         array = array[1]
-    if tree["kind"] == "numpy":
-        return np.array(array, dtype=np.dtype(tree["dtype"]))
+    if tree["kind"] in ("numpy", "numpy-scalar"):
+        value = np.array(array, dtype=np.dtype(tree["dtype"]))
+        return value[()] if tree["kind"] == "numpy-scalar" else value
     return from_array(array, tree["dtype"])

@@ -1,0 +1,168 @@
+"""CheckpointManager at the edges a review found: what it cannot store is refused before a byte
+is written, and what it stores comes back exactly (issue 16)."""
+from __future__ import annotations
+
+import json
+import threading
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ckptfmt.errors import (IncompleteResumeStateError, UnsupportedSetupError)  # noqa: E402
+from ckptfmt.torch import CheckpointManager  # noqa: E402
+from ckptfmt.torch.state import join, split  # noqa: E402
+
+
+def mgr(path, model, opt, **kw):
+    return CheckpointManager(path, model, opt, handle_signals=False, **kw)
+
+
+def steps(model, opt, n, pick=lambda i: True):
+    for i in range(n):
+        out = model[0](torch.randn(8, 4))
+        if pick(i):
+            out = model[1](out)
+        loss = out.square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+
+
+def net():
+    torch.manual_seed(0)
+    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
+
+
+def test_split_join_keeps_colliding_paths_byte_order_scalars_and_marker_keys():
+    state = {"a/b": torch.tensor([1]), "a": {"b": torch.tensor([2])}, "l": {1: torch.tensor([3]), "1": torch.tensor([4])},
+             "be": np.arange(4, dtype=">f4"), "s": np.float32(0.1), "m": {"__float__": "1.5", "o": 1},
+             "empty": torch.empty(0, 4), "u": np.arange(3, dtype=np.uint32)}
+    tree, tensors = split(state, "x")
+    json.dumps(tree, allow_nan=False)
+    back = join(tree, tensors)
+    assert back["a/b"].tolist() == [1] and back["a"]["b"].tolist() == [2]
+    assert back["l"][1].tolist() == [3] and back["l"]["1"].tolist() == [4]
+    assert back["be"].tolist() == [0.0, 1.0, 2.0, 3.0] and back["be"].dtype == np.dtype(">f4")
+    assert type(back["s"]) is np.float32 and back["s"] == np.float32(0.1)
+    assert back["m"] == {"__float__": "1.5", "o": 1} and back["empty"].shape == (0, 4)
+    with pytest.raises(TypeError, match="x/c: a torch.complex64"):
+        split({"c": torch.zeros(2, dtype=torch.complex64)}, "x")
+
+
+def test_what_cannot_be_stored_is_refused_at_construction(tmp_path):
+    model = net()
+    with pytest.raises(UnsupportedSetupError, match="float64"):
+        mgr(tmp_path / "a", model.double(), torch.optim.Adam(model.parameters()))
+    model = net()
+    extra = torch.nn.Parameter(torch.ones(1))
+    with pytest.raises(UnsupportedSetupError, match="not parameters of the model"):
+        mgr(tmp_path / "b", model, torch.optim.Adam([*model.parameters(), extra]))
+    with pytest.raises(TypeError, match="not JSON|neither"):
+        mgr(tmp_path / "c", model, torch.optim.Adam(model.parameters()),
+            generators={"mt": np.random.Generator(np.random.MT19937(1))})
+    CheckpointManager(tmp_path / "c", model, torch.optim.Adam(model.parameters()), handle_signals=False).close()
+
+
+def test_a_refused_save_writes_nothing(tmp_path):
+    model = net()
+    opt = torch.optim.Adam(model.parameters())
+    with pytest.raises(TypeError, match="strict JSON"):
+        mgr(tmp_path / "r", model, opt, config={"lr": float("nan")})
+    m = mgr(tmp_path / "r", model, opt, config={"ok": 1})
+    m.config = {"path": tmp_path}                        # becomes unstorable later
+    with pytest.raises(TypeError, match="strict JSON"):
+        m.save(1)
+    m.close()
+    assert not list((tmp_path / "r").glob("step_*"))
+
+
+def test_parameters_outside_the_optimizer_and_on_different_steps_resume_exactly(tmp_path):
+    model = net()
+    opt = torch.optim.Adam(model[1].parameters(), lr=1e-2)   # model[0] frozen: not in the optimizer
+    steps(model, opt, 5, pick=lambda i: i % 2 == 0)
+    with mgr(tmp_path / "r", model, opt) as m:
+        m.save(5)
+    model2 = net()
+    opt2 = torch.optim.Adam(model2[1].parameters(), lr=1e-2)
+    with mgr(tmp_path / "r", model2, opt2) as m:
+        assert m.restore() == 5
+    assert opt2.state_dict()["state"].keys() == opt.state_dict()["state"].keys()
+    for a, b in zip(opt.state_dict()["state"].values(), opt2.state_dict()["state"].values()):
+        assert all(torch.equal(a[k], b[k]) for k in a)
+    assert opt2.param_groups[0]["betas"] == opt.param_groups[0]["betas"] and isinstance(opt2.param_groups[0]["betas"], tuple)
+
+
+def test_branch_parameters_with_fewer_steps_save_and_resume(tmp_path):
+    model = net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    steps(model, opt, 4, pick=lambda i: i % 3 == 0)           # model[1] takes 2 steps, model[0] 4
+    with mgr(tmp_path / "r", model, opt) as m:
+        m.save(4)
+    doc = json.loads((tmp_path / "r" / "step_000004.json").read_text())
+    assert doc["optimizer"]["param_steps"] == [4, 4, 2, 2]
+    model2 = net()
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
+    with mgr(tmp_path / "r", model2, opt2) as m:
+        m.restore()
+    assert [int(s["step"]) for s in opt2.state.values()] == [4, 4, 2, 2]
+
+
+def test_rollback_inside_the_run_is_refused_with_the_fork_advice(tmp_path):
+    model = net()
+    opt = torch.optim.Adam(model.parameters())
+    with mgr(tmp_path / "r", model, opt) as m:
+        for s in (2, 4):
+            m.save(s)
+    with mgr(tmp_path / "r", model, opt) as m:
+        with pytest.raises(UnsupportedSetupError, match=r"newer ones \(steps \[4\]\).*ckptfmt fork"):
+            m.restore(tmp_path / "r" / "step_000002.bin")
+
+
+def test_a_first_save_cut_before_its_manifest_is_a_fresh_start(tmp_path):
+    model = net()
+    opt = torch.optim.Adam(model.parameters())
+    with mgr(tmp_path / "r", model, opt) as m:
+        m.save(3)
+    (tmp_path / "r" / "step_000003.json").unlink()          # what a kill between the renames leaves
+    with mgr(tmp_path / "r", model, opt) as m:
+        with pytest.warns(UserWarning, match="starting fresh"):
+            assert m.restore() == 0
+
+
+def test_pieces_in_the_checkpoint_but_not_given_are_refused(tmp_path):
+    model = net()
+    opt = torch.optim.Adam(model.parameters())
+    sched = torch.optim.lr_scheduler.StepLR(opt, 3)
+    with mgr(tmp_path / "r", model, opt, scheduler=sched, generators={"g": np.random.default_rng(1)}) as m:
+        m.save(1)
+    with mgr(tmp_path / "r", model, opt) as m:
+        with pytest.raises(IncompleteResumeStateError, match="scheduler .in the checkpoint, not given"):
+            m.restore()
+    with mgr(tmp_path / "r", model, opt) as m:
+        with pytest.warns(UserWarning):
+            m.restore(strict=False)
+        assert m.fresh == ["scheduler (in the checkpoint, not given to the manager)",
+                           "rng.generators.g (in the checkpoint, not given to the manager)"]
+
+
+def test_tied_weights_numpy_losses_closed_managers_and_thread_construction(tmp_path):
+    model = torch.nn.Sequential(torch.nn.Embedding(10, 4), torch.nn.Linear(4, 10, bias=False))
+    model[1].weight = model[0].weight                       # tied
+    opt = torch.optim.Adam(model.parameters())
+    m = mgr(tmp_path / "r", model, opt)
+    assert m.step(1, loss=np.float32(1.5), tokens=np.int64(64)) is False
+    m.save(1)
+    m.close()
+    doc = json.loads((tmp_path / "r" / "step_000001.json").read_text())
+    assert doc["buffers"] == {} and "companion" not in doc
+    with pytest.raises(RuntimeError, match="closed"):
+        m.save(2)
+    errors = []
+    thread = threading.Thread(target=lambda: errors.append(pytest.raises(ValueError, CheckpointManager,
+                                                                          tmp_path / "r", model, opt)))
+    thread.start()
+    thread.join()
+    assert errors
+    CheckpointManager(tmp_path / "r", model, opt, handle_signals=False).close()    # the lock is free
