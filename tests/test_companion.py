@@ -67,3 +67,22 @@ def test_gc_removes_the_companion_and_overwrite_drops_a_stale_one(tmp_path):
     ckptfmt.save(tmp_path / "step_000001.bin", 1, *arrays(4), overwrite=True)
     assert not companion.path_for(tmp_path / "step_000001.bin").exists()
     assert ckptfmt.validate(tmp_path / "step_000001.bin").ok
+
+
+def test_diff_and_inspect_see_the_companion(tmp_path):
+    run = Run(tmp_path / "r", create=True)
+    commit(run, 100)
+    other = Run(tmp_path / "o", create=True)
+    other.commit(100, *arrays(12, 100), manifest={"config": {"x": 1}},
+                 extra_tensors={**EXTRA, "bn.running_mean": np.array([0, 1, 2.5], dtype="<f4")})
+    a, b = tmp_path / "r" / "step_000100.bin", tmp_path / "o" / "step_000100.bin"
+    proc = cli("diff", str(a), str(b))
+    assert proc.returncode == 1 and "companion differs: bn.running_mean" in proc.stdout
+    assert cli("diff", str(a), str(a)).returncode == 0
+    path = tmp_path / "r" / "step_000100.extra.safetensors"
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 0x01
+    path.write_bytes(bytes(data))
+    out = cli("inspect", str(a), "--json")
+    import json
+    assert json.loads(out.stdout)["fingerprint"] == "mismatch"

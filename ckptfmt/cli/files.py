@@ -135,6 +135,8 @@ def _print_diff(d: dict) -> None:
         click.echo(f"  {name:8} {r['n_diff']:,} differ; max|d| {fmt(r['max_abs'])} max rel "
                    f"{fmt(r['max_rel'])} max ulp {r['max_ulp']} rel L2 {fmt(r['rel_l2'])} cos "
                    f"{fmt(r['cosine'])}; first at {where}")
+    if d.get("companion_differs"):
+        click.echo(f"  companion differs: {', '.join(d['companion_differs'])}")
     for name, regions in (d.get("tensors") or {}).items():
         click.echo(f"  {name}: " + ", ".join(f"{r} {n:,}" for r, n in regions.items()))
 

@@ -128,7 +128,8 @@ def bisect(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]") -
         for gen in Run(path).generations():
             if gen.committed:
                 try:
-                    out[gen.step] = mf.read(gen.manifest)["blake3"]
+                    doc = mf.read(gen.manifest)     # the companion is part of the generation
+                    out[gen.step] = (doc["blake3"], (doc.get(companion.FIELD) or {}).get("blake3"))
                 except CheckpointError:
                     continue
         digests.append(out)

@@ -53,17 +53,18 @@ class DiffResult:
     header: dict[str, Any] = field(default_factory=dict)
     regions: dict[str, RegionDiff] = field(default_factory=dict)
     comparable: bool = True
+    companion: list[str] = field(default_factory=list)   # companion tensors that differ (or are in one only)
 
     @property
     def identical(self) -> bool:
         """Same header and every byte of every region equal."""
         return self.comparable and self.header["step"][0] == self.header["step"][1] and all(
-            r.n_diff == 0 for r in self.regions.values())
+            r.n_diff == 0 for r in self.regions.values()) and not self.companion
 
     @property
     def within_tolerance(self) -> bool:
         """Every region within the --atol / --rtol given."""
-        return self.comparable and all(r.within_tol for r in self.regions.values())
+        return self.comparable and all(r.within_tol for r in self.regions.values()) and not self.companion
 
     @property
     def verdict(self) -> str:
@@ -76,7 +77,7 @@ class DiffResult:
         """The whole comparison as JSON-able fields (``--json``)."""
         return {"a": self.a, "b": self.b, "header": self.header, "comparable": self.comparable,
                 "identical": self.identical, "within_tolerance": self.within_tolerance,
-                "verdict": self.verdict,
+                "verdict": self.verdict, "companion_differs": self.companion,
                 "regions": {k: v.to_dict() for k, v in self.regions.items()}}
 
 
@@ -202,7 +203,22 @@ def diff(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]", *,
                     progress(2 * count * fmt.ITEM)
             result.regions[name] = diff_regions(getattr(a, name), getattr(b, name),
                                                 atol=atol, rtol=rtol, layout=layout, release=release)
+        result.companion = _companion_diff(a, b)
     return result
+
+
+def _companion_diff(a: reader.Checkpoint, b: reader.Checkpoint) -> list[str]:
+    """Names of the companion tensors (buffers, loop state) that differ between two generations,
+    or are in one only; exact comparison of the bytes."""
+    fa, fb = a.companion(), b.companion()
+    names_a = set(fa.names()) if fa else set()
+    names_b = set(fb.names()) if fb else set()
+    out = sorted(names_a ^ names_b)
+    for name in sorted(names_a & names_b):
+        ta, tb = fa.tensor(name), fb.tensor(name)
+        if ta.dtype != tb.dtype or ta.shape != tb.shape or ta.tobytes() != tb.tobytes():
+            out.append(name)
+    return sorted(out)
 
 
 def per_tensor(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]") -> dict[str, dict[str, int]]:

@@ -5,6 +5,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from .. import companion
 from .. import format as fmt
 from .. import manifest as mf
 from .. import reader
@@ -34,6 +35,9 @@ def inspect_file(path: "str | os.PathLike[str]", *, tensors: bool = False) -> di
                 out["tensors"] = {name: {r: region_stats(ck.tensor(name, r).ravel()).to_dict()
                                          for r in fmt.REGIONS} for name in ck.names()}
             out["blake3"] = digest.result()
+    if doc is not None and companion.FIELD in doc:
+        problem = problem or companion.check(path, doc[companion.FIELD], deep=True)
+        out["companion"] = doc[companion.FIELD]
     out["fingerprint"] = ("unverified" if doc is None and problem is None else
                           "mismatch" if problem or doc["blake3"] != out["blake3"] else "verified")
     if problem:
