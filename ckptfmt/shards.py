@@ -19,7 +19,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import atomic, fingerprint, fsio, reader, writer
+from . import atomic, companion, fingerprint, fsio, reader, writer
 from . import format as fmt
 from . import manifest as mf
 from .errors import CheckpointError, FingerprintMismatchError, ManifestError, ManifestMismatchError
@@ -109,12 +109,20 @@ class ShardedCheckpoint:
         self.rows = rows
         self._regions: dict[str, np.ndarray] = {}
         self.shards: list[reader.Checkpoint] = []
+        if companion.FIELD in doc:     # rank 0's companion file: buffers, shared state tensors
+            companion.require(self.path, doc[companion.FIELD], deep=verify)
         try:
             for row in rows:
                 self.shards.append(self._open_shard(row, verify))
         except BaseException:
             self.close()
             raise
+
+    def companion(self) -> "Any | None":
+        """The generation's companion file (``tensorfile.TensorFile``), None without one."""
+        if companion.FIELD not in self.manifest:
+            return None
+        return companion.read(self.path, self.manifest[companion.FIELD])
 
     def _open_shard(self, row: dict[str, Any], verify: bool) -> reader.Checkpoint:
         path = os.path.join(self.path, row["file"])
@@ -193,8 +201,10 @@ def check(manifest_path: Path, *, deep: bool = False) -> str | None:
 
 
 def remove(manifest_path: Path, directory: Path) -> None:
-    """Uncommit (manifest first), then delete the shard files and their directory."""
+    """Uncommit (manifest first), then delete the shard files, their directory and the
+    generation's companion file."""
     atomic.remove(manifest_path)
+    atomic.remove(companion.path_for(directory))
     if directory.is_dir() and not directory.is_symlink():
         for entry in directory.iterdir():
             if entry.is_file() and not entry.is_symlink():

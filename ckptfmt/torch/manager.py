@@ -31,10 +31,12 @@ from .. import format as fmt
 from .. import manifest as mf
 from .. import reader
 from ..errors import (IncompleteResumeStateError, LayoutMismatchError, NoValidGenerationError,
-                      UnsupportedSetupError)
+                      RankDisagreementError, UnsupportedSetupError)
+from ..shards import ShardedCheckpoint
 from ..run import Run, RunLock
 from ..run.history import encode_float
-from . import adapter, optim, rng
+from . import adapter, optim, ranks, rng
+from .distributed import load_into
 from .saver import Saver
 from .state import dtype_name, join, split
 
@@ -57,15 +59,16 @@ class CheckpointManager:
         _check_pieces(state, every, keep_last)
         _check_params(model, optimizer)
         _strict_json({"rng": rng.capture(generators), "config": config})   # a generator JSON cannot hold
-        _refuse_torchrun()
+        self.rank, self.world = ranks.check_setup(model, optimizer)
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.state, self.generators = dict(state or {}), dict(generators or {})
         self.every, self.keep_last, self.keep_every, self.config = every, keep_last, keep_every, config
         self.run = Run(directory, create=True)
         self._stop = self._save_requested = False
         self._handlers = _install(self) if handle_signals else None   # before the lock: may raise
-        self._lock = RunLock(directory, purpose="checkpoint manager").acquire()
-        self._saver = Saver(self.run, asynchronous=async_save, after_commit=self._retain)
+        self._lock = RunLock(directory, purpose="checkpoint manager").acquire() if self.rank == 0 else None
+        self._saver = Saver(self.run, asynchronous=async_save, sharded=self.world > 1,
+                            after_commit=self._retain)
         self.committed: int | None = None
         self.fresh: list[str] = []
         self.closed = False
@@ -87,10 +90,15 @@ class CheckpointManager:
         values = {**({"loss": loss} if loss is not None else {}), **metrics}
         for key, value in values.items():
             record[key] = encode_float(float(value)) if _is_number(value) else value
-        self.run.history.append(record)
-        stop = self._stop
-        if (stop or self._save_requested or step % self.every == 0) and self.committed != step:
+        if self.rank == 0:
+            self.run.history.append(record)
+        # the agreed decision; the local flags are only ever set here, never cleared by the
+        # collective, so a signal that lands while it runs counts at the next step
+        stop, save = ranks.agree(self._stop, self._save_requested)
+        if save:
             self._save_requested = False
+        self._stop = self._stop or stop
+        if (stop or save or step % self.every == 0) and self.committed != step:
             self.save(step)
         return stop
 
@@ -116,7 +124,8 @@ class CheckpointManager:
             self.closed = True
             self.run.history.sync()
             self.run.history.close()
-            self._lock.release()
+            if self._lock is not None:
+                self._lock.release()
             if self._handlers:
                 for sig, handler in self._handlers.items():
                     signal.signal(sig, handler)
@@ -155,6 +164,7 @@ class CheckpointManager:
                 doc.setdefault(doc_key, {})[name] = tree
         if self.config is not None:
             doc["config"] = self.config
+        ranks.add_ranks(doc, extra)
         return doc, extra
 
     def _pieces(self) -> list[tuple[str, Any]]:
@@ -164,7 +174,7 @@ class CheckpointManager:
         return out + [(f"state.{name}", obj) for name, obj in self.state.items()]
 
     def _retain(self, step: int, manifest: dict[str, Any]) -> None:
-        if self.keep_last:
+        if self.keep_last and self.rank == 0:
             self.run.gc(keep_last=self.keep_last, keep_every=self.keep_every)
 
     # ------------------------------------------------------------ restore
@@ -177,15 +187,16 @@ class CheckpointManager:
         ``strict=False`` it starts fresh instead and is listed in ``self.fresh``.
         ``restore_rng=False`` is the negative control of resume verification.
         """
-        self.run.sweep_temps()
+        if self.rank == 0:
+            self.run.sweep_temps()
         self.fresh = []
         if source is not None:
             self._refuse_rollback(source)
         path = source if source is not None else self._newest()
         if path is None:
-            self.run.history.event("resume", 0, fresh=True)
+            self._event("resume", 0, fresh=True)
             return 0
-        with reader.open(path, manifest="require", verify=source is not None) as ck:
+        with _open(path, verify=source is not None) as ck:
             self._load_tensors(ck)
             self._load_pieces(ck, strict)
             if restore_rng:
@@ -193,8 +204,12 @@ class CheckpointManager:
             step = ck.step
         if source is None:
             self.committed = step
-        self.run.history.event("resume", step, fresh_pieces=self.fresh)
+        self._event("resume", step, fresh_pieces=self.fresh)
         return step
+
+    def _event(self, kind: str, step: int, **fields: Any) -> None:
+        if self.rank == 0:
+            self.run.history.event(kind, step, **fields)
 
     def _refuse_rollback(self, source: Any) -> None:
         """Resuming this run from one of its own older generations would collide with the newer
@@ -211,34 +226,38 @@ class CheckpointManager:
 
     def _newest(self) -> Any:
         try:
-            gen = self.run.latest(deep=True)  # hashed here, so the open below does not again
-        except NoValidGenerationError:
+            return ranks.agreed_source(self.run)   # hashed here, so the open does not again
+        except (NoValidGenerationError, RankDisagreementError):
             if any(g.manifest is not None for g in self.run.generations()):
                 raise                         # committed generations exist and all fail: refuse
             warnings.warn(f"{self.run.path}: only uncommitted leftovers of an interrupted first save; "
                           "starting fresh", stacklevel=3)
             return None
-        if gen is not None and gen.bin is None:
-            raise LayoutMismatchError(str(gen.manifest), "a sharded generation: restore it under "
-                                                          "torchrun with the same or another world size")
-        return None if gen is None else gen.bin
 
-    def _load_tensors(self, ck: reader.Checkpoint) -> None:
-        params = list(self.model.parameters())
+    def _load_tensors(self, ck: Any) -> None:
         _check_layout(ck, self.model)
-        with torch.no_grad():
-            for p, entry in zip(params, ck.layout):
-                p.copy_(_view(ck.weights, entry))
-        ms = [_view(ck.m, e).to(p.device, p.dtype) for p, e in zip(params, ck.layout)]
-        vs = [_view(ck.v, e).to(p.device, p.dtype) for p, e in zip(params, ck.layout)]
-        optim.restore(self.optimizer, params, _need(ck.manifest, "optimizer", ck.path), ms, vs, ck.path)
+        if isinstance(ck, ShardedCheckpoint):
+            load_into(ck, self.model, self.optimizer)     # Adam/AdamW, float32 (ranks.check_setup)
+        else:
+            params = list(self.model.parameters())
+            with torch.no_grad():
+                for p, entry in zip(params, ck.layout):
+                    p.copy_(_view(ck.weights, entry))
+            ms = [_view(ck.m, e).to(p.device, p.dtype) for p, e in zip(params, ck.layout)]
+            vs = [_view(ck.v, e).to(p.device, p.dtype) for p, e in zip(params, ck.layout)]
+            optim.restore(self.optimizer, params, _need(ck.manifest, "optimizer", ck.path), ms, vs, ck.path)
         extra = ck.companion()
         self._get = (lambda key: extra.tensor(key)) if extra is not None else {}.__getitem__
         saved = join(ck.manifest.get("buffers", {}), self._get)
         _load_buffers(self.model, saved, ck.path)
 
-    def _load_pieces(self, ck: reader.Checkpoint, strict: bool) -> None:
-        doc = ck.manifest
+    def _load_pieces(self, ck: Any, strict: bool) -> None:
+        doc = dict(ck.manifest)
+        _, doc["state"], why = ranks.own_pieces(ck.manifest)
+        if why:
+            warnings.warn(f"{ck.path}: {why}", stacklevel=3)
+            self.fresh.append(why)
+            doc["state"], strict = {}, False
         for piece, obj in self._pieces():
             doc_key, name = piece.split(".", 1) if "." in piece else (piece, None)
             tree = doc.get(doc_key) if name is None else (doc.get(doc_key) or {}).get(name)
@@ -254,7 +273,10 @@ class CheckpointManager:
                 self._missing(f"{piece} (in the checkpoint, not given to the manager)", strict, ck.path)
 
     def _load_rng(self, doc: dict[str, Any], strict: bool, path: str) -> None:
-        saved = _need(doc, "rng", path)
+        saved, _, why = ranks.own_pieces(doc)
+        if why:
+            return                            # said by _load_pieces: per-rank pieces start fresh
+        saved = _need({"rng": saved} if saved is not None else {}, "rng", path)
         skip: set[str] = set()
         keys = ["python", "numpy_global", "torch_cpu"] + [f"generators.{g}" for g in self.generators]
         for key in keys:
@@ -296,14 +318,6 @@ def _check_params(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> N
     if outside:
         raise UnsupportedSetupError(None, f"the optimizer holds {outside} tensor(s) that are not parameters "
                                           "of the model: their values and state would not be saved")
-
-
-def _refuse_torchrun() -> None:
-    if torch.distributed.is_available() and torch.distributed.is_initialized() \
-            and torch.distributed.get_world_size() > 1:
-        raise UnsupportedSetupError(None, "CheckpointManager under torchrun (world size "
-                                          f"{torch.distributed.get_world_size()}) is not supported yet: "
-                                          "use ckptfmt.torch.distributed.save_sharded / load_into")
 
 
 def _install(mgr: CheckpointManager) -> dict[int, Any]:
@@ -355,6 +369,13 @@ def _check_layout(ck: reader.Checkpoint, model: torch.nn.Module) -> None:
             raise LayoutMismatchError(ck.path, f"{name}: {entry.get('dtype', 'float32')} {entry['shape']} "
                                                f"in the checkpoint, {dtype_name(p.dtype)} {list(p.shape)} "
                                                "in the model")
+
+
+def _open(path: Any, verify: bool) -> Any:
+    """A generation to restore from: a ``.bin`` or a sharded generation's manifest."""
+    if str(path).endswith(".json"):
+        return ShardedCheckpoint(path, verify=verify)
+    return reader.open(path, manifest="require", verify=verify)
 
 
 def _view(region: Any, entry: dict[str, Any]) -> torch.Tensor:

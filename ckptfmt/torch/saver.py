@@ -19,6 +19,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
+from .. import companion, shards
 from .. import format as fmt
 from ..run import Run
 from . import adapter, optim
@@ -45,7 +46,7 @@ class Saver:
         started = time.perf_counter()
         self.wait()
         if self.sharded:
-            self._commit_sharded(step, model, optimizer, manifest)
+            self._commit_sharded(step, model, optimizer, manifest, extra)
             self.last_stall_s = time.perf_counter() - started
             return
         params = list(model.parameters())
@@ -87,9 +88,12 @@ class Saver:
             self.after_commit(step, manifest)
 
     def _commit_sharded(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                        manifest: dict[str, Any]) -> None:
+                        manifest: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
         if rank_world()[0] == 0:
             self.run.history.sync()   # as in _commit: the history first, then the commit marker
+            if extra:                 # rank 0's companion, durable before the manifest lists it
+                where = shards.shards_dir(self.run.path, step)
+                manifest = {**manifest, companion.FIELD: companion.write(where, step, extra)}
         save_sharded(self.run.path, step, model, optimizer, manifest)
         if self.after_commit is not None:
             self.after_commit(step, manifest)

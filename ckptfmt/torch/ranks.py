@@ -1,0 +1,76 @@
+"""What the checkpoint manager does differently under torchrun (one process per rank).
+
+Each function is the single-process answer when there is one process, so the manager calls
+them unconditionally:
+
+- ``check_setup``: a sharded save holds float32 parameters and Adam/AdamW moments;
+- ``agree``: a stop or save requested on any rank (a signal reaches one process) becomes every
+  rank's decision at the same step;
+- ``add_ranks``: every rank's RNGs and loop state (a sampler's position differs per rank) in
+  the manifest as ``ranks``;
+- ``agreed_source``: rank 0 picks the generation to resume, every rank takes the same one;
+- ``own_pieces``: this rank's RNGs and loop state from a manifest, if it was saved with the
+  same world size.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from ..errors import UnsupportedSetupError
+from ..run import Run
+from .distributed import any_rank, decided_by_rank0, gather_json, rank_world
+
+
+def check_setup(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, int]:
+    """(rank, world); under torchrun, refuses what a sharded generation cannot hold."""
+    rank, world = rank_world()
+    if world > 1:
+        if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+            raise UnsupportedSetupError(None, f"under torchrun the manager saves Adam/AdamW state; "
+                                              f"got {type(optimizer).__name__}")
+        if any(p.dtype != torch.float32 for p in model.parameters()):
+            raise UnsupportedSetupError(None, "under torchrun the manager saves float32 parameters")
+    return rank, world
+
+
+def agree(stop: bool, save: bool) -> tuple[bool, bool]:
+    """(stop, save) as every rank sees them: true if any rank asked (a collective per step)."""
+    return any_rank(stop, save)
+
+
+def add_ranks(doc: dict[str, Any], extra: dict[str, Any]) -> None:
+    """Every rank's ``rng`` and ``state`` as ``doc["ranks"]`` (a collective). Per-rank state
+    must be JSON: the companion file is rank 0's."""
+    if rank_world()[1] == 1:
+        return
+    tensors = sorted(k for k in extra if k.startswith("state."))
+    if any(any_rank(bool(tensors))):
+        raise UnsupportedSetupError(None, "under torchrun, state objects must be JSON (numbers, lists, "
+                                          f"strings): tensors or arrays in {tensors or 'another rank'}")
+    doc["ranks"] = gather_json({"rng": doc["rng"], "state": doc.get("state", {})})
+
+
+def agreed_source(run: Run) -> str | None:
+    """Path of the newest valid generation (a ``.bin``, or a sharded generation's manifest),
+    hashed; under torchrun rank 0 picks it for every rank."""
+    def newest() -> str | None:
+        gen = run.latest(deep=True)
+        if gen is None:
+            return None
+        return str(gen.bin if gen.bin is not None else gen.manifest)
+    return decided_by_rank0(newest)
+
+
+def own_pieces(doc: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
+    """(rng, state, why not) of this rank from a manifest: rank 0's top-level pieces in one
+    process; ``ranks[rank]`` under torchrun when the world size is the one it was saved with."""
+    rank, world = rank_world()
+    saved = doc.get("ranks")
+    if world == 1 and not saved:
+        return doc.get("rng"), doc.get("state"), None
+    if not saved or len(saved) != world:
+        return None, None, (f"saved by {len(saved) if saved else 1} rank(s), resumed by {world}: "
+                            "per-rank RNGs and loop state start fresh")
+    return saved[rank]["rng"], saved[rank]["state"], None
