@@ -221,3 +221,14 @@ def test_under_torchrun_what_a_sharded_generation_cannot_hold_is_refused(tmp_pat
     bf16, _ = small(torch.bfloat16)
     with pytest.raises(UnsupportedSetupError, match="float32"):
         CheckpointManager(tmp_path / "r", bf16, torch.optim.AdamW(bf16.parameters()), handle_signals=False)
+
+
+def test_collectives_use_the_cuda_device_on_an_nccl_only_group(monkeypatch):
+    """The CPU twin of the NCCL path: which device the agreement's tensors go to."""
+    from ckptfmt.torch import distributed as cd
+    monkeypatch.setattr(cd.dist, "get_backend", lambda group=None: "nccl")
+    monkeypatch.setattr(cd.torch.cuda, "current_device", lambda: 3)
+    assert cd.collective_device() == torch.device("cuda", 3)
+    for backend in ("gloo", "cpu:gloo,cuda:nccl"):
+        monkeypatch.setattr(cd.dist, "get_backend", lambda group=None, b=backend: b)
+        assert cd.collective_device() == torch.device("cpu")

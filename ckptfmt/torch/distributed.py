@@ -67,14 +67,23 @@ def rank_world() -> tuple[int, int]:
     return 0, 1
 
 
+def collective_device() -> torch.device:
+    """Where the tensors of this library's collectives live: the current CUDA device when the
+    process group is NCCL only (NCCL has no CPU tensors: a user's own group may be just that),
+    the CPU for gloo or a group with a CPU backend ("cpu:gloo,cuda:nccl")."""
+    if dist.get_backend() == "nccl":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
+
+
 def any_rank(*flags: bool) -> tuple[bool, ...]:
     """Each flag as every rank sees it: true if true on any rank (a MAX all-reduce), so a signal
     delivered to one rank becomes every rank's decision. One process: the flags unchanged."""
     if rank_world()[1] == 1:
         return flags
-    agreed = torch.tensor([int(f) for f in flags], dtype=torch.int64)
+    agreed = torch.tensor([int(f) for f in flags], dtype=torch.int64, device=collective_device())
     dist.all_reduce(agreed, op=dist.ReduceOp.MAX)
-    return tuple(bool(f) for f in agreed)
+    return tuple(bool(f) for f in agreed.cpu())
 
 
 def mean_over_ranks(value: torch.Tensor) -> float:
@@ -111,16 +120,17 @@ def gather_json(obj: Any) -> list[Any]:
     rank, world = rank_world()
     if world == 1:
         return [obj]
+    device = collective_device()
     data = json.dumps(obj).encode()
-    size = torch.tensor([len(data)], dtype=torch.int64)
-    sizes = [torch.zeros(1, dtype=torch.int64) for _ in range(world)]
+    size = torch.tensor([len(data)], dtype=torch.int64, device=device)
+    sizes = [torch.zeros(1, dtype=torch.int64, device=device) for _ in range(world)]
     dist.all_gather(sizes, size)
     width = int(max(s.item() for s in sizes))
     mine = torch.zeros(width, dtype=torch.uint8)
     mine[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
-    everyone = [torch.zeros(width, dtype=torch.uint8) for _ in range(world)]
-    dist.all_gather(everyone, mine)
-    return [json.loads(bytes(t[:int(s.item())].tolist())) for t, s in zip(everyone, sizes)]
+    everyone = [torch.zeros(width, dtype=torch.uint8, device=device) for _ in range(world)]
+    dist.all_gather(everyone, mine.to(device))
+    return [json.loads(bytes(t[:int(s.item())].cpu().tolist())) for t, s in zip(everyone, sizes)]
 
 
 def _range_views(tensors: list[torch.Tensor], start: int, stop: int) -> Iterator[Any]:
