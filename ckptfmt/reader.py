@@ -80,6 +80,8 @@ class Checkpoint:
     >>> ck = ckptfmt.open(path)
     >>> ck.step, ck.n_params, ck.weights.flags.writeable, ck.verified_status
     (3, 4, False, 'committed')
+    >>> [name for name, _ in ck.tensors()], ck.names()
+    (['a'], ['a'])
     >>> ck.tensor("a", region="m").tolist()
     [[0.0, 0.10000000149011612], [0.20000000298023224, 0.30000001192092896]]
     >>> ck.verify(); ck.close()

@@ -8,8 +8,8 @@ under torchrun. This is the only layer of the library that imports torch at modu
 from .adapter import *  # noqa: F401,F403
 from .adapter import __all__ as _adapter_all
 from .manager import CheckpointManager
-from .resume_check import ResumeRecord, next_draws_all
+from .resume_check import ResumeRecord
 from .rng import *  # noqa: F401,F403
 from .rng import __all__ as _rng_all
 
-__all__ = [*_adapter_all, *_rng_all, "CheckpointManager", "ResumeRecord", "next_draws_all"]
+__all__ = [*_adapter_all, *_rng_all, "CheckpointManager", "ResumeRecord"]

@@ -16,17 +16,15 @@ from __future__ import annotations
 
 import json
 import os
-import random
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import torch
 
-from . import optim
+from . import optim, rng
 from .state import split
 
-__all__ = ["ResumeRecord", "next_draws_all"]
+__all__ = ["ResumeRecord"]
 
 
 class ResumeRecord:
@@ -55,29 +53,8 @@ class ResumeRecord:
                  "optimizer": {"step": opt_step, "m": flat(ms), "v": flat(vs)},
                  "scheduler": split(scheduler.state_dict(), "scheduler")[0] if scheduler is not None else None,
                  "progress": split(progress, "progress")[0] if progress is not None else None,
-                 "next_draws": next_draws_all(generators), "eval": evaluation or {}}
+                 "next_draws": rng.next_draws(generators), "eval": evaluation or {}}
         path = Path(output) / "summary.json"
         path.write_text(json.dumps({"steps": self.steps, "checkpoint": os.path.basename(checkpoint),
                                     "final": final}))
         return path
-
-
-def next_draws_all(generators: dict[str, Any] | None = None, n: int = 3) -> dict[str, list[float]]:
-    """The next ``n`` draws of Python's, NumPy's global, torch's CPU RNG and each named
-    generator; every state is put back, so observing them changes nothing."""
-    py, npst, tst = random.getstate(), np.random.get_state(), torch.get_rng_state()
-    out = {"python": [random.random() for _ in range(n)], "numpy_global": np.random.random(n).tolist(),
-           "torch": torch.rand(n).tolist()}
-    random.setstate(py)
-    np.random.set_state(npst)
-    torch.set_rng_state(tst)
-    for name, gen in (generators or {}).items():
-        if isinstance(gen, np.random.Generator):
-            saved = gen.bit_generator.state
-            out[name] = gen.random(n).tolist()
-            gen.bit_generator.state = saved
-        else:
-            saved = gen.get_state()
-            out[name] = torch.rand(n, generator=gen, device=gen.device).tolist()
-            gen.set_state(saved)
-    return out

@@ -57,16 +57,28 @@ def _unb64(s: str) -> torch.Tensor:
     return torch.frombuffer(bytearray(base64.b64decode(s)), dtype=torch.uint8)
 
 
-def next_draws(np_rng: np.random.Generator, n: int = 3) -> dict[str, list[float]]:
-    """The next ``n`` draws of Python's, ``np_rng``'s and torch's CPU RNG; every state is put
-    back, so observing them does not change the run."""
-    py, npst, tst = random.getstate(), np_rng.bit_generator.state, torch.get_rng_state()
-    draws = {"python": [random.random() for _ in range(n)], "numpy": np_rng.random(n).tolist(),
-             "torch": torch.rand(n).tolist()}
+def next_draws(generators: dict[str, Any] | None = None, n: int = 3, *,
+               numpy_global: bool = True) -> dict[str, list[float]]:
+    """The next ``n`` draws of Python's and torch's CPU RNG, NumPy's global one (unless the loop
+    neither uses nor restores it: ``numpy_global=False``) and each named generator; every state
+    is put back, so observing them changes nothing (what resume verification compares)."""
+    py, npst, tst = random.getstate(), np.random.get_state(), torch.get_rng_state()
+    out = {"python": [random.random() for _ in range(n)], "torch": torch.rand(n).tolist()}
+    if numpy_global:
+        out["numpy_global"] = np.random.random(n).tolist()
     random.setstate(py)
-    np_rng.bit_generator.state = npst
+    np.random.set_state(npst)
     torch.set_rng_state(tst)
-    return draws
+    for name, gen in (generators or {}).items():
+        if isinstance(gen, np.random.Generator):
+            saved = gen.bit_generator.state
+            out[name] = gen.random(n).tolist()
+            gen.bit_generator.state = saved
+        else:
+            saved = gen.get_state()
+            out[name] = torch.rand(n, generator=gen, device=gen.device).tolist()
+            gen.set_state(saved)
+    return out
 
 
 def capture(generators: "dict[str, Any] | None" = None) -> dict[str, Any]:

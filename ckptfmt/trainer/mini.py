@@ -151,7 +151,7 @@ class Mini:
                                         "v": [t.reshape(-1).tolist() for t in vs]},
                           "scheduler": mf.json_fields(self.sched.state_dict()),
                           "progress": {"step": self.step, "epoch": self.epoch, "cursor": self.cursor},
-                          "next_draws": ct.next_draws(self.np_rng),
+                          "next_draws": ct.next_draws({"numpy": self.np_rng}, numpy_global=False),
                           "eval": {"mse": self.eval_mse()}}}
 
 

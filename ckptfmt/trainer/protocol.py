@@ -53,7 +53,7 @@ class Observer:
                                            "v": torch.cat([x.reshape(-1) for x in vs]).tolist()},
                              "scheduler": mf.json_fields(t.sched.state_dict()),
                              "progress": {"data": t.data.state()["positions"], "bandit": t.bandit.state()},
-                             "next_draws": ct.next_draws(self.trainer.bandit.rng), "eval": {"loss": self.eval_loss()}}}
+                             "next_draws": ct.next_draws({"numpy": self.trainer.bandit.rng}, numpy_global=False), "eval": {"loss": self.eval_loss()}}}
         Path(path).write_text(json.dumps(summary))
 
     def eval_loss(self) -> float:
