@@ -104,8 +104,8 @@ def _print_report(r) -> None:
 @click.option("--tensors", is_flag=True, help="List every differing parameter (needs a layout).")
 @guarded
 def diff(a: str, b: str, as_json: bool, atol: float, rtol: float, tensors: bool) -> None:
-    """Compare two checkpoints: header and weights, m, v. Exit 0 only when bit-identical
-    (or within --atol/--rtol)."""
+    """Compare two checkpoints: header, weights, m, v and the companion file. Exit 0 only when
+    bit-identical (or within --atol/--rtol)."""
     from ..tools.diff import diff as run_diff, per_tensor  # lazy: keeps `ckptfmt --help` fast
     total = os.path.getsize(a) + os.path.getsize(b) if os.path.isfile(a) and os.path.isfile(b) else 0
     with terminal_bar("comparing", total, quiet=as_json) as bar:
