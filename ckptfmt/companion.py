@@ -39,10 +39,15 @@ def path_for(bin_path: "str | os.PathLike[str]") -> Path:
 def code_of(array: np.ndarray) -> str:
     """The safetensors dtype code of a numpy array (bfloat16 travels as its uint16 bits with
     the code given by the caller)."""
-    code = tensorfile.CODES.get(array.dtype.newbyteorder("<") if array.dtype.byteorder == ">" else array.dtype)
+    code = tensorfile.CODES.get(_little(array).dtype)
     if code is None:
         raise TypeError(f"no safetensors dtype for {array.dtype}")
     return code
+
+
+def _little(array: np.ndarray) -> np.ndarray:
+    """The array in little-endian byte order (safetensors' order), values unchanged."""
+    return array.astype(array.dtype.newbyteorder("<")) if array.dtype.byteorder == ">" else array
 
 
 def write(bin_path: "str | os.PathLike[str]", step: int,
@@ -56,7 +61,7 @@ def write(bin_path: "str | os.PathLike[str]", step: int,
     for name, value in tensors.items():
         code, array = value if isinstance(value, tuple) else (code_of(value), value)
         shape = list(np.shape(array))          # before ascontiguousarray, which makes 0-d 1-d
-        rows.append((name, code, shape, np.ascontiguousarray(array)))
+        rows.append((name, code, shape, np.ascontiguousarray(_little(np.asarray(array)))))
     path = path_for(bin_path)
     digest = tensorfile.write(str(path), rows, {"format": "ckptfmt-companion", "step": str(step)})
     return {"file": path.name, "size": path.stat().st_size, "blake3": digest}

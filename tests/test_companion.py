@@ -86,3 +86,8 @@ def test_diff_and_inspect_see_the_companion(tmp_path):
     out = cli("inspect", str(a), "--json")
     import json
     assert json.loads(out.stdout)["fingerprint"] == "mismatch"
+
+
+def test_big_endian_arrays_are_stored_as_their_values(tmp_path):
+    entry = companion.write(tmp_path / "step_000001.bin", 1, {"be": np.arange(3, dtype=">f4")})
+    assert companion.read(tmp_path / "step_000001.bin", entry).tensor("be").tolist() == [0.0, 1.0, 2.0]

@@ -38,7 +38,7 @@ from ..run.history import encode_float
 from . import adapter, optim, ranks, rng
 from .distributed import load_into
 from .saver import Saver
-from .state import dtype_name, join, split
+from .state import dtype_name, join, persistent_buffers, split
 
 __all__ = ["CheckpointManager"]
 
@@ -143,7 +143,7 @@ class CheckpointManager:
     # ------------------------------------------------------------ what is saved
     def _manifest(self, step: int) -> tuple[dict[str, Any], dict[str, Any]]:
         params = list(self.model.parameters())
-        _, _, opt_step = optim.moments(params, self.optimizer, step)
+        opt_step = optim.step_of(params, self.optimizer, step)
         layout = adapter.layout_of(self.model)
         for entry, p in zip(layout, params):
             if p.dtype != torch.float32:
@@ -152,7 +152,7 @@ class CheckpointManager:
                                "rng": rng.capture(self.generators), "versions": adapter.versions(),
                                "created": time.time(), "progress": {"step": step}}
         extra: dict[str, Any] = {}
-        doc["buffers"], more = split(_buffers(self.model), "buffers")
+        doc["buffers"], more = split(persistent_buffers(self.model), "buffers")
         extra.update(more)
         for piece, obj in self._pieces():
             doc_key, name = piece.split(".", 1) if "." in piece else (piece, None)
@@ -249,7 +249,7 @@ class CheckpointManager:
         extra = ck.companion()
         self._get = (lambda key: extra.tensor(key)) if extra is not None else {}.__getitem__
         saved = join(ck.manifest.get("buffers", {}), self._get)
-        _load_buffers(self.model, saved, ck.path)
+        _loadpersistent_buffers(self.model, saved, ck.path)
 
     def _load_pieces(self, ck: Any, strict: bool) -> None:
         doc = dict(ck.manifest)
@@ -343,14 +343,8 @@ def _is_number(value: Any) -> bool:
     return isinstance(value, (float, int, torch.Tensor, np.number)) and not isinstance(value, bool)
 
 
-def _buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
-    """Persistent buffers (what ``state_dict`` holds besides parameters)."""
-    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}   # tied aliases too
-    return {k: v for k, v in model.state_dict().items() if k not in params}
-
-
-def _load_buffers(model: torch.nn.Module, saved: dict[str, Any], path: str) -> None:
-    live = _buffers(model)
+def _loadpersistent_buffers(model: torch.nn.Module, saved: dict[str, Any], path: str) -> None:
+    live = persistent_buffers(model)
     if set(live) != set(saved):
         raise LayoutMismatchError(path, f"buffers differ: the checkpoint has {sorted(saved)}, "
                                         f"the model {sorted(live)}")

@@ -12,6 +12,7 @@ from typing import Any
 import torch
 
 from ..errors import OptimizerMismatchError, UnsupportedOptimizerError
+from . import adapter
 
 SUPPORTED = "Adam, AdamW (without amsgrad) and SGD (momentum or none)"
 MOMENTS = {"Adam": ("exp_avg", "exp_avg_sq"), "AdamW": ("exp_avg", "exp_avg_sq"),
@@ -50,8 +51,15 @@ def moments(params: list[torch.Tensor], optimizer: torch.optim.Optimizer,
         state = optimizer.state.get(p, {})
         ms.append(state[first] if state.get(first) is not None else torch.zeros_like(p))
         vs.append(state[second] if second and second in state else torch.zeros_like(p))
-    taken = [s for s in param_steps(params, optimizer) if s is not None]
-    return ms, vs, max(taken, default=0) if second else step
+    return ms, vs, step_of(params, optimizer, step)
+
+
+def step_of(params: list[torch.Tensor], optimizer: torch.optim.Optimizer, step: int) -> int:
+    """The optimizer step to record: the most any parameter has taken (Adam/AdamW), or the
+    loop's ``step`` for SGD, which keeps no step of its own."""
+    if MOMENTS[kind(optimizer)][1] is None:
+        return step
+    return max((s for s in param_steps(params, optimizer) if s is not None), default=0)
 
 
 def param_steps(params: list[torch.Tensor], optimizer: torch.optim.Optimizer) -> list[int | None]:
@@ -69,11 +77,7 @@ def param_steps(params: list[torch.Tensor], optimizer: torch.optim.Optimizer) ->
 def describe(optimizer: torch.optim.Optimizer, step: int, params: list[torch.Tensor]) -> dict[str, Any]:
     """The manifest's ``optimizer``: type, step, each parameter's step (None: no state) and
     every param group's JSON-able settings."""
-    groups = []
-    for group in optimizer.param_groups:
-        groups.append({k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items()
-                       if k != "params" and (v is None or isinstance(v, (bool, int, float, str, tuple, list)))})
-    return {"type": kind(optimizer), "step": step, "hyperparams": groups,
+    return {"type": kind(optimizer), "step": step, "hyperparams": adapter.hyperparams(optimizer),
             "param_steps": param_steps(params, optimizer)}
 
 

@@ -22,7 +22,7 @@ from typing import Any
 import torch
 
 from . import optim, rng
-from .state import split
+from .state import persistent_buffers, split
 
 __all__ = ["ResumeRecord"]
 
@@ -49,7 +49,7 @@ class ResumeRecord:
         final = {"step": step if step is not None else (self.steps[-1]["step"] if self.steps else 0),
                  "parameters": flat(params),
                  "buffers": {k: v.detach().double().reshape(-1).tolist()
-                             for k, v in model.state_dict().items() if k not in dict(model.named_parameters())},
+                             for k, v in persistent_buffers(model).items()},
                  "optimizer": {"step": opt_step, "m": flat(ms), "v": flat(vs)},
                  "scheduler": split(scheduler.state_dict(), "scheduler")[0] if scheduler is not None else None,
                  "progress": split(progress, "progress")[0] if progress is not None else None,

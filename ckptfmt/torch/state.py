@@ -53,6 +53,13 @@ def from_array(array: np.ndarray, dtype: str) -> torch.Tensor:
     return torch.from_numpy(np.array(array))
 
 
+def persistent_buffers(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    """What ``state_dict`` holds besides parameters (tied aliases of a parameter included in
+    the parameters, not the buffers)."""
+    params = {name for name, _ in model.named_parameters(remove_duplicate=False)}
+    return {k: v for k, v in model.state_dict().items() if k not in params}
+
+
 def split(obj: Any, prefix: str) -> tuple[Any, dict[str, Any]]:
     """(strict-JSON tree, {companion key: array}) of a nested state."""
     tensors: dict[str, Any] = {}
@@ -91,13 +98,12 @@ def _split(obj: Any, path: str, tensors: dict[str, Any]) -> Any:
 
 
 def _split_numpy(array: np.ndarray, path: str, tensors: dict[str, Any], scalar: bool) -> dict[str, Any]:
-    stored = array.astype(array.dtype.newbyteorder("<")) if array.dtype.byteorder == ">" else array
     try:
-        companion.code_of(stored)
+        companion.code_of(array)            # refused here, before anything is written
     except TypeError:
         raise TypeError(f"{path}: a numpy {array.dtype} array cannot be checkpointed") from None
     key = _key(path, tensors)
-    tensors[key] = np.array(stored, copy=True, order="C")
+    tensors[key] = np.array(array, copy=True, order="C")   # the companion writes it little-endian
     return {"__tensor__": key, "kind": "numpy-scalar" if scalar else "numpy", "dtype": array.dtype.str}
 
 
