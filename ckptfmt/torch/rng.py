@@ -21,9 +21,8 @@ __all__ = ["rng_state", "restore_rng", "next_draws", "capture", "restore_all"]
 def rng_state(numpy_generators: dict[str, np.random.Generator] | None = None) -> dict[str, Any]:
     """Every RNG that drives training: Python, the named NumPy generators, torch CPU, each CUDA
     device. Torch states are bytes, stored as base64 (no pickle anywhere)."""
-    version, internal, gauss = random.getstate()
     out: dict[str, Any] = {
-        "python": {"version": version, "state": list(internal), "gauss_next": gauss},
+        "python": _python_state(),
         "numpy": {k: g.bit_generator.state for k, g in (numpy_generators or {}).items()},
         "torch_cpu": _b64(torch.get_rng_state()),
     }
@@ -37,8 +36,7 @@ def restore_rng(state: dict[str, Any], numpy_generators: dict[str, np.random.Gen
     """Put every RNG back as ``rng_state`` recorded it; a missing piece is refused by name
     (``IncompleteResumeStateError``), never silently left as it was."""
     try:
-        py = state["python"]
-        random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
+        _set_python_state(state["python"])
         for name, gen in (numpy_generators or {}).items():
             gen.bit_generator.state = state["numpy"][name]
         torch.set_rng_state(_unb64(state["torch_cpu"]))
@@ -47,6 +45,16 @@ def restore_rng(state: dict[str, Any], numpy_generators: dict[str, np.random.Gen
             torch.cuda.set_rng_state_all([_unb64(s) for s in cuda])
     except KeyError as exc:
         raise IncompleteResumeStateError(path, f"cannot resume: manifest lacks rng.{exc.args[0]}") from None
+
+
+def _python_state() -> dict[str, Any]:
+    """Python's ``random`` state as JSON (the same shape in the trainer's and the manager's)."""
+    version, internal, gauss = random.getstate()
+    return {"version": version, "state": list(internal), "gauss_next": gauss}
+
+
+def _set_python_state(py: dict[str, Any]) -> None:
+    random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
 
 
 def _b64(t: torch.Tensor) -> str:
@@ -85,10 +93,9 @@ def capture(generators: "dict[str, Any] | None" = None) -> dict[str, Any]:
     """Every RNG a training loop draws from, as JSON: Python's, NumPy's global one, each named
     generator (``numpy.random.Generator`` or ``torch.Generator``), torch's CPU RNG and the CUDA
     RNG of the device in use (only that device: another machine may have fewer GPUs)."""
-    version, internal, gauss = random.getstate()
     name, keys, pos, has_gauss, cached = np.random.get_state()
     out: dict[str, Any] = {
-        "python": {"version": version, "state": list(internal), "gauss_next": gauss},
+        "python": _python_state(),
         "numpy_global": {"name": name, "keys": keys.tolist(), "pos": pos, "has_gauss": has_gauss,
                          "cached_gaussian": cached},
         "torch_cpu": _b64(torch.get_rng_state()),
@@ -118,8 +125,7 @@ def restore_all(doc: dict[str, Any], generators: "dict[str, Any] | None" = None,
             raise IncompleteResumeStateError(path, f"cannot resume: manifest lacks rng.{key}")
         return doc[key]
     if "python" not in skip:
-        py = need("python")
-        random.setstate((py["version"], tuple(py["state"]), py["gauss_next"]))
+        _set_python_state(need("python"))
     if "numpy_global" not in skip:
         g = need("numpy_global")
         np.random.set_state((g["name"], np.array(g["keys"], dtype=np.uint32), g["pos"], g["has_gauss"],
