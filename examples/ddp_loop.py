@@ -1,6 +1,6 @@
-"""The same kind of loop under torchrun with DDP: every rank resumes bit-exactly (ckptfmt).
+"""The same kind of loop under torchrun with DDP (or FSDP2): every rank resumes bit-exactly.
 
-    torchrun --standalone --nproc-per-node 2 examples/ddp_loop.py --steps 300 --output runs/ddp
+    torchrun --standalone --nproc-per-node 2 examples/ddp_loop.py --steps 300 --output runs/ddp [--fsdp]
     ckptfmt verify-resume --output proof --trainer command --command \\
       'torchrun --standalone --nproc-per-node 2 examples/ddp_loop.py --updates {steps} --output {output} {resume} {omit_rng}'
 """
@@ -11,6 +11,7 @@ import numpy as np
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from ckptfmt.torch import CheckpointManager, ResumeRecord
@@ -47,6 +48,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=50)
     ap.add_argument("--resume", help="a generation (step_N.json) to start from")
     ap.add_argument("--omit-rng-restore", action="store_true")
+    ap.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2 instead of DDP")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -56,8 +58,8 @@ def main() -> None:
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1),
                                 torch.nn.Linear(32, 1))
     torch.manual_seed(100 + rank)                                        # each rank's own dropout
-    ddp = DistributedDataParallel(model)
-    opt = torch.optim.AdamW(ddp.parameters(), lr=1e-2)
+    net = fully_shard(model) if args.fsdp else DistributedDataParallel(model)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=40, gamma=0.5)
     sampler, noise = ShardSampler(len(x), 16, rank, world, seed=1), np.random.default_rng(10 + rank)
     mgr = CheckpointManager(args.output, model, opt, sched, state={"data": sampler},
@@ -68,7 +70,7 @@ def main() -> None:
         ids = sampler.next()
         target = y[ids] + torch.from_numpy(noise.normal(0, 0.01, (len(ids), 1)).astype(np.float32))
         lr = sched.get_last_lr()[0]
-        loss = F.mse_loss(ddp(x[ids]), target)
+        loss = F.mse_loss(net(x[ids]), target)
         opt.zero_grad()
         loss.backward()
         opt.step()
@@ -76,10 +78,9 @@ def main() -> None:
         record.step(step, ids=ids, lr=lr, loss=loss.item())
         if mgr.step(step, loss=loss.item()):
             break
-    mgr.close(step)
-    if rank == 0:
-        record.write(args.output, checkpoint=f"step_{step:06d}.json", model=model, optimizer=opt,
-                     scheduler=sched, progress=sampler.state_dict(), generators={"noise": noise}, step=step)
+    mgr.close(step)                                                      # every rank; rank 0 writes:
+    record.write(args.output, checkpoint=f"step_{step:06d}.json", model=model, optimizer=opt,
+                 scheduler=sched, progress=sampler.state_dict(), generators={"noise": noise}, step=step)
     dist.destroy_process_group()
     exit_worker(0)
 

@@ -1,5 +1,6 @@
-"""CheckpointManager under torchrun with DDP (issue 16): sharded generations, one decision per
-step when a signal reaches any one rank, and a bit-exact resume (2 gloo ranks on the CPU)."""
+"""CheckpointManager under torchrun with DDP and FSDP2 (issue 16): sharded generations, one
+decision per step when a signal reaches any one rank, and a bit-exact resume (2 gloo ranks on
+the CPU)."""
 from __future__ import annotations
 
 import json
@@ -60,10 +61,31 @@ def straight(tmp_path_factory) -> Path:
     return run
 
 
+@pytest.fixture(scope="module")
+def straight_fsdp(tmp_path_factory) -> Path:
+    run = tmp_path_factory.mktemp("fsdp") / "straight"
+    proc = subprocess.run(ddp(run, "--fsdp"), capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    return run
+
+
 @pytest.mark.parametrize("point", random.Random(16).sample(range(5, STEPS - 5), 3))
 def test_sigterm_to_one_rank_stops_all_at_one_step_and_the_resume_is_bit_exact(straight, tmp_path, point):
-    run = tmp_path / "run"
-    proc = subprocess.Popen(ddp(run), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    sigterm_one_rank_then_resume(tmp_path / "run", point, straight)
+
+
+def test_fsdp2_sigterm_and_resume_are_bit_exact(straight_fsdp, tmp_path):
+    """FSDP2 (fully_shard): each rank saves and restores its own rows; the sharded generation
+    validates and the resumed run ends bit-identical to the straight FSDP2 run."""
+    run = sigterm_one_rank_then_resume(tmp_path / "run", 140, straight_fsdp, "--fsdp")
+    doc = json.loads((run / f"step_{STEPS:06d}.json").read_text())
+    assert doc["world_size"] == 2 and len(doc["ranks"]) == 2
+    noise = [r["rng"]["generators"]["noise"]["state"] for r in doc["ranks"]]
+    assert noise[0] != noise[1]                  # each rank's own generator, restored to each rank
+
+
+def sigterm_one_rank_then_resume(run: Path, point: int, straight: Path, *extra: str) -> Path:
+    proc = subprocess.Popen(ddp(run, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rank1 = worker_of_rank(proc.pid, 1)
     while last_step(run) < point and proc.poll() is None:
         time.sleep(0.005)
@@ -73,9 +95,10 @@ def test_sigterm_to_one_rank_stops_all_at_one_step_and_the_resume_is_bit_exact(s
     committed = sorted(int(p.name[5:11]) for p in run.glob("step_*.json"))
     assert committed[-1] == last_step(run) < STEPS               # both ranks saved the same step
     assert cli("validate", str(run)).returncode == 0
-    proc = subprocess.run(ddp(run), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(ddp(run, *extra), capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert final(run) == final(straight)
+    return run
 
 
 def test_verify_resume_passes_under_torchrun(tmp_path):

@@ -166,3 +166,74 @@ def test_tied_weights_numpy_losses_closed_managers_and_thread_construction(tmp_p
     thread.join()
     assert errors
     CheckpointManager(tmp_path / "r", model, opt, handle_signals=False).close()    # the lock is free
+
+
+def test_a_tensor_learning_rate_comes_back_as_the_same_tensor(tmp_path):
+    model = net()
+    opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(0.0123))
+    sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
+    for _ in range(3):
+        steps(model, opt, 1)
+        sched.step()
+    with mgr(tmp_path / "r", model, opt, scheduler=sched) as m:
+        m.save(3)
+    model2 = net()
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=torch.tensor(0.5))
+    sched2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=2, gamma=0.5)
+    with mgr(tmp_path / "r", model2, opt2, scheduler=sched2) as m:
+        assert m.restore() == 3
+    lr = opt2.param_groups[0]["lr"]
+    assert isinstance(lr, torch.Tensor) and torch.equal(lr, opt.param_groups[0]["lr"])
+    for model_, opt_ in ((model, opt), (model2, opt2)):
+        torch.manual_seed(5)                         # the same batch for both
+        steps(model_, opt_, 1)
+    assert all(torch.equal(a, b) for a, b in zip(model.parameters(), model2.parameters()))
+
+
+def test_a_refused_restore_names_every_missing_piece_and_changes_nothing(tmp_path):
+    model, noise = net(), np.random.default_rng(1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    steps(model, opt, 2)
+    with mgr(tmp_path / "r", model, opt) as m:
+        m.save(2)
+    model2 = net()
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
+    sched2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=2)
+    before = [p.detach().clone() for p in model2.parameters()]
+    noise_before = noise.bit_generator.state
+    with mgr(tmp_path / "r", model2, opt2, scheduler=sched2, generators={"noise": noise}) as m:
+        with pytest.raises(IncompleteResumeStateError, match="lacks scheduler, rng.generators.noise"):
+            m.restore()
+    assert all(torch.equal(a, b) for a, b in zip(before, model2.parameters()))
+    assert not opt2.state and noise.bit_generator.state == noise_before
+
+
+def test_hooks_add_fields_see_the_manifest_first_and_upgrade_old_ones(tmp_path):
+    model = net()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    committed = []
+    with mgr(tmp_path / "r", model, opt, manifest_fields=lambda step: {"mine": {"at": step}},
+             on_commit=lambda step, doc: committed.append((step, doc["mine"]))) as m:
+        m.save(4)
+    assert committed == [(4, {"at": 4})]
+    seen = []
+
+    def refuse(doc, path):
+        seen.append(doc["mine"])
+        raise IncompleteResumeStateError(path, "not mine")
+    model2 = net()
+    opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
+    before = [p.detach().clone() for p in model2.parameters()]
+    upgrade = lambda doc: {**doc, "mine": {"at": doc["mine"]["at"] * 10}}   # noqa: E731
+    with mgr(tmp_path / "r", model2, opt2, upgrade=upgrade, on_restore=refuse) as m:
+        with pytest.raises(IncompleteResumeStateError, match="not mine"):
+            m.restore()
+    assert seen == [{"at": 40}] and all(torch.equal(a, b) for a, b in zip(before, model2.parameters()))
+    model3 = net()
+    with pytest.raises(ValueError, match="'rng' is a field the manager writes"):
+        with mgr(tmp_path / "r2", model3, torch.optim.SGD(model3.parameters(), lr=0.1),
+                 manifest_fields=lambda step: {"rng": 1}) as m:
+            m.save(1)
+    assert not list((tmp_path / "r2").glob("step_*"))
+    with pytest.raises(TypeError, match="unknown argument"):
+        mgr(tmp_path / "r3", model, opt, on_save=print)

@@ -181,8 +181,8 @@ def test_pivot_allows_new_caps_with_a_fresh_bandit(tmp_path):
     proc = train(run, 60, "--set", f"caps={new_caps}")
     assert proc.returncode == 0, proc.stderr
     doc = ckptfmt.open(run / "step_000060.bin").manifest
-    assert doc["config"]["caps"] == json.loads(new_caps) and doc["bandit"]["phase"] == 1
-    assert doc["bandit"]["phase_steps"] == 20                 # fresh bandit: counts restart at the pivot
+    assert doc["config"]["caps"] == json.loads(new_caps) and doc["state"]["bandit"]["phase"] == 1
+    assert doc["state"]["bandit"]["phase_steps"] == 20                 # fresh bandit: counts restart at the pivot
     assert sum(a["pulls"] for a in state_before["arms"].values()) == 40
     assert (run / "archive" / "step_000040" / "state.json").exists()
     steps = [r["step"] for r in hist.read(run / ".loss.json").canonical()]
@@ -195,11 +195,12 @@ def test_missing_resume_component_is_refused_by_name(tmp_path):
     mpath = run / "step_000020.json"
     doc = json.loads(mpath.read_text())
     del doc["scheduler"]
-    del doc["rng"]["numpy"]
+    del doc["rng"]["generators"]
     mpath.write_text(json.dumps(doc))
     proc = train(run, 40)
     assert proc.returncode == 1
-    assert "manifest lacks scheduler, rng.numpy" in proc.stderr
+    assert "the checkpoint lacks scheduler, rng.generators.bandit" in proc.stderr
+    assert Run(run).latest().step == 20 and len(Run(run).generations()) == 1
 
 
 def test_second_trainer_is_refused(tmp_path):
@@ -285,3 +286,23 @@ def test_resume_hashes_the_generation_once(tmp_path, monkeypatch):
     finally:
         trainer.run.history.close()
     assert hashed == [(run / "step_000020.bin").stat().st_size]
+
+
+def test_a_run_written_before_the_manager_resumes_bit_exactly(tmp_path):
+    """Manifests of the trainer before it used the checkpoint manager (data, bandit and rng.numpy
+    at the top level) resume, and the run ends bit-identical to a straight one."""
+    straight, old = tmp_path / "straight", tmp_path / "old"
+    assert train(straight, 40).returncode == 0
+    assert train(old, 20).returncode == 0
+    mpath = old / "step_000020.json"
+    doc = json.loads(mpath.read_text())
+    state, rng = doc.pop("state"), doc.pop("rng")
+    for key in ("buffers", "progress"):
+        doc.pop(key)
+    doc["data"], doc["bandit"] = state["data"], state["bandit"]
+    doc["rng"] = {"python": rng["python"], "torch_cpu": rng["torch_cpu"],
+                  "numpy": {name: g["state"] for name, g in rng["generators"].items()}}
+    mpath.write_text(json.dumps(doc))
+    proc = train(old, 40)
+    assert proc.returncode == 0, proc.stderr
+    assert final(old, 40) == final(straight, 40)

@@ -140,7 +140,7 @@ def _describe(run: Run, out: Path, gens: list, files: list, checks: dict, second
     losses = [hist.decode_float(r["loss"]) for r in canon[-100:] if "loss" in r]
     return {"exported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "source_run": str(run.path.resolve()), "steps": [g.step for g in gens], "files": files,
-            "config": doc.get("config"), "versions": doc.get("versions"), "data": (doc.get("data") or {}).get("identity"),
+            "config": doc.get("config"), "versions": doc.get("versions"), "data": _data_identity(doc),
             "code": doc.get("code"), "verified": checks, "seconds": round(seconds, 3),
             "final_loss": {"last": losses[-1] if losses else None,
                            "mean_last_100": sum(losses) / len(losses) if losses else None,
@@ -245,3 +245,10 @@ def import_archive(archive_path: str, dest: str) -> dict[str, Any]:
                 raise ExportError(str(name), "; ".join(f.message for f in report.findings))
     atomic.remove(out / INCOMPLETE)
     return {"dest": str(out), "files": len(doc["files"]), "steps": doc["steps"], "verified": True}
+
+
+def _data_identity(doc: dict[str, Any]) -> Any:
+    """The reference trainer's data sources (``state.data``; ``data`` before it used the manager)."""
+    data = (doc.get("state") or {}).get("data") or doc.get("data") or {}
+    return data.get("identity") if isinstance(data, dict) else None
+

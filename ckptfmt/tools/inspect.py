@@ -16,7 +16,7 @@ from .stats import region_stats
 __all__ = ["inspect_file", "inspect_run"]
 
 MANIFEST_SUMMARY = ("created", "config", "optimizer", "scheduler", "versions", "code", "data",
-                    "provenance")
+                    "state", "provenance")
 
 
 def inspect_file(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dict[str, Any]:

@@ -62,12 +62,19 @@ def moments(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[l
 
 
 def hyperparams(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
-    """JSON-able param-group settings (everything but the params themselves)."""
+    """JSON-able param-group settings (everything but the params themselves); a one-element
+    tensor setting (``lr=torch.tensor(1e-3)`` for capturable or compiled optimizers) is recorded
+    as its number, which is exact for float32 and float64."""
     out = []
     for group in optimizer.param_groups:
-        out.append({k: (list(v) if isinstance(v, tuple) else v) for k, v in group.items()
-                    if k != "params" and (v is None or isinstance(v, (bool, int, float, str, tuple, list)))})
+        out.append({k: (list(v) if isinstance(v, tuple) else v.item() if isinstance(v, torch.Tensor) else v)
+                    for k, v in group.items() if k != "params" and _json_setting(v)})
     return out
+
+
+def _json_setting(v: Any) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str, tuple, list)) or \
+        (isinstance(v, torch.Tensor) and v.numel() == 1)
 
 
 def chunks(tensors: list[torch.Tensor]) -> Iterator[Any]:

@@ -81,10 +81,8 @@ def describe(optimizer: torch.optim.Optimizer, step: int, params: list[torch.Ten
             "param_steps": param_steps(params, optimizer)}
 
 
-def restore(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], doc: dict[str, Any],
-            m: list[torch.Tensor], v: list[torch.Tensor], path: str) -> None:
-    """Load the optimizer from the manifest's ``optimizer`` and the m, v tensors (already in
-    parameter order, dtype and device)."""
+def check(optimizer: torch.optim.Optimizer, doc: dict[str, Any], path: str) -> str:
+    """The optimizer's type; refuses a checkpoint of another type or param-group count."""
     name = kind(optimizer)
     if doc.get("type") != name:
         raise OptimizerMismatchError(path, f"optimizer: the checkpoint holds {doc.get('type')} state, "
@@ -93,6 +91,15 @@ def restore(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], doc: d
     if len(groups) != len(optimizer.param_groups):
         raise OptimizerMismatchError(path, f"optimizer: {len(groups)} param groups in the checkpoint, "
                                            f"{len(optimizer.param_groups)} in the loop")
+    return name
+
+
+def restore(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], doc: dict[str, Any],
+            m: list[torch.Tensor], v: list[torch.Tensor], path: str) -> None:
+    """Load the optimizer from the manifest's ``optimizer`` and the m, v tensors (already in
+    parameter order, dtype and device)."""
+    name = check(optimizer, doc, path)
+    groups = doc.get("hyperparams") or []
     index = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}
     steps = doc.get("param_steps") or [doc["step"]] * len(params)
     first, second = MOMENTS[name]
@@ -102,7 +109,18 @@ def restore(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], doc: d
             continue
         state[index[id(p)]] = {first: mt} if second is None else \
             {"step": torch.tensor(float(taken), dtype=torch.float32), first: mt, second: vt}
-    saved = [{**{k: tuple(v) if isinstance(live.get(k), tuple) else v for k, v in group.items()},
+    saved = [{**{k: _like(live.get(k), v) for k, v in group.items()},
               "params": [index[id(p)] for p in live["params"]]}
              for group, live in zip(groups, optimizer.param_groups)]
     optimizer.load_state_dict({"state": state, "param_groups": saved})
+
+
+def _like(live: Any, saved: Any) -> Any:
+    """A saved param-group setting in the live one's type: tuples (betas) and one-element
+    tensors (a tensor lr) come back as they were."""
+    if isinstance(live, tuple):
+        return tuple(saved)
+    if isinstance(live, torch.Tensor) and not isinstance(saved, (list, dict)):
+        return torch.tensor(saved, dtype=live.dtype, device=live.device).reshape(live.shape)
+    return saved
+

@@ -9,8 +9,8 @@ them unconditionally:
 - ``add_ranks``: every rank's RNGs and loop state (a sampler's position differs per rank) in
   the manifest as ``ranks``;
 - ``agreed_source``: rank 0 picks the generation to resume, every rank takes the same one;
-- ``own_pieces``: this rank's RNGs and loop state from a manifest, if it was saved with the
-  same world size.
+- ``own_pieces``: this rank's RNGs and loop state from a manifest (at another world size, the
+  ranks that existed resume theirs and new ranks start fresh).
 """
 from __future__ import annotations
 
@@ -63,14 +63,26 @@ def agreed_source(run: Run) -> str | None:
     return decided_by_rank0(newest)
 
 
-def own_pieces(doc: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None, str | None]:
-    """(rng, state, why not) of this rank from a manifest: rank 0's top-level pieces in one
-    process; ``ranks[rank]`` under torchrun when the world size is the one it was saved with."""
+def own_pieces(doc: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None,
+                                             dict[str, Any] | None]:
+    """(rng, state, world-size change) of this rank from a manifest.
+
+    The same world size: rank 0's top-level pieces in one process, ``ranks[rank]`` under
+    torchrun. Another world size: ranks that existed resume their own pieces, a new rank gets
+    (None, None) and starts fresh, a dropped rank's pieces are discarded; the third value
+    describes the change (for the history's ``world_size_change`` event), None if there is none.
+    """
     rank, world = rank_world()
     saved = doc.get("ranks")
-    if world == 1 and not saved:
-        return doc.get("rng"), doc.get("state"), None
-    if not saved or len(saved) != world:
-        return None, None, (f"saved by {len(saved) if saved else 1} rank(s), resumed by {world}: "
-                            "per-rank RNGs and loop state start fresh")
-    return saved[rank]["rng"], saved[rank]["state"], None
+    saved_world = len(saved) if saved else 1
+    change = None if saved_world == world else {
+        "saved": saved_world, "now": world,
+        "identical": ["weights", "m", "v", "optimizer", "scheduler", "history"],
+        "per_rank_state_resumed": list(range(min(saved_world, world))),
+        "per_rank_state_fresh": [r for r in range(world) if r >= saved_world],
+        "per_rank_state_dropped": list(range(world, saved_world))}
+    if saved and rank < saved_world:
+        return saved[rank]["rng"], saved[rank]["state"], change
+    if rank == 0:
+        return doc.get("rng"), doc.get("state"), change
+    return None, None, change

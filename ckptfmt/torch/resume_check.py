@@ -22,6 +22,7 @@ from typing import Any
 import torch
 
 from . import optim, rng
+from .distributed import is_sharded_model, rank_world
 from .state import persistent_buffers, split
 
 __all__ = ["ResumeRecord"]
@@ -42,10 +43,15 @@ class ResumeRecord:
               model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
               progress: Any = None, generators: dict[str, Any] | None = None,
               evaluation: dict[str, float] | None = None, step: int | None = None) -> Path:
-        """Write ``output/summary.json`` as the verify-resume contract asks; returns its path."""
+        """Write ``output/summary.json`` as the verify-resume contract asks; returns its path.
+
+        Under torchrun every rank calls it (an FSDP2 model's shards are gathered, a collective)
+        and rank 0 writes the file."""
         params = list(model.parameters())
         ms, vs, opt_step = optim.moments(params, optimizer, step or 0)
-        flat = lambda ts: torch.cat([t.detach().float().reshape(-1).cpu() for t in ts]).tolist()  # noqa: E731
+        gather = is_sharded_model(model)
+        flat = lambda ts: torch.cat([_whole(t, gather).detach().float().reshape(-1).cpu()  # noqa: E731
+                                     for t in ts]).tolist()
         final = {"step": step if step is not None else (self.steps[-1]["step"] if self.steps else 0),
                  "parameters": flat(params),
                  "buffers": {k: v.detach().double().reshape(-1).tolist()
@@ -55,6 +61,12 @@ class ResumeRecord:
                  "progress": split(progress, "progress")[0] if progress is not None else None,
                  "next_draws": rng.next_draws(generators), "eval": evaluation or {}}
         path = Path(output) / "summary.json"
-        path.write_text(json.dumps({"steps": self.steps, "checkpoint": os.path.basename(checkpoint),
-                                    "final": final}))
+        if rank_world()[0] == 0:
+            path.write_text(json.dumps({"steps": self.steps, "checkpoint": os.path.basename(checkpoint),
+                                        "final": final}))
         return path
+
+
+def _whole(t: torch.Tensor, gather: bool) -> torch.Tensor:
+    """The full tensor of an FSDP2 shard (a collective: every rank, same order); others as they are."""
+    return t.full_tensor() if gather and hasattr(t, "full_tensor") else t

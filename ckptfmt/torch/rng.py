@@ -101,10 +101,17 @@ def capture(generators: "dict[str, Any] | None" = None) -> dict[str, Any]:
         "torch_cpu": _b64(torch.get_rng_state()),
         "generators": {k: _generator_state(g) for k, g in (generators or {}).items()},
     }
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
-        device = torch.cuda.current_device()
+    device = cuda_device()
+    if device is not None:
         out["torch_cuda"] = {"device": device, "state": _b64(torch.cuda.get_rng_state(device))}
     return out
+
+
+def cuda_device() -> int | None:
+    """The CUDA device in use (its RNG is the one a resume needs), None when CUDA is unused."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        return torch.cuda.current_device()
+    return None
 
 
 def _generator_state(gen: Any) -> dict[str, Any]:
@@ -132,9 +139,9 @@ def restore_all(doc: dict[str, Any], generators: "dict[str, Any] | None" = None,
                              g["cached_gaussian"]))
     if "torch_cpu" not in skip:
         torch.set_rng_state(_unb64(need("torch_cpu")))
-    if "torch_cuda" not in skip and torch.cuda.is_available() and torch.cuda.is_initialized():
-        cuda = need("torch_cuda")
-        torch.cuda.set_rng_state(_unb64(cuda["state"]), torch.cuda.current_device())
+    device = cuda_device()
+    if "torch_cuda" not in skip and device is not None:
+        torch.cuda.set_rng_state(_unb64(need("torch_cuda")["state"]), device)
     saved = doc.get("generators", {})
     for name, gen in (generators or {}).items():
         if f"generators.{name}" in skip:

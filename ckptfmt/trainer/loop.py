@@ -2,15 +2,17 @@
 generations on cadence, on SIGUSR1 (and continue) and on SIGTERM (and exit), and always at N.
 
 Read top to bottom, it is the single-process story: ``Trainer.build`` (model, optimizer,
-scheduler, data, bandit), ``resume``, the step loop in ``fit`` (step, history, agreed signal
-flags, log, sample, checkpoint when due), stop; ``train`` at the end is what ``ckptfmt train``
-calls. Under torchrun every rank runs the same loop: the calls into ``.distributed`` (trainer
-specifics) and ``..torch.distributed`` (collectives) give the single-process answer for one
-process, and only rank 0 (``is_main``) writes the run's history and sidecars.
+scheduler, data, bandit, and the ``CheckpointManager`` that saves and restores them), ``resume``,
+the step loop in ``fit`` (step, sample, the signal flags handed to the manager, which records the
+history and saves on cadence or request), stop; ``train`` at the end is what ``ckptfmt train``
+calls. The trainer is a user of the manager like any other loop: it keeps only what is its own
+(model, data, bandit, pivot rules, its early signal handlers: ``.checkpointing``). Under
+torchrun every rank runs the same loop: the calls into ``.distributed`` (trainer specifics) and
+``..torch.distributed`` (collectives) give the single-process answer for one process, and only
+rank 0 (``is_main``) writes the run's history and sidecars.
 """
 from __future__ import annotations
 
-import datetime
 import math
 import os
 import random
@@ -20,19 +22,19 @@ from typing import Any, Callable
 
 import torch
 
-from .. import fingerprint, reader
+from .. import fingerprint
 from .. import manifest as mf
 from .. import torch as ct
 from ..errors import CheckpointError, ConfigMismatchError, DeviceUnavailableError
-from ..run import PIVOT, SAMPLES, STATE, Generation, Run, RunLock
+from ..run import PIVOT, SAMPLES, STATE, Run, RunLock
 from ..run.history import encode_float
-from ..shards import ShardedCheckpoint
-from ..torch.distributed import any_rank, launched_by_torchrun, load_into, mean_over_ranks, rank_world
+from ..torch import CheckpointManager
+from ..torch.distributed import any_rank, launched_by_torchrun, mean_over_ranks, rank_world
+from . import checkpointing
 from . import config as cfgmod
 from .bandit import Bandit
-from ..torch.saver import Saver
 from .data import DataStream, corpus, identity
-from .distributed import add_rank_states, agreed_latest, rank_device, rank_state, train_distributed, wrap_model
+from .distributed import rank_device, train_distributed, wrap_model
 from .model import GPT
 from .protocol import Observer
 from .signals import FLAGS, Flags
@@ -78,9 +80,9 @@ class Trainer:
         self.is_main = self.rank == 0           # rank 0 writes the history and the sidecars
         self.device = rank_device(pick_device(device))
         self.amp = ("bf16" if self.device.type == "cuda" else "none") if amp == "auto" else amp
-        self.parallel = parallel
-        self.ckpt = Saver(self.run, asynchronous=async_save, sharded=self.world > 1,
-                          after_commit=self._after_commit)
+        self.parallel, self.async_save = parallel, async_save
+        self.mgr: CheckpointManager | None = None
+        self.pivot = False                       # set when a resume finds a pivot record
         self.provenance: dict[str, Any] | None = None
         self.started = time.time()
 
@@ -106,6 +108,15 @@ class Trainer:
         self.sched = torch.optim.lr_scheduler.LambdaLR(self.opt, self.lr_factor)
         self.bandit = self._fresh_bandit(phase=0)
         self.scaler = torch.amp.GradScaler("cuda") if self.amp == "fp16" else None
+        self.bandit_state = checkpointing.BanditState(self)
+        self.mgr = CheckpointManager(
+            self.run, self.model, self.opt, self.sched, self.scaler,
+            state={"data": checkpointing.DataState(self), "bandit": self.bandit_state},
+            generators={"bandit": self.bandit.rng}, every=self.checkpoint_every or None,
+            keep_last=self.keep_last, keep_every=self.keep_every, async_save=self.async_save,
+            handle_signals=False, lock=False, config=cfg.to_dict(), log=self.log,
+            manifest_fields=self.facts, on_restore=self._check_resume, on_commit=self._after_commit,
+            upgrade=checkpointing.upgrade)
 
     def _fresh_bandit(self, phase: int) -> Bandit:
         c = self.cfg
@@ -122,30 +133,27 @@ class Trainer:
 
     # ------------------------------------------------------------ resume
     def resume(self) -> int:
-        """Restore everything from the newest valid generation; 0 for a fresh run."""
-        if self.is_main:
-            removed = self.run.sweep_temps()
-            if removed:
-                self.log(f"removed {len(removed)} temp files of interrupted saves")
-        gen = agreed_latest(self.run)
-        if gen is None:
+        """Restore everything from the newest valid generation (the manager); 0 for a fresh run."""
+        step = self.mgr.restore(restore_rng=not self.omit_rng_restore)
+        if not step:
             self._event("start", 0, config=self.cfg.name, world_size=self.world)
             return 0
-        with open_generation(gen, verify=not self.is_main) as ck:   # rank 0 hashed it just now
-            doc = ck.manifest
-            mf.require(str(gen.manifest), doc)
-            pivot = self._pivot_applies(gen.step)
-            cfgmod.check_compatible(str(gen.manifest), doc["config"], self.cfg, pivot=pivot)
-            self._check_data(str(gen.manifest), doc["data"], pivot)
-            load_into(ck, self.model, self.opt)          # ct.load, or this rank's FSDP2 shards
-        self.sched.load_state_dict(doc["scheduler"])
-        if pivot:
+        if self.pivot:                   # after the RNGs: neither change consumes a draw
             self._apply_new_schedule()
-        self._restore_position(rank_state(doc, self.run, self.log), pivot)
+            self.bandit = self._fresh_bandit(phase=self.bandit_state.saved_phase + 1)
+            self.mgr.generators["bandit"] = self.bandit.rng
+        self.log(f"resumed from {os.path.basename(self.mgr.restored_from)}"
+                 + (" after a pivot: fresh bandit" if self.pivot else ""))
+        return step
+
+    def _check_resume(self, doc: dict[str, Any], path: str) -> None:
+        """The manager's ``on_restore``: before anything is restored, the config and the data
+        sources must be the run's (or a pivot must allow the change)."""
+        mf.require(path, doc, ("config", "state.data.identity"))
+        self.pivot = self._pivot_applies(doc.get("step"))
+        cfgmod.check_compatible(path, doc["config"], self.cfg, pivot=self.pivot)
+        self._check_data(path, doc["state"]["data"], self.pivot)
         self.provenance = doc.get("provenance")
-        self._event("resume", gen.step, pivot=pivot, world_size=self.world)
-        self.log(f"resumed from {(gen.bin or gen.shards).name}" + (" after a pivot: fresh bandit" if pivot else ""))
-        return gen.step
 
     def _pivot_applies(self, step: int) -> bool:
         record = self.run.read_sidecar(PIVOT, default=None)
@@ -168,25 +176,6 @@ class Trainer:
         for group in self.opt.param_groups:
             group["initial_lr"], group["lr"] = self.cfg.lr, self.cfg.lr * factor
         self.sched._last_lr = [g["lr"] for g in self.opt.param_groups]
-
-    def _restore_position(self, doc: dict[str, Any], pivot: bool) -> None:
-        if doc.get("fresh_rank"):
-            return                      # a rank that did not exist when the generation was saved
-        positions = doc["data"]["positions"]
-        for name in self.cfg.sources:
-            if name in positions:
-                self.data.positions[name] = dict(positions[name])
-            elif not pivot:
-                raise mf.IncompleteResumeStateError(None, f"cannot resume: data.positions.{name} missing")
-        if pivot:
-            self.bandit = self._fresh_bandit(phase=doc["bandit"]["phase"] + 1)
-        else:
-            self.bandit.load_state(doc["bandit"])
-        if self.scaler is not None and "amp" in doc:
-            self.scaler.load_state_dict(doc["amp"]["scaler"])
-        if not self.omit_rng_restore:   # last: after every object that consumes draws exists
-            gens = {} if pivot else {"bandit": self.bandit.rng}
-            ct.restore_rng(doc["rng"], gens, path=doc["file"])
 
     # ------------------------------------------------------------ training
     def train_step(self, step: int) -> dict[str, Any]:
@@ -215,45 +204,20 @@ class Trainer:
                 "tokens": step * self.cfg.batch * self.cfg.ctx, "ids": ids,
                 "wall": round(time.time() - self.started, 4)}
 
-    def manifest(self, step: int) -> dict[str, Any]:
-        opt_step = ct.moments(self.model, self.opt)[2]
-        doc = {
-            "created": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "layout": ct.layout_of(self.model),
-            "optimizer": {"type": "AdamW", "step": opt_step, "hyperparams": ct.hyperparams(self.opt)},
-            "scheduler": mf.json_fields(self.sched.state_dict()),
-            "rng": ct.rng_state({"bandit": self.bandit.rng}),
-            "data": {**self.data.state(), "identity": identity(self.sources)},
-            "bandit": self.bandit.state(),
-            "config": self.cfg.to_dict(),
-            "versions": ct.versions(),
-            "code": code_identity(),
-            "run": {"device": str(self.device), "amp": self.amp,
-                    "tokens_seen": step * self.cfg.batch * self.cfg.ctx * self.world,
-                    "deterministic": True, "threads": torch.get_num_threads(), "world_size": self.world,
-                    "parallel": self.parallel if self.world > 1 else "none"},
-        }
-        add_rank_states(doc)                   # under torchrun: every rank's rng, data, bandit
-        if self.scaler is not None:
-            doc["amp"] = {"dtype": "fp16", "scaler": mf.json_fields(self.scaler.state_dict())}
+    def facts(self, step: int) -> dict[str, Any]:
+        """The trainer's own manifest fields (the manager's ``manifest_fields``)."""
+        doc = {"code": code_identity(),
+               "run": {"device": str(self.device), "amp": self.amp,
+                       "tokens_seen": step * self.cfg.batch * self.cfg.ctx * self.world,
+                       "deterministic": True, "threads": torch.get_num_threads(), "world_size": self.world,
+                       "parallel": self.parallel if self.world > 1 else "none"}}
         if self.provenance:
             doc["provenance"] = self.provenance
         return doc
 
     def _after_commit(self, step: int, manifest: dict[str, Any]) -> None:
-        if not self.is_main:
-            return
-        state = dict(manifest["bandit"], step=step, rng=manifest["rng"]["numpy"].get("bandit"))
-        self.run.write_sidecar(STATE, state)
-        if self.keep_last:
-            deleted = self.run.gc(keep_last=self.keep_last, keep_every=self.keep_every)
-            if deleted:
-                self.log(f"retention deleted steps {deleted}")
-
-    def checkpoint(self, step: int, reason: str) -> None:
-        self.ckpt.save(step, self.model, self.opt, self.manifest(step))   # sharded under torchrun
-        self._event("checkpoint", step, reason=reason, stall_ms=round(self.ckpt.last_stall_s * 1e3, 3))
-        self.log(f"step {step}: checkpoint ({reason}), training stalled {self.ckpt.last_stall_s * 1e3:.1f} ms")
+        if self.is_main:
+            self.run.write_sidecar(STATE, checkpointing.sidecar_state(step, manifest))
 
     def sample(self, step: int, source: str) -> None:
         text = self.model.sample(b"def ", 48).decode("utf-8", "replace")
@@ -267,7 +231,7 @@ class Trainer:
         if step >= target:
             self.log(f"run is at step {step}, target {target}: nothing to do")
             return 0
-        stop, _ = self._agree_on_flags()           # a SIGTERM during start-up, on any rank
+        stop = any_rank(self.flags.stop)[0]        # a SIGTERM during start-up, on any rank
         while step < target and not stop:
             step += 1
             self.data_step = step
@@ -275,47 +239,38 @@ class Trainer:
             if on_step:
                 on_step(record)
             record.pop("ids")
-            if self.is_main:
-                self.run.history.append(record)
-            stop, checkpoint = self._agree_on_flags()
+            if self.sample_every and step % self.sample_every == 0 and self.is_main:
+                self.sample(step, record["source"])    # before a save: sampling draws from torch's RNG
+            try:
+                stop = self._step(step, target, record)
+            except (CheckpointError, OSError) as exc:
+                return self._save_failed(exc)
             if step % self.log_every == 0:
                 self.log(f"step {step}: loss {record['loss']:.4f} lr {record['lr']:.2e} source {record['source']}")
-            if self.sample_every and step % self.sample_every == 0 and self.is_main:
-                self.sample(step, record["source"])
-            reason = self._due(step, target, stop, checkpoint)
-            if reason:
-                try:
-                    self.checkpoint(step, reason)
-                except (CheckpointError, OSError) as exc:
-                    return self._save_failed(exc)
         try:
-            self.ckpt.wait()
+            self.mgr.wait()
         except (CheckpointError, OSError) as exc:
             return self._save_failed(exc)
         self._log_stop(step)
         return 0
 
-    def _agree_on_flags(self) -> tuple[bool, bool]:
-        """(stop, checkpoint) for this step. The checkpoint request is consumed before it is
-        shared, so a SIGUSR1 arriving later counts for the next step, never for one rank alone.
-        Under torchrun a signal delivered to any rank becomes every rank's decision."""
-        checkpoint, self.flags.checkpoint = self.flags.checkpoint, False
-        stop, checkpoint = any_rank(self.flags.stop, checkpoint)
-        if stop and not self.flags.stop:
+    def _step(self, step: int, target: int, record: dict[str, Any]) -> bool:
+        """Hand the signal flags to the manager, which records the step and saves when due
+        (every rank agrees); the target step is always committed. True: stop now."""
+        if self.flags.checkpoint:
+            self.flags.checkpoint = False   # consumed before it is shared: a later SIGUSR1 counts next step
+            self.mgr.request_save()
+        if self.flags.stop:
+            self.mgr.request_stop()
+        stop = self.mgr.step(step, **{k: v for k, v in record.items() if k != "step"})
+        if step == target and self.mgr.committed != step:
+            self.mgr.save(step, "target")
+        if stop and not self.flags.stop:          # a signal delivered to another rank
             self.flags.stop, self.flags.stop_at = True, time.monotonic()
-        return stop, checkpoint
-
-    def _due(self, step: int, target: int, stop: bool, checkpoint: bool) -> str | None:
-        """Why this step is checkpointed, decided from the agreed flags only."""
-        if stop:
-            return "SIGTERM"
-        if checkpoint:
-            return "SIGUSR1"
-        if step == target:
-            return "target"
-        if self.checkpoint_every and step % self.checkpoint_every == 0:
-            return "cadence"
-        return None
+        if self.mgr.last_save and self.mgr.last_save[0] == step:
+            self.log(f"step {step}: checkpoint ({self.mgr.last_save[1]}), "
+                     f"training stalled {self.mgr.stall_s * 1e3:.1f} ms")
+        return stop
 
     def _save_failed(self, exc: BaseException) -> int:
         self.log(f"checkpoint failed: {exc}; the previous generation is intact")
@@ -328,6 +283,13 @@ class Trainer:
             self.log(f"stopped at step {step}, {took:.3f} s after the signal")
         if self.is_main:
             self.run.history.sync()
+
+    def close(self) -> None:
+        """Wait for a save in flight and close the run's history (the manager's ``close``)."""
+        if self.mgr is not None:
+            self.mgr.close()
+        else:
+            self.run.history.close()
 
     def _event(self, name: str, step: int, **fields: Any) -> None:
         """A history event; every rank's loop calls this, rank 0 writes it."""
@@ -369,12 +331,4 @@ def train(run_dir: str, config_name: str, steps: int, *, seed: int | None = None
                 observer.write(summary)
             return code
         finally:
-            trainer.run.history.close()
-
-
-def open_generation(gen: Generation, verify: bool = True) -> "ShardedCheckpoint | reader.Checkpoint":
-    """A copy-on-write view of a generation, single file or sharded, hashed unless the caller
-    has just checked it deeply (``verify=False``)."""
-    if gen.bin is None and gen.shards is not None:
-        return ShardedCheckpoint(gen.manifest, verify=verify)
-    return reader.open(gen.bin, manifest="require", verify=verify, copy_on_write=True)
+            trainer.close()

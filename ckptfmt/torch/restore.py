@@ -1,0 +1,235 @@
+"""How ``CheckpointManager.restore`` puts a generation back: every refusal first, then the values.
+
+The order, and why:
+
+1. The generation is chosen (the newest valid one, hashed; under torchrun rank 0 picks it for
+   every rank) or given (``source``: hashed when opened), and its manifest is viewed through the
+   loop's ``upgrade`` hook (manifests its earlier versions wrote).
+2. The loop's ``on_restore`` hook sees that manifest first: its own checks (the reference
+   trainer compares config and data sources, and learns whether a pivot applies).
+3. Every piece the loop has is matched against the checkpoint, and what is missing is refused
+   together, by name, before a single value is copied: a refused restore leaves the model,
+   optimizer and state objects as they were. With ``strict=False`` those pieces start fresh.
+4. Parameters and moments, buffers, scheduler, scaler, state objects; the RNGs last, after every
+   object that consumes draws exists.
+"""
+from __future__ import annotations
+
+import math
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+import torch
+
+from .. import format as fmt
+from .. import reader
+from ..errors import (IncompleteResumeStateError, LayoutMismatchError, NoValidGenerationError,
+                      RankDisagreementError, UnsupportedSetupError)
+from ..shards import ShardedCheckpoint
+from . import optim, ranks, rng
+from .distributed import is_sharded_model, load_into
+from .state import dtype_name, join, persistent_buffers
+
+if TYPE_CHECKING:
+    from .manager import CheckpointManager
+
+RNG_KEYS = ("python", "numpy_global", "torch_cpu")
+
+
+@dataclass
+class Plan:
+    """What a restore will put back: checked in full before anything is copied."""
+
+    doc: dict[str, Any]                       # the manifest as the loop's ``upgrade`` views it
+    path: str
+    get: Callable[[str], Any]                 # companion tensors by key
+    state: dict[str, Any]                     # this rank's loop state trees
+    rng: dict[str, Any] | None                # this rank's RNG states; None: they start fresh
+    rng_skip: set[str] = field(default_factory=set)
+    fresh: list[str] = field(default_factory=list)
+
+
+def restore(mgr: "CheckpointManager", source: Any, strict: bool, restore_rng: bool) -> int | None:
+    """``CheckpointManager.restore``: the step restored, None on a fresh run."""
+    if mgr.rank == 0:
+        mgr.run.sweep_temps()
+    if source is not None:
+        refuse_rollback(mgr, source)
+    path = source if source is not None else newest(mgr)
+    if path is None:
+        return None
+    mgr.restored_from = str(path)
+    with _open(path, verify=source is not None) as ck:
+        doc = dict(ck.manifest)
+        if mgr.upgrade is not None:
+            doc = mgr.upgrade(doc)
+        if mgr.on_restore is not None:
+            mgr.on_restore(doc, ck.path)
+        plan = make_plan(mgr, ck, doc, strict, restore_rng)
+        load_tensors(mgr, ck, plan)
+        for piece, obj in mgr.pieces():
+            tree = _lookup(plan, piece)
+            if tree is not None:
+                obj.load_state_dict(join(tree, plan.get))
+        if plan.rng is not None:
+            rng.restore_all(plan.rng, mgr.generators, skip=plan.rng_skip, path=plan.path)
+        mgr.fresh = plan.fresh
+        return ck.step
+
+
+def make_plan(mgr: "CheckpointManager", ck: Any, doc: dict[str, Any], strict: bool,
+              restore_rng: bool) -> Plan:
+    """Every check of a restore, before a value is copied; refuses what is missing by name."""
+    path = ck.path
+    check_layout(doc, mgr.model, path)
+    optim.check(mgr.optimizer, _need(doc, "optimizer", path), path)
+    extra = ck.companion()
+    get = extra.tensor if extra is not None else _no_companion(path)
+    own_rng, own_state, change = ranks.own_pieces(doc)
+    plan = Plan(doc, path, get, own_state or {}, own_rng if restore_rng else None)
+    if change is not None:
+        _world_size_changed(mgr, doc, change)
+        if own_rng is None:
+            plan.fresh.append(f"per-rank RNGs and loop state of rank {mgr.rank} (a rank the run did not have)")
+            return plan
+    missing = [piece for piece, _ in mgr.pieces() if _lookup(plan, piece) is None]
+    given = {piece for piece, _ in mgr.pieces()}
+    saved = [k for k in ("scheduler",) if doc.get(k) is not None] + \
+        [f"amp.{k}" for k in (doc.get("amp") or {})] + [f"state.{k}" for k in plan.state]
+    missing += [f"{p} (in the checkpoint, not given to the manager)" for p in saved if p not in given]
+    if plan.rng is not None:
+        missing += _missing_rng(mgr, plan)
+    if missing and strict:
+        raise IncompleteResumeStateError(path, "cannot resume: the checkpoint lacks " + ", ".join(missing)
+                                         + " (restore(strict=False) starts them fresh)")
+    for piece in missing:
+        warnings.warn(f"{path}: {piece} starts fresh (not in the checkpoint)", stacklevel=4)
+    plan.fresh += missing
+    return plan
+
+
+def _missing_rng(mgr: "CheckpointManager", plan: Plan) -> list[str]:
+    saved = plan.rng or {}
+    keys = list(RNG_KEYS) + [f"generators.{g}" for g in mgr.generators]
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        keys.append("torch_cuda")
+    missing = []
+    for key in keys:
+        name = key.split(".", 1)[1] if key.startswith("generators.") else None
+        if (key not in saved) if name is None else (name not in saved.get("generators", {})):
+            missing.append(f"rng.{key}")
+            plan.rng_skip.add(key)
+    return missing + [f"rng.generators.{g} (in the checkpoint, not given to the manager)"
+                      for g in saved.get("generators", {}) if g not in mgr.generators]
+
+
+def _world_size_changed(mgr: "CheckpointManager", doc: dict[str, Any], change: dict[str, Any]) -> None:
+    """Said once by rank 0 in the history, and by every rank in its log."""
+    saved, now = change["saved"], change["now"]
+    mgr.log(f"world size changed from {saved} to {now}: weights, m, v, optimizer and scheduler "
+            "resume exactly; per-rank RNGs and loop state "
+            + (f"of ranks < {saved} resume, the others start fresh" if now > saved
+               else "of the dropped ranks are discarded"))
+    if mgr.rank == 0:
+        mgr.run.history.event("world_size_change", doc.get("step", 0), **change)
+
+
+def _lookup(plan: Plan, piece: str) -> Any:
+    """The saved tree of ``piece`` ('scheduler', 'amp.scaler', 'state.NAME'), or None."""
+    head, _, name = piece.partition(".")
+    if head == "state":
+        return plan.state.get(name)
+    if not name:
+        return plan.doc.get(head)
+    return (plan.doc.get(head) or {}).get(name)
+
+
+def load_tensors(mgr: "CheckpointManager", ck: Any, plan: Plan) -> None:
+    """Parameters and moments (a replica from the file; FSDP2 shards by range), then buffers."""
+    model, optimizer = mgr.model, mgr.optimizer
+    if isinstance(ck, ShardedCheckpoint) or is_sharded_model(model):
+        load_into(ck, model, optimizer)           # Adam/AdamW, float32 (ranks.check_setup)
+    else:
+        params = list(model.parameters())
+        with torch.no_grad():
+            for p, entry in zip(params, ck.layout):
+                p.copy_(_view(ck.weights, entry))
+        ms = [_view(ck.m, e).to(p.device, p.dtype) for p, e in zip(params, ck.layout)]
+        vs = [_view(ck.v, e).to(p.device, p.dtype) for p, e in zip(params, ck.layout)]
+        optim.restore(optimizer, params, plan.doc["optimizer"], ms, vs, plan.path)
+    saved = join(plan.doc.get("buffers", {}), plan.get)
+    live = persistent_buffers(model)                # the same names: check_layout
+    with torch.no_grad():
+        for name, tensor in saved.items():
+            live[name].copy_(tensor)
+
+
+def check_layout(doc: dict[str, Any], model: torch.nn.Module, path: str) -> None:
+    """The checkpoint's parameters are the model's: names, order, shapes and dtypes."""
+    layout = _need(doc, "layout", path)
+    named = list(model.named_parameters())
+    if [e["name"] for e in layout] != [n for n, _ in named]:
+        raise LayoutMismatchError(path, "parameter names/order differ from the model's")
+    for entry, (name, p) in zip(layout, named):
+        if list(p.shape) != entry["shape"] or entry.get("dtype", "float32") != dtype_name(p.dtype):
+            raise LayoutMismatchError(path, f"{name}: {entry.get('dtype', 'float32')} {entry['shape']} "
+                                            f"in the checkpoint, {dtype_name(p.dtype)} {list(p.shape)} "
+                                            "in the model")
+    live, saved = sorted(persistent_buffers(model)), sorted((doc.get("buffers") or {}))
+    if live != saved:
+        raise LayoutMismatchError(path, f"buffers differ: the checkpoint has {saved}, the model {live}")
+
+
+def refuse_rollback(mgr: "CheckpointManager", source: Any) -> None:
+    """Resuming this run from one of its own older generations would collide with the newer
+    ones at the next save, and deleting them would lose good checkpoints: fork instead."""
+    src = Path(source).resolve()
+    parsed = fmt.parse_name(src.name)
+    if src.parent != mgr.run.path.resolve() or parsed is None:
+        return
+    later = [g.step for g in mgr.run.generations() if g.committed and g.step > parsed[0]]
+    if later:
+        raise UnsupportedSetupError(str(source), f"a generation of this run, which has newer ones "
+                                                 f"(steps {later}); to go back, fork it: ckptfmt fork "
+                                                 f"{mgr.run.path} --step STEP NEW_RUN, and resume NEW_RUN")
+
+
+def newest(mgr: "CheckpointManager") -> Any:
+    """Path of the newest valid generation (hashed here, so the open does not again); None on a
+    fresh run, and for only the uncommitted leftovers of an interrupted first save."""
+    try:
+        return ranks.agreed_source(mgr.run)
+    except (NoValidGenerationError, RankDisagreementError):
+        if any(g.manifest is not None for g in mgr.run.generations()):
+            raise                         # committed generations exist and all fail: refuse
+        warnings.warn(f"{mgr.run.path}: only uncommitted leftovers of an interrupted first save; "
+                      "starting fresh", stacklevel=4)
+        return None
+
+
+def _no_companion(path: str) -> Callable[[str], Any]:
+    def get(key: str) -> Any:
+        raise IncompleteResumeStateError(path, f"cannot resume: the manifest names tensor {key!r} "
+                                               "but the generation has no companion file")
+    return get
+
+
+def _open(path: Any, verify: bool) -> Any:
+    """A generation to restore from: a ``.bin`` or a sharded generation's manifest."""
+    if str(path).endswith(".json"):
+        return ShardedCheckpoint(path, verify=verify)
+    return reader.open(path, manifest="require", verify=verify)
+
+
+def _view(region: Any, entry: dict[str, Any]) -> torch.Tensor:
+    count = math.prod(entry["shape"])
+    flat = region[entry["offset"]:entry["offset"] + count]
+    return torch.from_numpy(flat.copy()).view(entry["shape"])
+
+
+def _need(doc: dict[str, Any], key: str, path: str) -> Any:
+    if key not in doc:
+        raise IncompleteResumeStateError(path, f"cannot resume: manifest lacks {key}")
+    return doc[key]

@@ -1,0 +1,107 @@
+"""The reference trainer's own pieces as the checkpoint manager sees them.
+
+The trainer saves and resumes through ``ckptfmt.torch.CheckpointManager`` like any user loop:
+its data positions and its bandit are ``state`` objects (``state.data`` and ``state.bandit`` in
+the manifest, per rank under ``ranks`` with torchrun), the bandit's generator is a named
+generator (``rng.generators.bandit``). What only the trainer knows stays here: a pivot resumes
+new data sources without positions and a fresh bandit, and ``upgrade`` reads the manifests the
+trainer wrote before it was built on the manager (``data``, ``bandit`` and ``rng.numpy`` at the
+top level), so runs started by an earlier release resume bit-exactly.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import numpy as np
+
+from ..errors import IncompleteResumeStateError
+from ..torch import rng as rngmod
+from .bandit import Bandit
+from .data import DataStream, identity
+
+
+class _Trainer(Protocol):
+    data: DataStream
+    bandit: Bandit
+    sources: dict[str, np.ndarray]
+    pivot: bool
+
+
+class DataState:
+    """``state.data``: each source's position, the stream's seed and ctx, and the identity
+    (blake3) of every source the run has trained on."""
+
+    def __init__(self, trainer: _Trainer):
+        self.trainer = trainer
+
+    def state_dict(self) -> dict[str, Any]:
+        t = self.trainer
+        return {**t.data.state(), "identity": identity(t.sources)}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        """Positions of every configured source; after a pivot a new source starts at 0."""
+        t = self.trainer
+        positions = state["positions"]
+        for name in t.data.positions:
+            if name in positions:
+                t.data.positions[name] = dict(positions[name])
+            elif not t.pivot:
+                raise IncompleteResumeStateError(None, f"cannot resume: data.positions.{name} missing")
+
+
+class BanditState:
+    """``state.bandit``: arm statistics and phase counters (its RNG is a named generator). A
+    pivot keeps only the phase: the trainer then starts a fresh bandit in the next phase."""
+
+    def __init__(self, trainer: _Trainer):
+        self.trainer = trainer
+        self.saved_phase = 0
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.trainer.bandit.state()
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.saved_phase = state["phase"]
+        if not self.trainer.pivot:
+            self.trainer.bandit.load_state(state)
+
+
+def sidecar_state(step: int, manifest: dict[str, Any]) -> dict[str, Any]:
+    """``.state.json`` after a commit: the bandit's state with its RNG (what a pivot archives)."""
+    bandit_rng = ((manifest.get("rng") or {}).get("generators") or {}).get("bandit") or {}
+    return dict(manifest["state"]["bandit"], step=step, rng=bandit_rng.get("state"))
+
+
+def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
+    """A manifest the trainer wrote before it used the manager, viewed as the manager's.
+
+    Then: ``data``, ``bandit`` and ``rng`` (with ``numpy.NAME`` generator states and
+    ``torch_cuda`` as one state per visible device) at the top level and in each ``ranks``
+    entry, ``amp.dtype`` beside the scaler. NumPy's global RNG was not recorded, and the trainer
+    never draws from it: the view keeps the process's own.
+    """
+    if "state" in doc or "bandit" not in doc:
+        return doc                     # written by the manager (or not the trainer's at all)
+    out = {k: v for k, v in doc.items() if k not in ("data", "bandit", "rng", "ranks", "amp")}
+    out["state"] = {k: doc[k] for k in ("data", "bandit") if k in doc}
+    if "rng" in doc:
+        out["rng"] = _upgrade_rng(doc["rng"])
+    if "ranks" in doc:
+        out["ranks"] = [{"rng": _upgrade_rng(r["rng"]), "state": {"data": r["data"], "bandit": r["bandit"]}}
+                        for r in doc["ranks"]]
+    if isinstance(doc.get("amp"), dict) and "scaler" in doc["amp"]:
+        out["amp"] = {"scaler": doc["amp"]["scaler"]}
+    return out
+
+
+def _upgrade_rng(old: dict[str, Any]) -> dict[str, Any]:
+    new = {k: old[k] for k in ("python", "torch_cpu") if k in old}
+    new["numpy_global"] = rngmod.capture()["numpy_global"]
+    if "numpy" in old:
+        new["generators"] = {k: {"kind": "numpy", "state": s} for k, s in old["numpy"].items()}
+    cuda = old.get("torch_cuda")
+    if isinstance(cuda, list) and cuda:
+        device = rngmod.cuda_device()
+        if device is not None and device < len(cuda):
+            new["torch_cuda"] = {"device": device, "state": cuda[device]}
+    return new
