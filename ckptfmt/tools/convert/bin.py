@@ -11,7 +11,8 @@ from .source import Source
 def load(path: str) -> Source:
     ck = reader.open(path, check_name=False)
     doc = ck.manifest or {}
-    return Source(path, ck.step, ck.weights, ck.m, ck.v, ck.layout, doc.get("blake3"))
+    return Source(path, ck.step, ck.weights, ck.m, ck.v, ck.layout, doc.get("blake3"),
+                  extra={"manifest": ck.manifest})
 
 
 def write(src: Source, dst: str, weights_only: bool, dtype: str | None, progress=None) -> None:
