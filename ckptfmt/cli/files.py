@@ -70,21 +70,40 @@ def _print_run_inspect(d: dict) -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @json_option
 @click.option("--fast", is_flag=True, help="Skip hashing and value scans (structure and manifest only).")
+@click.option("--b3sums", "b3sums_out", type=click.Path(),
+              help="When everything validates, write FILE for `b3sum --check`: every committed generation's "
+                   "files, paths relative to FILE's directory (spec/FORMAT.md §6.3).")
 @guarded
-def validate(paths: tuple[str, ...], as_json: bool, fast: bool) -> None:
+def validate(paths: tuple[str, ...], as_json: bool, fast: bool, b3sums_out: str | None) -> None:
     """Check files or run directories: structure, fingerprint, manifest, values, sidecars."""
     from ..tools.validate import validate_path  # lazy: keeps `ckptfmt --help` fast
     for p in paths:
         if not os.path.exists(p):
             raise Fail(f"{p}: no such file or directory", EXIT_CANNOT)
+    if b3sums_out and fast:
+        raise click.UsageError("--b3sums needs the deep check: drop --fast")
+    if b3sums_out and os.path.lexists(b3sums_out):
+        raise Fail(f"{b3sums_out}: exists already; refusing to overwrite", EXIT_CANNOT)
     reports = []
     for p in paths:
         with terminal_bar(f"validating {p}", bytes_in(p) if not fast else 0, quiet=as_json) as bar:
             reports.append(validate_path(p, deep=not fast, progress=bar))
-    emit([r.to_dict() for r in reports] if len(reports) > 1 else reports[0].to_dict(), as_json,
-         lambda _: [_print_report(r) for r in reports])
+    sums = _write_b3sums(paths, b3sums_out) if b3sums_out and all(r.ok for r in reports) else None
+    data = [r.to_dict() for r in reports] if len(reports) > 1 else reports[0].to_dict()
+    if sums is not None:
+        data = {"reports": data, "b3sums": sums} if len(reports) > 1 else {**data, "b3sums": sums}
+    emit(data, as_json, lambda _: [_print_report(r) for r in reports])
+    if sums is not None and not as_json:
+        click.echo(f"wrote {sums['file']}: {sums['lines']} lines (b3sum --check {os.path.basename(sums['file'])} "
+                   f"in {os.path.dirname(os.path.abspath(sums['file']))})")
     if not all(r.ok for r in reports):
         sys.exit(EXIT_DEFECT)
+
+
+def _write_b3sums(paths: tuple[str, ...], out: str) -> dict:
+    """The check file of what was just validated (digests hashed again as it is written)."""
+    from ..tools.b3sums import write_for  # lazy: keeps `ckptfmt --help` fast
+    return write_for(paths, out)
 
 
 def _print_report(r) -> None:
@@ -169,8 +188,6 @@ def convert(src: str, dst: str, to: str | None, n_shards: int | None, weights_on
     (exit 1 on a mismatch) and the result by converting back; "verified" is printed only when
     both hold."""
     from ..tools.convert import convert as run_convert  # lazy: keeps `ckptfmt --help` fast
-    if dtype and not weights_only:
-        raise click.UsageError("--dtype needs --weights-only (a resumable checkpoint stays float32)")
     total = os.path.getsize(src) * (2 if no_verify else 3) if os.path.isfile(src) else 0
     with terminal_bar(f"converting {src}", total, quiet=as_json) as bar:
         report = run_convert(src, dst, to=to, weights_only=weights_only, dtype=dtype, verify=not no_verify,
