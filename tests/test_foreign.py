@@ -164,6 +164,7 @@ def test_what_cannot_be_mapped_is_refused_by_name(runner, tmp_path):
              "top-level entry 'ema' is a Tensor")
     _refused(runner, tmp_path, [torch.ones(2)], "a torch.save of a list")
     _refused(runner, tmp_path, {"config": {"lr": 1}}, "no model state dict found")
+    _refused(runner, tmp_path, torch.nn.Linear(2, 2), "holds a pickled torch.nn.modules.linear.Linear")
 
 
 def test_a_foreign_file_goes_to_bin_only(runner, tmp_path):
