@@ -19,7 +19,8 @@ __all__ = ["CheckpointError", "NotACheckpointError", "BadHeaderError", "Truncate
            "FingerprintMismatchError", "IncompleteResumeStateError", "ConfigMismatchError",
            "LayoutMismatchError", "OptimizerMismatchError", "UnsupportedOptimizerError", "NoValidGenerationError",
            "GenerationNotFoundError", "RunLockedError", "HistoryCorruptError", "SidecarError",
-           "RankDisagreementError", "SaveError", "ConvertError", "TensorFileError", "ExportError",
+           "RankDisagreementError", "SaveError", "ConvertError", "UnsupportedConversionError",
+           "TensorFileError", "ExportError",
            "DestinationExistsError", "MissingDependencyError", "UnsupportedSetupError",
            "DeviceUnavailableError"]
 
@@ -131,6 +132,14 @@ class SaveError(CheckpointError):
 
 class ConvertError(CheckpointError):
     """A conversion could not be done or did not round-trip."""
+
+
+class UnsupportedConversionError(ConvertError):
+    """The conversion asked for cannot run as asked (CLI exit 2): a target extension that
+    disagrees with ``--to``, an option that does nothing for the target, or a foreign file
+    whose contents cannot be mapped onto the seed layout (named in the message)."""
+
+    could_not_run = True
 
 
 class TensorFileError(ConvertError):

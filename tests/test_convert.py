@@ -3,7 +3,8 @@ import pytest
 
 import ckptfmt
 from ckptfmt import fingerprint
-from ckptfmt.tools.convert import convert, load, planes, unplanes
+from ckptfmt.tools.convert import convert, load
+from ckptfmt.tools.convert.planes import planes, unplanes
 from ckptfmt.errors import ConvertError, DestinationExistsError
 from conftest import arrays
 
@@ -96,7 +97,8 @@ def test_refusals(tmp_path, src):
 @pytest.mark.parametrize("ext,data,text", [
     ("safetensors", b"\x10\x00\x00\x00\x00\x00\x00\x00{}", "impossible"),
     ("safetensors", b"\x02\x00\x00\x00\x00\x00\x00\x00{x", "not JSON"),
-    ("zst", b"NOTMAGIC", "bad magic"),
+    ("zst", b"NOTMAGIC", "not a zstd file"),
+    ("ckz", b"NOTMAGIC", "bad magic"),
     ("npz", b"PK\x03\x04garbage", "not a ckptfmt .npz"),
 ])
 def test_damaged_inputs_are_convert_errors(tmp_path, ext, data, text):
@@ -115,7 +117,7 @@ def test_truncated_zst_is_detected(tmp_path, src):
 
 
 @pytest.mark.parametrize("ext", ["safetensors", "zst", "npz"])
-def test_convert_progress_counts_write_and_verify(tmp_path, src, ext):
+def test_convert_progress_counts_check_write_and_verify(tmp_path, src, ext):
     seen = []
     convert(str(src), str(tmp_path / f"p.{ext}"), progress=seen.append)
-    assert sum(seen) == 2 * src.stat().st_size
+    assert sum(seen) == 3 * src.stat().st_size

@@ -70,21 +70,40 @@ def _print_run_inspect(d: dict) -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @json_option
 @click.option("--fast", is_flag=True, help="Skip hashing and value scans (structure and manifest only).")
+@click.option("--b3sums", "b3sums_out", type=click.Path(),
+              help="When everything validates, write FILE for `b3sum --check`: every committed generation's "
+                   "files, paths relative to FILE's directory (spec/FORMAT.md §6.3).")
 @guarded
-def validate(paths: tuple[str, ...], as_json: bool, fast: bool) -> None:
+def validate(paths: tuple[str, ...], as_json: bool, fast: bool, b3sums_out: str | None) -> None:
     """Check files or run directories: structure, fingerprint, manifest, values, sidecars."""
     from ..tools.validate import validate_path  # lazy: keeps `ckptfmt --help` fast
     for p in paths:
         if not os.path.exists(p):
             raise Fail(f"{p}: no such file or directory", EXIT_CANNOT)
+    if b3sums_out and fast:
+        raise click.UsageError("--b3sums needs the deep check: drop --fast")
+    if b3sums_out and os.path.lexists(b3sums_out):
+        raise Fail(f"{b3sums_out}: exists already; refusing to overwrite", EXIT_CANNOT)
     reports = []
     for p in paths:
         with terminal_bar(f"validating {p}", bytes_in(p) if not fast else 0, quiet=as_json) as bar:
             reports.append(validate_path(p, deep=not fast, progress=bar))
-    emit([r.to_dict() for r in reports] if len(reports) > 1 else reports[0].to_dict(), as_json,
-         lambda _: [_print_report(r) for r in reports])
+    sums = _write_b3sums(paths, b3sums_out) if b3sums_out and all(r.ok for r in reports) else None
+    data = [r.to_dict() for r in reports] if len(reports) > 1 else reports[0].to_dict()
+    if sums is not None:
+        data = {"reports": data, "b3sums": sums} if len(reports) > 1 else {**data, "b3sums": sums}
+    emit(data, as_json, lambda _: [_print_report(r) for r in reports])
+    if sums is not None and not as_json:
+        click.echo(f"wrote {sums['file']}: {sums['lines']} lines (b3sum --check {os.path.basename(sums['file'])} "
+                   f"in {os.path.dirname(os.path.abspath(sums['file']))})")
     if not all(r.ok for r in reports):
         sys.exit(EXIT_DEFECT)
+
+
+def _write_b3sums(paths: tuple[str, ...], out: str) -> dict:
+    """The check file of what was just validated (digests hashed again as it is written)."""
+    from ..tools.b3sums import write_for  # lazy: keeps `ckptfmt --help` fast
+    return write_for(paths, out)
 
 
 def _print_report(r) -> None:
@@ -145,28 +164,45 @@ def _print_diff(d: dict) -> None:
 @main.command()
 @click.argument("src", type=click.Path())
 @click.argument("dst", type=click.Path())
-@click.option("--to", "to", type=click.Choice(["bin", "safetensors", "pt", "npz", "zst", "shards", "dcp"]),
-              help="Target format (default: from DST's extension). shards: DST is a run directory that "
+@click.option("--to", "to", type=click.Choice(["bin", "safetensors", "pt", "npz", "zst", "planes", "torch",
+                                               "weights", "shards", "dcp"]),
+              help="Target format (default: from DST's extension, which must agree with --to). zst: a "
+                   "standard zstd stream of the .bin (zstd -d gives it back); planes: the byte-plane form "
+                   "(.ckz, smaller, ckptfmt only); torch: a torch.save of {model, optimizer} state dicts "
+                   "(.pt); weights: a plain safetensors state dict; shards: DST is a run directory that "
                    "receives a sharded generation; dcp: DST is a torch.distributed.checkpoint directory.")
-@click.option("--shards", "n_shards", type=click.IntRange(min=1), default=2, show_default=True,
-              help="With --to shards: how many shards (ranks).")
-@click.option("--weights-only", is_flag=True, help="Inference export: weights only, per parameter.")
+@click.option("--shards", "n_shards", type=click.IntRange(min=1), default=None,
+              help="With --to shards: how many shards (ranks)  [default: 2].")
+@click.option("--weights-only", is_flag=True, help="Inference export (safetensors, pt, npz): weights only, per parameter.")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), help="With --weights-only.")
 @click.option("--no-verify", is_flag=True, help="Skip the round-trip verification.")
 @json_option
 @guarded
-def convert(src: str, dst: str, to: str | None, n_shards: int, weights_only: bool, dtype: str | None,
+def convert(src: str, dst: str, to: str | None, n_shards: int | None, weights_only: bool, dtype: str | None,
             no_verify: bool, as_json: bool) -> None:
-    """Convert between .bin, .safetensors, .pt, .npz, .zst, sharded generations (a
+    """Convert between .bin, .safetensors, .pt, .npz, .zst, .ckz, sharded generations (a
     step_NNNNNN.json of one; consolidate with DST .bin, split with --to shards) and DCP
-    directories; every conversion is verified by converting back."""
+    directories. A torch.save of a model + Adam/AdamW optimizer (or a bare state dict) and a
+    safetensors file of weights convert into a .bin (spec/FORMAT.md §10.7) and back (--to torch,
+    --to weights). The source is checked against its own digest before anything is written
+    (exit 1 on a mismatch) and the result by converting back; "verified" is printed only when
+    both hold."""
     from ..tools.convert import convert as run_convert  # lazy: keeps `ckptfmt --help` fast
-    if dtype and not weights_only:
-        raise click.UsageError("--dtype needs --weights-only (a resumable checkpoint stays float32)")
-    total = os.path.getsize(src) * (1 if no_verify else 2) if os.path.isfile(src) else 0
+    total = os.path.getsize(src) * (2 if no_verify else 3) if os.path.isfile(src) else 0
     with terminal_bar(f"converting {src}", total, quiet=as_json) as bar:
         report = run_convert(src, dst, to=to, weights_only=weights_only, dtype=dtype, verify=not no_verify,
                              progress=bar, shards=n_shards)
-    emit(report.to_dict(), as_json, lambda r: click.echo(
-        f"{r['src']} -> {r['dst']} ({r['dst_format']}, {size(r['dst_bytes'])}, "
-        f"ratio {r['src_bytes'] / max(r['dst_bytes'], 1):.3f}); verified: {r['verified']}"))
+    emit(report.to_dict(), as_json, _print_convert)
+
+
+def _print_convert(r: dict) -> None:
+    """One line: what was written, and what was proven (the word "verified" only when the
+    source matched its digest and the result checked)."""
+    head = (f"{r['src']} -> {r['dst']} ({r['dst_format']}, {size(r['dst_bytes'])}, "
+            f"ratio {r['src_bytes'] / max(r['dst_bytes'], 1):.3f})")
+    if r["verified"] in ("round-trip", "values"):
+        click.echo(f"{head}; verified: {r['verified']} (source matched its own digest)")
+    elif r["verified"] == "unverified-source":
+        click.echo(f"{head}; round trip: {r['round_trip']} identical; source {r['source_check']}")
+    else:
+        click.echo(f"{head}; not verified (--no-verify); source check: {r['source_check']}")

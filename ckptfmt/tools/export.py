@@ -22,6 +22,7 @@ from .. import manifest as mf
 from ..errors import DestinationExistsError, ExportError
 from ..run import SAMPLES, STATE, Run
 from ..run import history as hist
+from . import b3sums
 from .convert import convert
 from .validate import validate_file
 
@@ -85,8 +86,17 @@ def export(run_dir: str, dest: str, *, steps: list[int] | None = None,
     doc = _describe(run, out, gens, files, checks, time.perf_counter() - started)
     atomic.write_json(out / ARCHIVE_MANIFEST, doc)
     (out / "EXPORT.md").write_text(_export_md(doc))
+    _write_b3sums(out, files)
     atomic.remove(out / INCOMPLETE)
     return doc
+
+
+def _write_b3sums(out: Path, files: list[dict[str, Any]]) -> None:
+    """DEST/B3SUMS for ``cd DEST && b3sum --check B3SUMS``: every exported file with the digest
+    it was verified with at DEST, then the export's own record files, hashed now."""
+    rows = [(row["blake3"], row["file"]) for row in files]
+    rows += [(fingerprint.of_file(out / name), name) for name in (ARCHIVE_MANIFEST, "EXPORT.md")]
+    b3sums.write(out / b3sums.NAME, rows)
 
 
 def _export_generation(gen, out: Path, weights_only: bool, progress=None) -> list[dict[str, Any]]:
@@ -163,6 +173,7 @@ def _export_md(doc: dict[str, Any]) -> str:
               "Commands:", "", "```",
               f"ckptfmt inspect {name}", "ckptfmt validate .",
               f"b3sum {name}    # must print the blake3 above",
+              "b3sum --check B3SUMS    # every file of this export",
               f"ckptfmt train --run . --config {(doc.get('config') or {}).get('name', 'tiny')} --steps N   # resumes at {step}",
               f"ckptfmt convert {name} step.safetensors", "```", ""]
     return "\n".join(lines)

@@ -1,37 +1,49 @@
 """Conversion (spec §10) between the seed ``.bin`` and safetensors, torch ``.pt``, ``.npz``, a
-zstandard-compressed form, sharded generations and DCP directories: one module per format.
-Conversions that can go back are verified by going back: the round trip must reproduce the
-original ``.bin`` bytes (equal blake3) before success is reported.
+standard zstd stream, the byte-plane form, sharded generations and DCP directories, and foreign
+checkpoints (a ``torch.save`` of a model and an Adam/AdamW optimizer, a safetensors file of
+weights): one module per format.
+
+A conversion trusts nothing (``check``): the source is checked against its own digest before
+anything is written, and the result is checked by going back; only when both hold is the
+conversion reported as verified. A target extension that disagrees with ``--to`` and an
+option that does nothing for the target are refused before anything is read.
 """
 from __future__ import annotations
 
 import os
 import tempfile
+from typing import Any
+
 import numpy as np
 
 from ... import fingerprint
 from ... import format as fmt
-from ...errors import ConvertError, DestinationExistsError
-from . import bin, npz, pt, safetensors, zst
+from ...errors import ConvertError, DestinationExistsError, UnsupportedConversionError
+from ...tensorfile import TensorFile
+from . import bin, bridge, check, npz, planes, pt, safetensors, zst
+from .planes import planes as planes_of, unplanes
 from .shards import convert_distributed
-from .source import ConvertReport, Source, cast, discard, regions_of
-from .zst import planes, unplanes
+from .source import ConvertReport, Source, cast, discard, regions_of, verdict
 
-__all__ = ["FORMATS", "ConvertReport", "Source", "cast", "convert", "detect", "load", "planes",
-           "unplanes"]
+__all__ = ["FORMATS", "ConvertReport", "Source", "cast", "convert", "detect", "load", "planes_of",
+           "target", "unplanes"]
 
-FORMATS = ("bin", "safetensors", "pt", "npz", "zst", "shards", "dcp")
+FORMATS = ("bin", "safetensors", "pt", "npz", "zst", "planes", "torch", "weights", "shards", "dcp")
+SUFFIXES = {"bin": (".bin",), "safetensors": (".safetensors",), "weights": (".safetensors",),
+            "pt": (".pt", ".pth"), "torch": (".pt", ".pth"), "npz": (".npz",), "zst": (".zst",),
+            "planes": (".ckz",)}
+WEIGHTS_ONLY = ("safetensors", "pt", "npz")      # the targets --weights-only and --dtype apply to
 READERS = {"bin": bin.load, "safetensors": safetensors.load, "pt": pt.load, "npz": npz.load,
-           "zst": zst.load}
+           "zst": zst.load, "planes": planes.load}
 WRITERS = {"bin": bin.write, "safetensors": safetensors.write_source, "pt": pt.write,
-           "npz": npz.write, "zst": zst.write}
+           "npz": npz.write, "zst": zst.write, "planes": planes.write}
 
 
 def detect(path: "str | os.PathLike[str]") -> str:
     """The format of ``path`` from its name (or, for a directory, its DCP ``.metadata``).
 
-    >>> detect("step_000100.safetensors"), detect("x.pth"), detect("step_000100.json")
-    ('safetensors', 'pt', 'shards')
+    >>> detect("step_000100.safetensors"), detect("x.pth"), detect("step_000100.json"), detect("a.ckz")
+    ('safetensors', 'pt', 'shards', 'planes')
     """
     name = os.fspath(path).lower().rstrip("/")
     if name.endswith(".shards") or name.endswith(".json"):
@@ -39,11 +51,53 @@ def detect(path: "str | os.PathLike[str]") -> str:
     if os.path.isdir(path) and os.path.isfile(os.path.join(path, ".metadata")):
         return "dcp"
     for suffix, kind in ((".safetensors", "safetensors"), (".pt", "pt"), (".pth", "pt"),
-                         (".npz", "npz"), (".zst", "zst"), (".bin", "bin")):
+                         (".npz", "npz"), (".zst", "zst"), (".ckz", "planes"), (".bin", "bin")):
         if name.endswith(suffix):
             return kind
-    raise ConvertError(os.fspath(path), "unknown format: expected .bin, .safetensors, .pt, .npz "
-                                        "or .zst (or pass --to)")
+    raise UnsupportedConversionError(os.fspath(path), "unknown format: expected .bin, .safetensors, .pt, "
+                                                      ".npz, .zst or .ckz (or pass --to)")
+
+
+def target(dst: "str | os.PathLike[str]", to: str | None) -> str:
+    """The target format: ``to``, refused when DST's extension disagrees with it; else from DST.
+
+    >>> target("x.zst", None), target("x.pt", "torch")
+    ('zst', 'torch')
+    >>> target("x.safetensors", "zst")
+    Traceback (most recent call last):
+    ...
+    ckptfmt.errors.UnsupportedConversionError: x.safetensors: extension disagrees with --to zst: a zst target is named *.zst
+    """
+    if to is None:
+        return detect(dst)
+    name = os.fspath(dst)
+    if to not in FORMATS:
+        raise UnsupportedConversionError(name, f"unknown format {to}: choose one of {', '.join(FORMATS)}")
+    suffixes = SUFFIXES.get(to)
+    if suffixes is None:                     # shards, dcp: a directory
+        ext = os.path.splitext(name.rstrip("/"))[1].lower()
+        if any(ext in s for s in SUFFIXES.values()):
+            raise UnsupportedConversionError(name, f"a {to} target is a directory, not a {ext} file")
+        return to
+    if not name.lower().endswith(suffixes):
+        raise UnsupportedConversionError(name, f"extension disagrees with --to {to}: a {to} target is named "
+                                               + " or ".join(f"*{s}" for s in suffixes))
+    return to
+
+
+def check_options(dst: str, kind: str, weights_only: bool, dtype: str | None, shards: int | None) -> None:
+    """Refuse options that would do nothing for the target (or cannot be held by it)."""
+    if dtype and not weights_only:
+        raise UnsupportedConversionError(dst, "--dtype needs --weights-only (a resumable checkpoint stays float32)")
+    if weights_only and kind not in WEIGHTS_ONLY:
+        raise UnsupportedConversionError(dst, f"--weights-only does nothing for a {kind} target; it applies to "
+                                              f"{', '.join(WEIGHTS_ONLY)}")
+    if dtype == "bfloat16" and kind == "npz":
+        raise UnsupportedConversionError(dst, "numpy has no bfloat16: use .safetensors or .pt for bfloat16")
+    if dtype not in (None, "float32", "float16", "bfloat16"):
+        raise UnsupportedConversionError(dst, f"unsupported dtype {dtype}: use float32, float16 or bfloat16")
+    if shards is not None and kind != "shards":
+        raise UnsupportedConversionError(dst, f"--shards does nothing for a {kind} target; it applies to --to shards")
 
 
 def load(path: str, kind: str | None = None) -> Source:
@@ -54,20 +108,44 @@ def load(path: str, kind: str | None = None) -> Source:
 
 def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = False,
             dtype: str | None = None, verify: bool = True, overwrite: bool = False,
-            progress=None, shards: int = 2) -> ConvertReport:
-    """Convert ``src`` into ``dst``; with ``verify`` prove the result by converting back.
-    ``progress`` gets byte counts: the write (about the source size), then the verification."""
-    src_kind, dst_kind = detect(src), to or detect(dst)
-    if dst_kind not in FORMATS:
-        raise ConvertError(dst, f"unknown format {dst_kind}: choose one of {', '.join(FORMATS)}")
+            progress=None, shards: int | None = None) -> ConvertReport:
+    """Convert ``src`` into ``dst``: check the source against its digest, write, and with
+    ``verify`` prove the result by converting back. ``progress`` gets byte counts: the source
+    check, the write, then the verification (about the source size each)."""
+    src_kind, dst_kind = detect(src), target(dst, to)
+    check_options(dst, dst_kind, weights_only, dtype, shards)
     if dst_kind != "shards" and os.path.lexists(dst) and not overwrite:
         raise DestinationExistsError(dst, "exists already; refusing to overwrite")
     if "shards" in (src_kind, dst_kind) or "dcp" in (src_kind, dst_kind):
-        return convert_distributed(src, dst, src_kind, dst_kind, shards=shards, verify=verify)
-    source = load(src, src_kind)
-    original = fingerprint.of_file(src) if src_kind == "bin" else source.blake3
-    source.blake3 = original
-    size = os.path.getsize(src)
+        return convert_distributed(src, dst, src_kind, dst_kind, shards=shards or 2, verify=verify)
+    if dst_kind in ("torch", "weights"):
+        return bridge.export_foreign(src, src_kind, dst, dst_kind, verify)
+    opened = _open(src, src_kind)
+    if not isinstance(opened, Source):
+        if dst_kind != "bin":
+            raise UnsupportedConversionError(src, f"a foreign {src_kind} file converts to .bin only (then from "
+                                                  ".bin to any other form)")
+        return bridge.import_foreign(src, src_kind, opened, dst, verify)
+    return _convert_source(opened, src_kind, dst, dst_kind, weights_only, dtype, verify, progress)
+
+
+def _open(src: str, kind: str) -> Any:
+    """A ``Source`` for ckptfmt's forms; the loaded foreign object (a torch object or a
+    ``TensorFile``) for a foreign .pt or .safetensors."""
+    if kind == "pt":
+        state = pt.read(src)
+        return pt.load(src, state) if pt.is_ckptfmt(state) else state
+    if kind == "safetensors":
+        sf = TensorFile(src)
+        return safetensors.load(src, sf) if safetensors.is_ckptfmt(sf) else sf
+    return load(src, kind)
+
+
+def _convert_source(source: Source, src_kind: str, dst: str, dst_kind: str, weights_only: bool,
+                    dtype: str | None, verify: bool, progress) -> ConvertReport:
+    size = os.path.getsize(source.path)
+    digest, checked = check.source(source, src_kind, source.extra.get("manifest"), progress)
+    source.blake3 = digest or source.blake3
     written = [0]
 
     def wrote(n: int) -> None:
@@ -79,15 +157,17 @@ def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = F
         progress(size - written[0])            # writers without chunk progress report at the end
     how = "skipped"
     if verify:
-        how = _verify(source, dst, dst_kind, weights_only, dtype, original)
+        how = _verify(source, dst, dst_kind, weights_only, dtype, digest)
         if progress is not None:
             progress(size)
-    return ConvertReport(src, dst, src_kind, dst_kind, source.step, source.n_params, how, original,
-                         os.path.getsize(src), os.path.getsize(dst))
+    return ConvertReport(source.path, dst, src_kind, dst_kind, source.step, source.n_params,
+                         verdict(checked, how), digest, size, os.path.getsize(dst), checked, how)
 
 
 def _verify(source: Source, dst: str, kind: str, weights_only: bool, dtype: str | None,
             original: str | None) -> str:
+    """'bytes' when converting back gives the source's .bin bytes (equal blake3), 'values'
+    when every region reads back equal; raises (and removes the result) otherwise."""
     if weights_only or kind == "bin" or original is None:
         back = load(dst, kind)
         for region in regions_of(source, weights_only):
@@ -100,7 +180,7 @@ def _verify(source: Source, dst: str, kind: str, weights_only: bool, dtype: str 
         if kind == "bin" and original and fingerprint.of_file(dst) != original:
             discard(dst)
             raise ConvertError(dst, "verification failed: blake3 differs from the source's")
-        return "values"
+        return "bytes" if kind == "bin" and original else "values"
     with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(dst))) as tmp:
         back_path = os.path.join(tmp, fmt.checkpoint_name(source.step))
         bin.write(load(dst, kind), back_path, False, None)
@@ -109,4 +189,4 @@ def _verify(source: Source, dst: str, kind: str, weights_only: bool, dtype: str 
         discard(dst)
         raise ConvertError(dst, f"round trip failed: converting back gives blake3 {got}, "
                                 f"the source is {original}")
-    return "round-trip"
+    return "bytes"

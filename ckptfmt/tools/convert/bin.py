@@ -4,14 +4,15 @@ from __future__ import annotations
 import os
 
 from ... import reader, writer
-from ...errors import ConvertError
+from ...errors import ConvertError, UnsupportedConversionError
 from .source import Source
 
 
 def load(path: str) -> Source:
     ck = reader.open(path, check_name=False)
     doc = ck.manifest or {}
-    return Source(path, ck.step, ck.weights, ck.m, ck.v, ck.layout, doc.get("blake3"))
+    return Source(path, ck.step, ck.weights, ck.m, ck.v, ck.layout, doc.get("blake3"),
+                  extra={"manifest": ck.manifest})
 
 
 def write(src: Source, dst: str, weights_only: bool, dtype: str | None, progress=None) -> None:
@@ -19,7 +20,7 @@ def write(src: Source, dst: str, weights_only: bool, dtype: str | None, progress
         raise ConvertError(dst, "the .bin layout holds float32 weights, m and v; --weights-only "
                                 "and --dtype apply to the other formats")
     if src.m is None or src.v is None:
-        raise ConvertError(src.path, "weights-only file: cannot rebuild m and v for a .bin")
+        raise UnsupportedConversionError(src.path, "weights-only file: cannot rebuild m and v for a .bin")
     extra = {"layout": src.layout} if src.layout else {}
     extra["converted_from"] = os.path.basename(src.path)
     writer.save(dst, src.step, src.weights, src.m, src.v, manifest=extra)

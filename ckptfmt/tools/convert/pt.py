@@ -3,22 +3,42 @@
 conversions work without it."""
 from __future__ import annotations
 
+import re
 from typing import Any
 
 import numpy as np
 
 from ... import atomic
 from ... import format as fmt
-from ...errors import ConvertError
+from ...errors import ConvertError, UnsupportedConversionError
 from .source import Source, meta, meta_source, regions_of, require_torch
 
 
-def load(path: str) -> Source:
+def read(path: str) -> Any:
+    """What ``torch.load(weights_only=True)`` gives for ``path`` (nothing is unpickled beyond
+    tensors and plain containers)."""
     torch = require_torch(path)
     try:
-        state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
     except Exception as exc:  # torch raises many types for a bad file
-        raise ConvertError(path, f"cannot load with torch.load(weights_only=True): {exc}") from None
+        text = str(exc)
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+        if found:
+            raise UnsupportedConversionError(path, f"holds a pickled {found.group(1)}, which "
+                                                   "torch.load(weights_only=True) refuses to run: save "
+                                                   "model.state_dict() (and optimizer.state_dict()) instead") from None
+        first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+        raise ConvertError(path, f"cannot load with torch.load(weights_only=True): {first}") from None
+
+
+def is_ckptfmt(state: Any) -> bool:
+    """True for ckptfmt's own .pt form (``format`` = ``ckptfmt``); False for a foreign checkpoint."""
+    return isinstance(state, dict) and state.get("format") == "ckptfmt"
+
+
+def load(path: str, state: Any = None) -> Source:
+    """ckptfmt's .pt form as a ``Source`` (``state``: what ``read`` returned, when already read)."""
+    state = read(path) if state is None else state
     if not isinstance(state, dict):
         raise ConvertError(path, "not a ckptfmt .pt: expected a dict")
     regions = {r: state[r].contiguous().numpy() for r in fmt.REGIONS if r in state}

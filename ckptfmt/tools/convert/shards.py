@@ -15,17 +15,30 @@ from ... import format as fmt
 from ... import manifest as mf
 from ...errors import ConvertError, DestinationExistsError
 from . import dcp
-from .source import ConvertReport, discard
+from .check import VERIFIED
+from .source import ConvertReport, discard, verdict
 
 
-def _report(src: str, dst: str, src_kind: str, dst_kind: str, step: int, n: int, how: str, digest: str | None):
+def _report(src: str, dst: str, src_kind: str, dst_kind: str, step: int, n: int, how: str,
+            digest: str | None, checked: str):
 
     def size(p: str) -> int:
         path = Path(p)
         if path.is_dir():
             return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
         return path.stat().st_size
-    return ConvertReport(src, dst, src_kind, dst_kind, step, n, how, digest, size(src), size(dst))
+    how = "bytes" if how == "round-trip" else how
+    return ConvertReport(src, dst, src_kind, dst_kind, step, n, verdict(checked, how), digest, size(src),
+                         size(dst), checked, how)
+
+
+def _check_bin(src: str) -> str:
+    """Verify a .bin source against its manifest before anything is written (spec §10.6)."""
+    with reader.open(src, check_name=False) as ck:
+        if ck.manifest is None:
+            return "unverified: a bare .bin without a manifest"
+        ck.verify()
+    return VERIFIED
 
 
 def _manifest_of(src: str) -> Path:
@@ -34,6 +47,7 @@ def _manifest_of(src: str) -> Path:
 
 
 def convert_distributed(src: str, dst: str, src_kind: str, dst_kind: str, *, shards: int, verify: bool):
+    """Split, consolidate, or go to and from DCP; a .bin source is verified first."""
     if src_kind == "shards" and dst_kind == "bin":
         return _consolidate(src, dst, verify)
     if src_kind == "bin" and dst_kind == "shards":
@@ -57,12 +71,13 @@ def _consolidate(src: str, dst: str, verify: bool):
             discard(dst)
             raise ConvertError(dst, "round trip failed: splitting the result again does not reproduce the shards")
         how = "round-trip"
-    return _report(str(manifest), dst, "shards", "bin", result.step, result.n_params, how, result.blake3)
+    return _report(str(manifest), dst, "shards", "bin", result.step, result.n_params, how, result.blake3, VERIFIED)
 
 
 def _split(src: str, run_dir: str, world: int, verify: bool):
     if world < 1:
         raise ConvertError(src, f"--shards must be at least 1, got {world}")
+    checked = _check_bin(src)
     with reader.open(src, check_name=False) as ck:
         step, n = ck.step, ck.n_params
     target = Path(run_dir)
@@ -77,10 +92,11 @@ def _split(src: str, run_dir: str, world: int, verify: bool):
         if back.blake3 != original:
             raise ConvertError(str(manifest), "round trip failed: consolidating the shards does not reproduce the source")
         how = "round-trip"
-    return _report(src, str(shards.shards_dir(target, step)), "bin", "shards", step, n, how, original)
+    return _report(src, str(shards.shards_dir(target, step)), "bin", "shards", step, n, how, original, checked)
 
 
 def _to_dcp(src: str, dst: str, verify: bool):
+    checked = _check_bin(src)
     dcp.to_dcp(src, dst)
     with reader.open(src, check_name=False) as ck:
         step, n = ck.step, ck.n_params
@@ -92,7 +108,7 @@ def _to_dcp(src: str, dst: str, verify: bool):
         if back.blake3 != original:
             raise ConvertError(dst, "round trip failed: reading the DCP directory back does not reproduce the source")
         how = "round-trip"
-    return _report(src, dst, "bin", "dcp", step, n, how, original)
+    return _report(src, dst, "bin", "dcp", step, n, how, original, checked)
 
 
 def _from_dcp(src: str, dst: str, verify: bool):
@@ -106,4 +122,5 @@ def _from_dcp(src: str, dst: str, verify: bool):
             discard(dst)
             raise ConvertError(dst, "round trip failed: the result does not survive DCP and back")
         how = "round-trip"
-    return _report(src, dst, "dcp", "bin", result.step, result.n_params, how, result.blake3)
+    return _report(src, dst, "dcp", "bin", result.step, result.n_params, how, result.blake3,
+                   "unverified: a DCP directory carries no digest ckptfmt checks")

@@ -10,6 +10,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
+from ... import companion
 from ... import format as fmt
 from ... import manifest as mf
 from ...errors import ConvertError, MissingDependencyError
@@ -97,12 +98,27 @@ def require_torch(path: str):
 
 def discard(path: str) -> None:
     """A result that failed verification must not be mistaken for a good one: remove it (and
-    the manifest beside a .bin)."""
-    for p in (Path(path), mf.path_for(path)) if path.endswith(".bin") else (Path(path),):
+    the manifest and companion beside a .bin)."""
+    beside = (mf.path_for(path), companion.path_for(path)) if path.endswith(".bin") else ()
+    for p in (Path(path), *beside):
         try:
             p.unlink()
         except OSError:
             pass
+
+
+def verdict(source_check: str, round_trip: str) -> str:
+    """The one word a report gives: "round-trip" or "values" only when the source matched its
+    own digest *and* the result checked; "unverified-source" when only the result did.
+
+    >>> verdict("manifest", "bytes"), verdict("unverified: a bare .bin", "bytes"), verdict("manifest", "skipped")
+    ('round-trip', 'unverified-source', 'skipped')
+    """
+    if round_trip == "skipped":
+        return "skipped"
+    if source_check != "manifest":
+        return "unverified-source"
+    return "round-trip" if round_trip == "bytes" else "values"
 
 
 @dataclass
@@ -113,10 +129,12 @@ class ConvertReport:
     dst_format: str
     step: int
     n_params: int
-    verified: str            # 'round-trip', 'values', or 'skipped'
+    verified: str            # 'round-trip', 'values', 'unverified-source' or 'skipped' (``verdict``)
     blake3: str | None
     src_bytes: int
     dst_bytes: int
+    source_check: str = "unverified"   # 'manifest' (matched its own digest) or 'unverified: <why>'
+    round_trip: str = "skipped"        # 'bytes' (converting back gives the same bytes), 'values', 'skipped'
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-able fields (``--json``)."""

@@ -1,0 +1,204 @@
+"""Foreign checkpoints come in (issue 18 §4): a real ``torch.save`` of a small model with
+BatchNorm + Adam/AdamW after a few steps, and a real ``safetensors.torch.save_file`` of
+weights, convert into a committed .bin and back, bit-identical where the form holds the data;
+what cannot be mapped is refused in one line naming it (spec/FORMAT.md §10.7)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from safetensors.torch import load_file, save_file
+
+import ckptfmt
+import ckptfmt.torch as ct
+from ckptfmt.cli import main
+from ckptfmt.tools.convert import convert
+from ckptfmt.tools.convert.torchsave import difference
+
+
+def run(runner, *args):
+    return runner.invoke(main, list(map(str, args)), catch_exceptions=False)
+
+
+def model_and_optimizer(kind=torch.optim.AdamW, seed=0, steps=3, **options):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Conv1d(2, 4, 3), torch.nn.BatchNorm1d(4), torch.nn.ReLU(),
+                                torch.nn.Flatten(), torch.nn.Linear(24, 3))
+    opt = kind(model.parameters(), lr=1e-2, **options)
+    for _ in range(steps):
+        opt.zero_grad()
+        model(torch.randn(5, 2, 8)).pow(2).mean().backward()
+        opt.step()
+    return model, opt
+
+
+def assert_same(a, b):
+    assert difference(a, b) is None, difference(a, b)
+
+
+@pytest.mark.parametrize("keys", [("model", "optimizer"), ("state_dict", "optimizer"),
+                                  ("model_state_dict", "optimizer_state_dict")])
+def test_torch_save_comes_in_and_goes_back_bit_identical(tmp_path, keys):
+    model, opt = model_and_optimizer()
+    obj = {keys[0]: model.state_dict(), keys[1]: opt.state_dict(), "epoch": 3, "note": "seed 0"}
+    torch.save(obj, tmp_path / "ck.pt")
+    rep = convert(str(tmp_path / "ck.pt"), str(tmp_path / "step_000003.bin"))
+    assert (rep.round_trip, rep.verified) == ("bytes", "unverified-source")
+    assert ckptfmt.validate(tmp_path / "step_000003.bin").ok
+    with ckptfmt.open(tmp_path / "step_000003.bin", verify=True) as ck:
+        doc = ck.manifest
+        assert ck.step == 3 and [e["name"] for e in ck.layout] == [n for n, _ in model.named_parameters()]
+        assert doc["optimizer"]["type"] == "AdamW" and doc["optimizer"]["step"] == 3
+        assert doc["optimizer"]["hyperparams"][0]["lr"] == 1e-2 and doc["optimizer"]["hyperparams"][0]["betas"] == [0.9, 0.999]
+        extra = ck.companion()
+        for name in ("1.running_mean", "1.running_var", "1.num_batches_tracked"):
+            np.testing.assert_array_equal(extra.tensor(f"buffers/{name}"), model.state_dict()[name].numpy())
+        assert doc["companion"]["file"] == "step_000003.extra.safetensors"
+        np.testing.assert_array_equal(ck.tensor("4.weight", "m"), opt.state_dict()["state"][4]["exp_avg"].numpy())
+    rep = convert(str(tmp_path / "step_000003.bin"), str(tmp_path / "back.pt"), to="torch")
+    assert rep.verified == "values"
+    assert_same(torch.load(tmp_path / "ck.pt", weights_only=True), torch.load(tmp_path / "back.pt", weights_only=True))
+
+
+def test_an_imported_checkpoint_resumes_exactly_where_the_original_would(tmp_path):
+    model, opt = model_and_optimizer(torch.optim.Adam, steps=4)
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "ck.pt")
+    convert(str(tmp_path / "ck.pt"), str(tmp_path / "step_000004.bin"))
+    twin, twin_opt = model_and_optimizer(torch.optim.Adam, seed=1, steps=1)      # different state
+    ct.load(str(tmp_path / "step_000004.bin"), twin, twin_opt)
+    twin.load_state_dict({**twin.state_dict(), **{k: v for k, v in model.state_dict().items() if "running" in k or "batches" in k}})
+    batch = torch.randn(5, 2, 8)
+    for m, o in ((model, opt), (twin, twin_opt)):
+        o.zero_grad()
+        m(batch).pow(2).mean().backward()
+        o.step()
+    for (name, a), b in zip(model.state_dict().items(), twin.state_dict().values()):
+        assert torch.equal(a, b), name
+
+
+@pytest.mark.parametrize("prefix", ["module.", "_orig_mod.", "module._orig_mod."])
+def test_ddp_and_compile_prefixes_are_stripped_and_restored(tmp_path, prefix):
+    model, opt = model_and_optimizer()
+    sd = {prefix + k: v for k, v in model.state_dict().items()}
+    torch.save({"model": sd, "optimizer": opt.state_dict()}, tmp_path / "ck.pt")
+    convert(str(tmp_path / "ck.pt"), str(tmp_path / "step_000003.bin"))
+    layout = ckptfmt.open(tmp_path / "step_000003.bin").layout
+    assert layout[0]["name"] == "0.weight"
+    convert(str(tmp_path / "step_000003.bin"), str(tmp_path / "back.pt"), to="torch")
+    assert_same(torch.load(tmp_path / "ck.pt", weights_only=True), torch.load(tmp_path / "back.pt", weights_only=True))
+
+
+def test_a_bare_state_dict_comes_in_without_optimizer(tmp_path):
+    model, _ = model_and_optimizer()
+    torch.save(model.state_dict(), tmp_path / "w.pt")
+    convert(str(tmp_path / "w.pt"), str(tmp_path / "step_000000.bin"))
+    with ckptfmt.open(tmp_path / "step_000000.bin", verify=True) as ck:
+        assert "optimizer" not in ck.manifest and ck.manifest["imported"]["optimizer_state"] == "absent"
+        assert not ck.m.any() and not ck.v.any() and len(ck.layout) == 6      # BatchNorm buffers excluded
+    convert(str(tmp_path / "step_000000.bin"), str(tmp_path / "back.pt"), to="torch")
+    assert_same(torch.load(tmp_path / "w.pt", weights_only=True), torch.load(tmp_path / "back.pt", weights_only=True))
+
+
+def test_bfloat16_parameters_and_tied_weights_survive(tmp_path):
+    torch.manual_seed(0)
+    emb = torch.nn.Embedding(7, 4)
+    head = torch.nn.Linear(4, 7, bias=False)
+    head.weight = emb.weight                                   # tied
+    model = torch.nn.ModuleDict({"emb": emb, "head": head}).to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    for _ in range(2):
+        opt.zero_grad()
+        model["head"](model["emb"](torch.tensor([1, 2, 3]))).float().pow(2).mean().backward()
+        opt.step()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "ck.pt")
+    convert(str(tmp_path / "ck.pt"), str(tmp_path / "step_000002.bin"))
+    layout = ckptfmt.open(tmp_path / "step_000002.bin").layout
+    assert layout == [{"name": "emb.weight", "shape": [7, 4], "offset": 0, "dtype": "bfloat16"}]
+    convert(str(tmp_path / "step_000002.bin"), str(tmp_path / "back.pt"), to="torch")
+    back = torch.load(tmp_path / "back.pt", weights_only=True)
+    assert_same(torch.load(tmp_path / "ck.pt", weights_only=True), back)
+    assert back["model"]["head.weight"].data_ptr() == back["model"]["emb.weight"].data_ptr()
+
+
+def test_a_safetensors_file_of_weights_comes_in_with_zero_moments_and_goes_back(tmp_path):
+    model, _ = model_and_optimizer()
+    weights = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file(weights, str(tmp_path / "w.safetensors"), metadata={"format": "pt", "source": "test"})
+    rep = convert(str(tmp_path / "w.safetensors"), str(tmp_path / "step_000000.bin"))
+    assert rep.round_trip == "bytes" and rep.n_params == sum(p.numel() for p in model.parameters())
+    with ckptfmt.open(tmp_path / "step_000000.bin", verify=True) as ck:
+        assert ck.manifest["imported"]["optimizer_state"] == "absent" and "optimizer" not in ck.manifest
+        assert not ck.m.any() and not ck.v.any()
+        assert ck.companion().tensor("buffers/1.num_batches_tracked").tolist() == 3
+    rep = convert(str(tmp_path / "step_000000.bin"), str(tmp_path / "back.safetensors"), to="weights")
+    back = load_file(str(tmp_path / "back.safetensors"))
+    assert set(back) == set(weights)
+    for name, t in weights.items():
+        assert back[name].dtype == t.dtype and torch.equal(back[name].view(-1).view(torch.uint8), t.view(-1).view(torch.uint8))
+    from safetensors import safe_open
+    with safe_open(str(tmp_path / "back.safetensors"), "pt") as f:
+        assert f.metadata() == {"format": "pt", "source": "test"}
+
+
+def _refused(runner, tmp_path, obj, text):
+    torch.save(obj, tmp_path / "bad.pt")
+    result = run(runner, "convert", tmp_path / "bad.pt", tmp_path / "step_000001.bin")
+    assert result.exit_code == 2, result.output
+    assert text in result.stderr and result.stderr.count("\n") == 1 and str(tmp_path / "bad.pt") in result.stderr
+    assert "metadata lacks format=ckptfmt" not in result.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bad.pt"]
+
+
+def test_what_cannot_be_mapped_is_refused_by_name(runner, tmp_path):
+    model, sgd = model_and_optimizer(torch.optim.SGD, momentum=0.9)
+    _refused(runner, tmp_path, {"model": model.state_dict(), "optimizer": sgd.state_dict()}, "is not Adam/AdamW")
+    model, ams = model_and_optimizer(torch.optim.Adam, amsgrad=True)
+    _refused(runner, tmp_path, {"model": model.state_dict(), "optimizer": ams.state_dict()}, "without amsgrad")
+    model, opt = model_and_optimizer()
+    sd = opt.state_dict()
+    sd["param_groups"][0]["params"] = list(reversed(sd["param_groups"][0]["params"]))
+    _refused(runner, tmp_path, {"model": model.state_dict(), "optimizer": sd}, "0.weight: shape [4, 2, 3] in the model")
+    _refused(runner, tmp_path, {"model": model.state_dict(), "optimizer": opt.state_dict(), "ema": {"w": torch.ones(2)}},
+             "top-level entry 'ema' is a Tensor")
+    _refused(runner, tmp_path, [torch.ones(2)], "a torch.save of a list")
+    _refused(runner, tmp_path, {"config": {"lr": 1}}, "no model state dict found")
+    _refused(runner, tmp_path, torch.nn.Linear(2, 2), "holds a pickled torch.nn.modules.linear.Linear")
+
+
+def test_a_foreign_file_goes_to_bin_only(runner, tmp_path):
+    model, opt = model_and_optimizer()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "ck.pt")
+    result = run(runner, "convert", tmp_path / "ck.pt", tmp_path / "x.safetensors")
+    assert result.exit_code == 2 and "converts to .bin only" in result.stderr
+    assert not (tmp_path / "x.safetensors").exists()
+
+
+def test_cli_reports_an_unverified_source_and_a_checked_round_trip(runner, tmp_path):
+    model, opt = model_and_optimizer()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "ck.pt")
+    result = run(runner, "convert", tmp_path / "ck.pt", tmp_path / "step_000003.bin", "--json")
+    assert result.exit_code == 0, result.output
+    doc = json.loads(result.stdout)
+    assert doc["verified"] == "unverified-source" and doc["round_trip"] == "bytes"
+    assert doc["source_check"].startswith("unverified: a foreign file")
+
+
+def test_a_bin_saved_by_ckptfmt_torch_goes_out_as_a_torch_checkpoint(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
+    for _ in range(2):
+        opt.zero_grad()
+        model(torch.randn(6, 3)).sum().backward()
+        opt.step()
+    ct.save(str(tmp_path / "step_000002.bin"), model, opt)
+    convert(str(tmp_path / "step_000002.bin"), str(tmp_path / "out.pt"), to="torch")
+    obj = torch.load(tmp_path / "out.pt", weights_only=True)
+    assert_same(obj["model"], model.state_dict())
+    fresh = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
+    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1.0)
+    fresh.load_state_dict(obj["model"])
+    fresh_opt.load_state_dict(obj["optimizer"])
+    assert_same(fresh_opt.state_dict(), opt.state_dict())
