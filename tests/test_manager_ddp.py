@@ -101,8 +101,9 @@ def sigterm_one_rank_then_resume(run: Path, point: int, straight: Path, *extra: 
     return run
 
 
-def test_verify_resume_passes_under_torchrun(tmp_path):
-    command = " ".join(DDP) + " --updates {steps} --output {output} {resume} {omit_rng}"
+@pytest.mark.parametrize("mode", ["", "--fsdp"])
+def test_verify_resume_passes_under_torchrun(tmp_path, mode):
+    command = " ".join(DDP) + f" {mode} --updates {{steps}} --output {{output}} {{resume}} {{omit_rng}}"
     proc = cli("verify-resume", "--output", str(tmp_path / "proof"), "--trainer", "command",
                "--command", command, "--json")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
