@@ -48,7 +48,7 @@ def main() -> None:
     ap.add_argument("--every", type=int, default=50)
     ap.add_argument("--resume", help="a generation (step_N.json) to start from")
     ap.add_argument("--omit-rng-restore", action="store_true")
-    ap.add_argument("--fsdp", action="store_true", help="shard the model with FSDP2 instead of DDP")
+    ap.add_argument("--fsdp", action="store_true", help="FSDP2 shards instead of DDP replicas")
     args = ap.parse_args()
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -71,10 +71,7 @@ def main() -> None:
         target = y[ids] + torch.from_numpy(noise.normal(0, 0.01, (len(ids), 1)).astype(np.float32))
         lr = sched.get_last_lr()[0]
         loss = F.mse_loss(net(x[ids]), target)
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        sched.step()
+        opt.zero_grad(), loss.backward(), opt.step(), sched.step()
         record.step(step, ids=ids, lr=lr, loss=loss.item())
         if mgr.step(step, loss=loss.item()):
             break
