@@ -22,7 +22,7 @@ __all__ = ["CheckpointError", "NotACheckpointError", "BadHeaderError", "Truncate
            "RankDisagreementError", "SaveError", "ConvertError", "UnsupportedConversionError",
            "TensorFileError", "ExportError",
            "DestinationExistsError", "MissingDependencyError", "UnsupportedSetupError",
-           "DeviceUnavailableError"]
+           "DeviceUnavailableError", "RemoteError"]
 
 
 class CheckpointError(ValueError):
@@ -171,5 +171,13 @@ class UnsupportedSetupError(CheckpointError):
 
 class DeviceUnavailableError(CheckpointError):
     """The device asked for (``--device cuda``) is not available on this machine (CLI exit 2)."""
+
+    could_not_run = True
+
+
+class RemoteError(CheckpointError):
+    """Object storage could not be used as asked (CLI exit 2): an unreachable endpoint, a
+    missing bucket, denied access, a transfer that failed after its retries, or bytes that did
+    not read back as they were sent. Nothing at the destination was committed by the failed step."""
 
     could_not_run = True

@@ -5,11 +5,11 @@ difference; 2 the check could not run (unreadable input, usage error). Errors ar
 
 ``main`` (the click group) lives in ``app``; importing the command modules registers them:
 ``files`` (inspect, validate, diff, convert), ``runs`` (ls, gc, pin, pivot, fork, bisect, plot),
-``archive`` (export, import), ``train`` (train, verify-resume). Shared plumbing is in ``output``.
+``archive`` (export, import), ``remote`` (mirror), ``train`` (train, verify-resume). Shared plumbing is in ``output``.
 """
 from __future__ import annotations
 
-from . import archive, files, runs, train  # noqa: F401  (registers the commands on main)
+from . import archive, files, remote, runs, train  # noqa: F401  (registers the commands on main)
 from .app import main
 
 __all__ = ["main"]

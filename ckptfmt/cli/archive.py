@@ -64,10 +64,18 @@ def _parse_steps(steps: str | None) -> list[int] | None:
 @main.command("import")
 @click.argument("archive", type=click.Path())
 @click.argument("dest", type=click.Path())
+@click.option("--step", type=int, help="From a URL: restore this generation instead of the newest valid one.")
 @json_option
 @guarded
-def import_cmd(archive: str, dest: str, as_json: bool) -> None:
-    """Unpack an exported .tar.zst into DEST and verify every file."""
+def import_cmd(archive: str, dest: str, step: int | None, as_json: bool) -> None:
+    """Unpack an exported .tar.zst into DEST and verify every file; or restore a mirrored run
+    from a URL (s3://...) into DEST, as `ckptfmt mirror URL DEST` does."""
+    from ..tools.remote import is_url  # lazy: keeps `ckptfmt --help` fast
+    if is_url(archive):
+        from .remote import restore_to  # lazy: as above
+        return restore_to(archive, dest, step, as_json)
+    if step is not None:
+        raise click.UsageError("--step applies to an import from a URL")
     from ..tools.export import import_archive  # lazy: keeps `ckptfmt --help` fast
     doc = import_archive(archive, dest)
     emit(doc, as_json, lambda d: click.echo(f"imported {d['files']} files into {d['dest']}: verified"))

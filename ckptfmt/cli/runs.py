@@ -36,6 +36,10 @@ def print_ls(d: dict) -> None:
         click.echo(f"  leftover: {t}")
     for f in d["foreign"]:
         click.echo(f"  skipped: {f}")
+    for m in d.get("mirrors", []):
+        click.echo(f"  mirror {m['url']}: " + (f"{len(m['behind'])} generations behind {m['behind']}"
+                                                if m["behind"] else "up to date")
+                   + f" (newest confirmed there: {m['newest_confirmed']})")
 
 
 @main.command()

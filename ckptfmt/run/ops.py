@@ -12,6 +12,7 @@ from .. import manifest as mf
 from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoundError,
                       NoValidGenerationError)
 from . import history as hist
+from . import mirrors
 from .directory import Run
 from .generations import check_generation
 from .lock import RunLock, lock_holder
@@ -37,7 +38,8 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
                      "pinned": gen.step in pins,
                      "milestone": bool(keep_every) and gen.step % keep_every == 0})
     return {"run": str(path), "generations": rows, "leftovers": [str(t) for t in listing.temps],
-            "foreign": [f"{p}: {why}" for p, why in listing.foreign], "lock": lock_holder(path)}
+            "foreign": [f"{p}: {why}" for p, why in listing.foreign], "lock": lock_holder(path),
+            "mirrors": mirrors.lag(path, [r["step"] for r in rows if r["committed"]])}
 
 
 def gc(path: "str | os.PathLike[str]", *, keep_last: int, keep_every: int | None = None,

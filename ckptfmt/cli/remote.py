@@ -1,0 +1,63 @@
+"""Object storage: ``mirror RUN URL`` (upload, verified there) and ``mirror URL DEST`` (restore).
+
+Library imports stay inside the commands (``ckptfmt --help`` stays fast; fsspec is optional).
+"""
+from __future__ import annotations
+
+import sys
+
+import click
+
+from .app import main
+from .output import EXIT_DEFECT, emit, guarded, json_option
+
+
+@main.command("mirror")
+@click.argument("source")
+@click.argument("dest")
+@click.option("--keep-last", type=click.IntRange(min=1), help="Retention at the URL: newest generations to keep.")
+@click.option("--keep-every", type=click.IntRange(min=1), help="Retention at the URL: also keep steps divisible by this.")
+@click.option("--step", type=int, help="Restore (URL DEST) this generation instead of the newest valid one.")
+@click.option("--quick", is_flag=True, help="Trust generations already at the URL when manifest and sizes match "
+                                            "(no read-back of their bytes).")
+@json_option
+@guarded
+def mirror_cmd(source: str, dest: str, keep_last: int | None, keep_every: int | None, step: int | None,
+               quick: bool, as_json: bool) -> None:
+    """Mirror RUN's committed generations, history and sidecars to URL (s3://bucket/prefix, any
+    fsspec URL), each read back and compared by blake3 before its manifest is written there; or,
+    given URL DEST, restore the newest valid generation (or --step) and the sidecars into the new
+    run directory DEST. Needs the extra: pip install 'ckptfmt[remote]'. Credentials and endpoint
+    from the AWS environment and config files (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)."""
+    from ..tools.remote import is_url  # lazy: keeps `ckptfmt --help` fast
+    if is_url(source) == is_url(dest):
+        raise click.UsageError("give one local run directory and one URL: mirror RUN URL, or mirror URL DEST")
+    if is_url(dest):
+        if step is not None:
+            raise click.UsageError("--step applies to a restore (mirror URL DEST)")
+        from ..tools.mirror import mirror  # lazy: as above
+        doc = mirror(source, dest, keep_last=keep_last, keep_every=keep_every, recheck=not quick)
+        emit(doc, as_json, _print_mirror)
+        if doc["refused"]:     # a local generation failed its hash and was not sent: a defect
+            sys.exit(EXIT_DEFECT)
+        return
+    if keep_last or keep_every or quick:
+        raise click.UsageError("--keep-last, --keep-every and --quick apply to mirror RUN URL")
+    restore_to(source, dest, step, as_json)
+
+
+def restore_to(url: str, dest: str, step: int | None, as_json: bool) -> None:
+    """Restore and print (shared with ``import URL DEST``)."""
+    from ..tools.restore import restore  # lazy: keeps `ckptfmt --help` fast
+    emit(restore(url, dest, step=step), as_json, lambda d: click.echo(
+        f"restored step {d['step']} and {len(d['sidecars'])} sidecars from {d['url']} into {d['dest']}: verified"
+        + (f" (skipped damaged steps {[s['step'] for s in d['skipped']]})" if d["skipped"] else "")))
+
+
+def _print_mirror(d: dict) -> None:
+    up = [u["step"] for u in d["uploaded"]]
+    click.echo(f"mirrored {d['run']} to {d['url']}: uploaded {up or 'nothing new'}"
+               + (f", replaced damaged {d['replaced']}" if d["replaced"] else "")
+               + (f", refused damaged local {d['refused']}" if d["refused"] else "")
+               + (f", deleted {d['deleted']}" if d["deleted"] else "")
+               + f"; at the URL: {d['at_destination']}")

@@ -1,0 +1,53 @@
+"""The run's record of its mirrors (spec/RUN.md §9): ``.mirrors.json`` says, per destination
+URL, which generations were confirmed at the destination (uploaded, read back, committed there).
+
+Why a local record: ``ls`` reports the lag (generations committed here and not yet confirmed
+there) from the run directory alone, without touching the network. Only ``ckptfmt mirror``
+writes it; the trainer, ``gc`` and ``pivot`` never do.
+"""
+from __future__ import annotations
+
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+from .. import atomic
+from .sidecars import read_json
+
+NAME = ".mirrors.json"
+
+
+def read(run_path: "str | os.PathLike[str]") -> dict[str, Any]:
+    """``{"destinations": {URL: {"confirmed": {STEP: BLAKE3}, "deleted": [STEP...], ...}}}``."""
+    doc = read_json(Path(run_path) / NAME, default=None)
+    return doc if isinstance(doc, dict) and isinstance(doc.get("destinations"), dict) else {"destinations": {}}
+
+
+def record(run_path: "str | os.PathLike[str]", url: str, *, confirmed: dict[int, str] | None = None,
+           deleted: list[int] | None = None) -> dict[str, Any]:
+    """Add confirmed uploads (step -> blake3) and destination deletions for ``url``, durably."""
+    doc = read(run_path)
+    dest = doc["destinations"].setdefault(url, {"confirmed": {}, "deleted": []})
+    for step, digest in (confirmed or {}).items():
+        dest["confirmed"][str(step)] = digest
+    dest["deleted"] = sorted(set(dest.get("deleted", [])) | set(deleted or []))
+    dest["updated"] = round(time.time(), 3)
+    atomic.write_json(Path(run_path) / NAME, doc)
+    return doc
+
+
+def lag(run_path: "str | os.PathLike[str]", committed: list[int]) -> list[dict[str, Any]]:
+    """Per destination: the local committed ``steps`` not yet confirmed there, newest confirmed.
+
+    >>> import tempfile; d = tempfile.mkdtemp()
+    >>> _ = record(d, "s3://b/r", confirmed={20: "ab"})
+    >>> lag(d, [20, 40])[0]["behind"]
+    [40]
+    """
+    rows = []
+    for url, dest in sorted(read(run_path)["destinations"].items()):
+        confirmed = {int(s) for s in dest.get("confirmed", {})}
+        rows.append({"url": url, "behind": sorted(s for s in committed if s not in confirmed),
+                     "newest_confirmed": max(confirmed, default=None), "updated": dest.get("updated")})
+    return rows

@@ -1,0 +1,169 @@
+"""Mirror a run's committed generations to object storage, verified there (spec/RUN.md §9).
+
+Per generation: the .bin (or every shard) streamed up and hashed while sent, then the companion
+file, then every uploaded object is read back and its blake3 compared, and only then the
+manifest: the commit marker is the last object written, so an interrupted upload never leaves a
+destination generation a reader would take as committed. Then the sidecars a resume needs and
+an index of their digests, then retention at the destination (the pure policy of
+``run.retention``, deleting only once the newer generations are committed there).
+"""
+from __future__ import annotations
+
+import json
+import os
+import time
+import warnings
+from typing import Any
+
+from .. import companion, fingerprint
+from .. import format as fmt
+from .. import manifest as mf
+from ..errors import CheckpointError, FingerprintMismatchError, RemoteError
+from ..run import PINS, PIVOT, SAMPLES, STATE, Generation, Run, check_generation, plan_retention
+from ..run import history as hist
+from ..run import mirrors
+from .remote import Progress, Remote, RemoteGeneration, payload
+
+__all__ = ["INDEX", "SIDECARS", "mirror"]
+
+SIDECARS = (hist.NAME, PINS, PIVOT, STATE, SAMPLES)   # what a resume reads besides the generation
+INDEX = ".mirror-index.json"                          # at the destination: the sidecars' digests
+
+
+def mirror(run_dir: "str | os.PathLike[str]", url: str, *, keep_last: int | None = None,
+           keep_every: int | None = None, recheck: bool = True, progress: Progress = None) -> dict[str, Any]:
+    """One pass: upload every committed local generation the destination lacks (or holds
+    damaged), then the sidecars, then apply retention there. ``recheck`` reads back the
+    generations already at the destination too (a damaged one is replaced); without it they
+    are trusted when their manifest and sizes match."""
+    run, remote = Run(run_dir), Remote(url)
+    started = time.perf_counter()
+    local = {g.step: g for g in run.generations() if g.committed and check_generation(g) is None}
+    there = remote.listing()
+    skip = _doomed(set(local) | {s for s, g in there.items() if g.committed}, keep_last, keep_every,
+                   run.pins(), max(local, default=None))
+    uploaded, present, replaced, refused = [], [], [], []
+    for step, gen in local.items():
+        if step in skip:
+            continue
+        doc = mf.read(gen.manifest)
+        if there.get(step) is not None and there[step].committed:
+            if _matches(remote, there[step], doc, gen, recheck):
+                present.append(step)
+                continue
+            replaced.append(step)
+        if there.get(step) is not None:
+            _remove_generation(remote, step, there[step])   # manifest first: uncommitted at once
+        try:
+            uploaded.append(_upload_generation(remote, gen, doc, progress))
+        except FingerprintMismatchError as exc:           # the local bytes are damaged: never sent
+            warnings.warn(f"{exc}; generation {step} not mirrored", stacklevel=2)
+            refused.append(step)
+            continue
+        mirrors.record(run.path, remote.url, confirmed={step: doc["blake3"]})
+    if present:
+        mirrors.record(run.path, remote.url, confirmed={s: mf.read(local[s].manifest)["blake3"] for s in present})
+    sidecars = _upload_sidecars(run, remote)
+    deleted = _prune(remote, keep_last, keep_every, run.pins()) if keep_last else []
+    if deleted:
+        mirrors.record(run.path, remote.url, deleted=deleted)
+    return {"run": str(run.path), "url": remote.url, "uploaded": uploaded, "present": present,
+            "replaced": replaced, "refused": refused, "sidecars": sidecars, "deleted": deleted,
+            "at_destination": [s for s, g in remote.listing().items() if g.committed],
+            "seconds": round(time.perf_counter() - started, 3)}
+
+
+def _doomed(steps: set[int], keep_last: int | None, keep_every: int | None, pins: list[int],
+            newest: int | None) -> set[int]:
+    """Steps retention at the destination would delete (nothing without ``keep_last``)."""
+    if not keep_last:
+        return set()
+    return set(plan_retention(steps, keep_last=keep_last, keep_every=keep_every, pinned=pins,
+                              protect=[newest] if newest is not None else []))
+
+
+def _matches(remote: Remote, there: RemoteGeneration, doc: dict[str, Any], gen: Generation,
+             recheck: bool) -> bool:
+    """Whether the destination's committed generation is this one, intact: same manifest bytes,
+    every payload object present with its size (and, ``recheck``, its blake3 read back)."""
+    try:
+        if remote.read_bytes(fmt.manifest_name(gen.step)) != gen.manifest.read_bytes():
+            return False
+        for name, digest in payload(doc, gen.step):
+            local_size = (run_file(gen, name)).stat().st_size
+            if remote.size(name) != local_size:
+                return False
+            if recheck and remote.digest(name)[0] != digest:
+                return False
+    except CheckpointError as exc:
+        if isinstance(exc, RemoteError) and "not found" not in exc.problem:
+            raise
+        return False
+    return True
+
+
+def run_file(gen: Generation, name: str):
+    """The local path of a payload ``name`` (relative to the run directory)."""
+    root = (gen.bin or gen.manifest).parent
+    return root.joinpath(*name.split("/"))
+
+
+def _upload_generation(remote: Remote, gen: Generation, doc: dict[str, Any], progress: Progress) -> dict[str, Any]:
+    """Payload up (hashed while sent), read back and compared, then the manifest, read back."""
+    files = payload(doc, gen.step)
+    sent = 0
+    for name, digest in files:
+        sent += remote.upload(run_file(gen, name), name, digest, progress)[1]
+    for name, digest in files:
+        got, _ = remote.digest(name)
+        if got != digest:
+            raise RemoteError(remote.where(name), f"read back as blake3 {got}, sent {digest}; "
+                                                  "the generation stays uncommitted there")
+    marker = fmt.manifest_name(gen.step)
+    data = gen.manifest.read_bytes()
+    remote.put_bytes(marker, data)
+    if remote.read_bytes(marker) != data:
+        remote.remove(marker)
+        raise RemoteError(remote.where(marker), "the manifest did not read back as sent; removed")
+    return {"step": gen.step, "files": len(files) + 1, "bytes": sent + len(data), "blake3": doc["blake3"]}
+
+
+def _upload_sidecars(run: Run, remote: Remote) -> dict[str, dict[str, Any]]:
+    """Each sidecar as one snapshot (it may grow while we read), read back, then the index of
+    their digests, which ``restore`` verifies them against. A sidecar gone locally (a pivot
+    archived it) is deleted at the destination too."""
+    index = {}
+    for name in SIDECARS:
+        try:
+            data = (run.path / name).read_bytes()
+        except FileNotFoundError:
+            remote.remove(name)
+            continue
+        remote.put_bytes(name, data)
+        digest = fingerprint.of_bytes(data)
+        if fingerprint.of_bytes(remote.read_bytes(name)) != digest:
+            raise RemoteError(remote.where(name), "did not read back as sent")
+        index[name] = {"size": len(data), "blake3": digest}
+    remote.put_bytes(INDEX, (json.dumps({"sidecars": index, "updated": round(time.time(), 3)},
+                                        indent=1, sort_keys=True) + "\n").encode())
+    return index
+
+
+def _prune(remote: Remote, keep_last: int, keep_every: int | None, pins: list[int]) -> list[int]:
+    """Retention at the destination over its committed generations; the newest is protected."""
+    there = {s: g for s, g in remote.listing().items() if g.committed}
+    doomed = _doomed(set(there), keep_last, keep_every, pins, max(there, default=None))
+    for step in sorted(doomed):
+        _remove_generation(remote, step, there[step])
+    return sorted(doomed)
+
+
+def _remove_generation(remote: Remote, step: int, gen: RemoteGeneration) -> None:
+    """Manifest first (uncommitted at once), then the payload."""
+    remote.remove(fmt.manifest_name(step))
+    if gen.bin is not None:
+        remote.remove(fmt.checkpoint_name(step))
+    if gen.companion is not None:
+        remote.remove(fmt.stem(step) + companion.SUFFIX)
+    if gen.shards:
+        remote.remove(fmt.stem(step) + ".shards", recursive=True)

@@ -1,0 +1,304 @@
+"""Object storage through fsspec (spec/RUN.md §9): one place that opens a URL, lists a run
+there, streams bytes up and down hashed as they pass, and turns the client's exceptions into
+one-line ``RemoteError`` messages.
+
+fsspec and s3fs are the optional extra ``ckptfmt[remote]``: they are imported inside
+``open_fs`` only, so the core and every other tool stay importable without them. Credentials
+and endpoints come the standard way (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ... and the
+AWS config files, read by botocore); ckptfmt stores none of them.
+"""
+from __future__ import annotations
+
+import json
+import re
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Callable, Iterator
+from urllib.parse import urlsplit, urlunsplit
+
+from .. import atomic, fingerprint
+from .. import format as fmt
+from .. import manifest as mf
+from .. import companion, shards
+from ..errors import (CheckpointError, FingerprintMismatchError, ManifestError, MissingDependencyError,
+                      RemoteError)
+
+EXTRA = "pip install 'ckptfmt[remote]'"
+CHUNK = 8 << 20              # bytes per read while streaming
+BLOCK = 16 << 20             # multipart part size (S3's minimum is 5 MiB)
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+Progress = Callable[[int], None] | None
+
+
+def is_url(text: str) -> bool:
+    """A URL (``s3://bucket/runs/x``, ``gs://...``, ``file:///...``), not a local path.
+
+    >>> is_url("s3://bucket/runs/x"), is_url("runs/x")
+    (True, False)
+    """
+    return bool(_URL.match(str(text)))
+
+
+def redact(url: str) -> str:
+    """The URL without user:password, the form that is recorded and printed.
+
+    >>> redact("s3://key:secret@bucket/runs/x")
+    's3://bucket/runs/x'
+    """
+    parts = urlsplit(url)
+    return urlunsplit(parts._replace(netloc=parts.hostname or "")) if "@" in parts.netloc else url
+
+
+def open_fs(url: str) -> tuple[Any, str]:
+    """(fsspec filesystem, root path) for ``url``; exit 2 naming the extra when it is missing."""
+    try:
+        import fsspec  # lazy: the optional extra ckptfmt[remote]
+    except ImportError:
+        raise MissingDependencyError(redact(url), f"object storage needs fsspec and s3fs: {EXTRA}") from None
+    options: dict[str, Any] = {"skip_instance_cache": True}
+    if urlsplit(url).scheme in ("s3", "s3a"):
+        # retries with backoff on transient errors (botocore's standard mode), short connects
+        options.update(use_listings_cache=False, config_kwargs={
+            "connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 4, "mode": "standard"}})
+    try:
+        fs, root = fsspec.core.url_to_fs(url, **options)
+    except ImportError:
+        raise MissingDependencyError(redact(url), f"object storage needs fsspec and s3fs: {EXTRA}") from None
+    except ValueError as exc:
+        raise RemoteError(redact(url), f"unsupported URL: {exc}") from None
+    return fs, root.rstrip("/")
+
+
+def _reason(exc: BaseException) -> str:
+    """A one-line reason from whatever the client stack raised (botocore, aiohttp, OSError)."""
+    chain, seen = [], exc
+    while seen is not None and len(chain) < 6:
+        chain.append(f"{type(seen).__name__} {seen}")
+        seen = seen.__cause__ or seen.__context__
+    text = " | ".join(chain)
+    if re.search(r"NoSuchBucket|bucket does not exist", text, re.I):
+        return "no such bucket"
+    if isinstance(exc, FileNotFoundError):
+        return "not found"
+    if re.search(r"AccessDenied|Forbidden|InvalidAccessKeyId|SignatureDoesNotMatch|403", text):
+        return "access denied"
+    if re.search(r"Connect(ion)?(Error|Timeout|Refused)|Could not connect|Cannot connect|"
+                 r"EndpointConnection|Name or service not known", text, re.I):
+        return f"endpoint unreachable ({str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__})"
+    first = str(exc).splitlines()[0][:200] if str(exc) else ""
+    return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
+
+
+@contextmanager
+def translated(where: str, what: str) -> Iterator[None]:
+    """Turn a client exception into ``RemoteError("{where}: {what}: {reason}")``. Broad on
+    purpose: botocore, aiobotocore and aiohttp share no base class that could be named here
+    without importing them, and a traceback is never the answer (spec/FORMAT.md §7)."""
+    try:
+        yield
+    except CheckpointError:
+        raise
+    except Exception as exc:  # noqa: BLE001 (the remote boundary, see the docstring)
+        raise RemoteError(where, f"{what}: {_reason(exc)}") from None
+
+
+def payload(doc: dict[str, Any], step: int) -> list[tuple[str, str]]:
+    """(name relative to the run, blake3) of every file a generation's manifest commits, in
+    upload order: the .bin (or each shard), then the companion file; the manifest is not listed
+    (it goes last). Names are rebuilt from the step, so a manifest cannot point outside the run."""
+    where = fmt.manifest_name(step)
+    if shards.is_sharded(doc):
+        directory = fmt.stem(step) + shards.SUFFIX
+        rows = []
+        for row in doc["shards"]:
+            name = shards.shard_name(row["rank"], len(doc["shards"]))
+            if row.get("file") != name:
+                raise ManifestError(where, f"a shard row names {row.get('file')!r}, expected {name!r}")
+            rows.append((f"{directory}/{name}", row["blake3"]))
+    else:
+        if doc["file"] != fmt.checkpoint_name(step):
+            raise ManifestError(where, f"names {doc['file']!r}, expected {fmt.checkpoint_name(step)!r}")
+        rows = [(doc["file"], doc["blake3"])]
+    extra = doc.get(companion.FIELD)
+    if extra is not None:
+        name = fmt.stem(step) + companion.SUFFIX
+        if not isinstance(extra, dict) or extra.get("file") != name:
+            raise ManifestError(where, f"companion entry does not name {name}")
+        rows.append((name, extra["blake3"]))
+    return rows
+
+
+@dataclass
+class RemoteGeneration:
+    """What a listing shows of one generation at the destination (sizes, no contents)."""
+    step: int
+    bin: int | None = None          # size of step_N.bin
+    manifest: bool = False
+    shards: bool = False
+    companion: int | None = None
+
+    @property
+    def committed(self) -> bool:
+        return self.manifest and (self.bin is not None or self.shards)
+
+
+class Remote:
+    """A run directory's mirror at ``url``: names are relative to it (``step_000100.bin``)."""
+
+    def __init__(self, url: str):
+        self.url = redact(url)
+        self.fs, self.root = open_fs(url)
+        self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+
+    def path(self, name: str) -> str:
+        return f"{self.root}/{name}"
+
+    def where(self, name: str = "") -> str:
+        return f"{self.url.rstrip('/')}/{name}" if name else self.url
+
+    def listing(self) -> dict[int, RemoteGeneration]:
+        """Generations at the destination by step; an absent prefix is an empty run, an absent
+        bucket an error."""
+        with translated(self.where(), "cannot list"):
+            try:
+                entries = self.fs.ls(self.root, detail=True)
+            except FileNotFoundError:
+                self._bucket_exists()
+                entries = []
+        gens: dict[int, RemoteGeneration] = {}
+        for entry in entries:
+            parsed = fmt.parse_name(entry["name"].rstrip("/").rsplit("/", 1)[-1])
+            if parsed is None:
+                continue
+            gen = gens.setdefault(parsed[0], RemoteGeneration(parsed[0]))
+            kind = parsed[1]
+            if kind == "bin":
+                gen.bin = entry.get("size")
+            elif kind == "json":
+                gen.manifest = True
+            elif kind == "shards":
+                gen.shards = entry.get("type") == "directory"
+            else:
+                gen.companion = entry.get("size")
+        return dict(sorted(gens.items()))
+
+    def _bucket_exists(self) -> None:
+        if self.local:
+            return
+        bucket = self.root.split("/", 1)[0]
+        if not self.fs.exists(bucket):
+            raise RemoteError(self.where(), "no such bucket")
+
+    def exists(self, name: str) -> bool:
+        with translated(self.where(name), "cannot check"):
+            return self.fs.exists(self.path(name))
+
+    def size(self, name: str) -> int | None:
+        with translated(self.where(name), "cannot stat"):
+            try:
+                return self.fs.info(self.path(name))["size"]
+            except FileNotFoundError:
+                return None
+
+    def read_bytes(self, name: str) -> bytes:
+        with translated(self.where(name), "cannot read"):
+            return self.fs.cat_file(self.path(name))
+
+    def read_manifest(self, step: int) -> tuple[dict[str, Any], bytes]:
+        """A manifest at the destination, parsed and schema-checked like a local one, and its bytes."""
+        where = self.where(fmt.manifest_name(step))
+        data = self.read_bytes(fmt.manifest_name(step))
+        if len(data) > mf.MAX_MANIFEST_BYTES:
+            raise ManifestError(where, f"manifest larger than {mf.MAX_MANIFEST_BYTES} bytes")
+        try:
+            doc = json.loads(data.decode("utf-8"))
+        except (UnicodeDecodeError, ValueError) as exc:
+            raise ManifestError(where, f"not valid JSON: {exc}") from None
+        if not isinstance(doc, dict):
+            raise ManifestError(where, f"expected a JSON object, got {type(doc).__name__}")
+        mf.check_schema(where, doc)
+        return doc, data
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        """One small object (a manifest, a sidecar), written whole: S3 publishes a PUT at once."""
+        self._parent(name)
+        with translated(self.where(name), "upload failed"):
+            self.fs.pipe_file(self.path(name), data)
+
+    def _parent(self, name: str) -> None:
+        if self.local:   # object stores have no directories; a local target needs them
+            self.fs.makedirs(self.path(name).rsplit("/", 1)[0], exist_ok=True)
+
+    def upload(self, local: Path, name: str, expected: str | None, progress: Progress = None) -> tuple[str, int]:
+        """Stream ``local`` to ``name`` (multipart above ``BLOCK``), hashed while sent; an upload
+        whose bytes do not hash to ``expected`` is aborted before S3 would publish it."""
+        self._parent(name)
+        h, sent = fingerprint.hasher(0), 0
+        with translated(self.where(name), "upload failed"):
+            out = self.fs.open(self.path(name), "wb", block_size=BLOCK)
+            try:
+                with open(local, "rb") as src:
+                    while chunk := src.read(CHUNK):
+                        h.update(chunk)
+                        out.write(chunk)
+                        sent += len(chunk)
+                        if progress is not None:
+                            progress(len(chunk))
+                if expected is not None and h.hexdigest() != expected:
+                    raise FingerprintMismatchError(str(local), f"hashes to {h.hexdigest()} while sent, "
+                                                               f"its manifest says {expected}; not uploaded")
+            except BaseException:
+                self._discard(out, name)
+                raise
+            out.close()
+        return h.hexdigest(), sent
+
+    def _discard(self, out: Any, name: str) -> None:
+        """Abort an upload: S3 drops the parts of an uncompleted multipart upload; a local
+        target's partial file is removed."""
+        try:
+            if hasattr(out, "discard"):
+                out.discard()
+            if self.local:
+                out.close()
+                self.fs.rm(self.path(name))
+        except Exception:  # noqa: BLE001 (best effort while another error propagates)
+            pass
+
+    def digest(self, name: str, progress: Progress = None) -> tuple[str, int]:
+        """(blake3, size) of an object read back from the destination in ranged reads."""
+        h, size = fingerprint.hasher(0), 0
+        with translated(self.where(name), "read-back failed"):
+            with self.fs.open(self.path(name), "rb", block_size=CHUNK, cache_type="none") as f:
+                while chunk := f.read(CHUNK):
+                    h.update(chunk)
+                    size += len(chunk)
+                    if progress is not None:
+                        progress(len(chunk))
+        return h.hexdigest(), size
+
+    def download(self, name: str, local: Path, expected: str | None, progress: Progress = None) -> str:
+        """Stream ``name`` into ``local`` through the durable write, hashed while received; a
+        file whose bytes do not hash to ``expected`` is never published."""
+        with translated(self.where(name), "download failed"):
+            with self.fs.open(self.path(name), "rb", block_size=CHUNK, cache_type="none") as f, \
+                    atomic.AtomicWriter(local) as out:
+                h = fingerprint.hasher(0)
+                while chunk := f.read(CHUNK):
+                    h.update(chunk)
+                    out.write(chunk)
+                    if progress is not None:
+                        progress(len(chunk))
+                if expected is not None and h.hexdigest() != expected:
+                    raise FingerprintMismatchError(self.where(name), f"blake3 {h.hexdigest()}, "
+                                                                     f"expected {expected}")
+                out.commit()
+        return h.hexdigest()
+
+    def remove(self, name: str, *, recursive: bool = False) -> None:
+        with translated(self.where(name), "cannot delete"):
+            try:
+                self.fs.rm(self.path(name), recursive=recursive)
+            except FileNotFoundError:
+                pass

@@ -1,0 +1,110 @@
+"""Restore a run from its mirror (spec/RUN.md §9): the newest valid generation at the URL (or
+one step), the loss history and every sidecar, into a new local run directory, verified.
+
+Everything lands in a sibling temp directory first (payload hashed while received, the manifest
+written last, the generation then checked fully) and the directory is renamed to DEST only when
+complete, so DEST is never half a run. A generation whose bytes do not match its manifest at the
+destination is skipped with a warning, and the one before it is tried (latest-valid, RUN §2).
+"""
+from __future__ import annotations
+
+import json
+import os
+import secrets
+import shutil
+import warnings
+from pathlib import Path
+from typing import Any
+
+from .. import atomic, fsio
+from .. import format as fmt
+from ..errors import (DestinationExistsError, FingerprintMismatchError, GenerationNotFoundError, ManifestError,
+                      NoValidGenerationError, RemoteError)
+from ..run import check_generation, list_dir
+from .mirror import INDEX
+from .remote import Progress, Remote, payload
+
+__all__ = ["restore"]
+
+
+def restore(url: str, dest: "str | os.PathLike[str]", *, step: int | None = None,
+            progress: Progress = None) -> dict[str, Any]:
+    """Bring generation ``step`` (default: the newest valid one at ``url``), the history and the
+    sidecars to the new run directory ``dest``; returns what was restored and how it was checked."""
+    remote, out = Remote(url), Path(dest)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DestinationExistsError(str(out), "exists and is not empty; choose a new destination")
+    committed = sorted((s for s, g in remote.listing().items() if g.committed), reverse=True)
+    if step is not None and step not in committed:
+        raise GenerationNotFoundError(remote.url, f"no committed generation at step {step}")
+    if not committed:
+        raise GenerationNotFoundError(remote.url, "no committed generation at this URL")
+    staging = out.parent / f"{fmt.TEMP_PREFIX}{out.name}.{os.getpid()}.{secrets.token_hex(4)}"
+    atomic.make_durable_dir(staging)
+    try:
+        chosen, skipped = _first_valid(remote, [step] if step is not None else committed, staging, progress)
+        sidecars = _restore_sidecars(remote, staging)
+        _publish(staging, out)
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return {"url": remote.url, "dest": str(out), "step": chosen, "skipped": skipped,
+            "sidecars": sidecars, "verified": "blake3 of every file while received; generation checked fully"}
+
+
+def _first_valid(remote: Remote, steps: list[int], staging: Path, progress: Progress) -> tuple[int, list[dict]]:
+    """Download candidates newest first until one verifies; damaged ones are warned about."""
+    skipped = []
+    for step in steps:
+        try:
+            _download_generation(remote, step, staging, progress)
+            return step, skipped
+        except (FingerprintMismatchError, ManifestError) as exc:
+            skipped.append({"step": step, "reason": exc.problem})
+            warnings.warn(f"{remote.url}: skipping generation {step}: {exc.problem}", stacklevel=2)
+            for entry in list(staging.iterdir()):
+                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    raise NoValidGenerationError(remote.url, "no valid generation: "
+                                 + "; ".join(f"step {s['step']}: {s['reason']}" for s in skipped))
+
+
+def _download_generation(remote: Remote, step: int, staging: Path, progress: Progress) -> None:
+    """Payload (hashed while received), then the manifest last, then the full local check."""
+    doc, data = remote.read_manifest(step)
+    if doc["step"] != step:
+        raise ManifestError(remote.where(fmt.manifest_name(step)), f"says step {doc['step']}, expected {step}")
+    for name, digest in payload(doc, step):
+        target = staging.joinpath(*name.split("/"))
+        if target.parent != staging:
+            atomic.make_durable_dir(target.parent)
+        remote.download(name, target, digest, progress)
+    atomic.write_bytes(staging / fmt.manifest_name(step), data)   # the very bytes, last
+    gen = next(g for g in list_dir(staging).generations if g.step == step)
+    reason = check_generation(gen, deep=True)
+    if reason is not None:
+        raise FingerprintMismatchError(str(staging / fmt.manifest_name(step)), reason)
+
+
+def _restore_sidecars(remote: Remote, staging: Path) -> dict[str, dict[str, Any]]:
+    """Every sidecar the mirror's index lists, verified against it; none without an index."""
+    if not remote.exists(INDEX):
+        warnings.warn(f"{remote.where(INDEX)}: missing; the history and sidecars were not restored",
+                      stacklevel=2)
+        return {}
+    try:
+        index = json.loads(remote.read_bytes(INDEX))["sidecars"]
+    except (ValueError, KeyError, TypeError) as exc:
+        raise RemoteError(remote.where(INDEX), f"not a mirror index: {exc}") from None
+    for name, row in sorted(index.items()):
+        if os.path.basename(name) != name or not name.startswith("."):
+            raise RemoteError(remote.where(INDEX), f"names an unexpected file {name!r}")
+        remote.download(name, staging / name, row["blake3"])
+    return index
+
+
+def _publish(staging: Path, out: Path) -> None:
+    """Rename the complete staging directory to DEST (an empty DEST is replaced)."""
+    if out.exists():
+        out.rmdir()
+    fsio.replace(str(staging), str(out))
+    fsio.fsync_dir(str(out.parent.resolve()))

@@ -1,0 +1,254 @@
+"""ckptfmt mirror / import URL against a real local S3 server (moto_server over HTTP, reached
+through s3fs/botocore): what arrives is verified, the manifest is the commit marker there,
+retention applies there, damage there is replaced, failures are one line with exit 2."""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import blake3
+import numpy as np
+import pytest
+
+import ckptfmt
+from ckptfmt import shards
+from ckptfmt.run.ops import ls_run
+from conftest import ROOT, arrays, cli
+from s3server import S3Server
+
+PY = sys.executable
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with S3Server() as server, pytest.MonkeyPatch.context() as mp:
+        for key, value in server.env.items():
+            mp.setenv(key, value)
+        yield server
+
+
+_count = iter(range(10**6))
+
+
+@pytest.fixture
+def bucket(s3):
+    """A fresh bucket per test, so tests share the server but not its contents."""
+    return s3.bucket(f"bkt{next(_count)}")
+
+
+def objects(s3, bucket: str, prefix: str = "") -> dict[str, bytes]:
+    """Every object under ``prefix`` (keys relative to it) with its bytes, read with boto3."""
+    client = s3.client()
+    keys = [o["Key"] for o in client.list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])]
+    return {k[len(prefix):]: client.get_object(Bucket=bucket, Key=k)["Body"].read() for k in keys}
+
+
+def make_run(path: Path, steps=(10, 20), n: int = 1000) -> Path:
+    path.mkdir(parents=True, exist_ok=True)
+    for i, step in enumerate(steps):
+        extra = {"buffers/x": np.arange(5, dtype="<f4")} if i % 2 else None
+        ckptfmt.save_generation(path, step, *arrays(n, step), manifest={"config": {"k": step}}, extra_tensors=extra)
+    (path / ".loss.json").write_text("".join(json.dumps({"step": s, "loss": 1.0 / s}) + "\n" for s in range(1, 21)))
+    (path / ".pins.json").write_text("[]\n")
+    return path
+
+
+def test_mirror_uploads_every_generation_verified_and_the_manifest_commits_it(s3, bucket, tmp_path):
+    run = make_run(tmp_path / "run")
+    proc = cli("mirror", str(run), f"s3://{bucket}/runs/a", "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [u["step"] for u in doc["uploaded"]] == [10, 20] and doc["at_destination"] == [10, 20]
+    there = objects(s3, bucket, "runs/a/")
+    for name in ("step_000010.bin", "step_000010.json", "step_000020.bin", "step_000020.extra.safetensors",
+                 "step_000020.json", ".loss.json", ".pins.json"):
+        assert there[name] == (run / name).read_bytes(), name
+    manifest = json.loads(there["step_000020.json"])
+    assert blake3.blake3(there["step_000020.bin"]).hexdigest() == manifest["blake3"]
+    index = json.loads(there[".mirror-index.json"])["sidecars"]
+    assert index[".loss.json"]["blake3"] == blake3.blake3((run / ".loss.json").read_bytes()).hexdigest()
+    again = json.loads(cli("mirror", str(run), f"s3://{bucket}/runs/a", "--json").stdout)
+    assert again["uploaded"] == [] and again["present"] == [10, 20]
+
+
+def test_sharded_generation_is_mirrored_and_restored(s3, bucket, tmp_path):
+    src = make_run(tmp_path / "single", steps=(30,))
+    run = tmp_path / "sharded"
+    shards.split(src / "step_000030.bin", run, 3)
+    url = f"s3://{bucket}/sh"
+    assert cli("mirror", str(run), url).returncode == 0
+    there = objects(s3, bucket, "sh/")
+    for rank in range(3):
+        name = f"step_000030.shards/{rank:05d}-of-00003.bin"
+        assert there[name] == (run / name).read_bytes()
+    proc = cli("import", url, str(tmp_path / "back"))
+    assert proc.returncode == 0, proc.stderr
+    with shards.ShardedCheckpoint(tmp_path / "back" / "step_000030.json", verify=True) as sc:
+        assert np.array_equal(sc.weights, ckptfmt.open(src / "step_000030.bin").weights)
+
+
+def test_ls_reports_the_lag_from_local_records_only(s3, bucket, tmp_path):
+    run = make_run(tmp_path / "run")
+    url = f"s3://{bucket}/lag"
+    assert cli("mirror", str(run), url).returncode == 0
+    ckptfmt.save_generation(run, 30, *arrays(1000, 30))
+    # the endpoint is now a closed port: ls must not need the network
+    dead = {"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}
+    proc = cli("ls", str(run), "--json", env=dead)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["mirrors"] == [
+        {"url": url, "behind": [30], "newest_confirmed": 20, "updated": json.loads(proc.stdout)["mirrors"][0]["updated"]}]
+    assert "1 generations behind [30]" in cli("ls", str(run), env=dead).stdout
+    assert cli("mirror", str(run), url).returncode == 0
+    assert ls_run(run)["mirrors"][0]["behind"] == []
+
+
+def test_retention_at_the_destination_keeps_last_milestones_and_pins(s3, bucket, tmp_path):
+    run = make_run(tmp_path / "run", steps=(100, 200, 300, 400, 500))
+    (run / ".pins.json").write_text("[100]\n")
+    url = f"s3://{bucket}/ret"
+    doc = json.loads(cli("mirror", str(run), url, "--keep-last", "2", "--keep-every", "200", "--json").stdout)
+    assert doc["at_destination"] == [100, 200, 400, 500]
+    assert [u["step"] for u in doc["uploaded"]] == [100, 200, 400, 500]     # 300 is never sent
+    ckptfmt.save_generation(run, 600, *arrays(1000, 600))
+    ckptfmt.save_generation(run, 700, *arrays(1000, 700))
+    doc = json.loads(cli("mirror", str(run), url, "--keep-last", "2", "--keep-every", "200", "--json").stdout)
+    assert doc["deleted"] == [500] and doc["at_destination"] == [100, 200, 400, 600, 700]
+    assert not any(k.startswith("step_000500") for k in objects(s3, bucket, "ret/"))
+
+
+def test_a_damaged_object_at_the_destination_is_replaced(s3, bucket, tmp_path):
+    run = make_run(tmp_path / "run")
+    url = f"s3://{bucket}/dmg"
+    assert cli("mirror", str(run), url).returncode == 0
+    data = bytearray(objects(s3, bucket, "dmg/")["step_000020.bin"])
+    data[100] ^= 0x01
+    s3.client().put_object(Bucket=bucket, Key="dmg/step_000020.bin", Body=bytes(data))
+    doc = json.loads(cli("mirror", str(run), url, "--json").stdout)
+    assert doc["replaced"] == [20] and doc["present"] == [10]
+    assert objects(s3, bucket, "dmg/")["step_000020.bin"] == (run / "step_000020.bin").read_bytes()
+
+
+def test_a_damaged_local_generation_is_not_sent(s3, bucket, tmp_path):
+    run = make_run(tmp_path / "run")
+    path = run / "step_000010.bin"
+    data = bytearray(path.read_bytes())
+    data[200] ^= 0x01
+    path.write_bytes(bytes(data))
+    proc = cli("mirror", str(run), f"s3://{bucket}/bad", "--json")
+    assert proc.returncode == 1 and json.loads(proc.stdout)["refused"] == [10]
+    assert "not uploaded" in proc.stderr
+    assert not any(k.startswith("step_000010") for k in objects(s3, bucket, "bad/"))
+
+
+def test_restore_then_resume_is_bit_identical_to_the_straight_run(s3, bucket, tmp_path):
+    def train(run, steps):
+        proc = subprocess.run([PY, "-m", "ckptfmt.cli", "train", "--run", str(run), "--steps", str(steps),
+                               "--config", "tiny", "--checkpoint-every", "20", "--sample-every", "20",
+                               "--log-every", "100000"], capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr
+    pytest.importorskip("torch")
+    train(tmp_path / "straight", 60)
+    train(tmp_path / "run", 40)
+    url = f"s3://{bucket}/train"
+    assert cli("mirror", str(tmp_path / "run"), url).returncode == 0
+    proc = cli("import", url, str(tmp_path / "restored"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["step"] == 40
+    restored = tmp_path / "restored"
+    for name in (".loss.json", ".state.json", ".samples.json", "step_000040.bin", "step_000040.json"):
+        assert (restored / name).read_bytes() == (tmp_path / "run" / name).read_bytes(), name
+    train(restored, 60)
+    assert (ckptfmt.open(restored / "step_000060.bin").fingerprint()
+            == ckptfmt.open(tmp_path / "straight" / "step_000060.bin").fingerprint())
+    assert (restored / "step_000060.bin").read_bytes() == (tmp_path / "straight" / "step_000060.bin").read_bytes()
+
+
+def test_restore_takes_the_newest_valid_generation_or_the_one_asked_for(s3, bucket, tmp_path):
+    run = make_run(tmp_path / "run", steps=(10, 20, 30))
+    url = f"s3://{bucket}/pick"
+    assert cli("mirror", str(run), url).returncode == 0
+    proc = cli("mirror", url, str(tmp_path / "at20"), "--step", "20")
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "at20").iterdir() if p.name.startswith("step_")) == [
+        "step_000020.bin", "step_000020.extra.safetensors", "step_000020.json"]
+    data = bytearray(objects(s3, bucket, "pick/")["step_000030.bin"])
+    data[50] ^= 0x04
+    s3.client().put_object(Bucket=bucket, Key="pick/step_000030.bin", Body=bytes(data))
+    proc = cli("import", url, str(tmp_path / "newest"), "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["step"] == 20 and "skipping generation 30" in proc.stderr
+    assert (tmp_path / "newest" / "step_000020.bin").read_bytes() == (run / "step_000020.bin").read_bytes()
+    assert cli("validate", str(tmp_path / "newest")).returncode == 0
+
+
+def test_restore_refuses_a_non_empty_destination(s3, bucket, tmp_path):
+    run = make_run(tmp_path / "run", steps=(10,))
+    url = f"s3://{bucket}/ne"
+    assert cli("mirror", str(run), url).returncode == 0
+    (tmp_path / "d").mkdir()
+    (tmp_path / "d" / "keep").write_text("mine")
+    proc = cli("import", url, str(tmp_path / "d"))
+    assert proc.returncode == 2 and "not empty" in proc.stderr
+    assert (tmp_path / "d" / "keep").read_text() == "mine"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".ckptfmt-tmp")]
+
+
+def test_a_killed_mirror_leaves_no_committed_generation_and_the_next_completes_it(s3, bucket, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    ckptfmt.save_generation(run, 10, *arrays(4_000_000, 1))            # 48 MB: three multipart parts
+    url = f"s3://{bucket}/kill"
+    proc = subprocess.Popen([PY, "-m", "ckptfmt.cli", "mirror", str(run), url], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.PIPE, env={**os.environ})
+    client, deadline = s3.client(), time.monotonic() + 60
+    while time.monotonic() < deadline and not client.list_multipart_uploads(Bucket=bucket).get("Uploads"):
+        time.sleep(0.01)
+    assert client.list_multipart_uploads(Bucket=bucket).get("Uploads"), "no upload in flight was seen"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert "step_000010.json" not in objects(s3, bucket, "kill/")
+    listed = json.loads(cli("mirror", str(run), url, "--json").stdout)
+    assert [u["step"] for u in listed["uploaded"]] == [10]
+    assert objects(s3, bucket, "kill/")["step_000010.bin"] == (run / "step_000010.bin").read_bytes()
+
+
+def test_missing_bucket_and_unreachable_endpoint_are_one_line_exit_2(s3, tmp_path):
+    run = make_run(tmp_path / "run", steps=(10,))
+    proc = cli("mirror", str(run), "s3://no-such-bucket-here/x")
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "no such bucket" in proc.stderr
+    proc = cli("mirror", str(run), "s3://bkt/x", env={"AWS_ENDPOINT_URL": "http://127.0.0.1:9"}, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "unreachable" in proc.stderr
+    assert "Traceback" not in proc.stderr
+
+
+def test_usage_errors(tmp_path):
+    assert cli("mirror", str(tmp_path), str(tmp_path / "x")).returncode == 2
+    assert cli("mirror", "s3://a/b", "s3://c/d").returncode == 2
+
+
+def test_without_the_remote_extra_a_url_exits_2_naming_it(tmp_path):
+    """The core imports and runs with fsspec and s3fs blocked; a URL then names the extra."""
+    make_run(tmp_path / "run", steps=(10,))
+    code = (
+        "import sys\n"
+        "class Block:\n"
+        "    def find_spec(self, name, path=None, target=None):\n"
+        "        if name.split('.')[0] in ('fsspec', 's3fs'):\n"
+        "            raise ImportError('blocked: ' + name)\n"
+        "sys.meta_path.insert(0, Block())\n"
+        "import ckptfmt, ckptfmt.run, ckptfmt.tools.validate, ckptfmt.tools.mirror, ckptfmt.tools.restore\n"
+        "from ckptfmt.cli import main\n"
+        "main(sys.argv[1:])\n")
+    proc = subprocess.run([PY, "-c", code, "mirror", str(tmp_path / "run"), "s3://bkt/x"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=120)
+    assert proc.returncode == 2, proc.stderr
+    assert "pip install 'ckptfmt[remote]'" in proc.stderr and proc.stderr.count("\n") == 1
+    ok = subprocess.run([PY, "-c", code, "validate", str(tmp_path / "run")], capture_output=True, text=True,
+                        timeout=120)
+    assert ok.returncode == 0, ok.stderr
