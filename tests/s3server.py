@@ -61,3 +61,63 @@ class S3Server:
     def bucket(self, name: str) -> str:
         self.client().create_bucket(Bucket=name)
         return name
+
+
+class CuttingProxy:
+    """A TCP proxy between client and server that cuts every connection once ``cut_after``
+    bytes went from client to server, and then refuses new ones (a network partition) until
+    ``heal()``. The server keeps running: what it holds is what a cut upload left there."""
+
+    def __init__(self, target_port: int, cut_after: int):
+        import threading
+        self.target_port, self.cut_after, self.sent, self.cut = target_port, cut_after, 0, False
+        self.lock = threading.Lock()
+        self.listener = socket.socket()
+        self.listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        self.listener.bind(("127.0.0.1", 0))
+        self.listener.listen(64)
+        self.port = self.listener.getsockname()[1]
+        self.endpoint = f"http://127.0.0.1:{self.port}"
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def heal(self) -> None:
+        with self.lock:
+            self.cut, self.cut_after = False, float("inf")
+
+    def _accept(self) -> None:
+        import threading
+        while True:
+            try:
+                client, _ = self.listener.accept()
+            except OSError:
+                return
+            if self.cut:
+                client.close()
+                continue
+            upstream = socket.create_connection(("127.0.0.1", self.target_port))
+            pair = (client, upstream)
+            threading.Thread(target=self._pump, args=(client, upstream, pair, True), daemon=True).start()
+            threading.Thread(target=self._pump, args=(upstream, client, pair, False), daemon=True).start()
+
+    def _pump(self, src: socket.socket, dst: socket.socket, pair: tuple, upward: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                if upward:
+                    with self.lock:
+                        self.sent += len(data)
+                        if self.sent > self.cut_after:
+                            self.cut = True
+                if self.cut:
+                    break
+                dst.sendall(data)
+        except OSError:
+            pass
+        for s in pair:
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            s.close()
+
+    def close(self) -> None:
+        self.listener.close()

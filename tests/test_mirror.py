@@ -252,3 +252,53 @@ def test_without_the_remote_extra_a_url_exits_2_naming_it(tmp_path):
     ok = subprocess.run([PY, "-c", code, "validate", str(tmp_path / "run")], capture_output=True, text=True,
                         timeout=120)
     assert ok.returncode == 0, ok.stderr
+
+
+def test_validate_ls_and_inspect_work_on_a_url(s3, bucket, tmp_path):
+    run = make_run(tmp_path / "run")
+    url = f"s3://{bucket}/v"
+    assert cli("mirror", str(run), url).returncode == 0
+    proc = cli("validate", url, "--json")
+    assert proc.returncode == 0, proc.stderr
+    doc = json.loads(proc.stdout)
+    assert [g["status"] for g in doc["generations"]] == ["verified", "verified"]
+    assert {s["file"] for s in doc["sidecars"]} == {".loss.json", ".pins.json"}
+    listed = json.loads(cli("ls", url, "--json").stdout)["generations"]
+    assert [(g["step"], g["committed"], g["size"]) for g in listed] == [
+        (10, True, (run / "step_000010.bin").stat().st_size), (20, True, (run / "step_000020.bin").stat().st_size)]
+    seen = json.loads(cli("inspect", f"{url}/step_000020.bin", "--json").stdout)
+    manifest = json.loads((run / "step_000020.json").read_text())
+    assert (seen["step"], seen["n_params"], seen["blake3"]) == (20, 1000, manifest["blake3"])
+    data = bytearray(objects(s3, bucket, "v/")["step_000020.bin"])
+    data[4000] ^= 0x10
+    s3.client().put_object(Bucket=bucket, Key="v/step_000020.bin", Body=bytes(data))
+    proc = cli("validate", url)
+    assert proc.returncode == 1 and "blake3 mismatch" in proc.stdout
+    assert cli("validate", url, "--fast").returncode == 0          # same size: only the bytes differ
+    s3.client().put_object(Bucket=bucket, Key="v/step_000010.bin", Body=bytes(data[:-4]))
+    proc = cli("validate", url, "--fast")
+    assert proc.returncode == 1 and "expected" in proc.stdout
+    s3.client().put_object(Bucket=bucket, Key="v/step_000030.bin", Body=b"partial")
+    assert "not committed" in cli("ls", url).stdout
+
+
+def test_a_connection_cut_mid_upload_commits_nothing_and_the_next_mirror_completes(s3, bucket, tmp_path):
+    from s3server import CuttingProxy
+    run = tmp_path / "run"
+    run.mkdir()
+    ckptfmt.save_generation(run, 10, *arrays(4_000_000, 2))            # 48 MB
+    url = f"s3://{bucket}/cut"
+    proxy = CuttingProxy(s3.port, cut_after=20 << 20)
+    try:
+        proc = cli("mirror", str(run), url, env={"AWS_ENDPOINT_URL": proxy.endpoint}, timeout=240)
+        assert proxy.cut and proc.returncode == 2, (proc.returncode, proc.stderr)
+        assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+        assert not [k for k in objects(s3, bucket, "cut/") if k.startswith("step_000010")]
+        assert cli("validate", url).returncode == 0                    # nothing committed, nothing damaged
+        proxy.heal()
+        proc = cli("mirror", str(run), url, "--json", env={"AWS_ENDPOINT_URL": proxy.endpoint}, timeout=240)
+        assert proc.returncode == 0, proc.stderr
+        assert [u["step"] for u in json.loads(proc.stdout)["uploaded"]] == [10]
+    finally:
+        proxy.close()
+    assert objects(s3, bucket, "cut/")["step_000010.bin"] == (run / "step_000010.bin").read_bytes()

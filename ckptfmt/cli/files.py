@@ -23,8 +23,13 @@ from .runs import print_ls
 @click.option("--tensors", is_flag=True, help="Statistics per parameter (needs a layout).")
 @guarded
 def inspect(path: str, as_json: bool, tensors: bool) -> None:
-    """Show step, size, fingerprint status and per-region statistics of a file or run."""
+    """Show step, size, fingerprint status and per-region statistics of a file or run
+    (URL/step_N.bin: its header and manifest, read by ranged reads)."""
     from ..tools.inspect import inspect_file, inspect_run  # lazy: keeps `ckptfmt --help` fast
+    from ..tools.remote import is_url  # lazy: as above
+    if is_url(path):
+        from .remote import inspect_url_out  # lazy: as above
+        return inspect_url_out(path, as_json)
     if os.path.isdir(path):
         data = inspect_run(path, tensors=tensors)
         emit(data, as_json, _print_run_inspect)
@@ -75,8 +80,13 @@ def _print_run_inspect(d: dict) -> None:
                    "files, paths relative to FILE's directory (spec/FORMAT.md §6.3).")
 @guarded
 def validate(paths: tuple[str, ...], as_json: bool, fast: bool, b3sums_out: str | None) -> None:
-    """Check files or run directories: structure, fingerprint, manifest, values, sidecars."""
+    """Check files or run directories: structure, fingerprint, manifest, values, sidecars
+    (a URL: every committed object read back and compared with its manifest's blake3)."""
     from ..tools.validate import validate_path  # lazy: keeps `ckptfmt --help` fast
+    from ..tools.remote import is_url  # lazy: as above
+    if any(is_url(p) for p in paths):
+        from .remote import validate_urls  # lazy: as above
+        return validate_urls(paths, fast, as_json)
     for p in paths:
         if not os.path.exists(p):
             raise Fail(f"{p}: no such file or directory", EXIT_CANNOT)

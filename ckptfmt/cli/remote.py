@@ -4,12 +4,17 @@ Library imports stay inside the commands (``ckptfmt --help`` stays fast; fsspec 
 """
 from __future__ import annotations
 
+import logging
 import sys
 
 import click
 
 from .app import main
-from .output import EXIT_DEFECT, emit, guarded, json_option
+from .output import EXIT_DEFECT, emit, guarded, json_option, size
+
+# aiohttp (under s3fs) lets a failed request's writer task die unobserved, and asyncio logs each
+# such task with a traceback at garbage collection; the CLI's failure is its one line on stderr.
+logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 
 
 @main.command("mirror")
@@ -61,3 +66,42 @@ def _print_mirror(d: dict) -> None:
                + (f", refused damaged local {d['refused']}" if d["refused"] else "")
                + (f", deleted {d['deleted']}" if d["deleted"] else "")
                + f"; at the URL: {d['at_destination']}")
+
+
+# ------------------------------------------------- validate / ls / inspect of a URL (RUN §9.9)
+def validate_urls(paths: tuple[str, ...], fast: bool, as_json: bool) -> None:
+    """``validate URL``: every committed object read back and hashed (``--fast``: headers and
+    sizes); exit 1 when anything committed there is damaged."""
+    from ..tools.remote import is_url
+    from ..tools.remote_check import validate_url  # lazy: keeps `ckptfmt --help` fast
+    if len(paths) != 1 or not is_url(paths[0]):
+        raise click.UsageError("validate takes one URL at a time (local paths in another call)")
+    doc = validate_url(paths[0], deep=not fast)
+    emit(doc, as_json, _print_validate)
+    if not doc["ok"]:
+        sys.exit(EXIT_DEFECT)
+
+
+def _print_validate(d: dict) -> None:
+    click.echo(f"{d['url']}: {'OK' if d['ok'] else 'DAMAGED'}")
+    for g in d["generations"]:
+        click.echo(f"  {g['step']:>10}  {g['status']}" + ("" if g["ok"] else "  (defect)"))
+    for s in d["sidecars"]:
+        click.echo(f"  {s['file']}: {s['status']}")
+
+
+def ls_url_out(url: str, as_json: bool) -> None:
+    """``ls URL``: the generations at the URL from one listing."""
+    from ..tools.remote_check import ls_url  # lazy: keeps `ckptfmt --help` fast
+    emit(ls_url(url), as_json, lambda d: [click.echo(d["url"])] + [
+        click.echo(f"  {g['step']:>10}  {size(g['size']):>10}  {g['status']}") for g in d["generations"]])
+
+
+def inspect_url_out(url: str, as_json: bool) -> None:
+    """``inspect URL/step_N.bin``: header and manifest only (ranged reads)."""
+    from ..tools.remote_check import inspect_url  # lazy: keeps `ckptfmt --help` fast
+    emit(inspect_url(url), as_json, lambda d: click.echo(
+        f"{d['path']}\n  step {d['step']}  n_params {d['n_params']:,}  size {d['size']:,} bytes\n"
+        f"  blake3 {d['blake3']} ({d['fingerprint']})"
+        + (f"\n  header problem: {d['header_problem']}" if d["header_problem"] else "")
+        + (f"\n  manifest: {d['manifest']['layout_tensors']} tensors in layout" if d.get("manifest") else "")))

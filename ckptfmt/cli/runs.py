@@ -22,8 +22,13 @@ from .output import EXIT_CANNOT, EXIT_DEFECT, Fail, emit, guarded, json_option, 
 @click.option("--keep-every", type=click.IntRange(min=1), help="Mark milestones (steps divisible by N).")
 @guarded
 def ls_cmd(run: str, as_json: bool, deep: bool, keep_every: int | None) -> None:
-    """List a run's generations with status, pins, milestones and leftovers."""
+    """List a run's generations with status, pins, milestones, leftovers and mirror lag
+    (a URL: the generations at the URL)."""
     from ..run.ops import ls_run  # lazy: keeps `ckptfmt --help` fast
+    from ..tools.remote import is_url  # lazy: as above
+    if is_url(run):
+        from .remote import ls_url_out  # lazy: as above
+        return ls_url_out(run, as_json)
     emit(ls_run(run, deep=deep, keep_every=keep_every), as_json, print_ls)
 
 

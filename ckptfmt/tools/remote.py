@@ -60,13 +60,15 @@ def open_fs(url: str) -> tuple[Any, str]:
     if urlsplit(url).scheme in ("s3", "s3a"):
         # retries with backoff on transient errors (botocore's standard mode), short connects
         options.update(use_listings_cache=False, config_kwargs={
-            "connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 4, "mode": "standard"}})
+            "connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 3, "mode": "standard"}})
     try:
         fs, root = fsspec.core.url_to_fs(url, **options)
     except ImportError:
         raise MissingDependencyError(redact(url), f"object storage needs fsspec and s3fs: {EXTRA}") from None
     except ValueError as exc:
         raise RemoteError(redact(url), f"unsupported URL: {exc}") from None
+    if hasattr(fs, "retries"):
+        fs.retries = 2   # s3fs's own retries of a failed call, on top of botocore's attempts
     return fs, root.rstrip("/")
 
 
@@ -86,6 +88,8 @@ def _reason(exc: BaseException) -> str:
     if re.search(r"Connect(ion)?(Error|Timeout|Refused)|Could not connect|Cannot connect|"
                  r"EndpointConnection|Name or service not known", text, re.I):
         return f"endpoint unreachable ({str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__})"
+    if re.search(r"ConnectionClosed|ServerDisconnected|ConnectionReset|connection was closed", text, re.I):
+        return f"connection lost ({str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__})"
     first = str(exc).splitlines()[0][:200] if str(exc) else ""
     return f"{type(exc).__name__}: {first}" if first else type(exc).__name__
 
@@ -255,8 +259,11 @@ class Remote:
         return h.hexdigest(), sent
 
     def _discard(self, out: Any, name: str) -> None:
-        """Abort an upload: S3 drops the parts of an uncompleted multipart upload; a local
-        target's partial file is removed."""
+        """Abort an upload: S3 drops the parts of an uncompleted multipart upload (if the abort
+        cannot reach it, the parts stay invisible until the bucket's lifecycle removes them); a
+        local target's partial file is removed. The file object is then marked closed, because
+        fsspec's ``__del__`` would otherwise flush the buffer and complete the upload, publishing
+        a partial object at garbage collection."""
         try:
             if hasattr(out, "discard"):
                 out.discard()
@@ -265,6 +272,8 @@ class Remote:
                 self.fs.rm(self.path(name))
         except Exception:  # noqa: BLE001 (best effort while another error propagates)
             pass
+        finally:
+            out.closed = True
 
     def digest(self, name: str, progress: Progress = None) -> tuple[str, int]:
         """(blake3, size) of an object read back from the destination in ranged reads."""

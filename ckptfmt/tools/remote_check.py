@@ -1,0 +1,160 @@
+"""``validate``, ``ls`` and ``inspect`` of a run at a URL (spec/RUN.md §9.9), through ranged
+reads: ``inspect`` reads only the 8-byte header and the manifest; ``validate`` reads every
+committed object back and compares its blake3 with the manifest (``deep=False``: headers and
+sizes only). Returns data; the CLI prints it.
+"""
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from .. import format as fmt
+from .. import shards
+from ..errors import CheckpointError, RemoteError
+from .mirror import INDEX, SIDECARS
+from .remote import Remote, RemoteGeneration, payload, translated
+
+__all__ = ["inspect_url", "ls_url", "validate_url"]
+
+
+def ls_url(url: str) -> dict[str, Any]:
+    """The generations at ``url`` from one listing: step, committed, size of the payload."""
+    remote = Remote(url)
+    rows = [{"step": s, "committed": g.committed, "size": g.bin,
+             "status": "committed" if g.committed else _uncommitted(g)} for s, g in remote.listing().items()]
+    return {"url": remote.url, "generations": rows}
+
+
+def _uncommitted(gen: RemoteGeneration) -> str:
+    return "manifest without its payload" if gen.manifest else "not committed: no manifest (an interrupted upload)"
+
+
+def validate_url(url: str, *, deep: bool = True) -> dict[str, Any]:
+    """Every generation and sidecar at ``url`` checked; ``ok`` is False when any committed one
+    is damaged (uncommitted leftovers are warnings, as locally)."""
+    remote = Remote(url)
+    gens = []
+    for step, gen in remote.listing().items():
+        if not gen.committed:
+            gens.append({"step": step, "ok": True, "status": _uncommitted(gen), "warning": True})
+            continue
+        problem = _check_generation(remote, step, deep)
+        gens.append({"step": step, "ok": problem is None,
+                     "status": problem or ("verified" if deep else "committed")})
+    sidecars = _check_sidecars(remote, deep)
+    ok = all(g["ok"] for g in gens) and all(s["ok"] for s in sidecars)
+    return {"url": remote.url, "ok": ok, "deep": deep, "generations": gens, "sidecars": sidecars}
+
+
+def _check_generation(remote: Remote, step: int, deep: bool) -> str | None:
+    """None when generation ``step`` at the destination is whole (and, ``deep``, its bytes hash
+    to the manifest's digests), else the first problem found."""
+    try:
+        doc, _ = remote.read_manifest(step)
+        if doc["step"] != step:
+            return f"manifest says step {doc['step']}"
+        sizes = _expected_sizes(doc)
+        for name, digest in payload(doc, step):
+            size = remote.size(name)
+            if size is None:
+                return f"{name} is missing"
+            if name in sizes and size != sizes[name]:
+                return f"{name}: expected {sizes[name]} bytes, got {size}"
+            if name.endswith(".bin"):
+                problem = _check_header(remote, name, step, size)
+                if problem:
+                    return problem
+            if deep:
+                got, _ = remote.digest(name)
+                if got != digest:
+                    return f"{name}: blake3 mismatch: manifest says {digest}, object hashes to {got}"
+    except RemoteError:
+        raise
+    except CheckpointError as exc:
+        return exc.problem
+    return None
+
+
+def _expected_sizes(doc: dict[str, Any]) -> dict[str, int]:
+    """What the manifest says each payload object's size is."""
+    step = doc["step"]
+    if shards.is_sharded(doc):
+        directory = fmt.stem(step) + shards.SUFFIX
+        sizes = {f"{directory}/{row['file']}": row["size"] for row in doc["shards"]}
+    else:
+        sizes = {doc["file"]: doc["size"]}
+    if isinstance(doc.get("companion"), dict):
+        sizes[doc["companion"]["file"]] = doc["companion"].get("size")
+    return sizes
+
+
+def _header(remote: Remote, name: str) -> tuple[int, int] | None:
+    """(step, n_params) from one ranged read of 8 bytes; None when the object is shorter."""
+    with translated(remote.where(name), "cannot read the header"):
+        with remote.fs.open(remote.path(name), "rb", block_size=fmt.HEADER_SIZE, cache_type="none") as f:
+            head = f.read(fmt.HEADER_SIZE)
+    return fmt.unpack_header(head) if len(head) == fmt.HEADER_SIZE else None
+
+
+def _check_header(remote: Remote, name: str, step: int, size: int) -> str | None:
+    """The seed header: step and the size law (spec/FORMAT.md §2)."""
+    header = _header(remote, name)
+    if header is None:
+        return f"{name}: shorter than the header"
+    got_step, n = header
+    if fmt.file_size(n) != size:
+        return f"{name}: size law: expected {fmt.file_size(n)} bytes for n_params {n}, got {size}"
+    if "/" not in name and got_step != step:
+        return f"{name}: header step {got_step} is not the name's step {step}"
+    return None
+
+
+def _check_sidecars(remote: Remote, deep: bool) -> list[dict[str, Any]]:
+    """Each sidecar the index lists, against its size (and, ``deep``, its blake3)."""
+    if not remote.exists(INDEX):
+        return []
+    try:
+        index = json.loads(remote.read_bytes(INDEX))["sidecars"]
+    except (ValueError, KeyError, TypeError) as exc:
+        return [{"file": INDEX, "ok": False, "status": f"not a mirror index: {exc}"}]
+    rows = []
+    for name in SIDECARS:
+        if name not in index:
+            continue
+        row = index[name]
+        size = remote.size(name)
+        if size != row["size"]:
+            status = "missing" if size is None else f"expected {row['size']} bytes, got {size}"
+        elif deep and remote.digest(name)[0] != row["blake3"]:
+            status = "blake3 mismatch with the mirror index"
+        else:
+            status = "verified" if deep else "present"
+        rows.append({"file": name, "ok": status in ("verified", "present"), "status": status})
+    return rows
+
+
+def inspect_url(url: str) -> dict[str, Any]:
+    """``URL/step_N.bin``: its header (one ranged read of 8 bytes) and its manifest's summary;
+    the fingerprint is the manifest's, not recomputed (``validate URL`` reads the bytes)."""
+    base, _, name = url.rstrip("/").rpartition("/")
+    parsed = fmt.parse_name(name)
+    if parsed is None or parsed[1] != "bin":
+        raise RemoteError(url, "inspect of a URL takes a generation's .bin (URL/step_NNNNNN.bin)")
+    remote = Remote(base)
+    size = remote.size(name)
+    if size is None:
+        raise RemoteError(url, "not found")
+    header = _header(remote, name)
+    if header is None:
+        raise RemoteError(url, f"shorter than the {fmt.HEADER_SIZE}-byte header")
+    step, n = header
+    problem = None if fmt.file_size(n) == size else f"size law: expected {fmt.file_size(n)} bytes, got {size}"
+    out: dict[str, Any] = {"path": url, "step": step, "n_params": n, "size": size, "header_problem": problem}
+    if remote.exists(fmt.manifest_name(parsed[0])):
+        doc, _ = remote.read_manifest(parsed[0])
+        out.update(blake3=doc["blake3"], fingerprint="from the manifest (not recomputed)",
+                   manifest={k: doc[k] for k in ("created", "config", "optimizer", "versions", "provenance")
+                             if k in doc} | {"layout_tensors": len(doc.get("layout") or [])})
+    else:
+        out.update(blake3=None, fingerprint="uncommitted: no manifest at the URL")
+    return out
