@@ -18,12 +18,6 @@ MAX_MANIFEST_BYTES = 64 << 20   # spec §4: bounded before parsing
 REQUIRED = {"format": str, "format_version": int, "file": str, "size": int, "step": int,
             "n_params": int, "blake3": str}
 
-# spec §4.3: what a trainer needs to resume; dotted names are nested keys.
-RESUME_COMPONENTS = (
-    "layout", "optimizer.step", "optimizer.hyperparams", "scheduler", "rng.python", "rng.numpy",
-    "rng.torch_cpu", "data", "bandit", "config", "versions", "code",
-)
-
 
 def path_for(bin_path: "str | os.PathLike[str]") -> Path:
     """``step_000100.bin`` -> ``step_000100.json`` (any ``X.bin`` -> ``X.json``)."""
@@ -158,9 +152,9 @@ def get_dotted(doc: dict[str, Any], dotted: str) -> Any:
     return node
 
 
-def require(path: "str | os.PathLike[str]", doc: dict[str, Any],
-            components: tuple[str, ...] = RESUME_COMPONENTS) -> None:
-    """Refuse a resume whose manifest lacks a component; never reset it silently."""
+def require(path: "str | os.PathLike[str]", doc: dict[str, Any], components: tuple[str, ...]) -> None:
+    """Refuse a resume whose manifest lacks one of ``components`` (dotted paths), naming every
+    missing one; never reset it silently."""
     missing = []
     for name in components:
         try:
