@@ -5,13 +5,14 @@ original ``.bin`` bytes (equal blake3) before success is reported.
 """
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 import numpy as np
 
 from ... import fingerprint
 from ... import format as fmt
-from ...errors import ConvertError, DestinationExistsError
+from ...errors import ConvertError, DestinationExistsError, UnsupportedFormatError
 from . import bin, npz, pt, safetensors, zst
 from .shards import convert_distributed
 from .source import ConvertReport, Source, cast, discard, regions_of
@@ -38,12 +39,15 @@ def detect(path: "str | os.PathLike[str]") -> str:
         return "shards"
     if os.path.isdir(path) and os.path.isfile(os.path.join(path, ".metadata")):
         return "dcp"
+    if os.path.isdir(path):
+        raise UnsupportedFormatError(os.fspath(path), "a directory, expected a checkpoint file (or a "
+                                                      "DCP directory with its .metadata)")
     for suffix, kind in ((".safetensors", "safetensors"), (".pt", "pt"), (".pth", "pt"),
                          (".npz", "npz"), (".zst", "zst"), (".bin", "bin")):
         if name.endswith(suffix):
             return kind
-    raise ConvertError(os.fspath(path), "unknown format: expected .bin, .safetensors, .pt, .npz "
-                                        "or .zst (or pass --to)")
+    raise UnsupportedFormatError(os.fspath(path), "unknown format: expected .bin, .safetensors, .pt, "
+                                                  ".npz or .zst (or pass --to)")
 
 
 def load(path: str, kind: str | None = None) -> Source:
@@ -57,13 +61,30 @@ def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = F
             progress=None, shards: int = 2) -> ConvertReport:
     """Convert ``src`` into ``dst``; with ``verify`` prove the result by converting back.
     ``progress`` gets byte counts: the write (about the source size), then the verification."""
+    if not os.path.exists(src):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", src)
     src_kind, dst_kind = detect(src), to or detect(dst)
     if dst_kind not in FORMATS:
-        raise ConvertError(dst, f"unknown format {dst_kind}: choose one of {', '.join(FORMATS)}")
+        raise UnsupportedFormatError(dst, f"unknown format {dst_kind}: choose one of {', '.join(FORMATS)}")
     if dst_kind != "shards" and os.path.lexists(dst) and not overwrite:
         raise DestinationExistsError(dst, "exists already; refusing to overwrite")
+    parent = os.path.dirname(os.path.abspath(dst))
+    if dst_kind not in ("shards", "dcp") and not os.path.isdir(parent):
+        raise FileNotFoundError(errno.ENOENT, "destination directory does not exist", parent)
     if "shards" in (src_kind, dst_kind) or "dcp" in (src_kind, dst_kind):
         return convert_distributed(src, dst, src_kind, dst_kind, shards=shards, verify=verify)
+    existed = os.path.lexists(dst)
+    try:
+        return _convert_file(src, dst, src_kind, dst_kind, weights_only, dtype, verify, progress)
+    except BaseException:
+        if not existed:
+            discard(dst)       # a failed conversion leaves nothing behind (its manifest included)
+        raise
+
+
+def _convert_file(src: str, dst: str, src_kind: str, dst_kind: str, weights_only: bool,
+                  dtype: str | None, verify: bool, progress) -> ConvertReport:
+    """Write one file of ``dst_kind`` from ``src`` and, with ``verify``, prove it by going back."""
     source = load(src, src_kind)
     original = fingerprint.of_file(src) if src_kind == "bin" else source.blake3
     source.blake3 = original

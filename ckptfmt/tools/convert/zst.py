@@ -10,7 +10,7 @@ import zstandard
 
 from ... import atomic
 from ... import format as fmt
-from ...errors import ConvertError
+from ...errors import ConvertError, UnsupportedFormatError
 from .source import Source
 
 MAGIC = b"CKPTZST\x01"
@@ -36,7 +36,7 @@ def unplanes(data: bytes) -> np.ndarray:
 def write(src: Source, dst: str, weights_only: bool, dtype: str | None, progress=None,
                level: int = LEVEL, use_planes: bool = True) -> None:
     if weights_only or dtype:
-        raise ConvertError(dst, "the .zst form is a compressed .bin: it holds all three regions")
+        raise UnsupportedFormatError(dst, "the .zst form is a compressed .bin: it holds all three regions")
     head = {"format": "ckptfmt", "step": src.step, "n_params": src.n_params, "blake3": src.blake3,
             "planes": use_planes, "chunk": CHUNK, "layout": src.layout}
     blob = json.dumps(head).encode()
