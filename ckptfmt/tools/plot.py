@@ -90,6 +90,13 @@ def plot(run_dirs: list[str], out: str) -> dict[str, Any]:
     bottom.set_xlabel("step")
     bottom.legend(fontsize=7, ncol=3)
     fig.tight_layout()
+    _save_figure(plt, fig, out)
+    return {"out": out, "runs": [{"run": d["run"], "steps": len(d["steps"]), "events": len(d["events"])} for d in data]}
+
+
+def _save_figure(plt: Any, fig: Any, out: str) -> None:
+    """Write the picture durably under a temp name and rename it to ``out`` (nothing at ``out``
+    if drawing or writing fails); the figure is closed either way."""
     try:
         with atomic.AtomicWriter(out) as writer:
             with writer.fileobj() as f:
@@ -97,4 +104,3 @@ def plot(run_dirs: list[str], out: str) -> dict[str, Any]:
             writer.commit()
     finally:
         plt.close(fig)
-    return {"out": out, "runs": [{"run": d["run"], "steps": len(d["steps"]), "events": len(d["events"])} for d in data]}
