@@ -445,6 +445,8 @@ def test_contract(world, readonly, case, as_json):
     assert result.exception is None or isinstance(result.exception, SystemExit), \
         f"{where}\n{result.exc_info and ''.join(__import__('traceback').format_exception(*result.exc_info))}"
     assert "Traceback" not in result.output, where
+    for doubled in ("step None", "DAMAGED (damaged)", "no valid generation: no valid generation"):
+        assert doubled not in result.output, f"{where}\nsays {doubled!r}"
     codes = code if isinstance(code, tuple) else (code,)
     assert result.exit_code in codes, where
     errors = [line for line in result.stderr.splitlines() if not line.startswith("ckptfmt: warning:")]
@@ -473,3 +475,51 @@ def _assert_failure(result, errors, as_json, word, where):
         assert result.exit_code == 1 and result.stdout.strip(), where
         if word:
             assert word.lower() in result.stdout.lower(), f"{where}\nexpected {word!r} in the report"
+
+
+# ---------------------------------------------------------------- messages and markers
+def test_a_text_file_renamed_bin_is_named_both_ways_and_a_torn_file_is_truncated(world):
+    assert len(TEXT) == 135
+    result = _invoke(["validate", str(world / "files" / "text.bin")])
+    assert result.exit_code == 1 and "DAMAGED" in result.stdout
+    assert ("text.bin: truncated, or not a ckptfmt checkpoint: header promises 23,379,187,004 bytes, "
+            "file has 135") in result.stdout
+    result = _invoke(["inspect", str(world / "files" / "truncated.bin")])
+    assert result.exit_code == 1 and result.stderr.strip().endswith("truncated: expected 128 bytes, got 120")
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_not_called_damaged(world):
+    result = _invoke(["validate", str(world / "hist_only")])
+    assert result.exit_code == 1 and "DAMAGED" not in result.stdout
+    assert result.stdout.startswith(f"{world / 'hist_only'}: NO CHECKPOINT")
+    assert "history holds 3 steps but no generation was committed; nothing to resume, a restart begins " \
+           "at step 0" in result.stdout
+    doc = json.loads(_invoke(["validate", str(world / "hist_only"), "--json"]).stdout)
+    assert doc["status"] == "no checkpoint" and doc["findings"][0]["code"] == "no_checkpoint_yet"
+
+
+def test_an_incomplete_export_or_import_is_never_valid(world):
+    """A destination that still carries EXPORT-INCOMPLETE fails validate (exit 1, saying so),
+    whatever its files say; so does a file in it. Without the marker the same files are valid."""
+    from ckptfmt.tools.export import archive, export, import_archive
+    export(str(world / "run"), str(world / "exported"))
+    archive(str(world / "run"), str(world / "run.tar.zst"))
+    import_archive(str(world / "run.tar.zst"), str(world / "imported"))
+    for dest in ("exported", "imported"):
+        assert _invoke(["validate", str(world / dest)]).exit_code == 0
+        (world / dest / "EXPORT-INCOMPLETE").write_text("export in progress or failed; do not use\n")
+        for target in (world / dest, world / dest / "step_000002.bin"):
+            result = _invoke(["validate", str(target)])
+            assert result.exit_code == 1 and "DAMAGED" in result.stdout, result.stdout
+            assert f"{world / dest / 'EXPORT-INCOMPLETE'}: the export or import into" in result.stdout
+            assert "did not finish (or failed)" in result.stdout
+            doc = json.loads(_invoke(["validate", str(target), "--json"]).stdout)
+            assert not doc["ok"] and "incomplete_export" in [f["code"] for f in doc["findings"]]
+
+
+def test_a_failed_import_leaves_no_staging_directory(world):
+    """The staging directory of an import is removed when the import fails."""
+    result = _invoke(["import", str(world / "archives" / "nomanifest.tar.zst"), str(world / "imported")])
+    assert result.exit_code == 1
+    assert not [p for p in os.listdir(world) if p.startswith(".ckptfmt-tmp.")]
+    assert not (world / "imported").exists()
