@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import zipfile
+import zlib
 
 import numpy as np
 
@@ -19,7 +20,9 @@ def load(path: str) -> source.Source:
                 raise UnsupportedFormatError(path, "not written by ckptfmt: no 'meta' array")
             meta = json.loads(z["meta"].tobytes().decode())
             regions = {r: np.ascontiguousarray(z[r]) for r in fmt.REGIONS if r in z}  # dtypes checked by meta_source
-    except (KeyError, ValueError, zipfile.BadZipFile, EOFError) as exc:
+    except (KeyError, ValueError, OSError, EOFError, NotImplementedError, RuntimeError, zlib.error,
+            zipfile.BadZipFile) as exc:
+        # what zipfile raises for a damaged archive (bad offsets, unknown versions, encryption)
         if isinstance(exc, ConvertError):
             raise
         raise ConvertError(path, f"not a ckptfmt .npz: {exc}") from None

@@ -67,14 +67,28 @@ def _read_exact(stream, n: int, path: str) -> bytes:
     return b"".join(parts)
 
 
+def _head(path: str, blob: bytes) -> dict:
+    """The JSON head, checked: untrusted bytes become a ``ConvertError``, never a traceback."""
+    try:
+        head = json.loads(blob)
+        ok = isinstance(head, dict) and isinstance(head.get("chunk"), int) and head["chunk"] > 0 \
+            and isinstance(head.get("planes"), bool)
+    except ValueError as exc:
+        raise ConvertError(path, f"not a ckptfmt .zst: header is not JSON: {exc}") from None
+    if not ok:
+        raise ConvertError(path, "not a ckptfmt .zst: header lacks chunk or planes")
+    return head
+
+
 def load(path: str) -> Source:
     with open(path, "rb") as f:
-        if f.read(8) != MAGIC:
+        lead = f.read(12)
+        if len(lead) < 12 or lead[:8] != MAGIC:
             raise ConvertError(path, "not a ckptfmt .zst (bad magic)")
-        (hlen,) = struct.unpack("<I", f.read(4))
+        (hlen,) = struct.unpack("<I", lead[8:])
         if hlen > 16 << 20:
             raise ConvertError(path, f"header length {hlen} is impossible")
-        head = json.loads(f.read(hlen))
+        head = _head(path, f.read(hlen))
         try:
             with zstandard.ZstdDecompressor().stream_reader(f) as z:
                 step, n = fmt.unpack_header(_read_exact(z, fmt.HEADER_SIZE, path))
