@@ -98,10 +98,19 @@ def save(path: "str | os.PathLike[str]", step: int, weights: Region, m: Region, 
         mpath = _commit(path, step, n, digest, manifest, write_manifest, overwrite, extra_tensors)
     except BaseException:
         if not overwrite:           # ours alone: nothing of a refused commit stays behind
-            for leftover in (path, companion.path_for(path)):
-                atomic.remove(leftover)
+            _remove_quietly(path, companion.path_for(path))
         raise
     return SaveResult(path, mpath, step, n, fmt.file_size(n), digest, time.perf_counter() - started)
+
+
+def _remove_quietly(*paths: "str | os.PathLike[str]") -> None:
+    """Best effort: the error that failed the save is the one to report, not a failed cleanup
+    (what stays is an uncommitted leftover, which readers skip and ``gc`` sweeps)."""
+    for p in paths:
+        try:
+            atomic.remove(p)
+        except (OSError, SaveError):
+            pass
 
 
 def _commit(path: str, step: int, n: int, digest: str, manifest: dict[str, Any] | None,
