@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import ckptfmt
 from ckptfmt import errors as E
 from ckptfmt.reader import from_bytes
-from conftest import arrays, make
+from conftest import arrays, make, seed_write
 
 
 def raw(step, n, body_floats=None):
@@ -43,9 +43,11 @@ def test_malformed_inputs_raise_their_class_with_message_and_offset(tmp_path, da
 
 
 def test_name_disagreeing_with_header(tmp_path):
-    ckptfmt.save(tmp_path / "step_000007.bin", 8, *arrays(2), write_manifest=False)
+    seed_write(tmp_path / "step_000007.bin", 8, *arrays(2))   # ckptfmt.save refuses this name
     with pytest.raises(E.BadNameError, match="name says step 7, header says step 8"):
         ckptfmt.open(tmp_path / "step_000007.bin")
+    with pytest.raises(E.BadNameError, match="name says step 7, the header would say 8"):
+        ckptfmt.save(tmp_path / "x" / "step_000007.bin", 8, *arrays(2))
 
 
 def test_directory_and_fifo_are_not_checkpoints(tmp_path):
