@@ -10,7 +10,8 @@ from pathlib import Path
 from typing import Any
 
 from . import atomic, companion
-from .errors import IncompleteResumeStateError, ManifestError, ManifestMismatchError
+from .errors import (IncompleteResumeStateError, ManifestError, ManifestMismatchError,
+                     UnsupportedVersionError)
 
 FORMAT_ID = "ckptfmt"
 FORMAT_VERSION = 1
@@ -73,7 +74,7 @@ def check_schema(path: str, doc: dict[str, Any]) -> None:
     if doc["format"] != FORMAT_ID:
         raise ManifestError(path, f"format: expected '{FORMAT_ID}', got {doc['format']!r}")
     if doc["format_version"] > FORMAT_VERSION:
-        raise ManifestError(path, f"format_version {doc['format_version']} is newer than this "
+        raise UnsupportedVersionError(path, f"format_version {doc['format_version']} is newer than this "
                                   f"ckptfmt understands ({FORMAT_VERSION})")
     if os.path.basename(doc["file"]) != doc["file"]:
         raise ManifestError(path, f"field 'file' must be a bare name, got {doc['file']!r}")

@@ -61,11 +61,13 @@ def _print_gc(d: dict) -> None:
 @click.argument("run", type=click.Path())
 @click.argument("step", type=int)
 @click.option("--off", is_flag=True, help="Unpin.")
+@json_option
 @guarded
-def pin(run: str, step: int, off: bool) -> None:
-    """Pin a step so retention never deletes it (or --off to unpin)."""
+def pin(run: str, step: int, off: bool, as_json: bool) -> None:
+    """Pin a committed step so retention never deletes it (or --off to unpin)."""
     from ..run import Run  # lazy: keeps `ckptfmt --help` fast
-    click.echo(f"pinned: {Run(run).pin(step, on=not off)}")
+    pins = Run(run).pin(step, on=not off)
+    emit({"run": run, "pins": pins}, as_json, lambda d: click.echo(f"pinned: {d['pins']}"))
 
 
 # ---------------------------------------------------------------- pivot / fork / bisect
@@ -104,25 +106,38 @@ def bisect(run_a: str, run_b: str, as_json: bool) -> None:
     """First step where two runs' generations or loss histories differ (exit 1 if any)."""
     from ..run.ops import bisect as run_bisect  # lazy: keeps `ckptfmt --help` fast
     data = run_bisect(run_a, run_b)
-    emit(data, as_json, lambda d: click.echo(
-        f"generations: first difference at step {d['first_generation_difference']} "
-        f"(last identical {d['last_identical_generation']}); history: first difference at step "
-        f"{d['first_history_difference']}"))
+    emit(data, as_json, _print_bisect)
     if not data["identical"]:
         sys.exit(EXIT_DEFECT)
+
+
+def _print_bisect(d: dict) -> None:
+    """Steps in words: "identical" or "first differ at step N", never "step None"."""
+    def at(step: int | None, what: str) -> str:
+        return f"{what}: identical" if step is None else f"{what}: first differ at step {step}"
+    gens = at(d["first_generation_difference"], "generations")
+    if not d["common_generations"]:
+        gens = "generations: none in common"
+    elif d["last_identical_generation"] is not None and d["first_generation_difference"] is not None:
+        gens += f" (last identical: step {d['last_identical_generation']})"
+    click.echo(f"{gens}; {at(d['first_history_difference'], 'history')}")
 
 
 # ---------------------------------------------------------------- plot
 @main.command()
 @click.argument("runs", nargs=-1, required=True, type=click.Path())
-@click.option("--out", required=True, type=click.Path(), help="PNG file to write.")
+@click.option("--out", required=True, type=click.Path(),
+              help="New .png (or .svg, .pdf) file to write; an existing file is never replaced.")
+@json_option
 @guarded
-def plot(runs: tuple[str, ...], out: str) -> None:
+def plot(runs: tuple[str, ...], out: str, as_json: bool) -> None:
     """Draw loss (raw and EMA) of runs with generations, pivots, resumes and forks marked,
     and the curriculum's source shares below (needs matplotlib)."""
     from ..tools.plot import plot as run_plot  # lazy: plotting needs matplotlib
+    if os.path.splitext(out)[1].lower() not in (".png", ".svg", ".pdf"):
+        raise Fail(f"{out}: --out must end in .png, .svg or .pdf", EXIT_CANNOT)
     for r in runs:
         if not os.path.isdir(r):
-            raise Fail(f"{r}: not a run directory", EXIT_CANNOT)
-    run_plot(list(runs), out)
-    click.echo(f"wrote {out}")
+            raise Fail(f"{r}: " + ("not a run directory" if os.path.exists(r) else "no such run directory"),
+                       EXIT_CANNOT)
+    emit(run_plot(list(runs), out), as_json, lambda d: click.echo(f"wrote {d['out']}"))

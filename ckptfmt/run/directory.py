@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import atomic, shards, writer
-from ..errors import NoValidGenerationError, SaveError
+from ..errors import GenerationNotFoundError, NoValidGenerationError, SaveError
 from .generations import Generation, Listing, check_bare, check_generation, list_dir
 from .history import History
 from .retention import plan_retention
@@ -82,7 +82,12 @@ class Run:
         return read_json(self.path / PINS, default=[])
 
     def pin(self, step: int, on: bool = True) -> list[int]:
-        """Pin (or with ``on=False`` unpin) ``step``; returns the pins after the change."""
+        """Pin (or with ``on=False`` unpin) ``step``; returns the pins after the change. Only a
+        committed generation can be pinned (a pin on nothing would protect nothing, silently);
+        unpinning works for any step, so a pin outliving its generation can be removed."""
+        if on and not any(g.step == step and g.committed for g in self.generations()):
+            raise GenerationNotFoundError(str(self.path), f"no committed generation at step {step} "
+                                                          "to pin (see ckptfmt ls)")
         pins = set(self.pins())
         pins = pins | {step} if on else pins - {step}
         atomic.write_json(self.path / PINS, sorted(pins))

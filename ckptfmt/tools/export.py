@@ -6,8 +6,10 @@ an ``EXPORT-INCOMPLETE`` marker, so a half export is never mistaken for a good o
 from __future__ import annotations
 
 import datetime
+import errno
 import json
 import os
+import shutil
 import tarfile
 import tempfile
 import time
@@ -24,13 +26,13 @@ from ..run import SAMPLES, STATE, Run
 from ..run import history as hist
 from . import b3sums
 from .convert import convert
-from .validate import validate_file
+from .validate import INCOMPLETE, validate_file
 
 __all__ = ["INCOMPLETE", "archive", "export", "import_archive"]
 
-INCOMPLETE = "EXPORT-INCOMPLETE"
 SIDECARS = (hist.NAME, SAMPLES, STATE)
 ARCHIVE_MANIFEST = "export.json"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"     # RFC 8878: every zstd frame starts with these bytes
 
 
 def _choose(run: Run, steps: list[int] | None) -> list:
@@ -234,32 +236,71 @@ def _read_archive(path: Path, dest: Path | None) -> dict[str, str]:
 
 
 def import_archive(archive_path: str, dest: str) -> dict[str, Any]:
-    """Unpack a .tar.zst export into DEST and verify every file against its embedded manifest."""
-    out = Path(dest)
-    _prepare_dest(out)
+    """Unpack a .tar.zst export into DEST and verify every file against its embedded manifest.
+
+    The archive is unpacked into a sibling staging directory (``.ckptfmt-tmp.`` + DEST's name,
+    carrying the ``EXPORT-INCOMPLETE`` marker until every check passed) that is then renamed
+    to DEST: a failed import leaves nothing at DEST, and DEST never holds a partial import.
+    """
+    source, out = Path(archive_path), Path(dest)
+    _check_archive_path(source)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DestinationExistsError(str(out), "exists and is not empty; choose a new destination")
+    staging = out.parent / f"{fmt.TEMP_PREFIX}import.{out.name}.{os.getpid()}"
     try:
-        digests = _read_archive(Path(archive_path), out)
-    except (tarfile.TarError, OSError, ValueError, zstandard.ZstdError) as exc:
-        raise ExportError(archive_path, f"cannot unpack: {exc}") from None
+        _prepare_dest(staging)
+    except OSError as exc:          # name DEST, not the staging directory the user never chose
+        raise OSError(exc.errno, exc.strerror, str(out)) from None
     try:
-        doc = json.loads((out / ARCHIVE_MANIFEST).read_text())
-    except (OSError, ValueError):
-        raise ExportError(archive_path, f"archive has no readable {ARCHIVE_MANIFEST}") from None
-    for row in doc["files"]:
-        if digests.get(row["file"]) != row["blake3"]:
-            raise ExportError(str(out / row["file"]), "blake3 after unpacking differs from the export manifest")
-    for gen_step in doc["steps"]:
-        name = out / fmt.checkpoint_name(gen_step)
+        doc = _unpack_verified(source, staging)
+        atomic.remove(staging / INCOMPLETE)
+        os.replace(staging, out)          # onto a missing or empty DEST, in one rename
+        atomic.sync_dir_of(str(out))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return {"dest": str(out), "files": len(doc["files"]), "steps": doc["steps"], "verified": True}
+
+
+def _check_archive_path(source: Path) -> None:
+    """A missing archive or a directory is a usage problem (exit 2), not a damaged archive."""
+    if not source.exists():
+        raise FileNotFoundError(errno.ENOENT, "no such archive", str(source))
+    if source.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "a directory, expected an export .tar.zst", str(source))
+
+
+def _unpack_verified(source: Path, staging: Path) -> dict[str, Any]:
+    """Unpack into ``staging`` and check every member against the archive's export.json."""
+    with open(source, "rb") as f:
+        if f.read(4) != ZSTD_MAGIC:
+            raise ExportError(str(source), "not an export archive: not zstd-compressed (expected a "
+                                           ".tar.zst written by ckptfmt export --archive)")
+    try:
+        digests = _read_archive(source, staging)
+    except ExportError:
+        raise
+    except (tarfile.TarError, ValueError, zstandard.ZstdError, EOFError) as exc:
+        raise ExportError(str(source), f"not an export archive, or a damaged one: {exc}") from None
+    try:
+        doc = json.loads((staging / ARCHIVE_MANIFEST).read_text())
+        rows, steps = list(doc["files"]), [int(s) for s in doc["steps"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ExportError(str(source), f"archive has no readable {ARCHIVE_MANIFEST}") from None
+    for row in rows:
+        if not isinstance(row, dict) or digests.get(row.get("file")) != row.get("blake3"):
+            raise ExportError(str(source), f"{row.get('file') if isinstance(row, dict) else row}: blake3 "
+                                           "after unpacking differs from the export manifest")
+    for gen_step in steps:
+        name = staging / fmt.checkpoint_name(gen_step)
         if name.exists():
             report = validate_file(name, deep=True)
             if not report.ok:
-                raise ExportError(str(name), "; ".join(f.message for f in report.findings))
-    atomic.remove(out / INCOMPLETE)
-    return {"dest": str(out), "files": len(doc["files"]), "steps": doc["steps"], "verified": True}
+                raise ExportError(str(source), "; ".join(f.message for f in report.findings))
+    return doc
 
 
 def _data_identity(doc: dict[str, Any]) -> Any:
     """The reference trainer's data sources (``state.data``; ``data`` before it used the manager)."""
     data = (doc.get("state") or {}).get("data") or doc.get("data") or {}
     return data.get("identity") if isinstance(data, dict) else None
-

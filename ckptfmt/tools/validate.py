@@ -21,14 +21,16 @@ from ..run import STATE, SAMPLES, Run, check_generation, zombie_arms
 from ..run import history as hist
 from .stats import region_stats
 
-__all__ = ["Finding", "Report", "error_code", "validate_file", "validate_path", "validate_run", "values_plausible"]
+__all__ = ["INCOMPLETE", "Finding", "Report", "error_code", "validate_file", "validate_path", "validate_run",
+           "values_plausible"]
 
-DEFECT, WARNING = "defect", "warning"
+DEFECT, WARNING, UNSUPPORTED = "defect", "warning", "unsupported"
+INCOMPLETE = "EXPORT-INCOMPLETE"     # written first into an export or import destination, removed last
 
 
 @dataclass
 class Finding:
-    level: str       # 'defect' (exit 1) or 'warning' (reported, still valid)
+    level: str       # 'defect' (exit 1), 'unsupported' (could not judge it: exit 2) or 'warning' (still valid)
     code: str        # stable machine name, e.g. 'truncated', 'fingerprint_mismatch'
     message: str     # one line naming the file and the problem
 
@@ -37,7 +39,7 @@ class Finding:
 class Report:
     path: str
     kind: str = "file"
-    status: str = "unverified"   # verified | unverified | committed | damaged
+    status: str = "unverified"   # verified | unverified | committed | damaged | unsupported | no checkpoint
     step: int | None = None
     n_params: int | None = None
     findings: list[Finding] = field(default_factory=list)
@@ -45,13 +47,27 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        """No defect found (warnings allowed)."""
-        return not any(f.level == DEFECT for f in self.findings)
+        """No defect found and nothing that could not be judged (warnings allowed)."""
+        return not any(f.level in (DEFECT, UNSUPPORTED) for f in self.findings)
+
+    @property
+    def could_not_run(self) -> bool:
+        """Part of the check could not run (a manifest newer than this ckptfmt): CLI exit 2."""
+        return any(f.level == UNSUPPORTED for f in self.findings)
 
     def defect(self, code: str, message: str) -> None:
         """Record a defect: the thing checked is not usable as it is (CLI exit 1)."""
         self.findings.append(Finding(DEFECT, code, message))
         self.status = "damaged"
+
+    def failed(self, exc: CheckpointError) -> None:
+        """Record a library error: a defect, or, when the error means this reader cannot judge
+        the input (``could_not_run``), an 'unsupported' finding."""
+        if exc.could_not_run:
+            self.findings.append(Finding(UNSUPPORTED, error_code(exc), str(exc)))
+            self.status = "unsupported"
+        else:
+            self.defect(error_code(exc), str(exc))
 
     def warn(self, code: str, message: str) -> None:
         """Record a warning: worth knowing, not a defect."""
@@ -78,7 +94,7 @@ def validate_file(path: "str | os.PathLike[str]", *, deep: bool = True, progress
     try:
         ckpt = reader.open(path, manifest="ignore")
     except CheckpointError as exc:
-        report.defect(error_code(exc), str(exc))
+        report.failed(exc)
         return report
     with ckpt:
         report.step, report.n_params = ckpt.step, ckpt.n_params
@@ -96,7 +112,7 @@ def _check_manifest(report: Report, ckpt: reader.Checkpoint) -> dict[str, Any] |
     try:
         doc = mf.beside(ckpt.path, size=ckpt.size, step=ckpt.step, n_params=ckpt.n_params)
     except CheckpointError as exc:
-        report.defect(error_code(exc), str(exc))
+        report.failed(exc)
         return None
     except OSError as exc:
         report.defect("manifest_unreadable", f"{mpath}: {exc.strerror or exc}")
@@ -104,8 +120,17 @@ def _check_manifest(report: Report, ckpt: reader.Checkpoint) -> dict[str, Any] |
     if doc is None:
         report.warn("unverified", f"{ckpt.path}: no manifest, contents cannot be verified")
         return None
-    report.status = "committed"
+    if report.ok:
+        report.status = "committed"
     return doc
+
+
+def _check_incomplete(report: Report, directory: str) -> None:
+    """An export or import that has not finished (or failed) leaves its marker: never valid."""
+    marker = os.path.join(directory, INCOMPLETE)
+    if os.path.lexists(marker):
+        report.defect("incomplete_export", f"{marker}: the export or import into {directory} did not "
+                                           "finish (or failed): its files are incomplete; export again")
 
 
 def _check_contents(report: Report, ckpt: reader.Checkpoint, doc: dict | None, deep: bool,
@@ -181,10 +206,15 @@ def _check_values(report: Report, ckpt: reader.Checkpoint, done=None) -> None:
 
 
 def validate_path(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None) -> Report:
-    """A file or a run directory."""
+    """A file or a run directory. A directory (or a file's directory) that still carries the
+    ``EXPORT-INCOMPLETE`` marker of an export or import is never valid, whatever its files say."""
     if os.path.isdir(path):
-        return validate_run(path, deep=deep, progress=progress)
-    return validate_file(path, deep=deep, progress=progress)
+        report = validate_run(path, deep=deep, progress=progress)
+        _check_incomplete(report, os.fspath(path))
+        return report
+    report = validate_file(path, deep=deep, progress=progress)
+    _check_incomplete(report, os.path.dirname(os.path.abspath(path)))
+    return report
 
 
 def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None) -> Report:
@@ -205,13 +235,28 @@ def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=
     _validate_sidecars(report, run)
     committed_ok = [g for g in gens_out if g["status"] in ("verified", "committed")]
     if not listing.generations:
-        report.defect("no_generation", f"{path}: no generation to resume from")
+        _no_generation(report, path)
     elif not committed_ok and not bare:
         report.defect("no_valid_generation", f"{path}: no committed generation is valid")
     elif bare:
         report.warn("bare_run", f"{path}: bare .bin files without manifests: structure only, unverified")
-    report.status = "damaged" if not report.ok else ("verified" if deep and not bare else "committed")
+    if report.status != "no checkpoint":
+        report.status = "damaged" if not report.ok else ("verified" if deep and not bare else "committed")
     return report
+
+
+def _no_generation(report: Report, path: "str | os.PathLike[str]") -> None:
+    """A directory without any generation: a run killed before its first checkpoint (it has a
+    loss history) is not damaged, it has nothing to resume; anything else is not a run yet."""
+    steps = report.details.get("history_records", 0)
+    if steps:
+        report.findings.append(Finding(DEFECT, "no_checkpoint_yet", (
+            f"{path}: stopped before its first checkpoint: the history holds {steps} steps but no "
+            "generation was committed; nothing to resume, a restart begins at step 0")))
+    else:
+        report.findings.append(Finding(DEFECT, "no_generation", f"{path}: no generation to resume from "
+                                                                "(not a run directory, or an empty one)"))
+    report.status = "no checkpoint"
 
 
 def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=None) -> dict[str, Any]:

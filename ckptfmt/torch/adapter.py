@@ -177,8 +177,15 @@ def _copy_regions(ck: Any, targets: list[tuple[str, list[torch.Tensor]]]) -> Non
 
 
 def _view(region: np.ndarray, entry: dict[str, Any]) -> torch.Tensor:
+    """One parameter's values as a tensor: a zero-copy view over a writable (copy-on-write) map,
+    a copy over a read-only one. torch has no read-only tensors: a view of a read-only map would
+    be a writable alias of pages mapped PROT_READ, and the first in-place write through it (an
+    optimizer step on a state tensor that aliases it) would kill the process (spec §8.5)."""
     count = math.prod(entry["shape"])
-    return torch.from_numpy(region[entry["offset"]:entry["offset"] + count]).view(entry["shape"])
+    piece = region[entry["offset"]:entry["offset"] + count]
+    if not piece.flags.writeable:
+        piece = piece.copy()        # never alias a read-only map
+    return torch.from_numpy(piece).view(entry["shape"])
 
 
 def load_optimizer(ck: "reader.Checkpoint | Any", model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
