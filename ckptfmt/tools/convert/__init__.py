@@ -158,6 +158,9 @@ def _open(src: str, kind: str) -> Any:
     ``TensorFile``) for a foreign .pt or .safetensors."""
     if kind == "pt":
         state = pt.read(src)
+        if not isinstance(state, dict):
+            raise UnsupportedFormatError(src, f"holds a {type(state).__name__}, expected a dict (a state dict, "
+                                              "or one with model and optimizer state dicts)")
         return pt.load(src, state) if pt.is_ckptfmt(state) else state
     if kind == "safetensors":
         sf = TensorFile(src)
