@@ -21,7 +21,7 @@ from ... import fingerprint
 from ... import format as fmt
 from ...errors import ConvertError, DestinationExistsError, UnsupportedConversionError, UnsupportedFormatError
 from ...tensorfile import TensorFile
-from . import bin, bridge, check, npz, planes, pt, safetensors, zst
+from . import bin, bridge, check, npz, planes, pt, safetensors, torchsave, zst
 from .planes import planes as planes_of, unplanes
 from .shards import convert_distributed
 from .source import ConvertReport, Source, cast, discard, regions_of, verdict
@@ -158,9 +158,7 @@ def _open(src: str, kind: str) -> Any:
     ``TensorFile``) for a foreign .pt or .safetensors."""
     if kind == "pt":
         state = pt.read(src)
-        if not isinstance(state, dict):
-            raise UnsupportedFormatError(src, f"holds a {type(state).__name__}, expected a dict (a state dict, "
-                                              "or one with model and optimizer state dicts)")
+        torchsave.require_dict(state, src)
         return pt.load(src, state) if pt.is_ckptfmt(state) else state
     if kind == "safetensors":
         sf = TensorFile(src)
