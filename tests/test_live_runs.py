@@ -15,6 +15,7 @@ import time
 import pytest
 
 pytest.importorskip("torch")
+pytestmark = pytest.mark.xdist_group("live-trainer")     # one worker, one trainer for the module
 
 from ckptfmt import fsio  # noqa: E402
 from ckptfmt.run import fork, list_dir, ls_run  # noqa: E402
@@ -81,7 +82,7 @@ def test_export_races_retention_twenty_of_twenty(live, tmp_path):
         assert report.ok and report.status == "verified", report.findings
         exported.append(step)
     assert len(exported) == 20
-    wait_for_commits(live, max(exported))          # lease ended: retention catches up
+    wait_for_commits(live, max(committed(live)))   # leases ended: retention catches up
     assert not set(exported) & set(committed(live))
 
 
