@@ -142,3 +142,23 @@ def test_ls_deep_of_a_live_run(live):
     out = cli("ls", "--deep", "--json", str(live), timeout=120)
     assert out.returncode == 0, out.stderr
     assert json.loads(out.stdout)["leftovers"] == []
+
+
+def test_the_checkpoint_managers_retention_honours_a_lease(tmp_path):
+    """The manager prunes through Run.gc, so it keeps a reader's generation without knowing it."""
+    import torch
+
+    from ckptfmt.run import ReadLease
+    from ckptfmt.torch import CheckpointManager
+    model = torch.nn.Linear(4, 2)
+    opt = torch.optim.Adam(model.parameters())
+    mgr = CheckpointManager(tmp_path, model, opt, every=1, keep_last=1, handle_signals=False)
+    mgr.save(1)
+    with ReadLease(tmp_path, purpose="reader") as lease:
+        assert lease.steps == [1]
+        for step in (2, 3):
+            mgr.save(step)
+        assert committed(tmp_path) == [1, 3]           # 1 leased, 2 pruned, 3 the newest
+    mgr.save(4)
+    mgr.close()
+    assert committed(tmp_path) == [4]

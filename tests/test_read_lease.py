@@ -188,3 +188,23 @@ def test_a_history_line_being_appended_is_not_torn_while_the_writer_lives(tmp_pa
     assert any(f.code == "history_torn" for f in validate_run(run).findings)   # no writer: torn
     export(str(run), str(tmp_path / "dest2"))                                 # copied as it is
     assert (tmp_path / "dest2" / ".loss.json").read_bytes() == (run / ".loss.json").read_bytes()
+
+
+def test_retention_never_sweeps_what_is_not_its_own_lease_file(tmp_path):
+    run, elsewhere = tmp_path / "run", tmp_path / "mine"
+    run.mkdir()
+    elsewhere.mkdir()
+    make(run, 1)
+    precious = [elsewhere / "notes.json", elsewhere / "123.abcdef01.json"]
+    for p in precious:
+        p.write_text("{}")
+    (run / LEASES).symlink_to(elsewhere)
+    with ReadLease(run) as lease:
+        assert not lease.held and "not a directory of its own" in lease.problem
+    assert Run(run).gc(keep_last=1) == []
+    assert all(p.read_text() == "{}" for p in precious) and (run / LEASES).is_symlink()
+    (run / LEASES).unlink()
+    (run / LEASES).mkdir()
+    (run / LEASES / "notes.json").write_text("{}")          # a name ReadLease never writes
+    Run(run).gc(keep_last=1)
+    assert (run / LEASES / "notes.json").read_text() == "{}"

@@ -21,11 +21,14 @@ the exclusion (best effort).
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
+import re
 import secrets
 import socket
+import stat
 import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
@@ -33,6 +36,7 @@ from typing import Any, Iterable, Iterator
 from .generations import Listing, list_dir
 
 LEASES = ".leases"
+LEASE_NAME = re.compile(r"[0-9]+\.[0-9a-f]{8}\.json")       # PID.TOKEN.json, as ReadLease names it
 
 __all__ = ["LEASES", "ReadLease", "honoured", "active_leases"]
 
@@ -93,6 +97,8 @@ class ReadLease:
     def _create(self) -> None:
         leases = self.run / LEASES
         leases.mkdir(exist_ok=True)
+        if not _is_real_dir(leases):
+            raise NotADirectoryError(errno.ENOTDIR, "not a directory of its own (a symlink?)", str(leases))
         path = leases / f"{os.getpid()}.{secrets.token_hex(4)}.json"
         fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644)
         try:
@@ -144,14 +150,12 @@ def _write(fd: int, record: dict[str, Any]) -> None:
 def _scan(run: Path, *, sweep: bool) -> list[tuple[str, dict[str, Any]]]:
     """(file name, record) of each live lease; lease files nobody holds are stale (their reader
     died) and removed when ``sweep``."""
-    out = []
-    try:
-        entries = sorted(os.scandir(run / LEASES), key=lambda e: e.name)
-    except (FileNotFoundError, NotADirectoryError):
-        return out
-    for entry in entries:
-        if not entry.name.endswith(".json") or not entry.is_file(follow_symlinks=False):
-            continue
+    out: list[tuple[str, dict[str, Any]]] = []
+    if not _is_real_dir(run / LEASES):
+        return out                      # absent, or not ours to sweep (a symlink elsewhere)
+    for entry in sorted(os.scandir(run / LEASES), key=lambda e: e.name):
+        if not LEASE_NAME.fullmatch(entry.name) or not entry.is_file(follow_symlinks=False):
+            continue                    # only lease files of our own naming are read or swept
         try:
             fd = os.open(entry.path, os.O_RDONLY | os.O_CLOEXEC)
         except FileNotFoundError:
@@ -167,6 +171,13 @@ def _scan(run: Path, *, sweep: bool) -> list[tuple[str, dict[str, Any]]]:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(entry.path)
     return out
+
+
+def _is_real_dir(path: Path) -> bool:
+    try:
+        return stat.S_ISDIR(os.lstat(path).st_mode)
+    except OSError:
+        return False
 
 
 def _read(fd: int) -> dict[str, Any]:
