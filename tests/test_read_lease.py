@@ -88,6 +88,7 @@ def test_a_reader_that_cannot_lease_says_so_and_still_reads(tmp_path):
     doc = export(str(tmp_path), str(tmp_path.parent / "dest"))
     assert doc["steps"] == [2]
     assert "lease_problem" in ls_run(tmp_path)
+    assert "cannot write a read lease" in cli("ls", str(tmp_path)).stdout
     assert Run(tmp_path).gc(keep_last=1) == [1]
 
 

@@ -38,6 +38,8 @@ def print_ls(d: dict) -> None:
         click.echo(f"  save in progress: {t}")
     for t in d["leftovers"]:
         click.echo(f"  leftover: {t}")
+    if d.get("lease_problem"):
+        click.echo(f"  {d['lease_problem']}")
     for r in d.get("leases", []):
         click.echo(f"  read lease: {r.get('purpose', 'reader')} pid {r.get('pid', '?')} "
                    f"holds steps {r.get('steps')}")
