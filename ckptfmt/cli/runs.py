@@ -22,7 +22,8 @@ from .output import EXIT_CANNOT, EXIT_DEFECT, Fail, emit, guarded, json_option, 
 @click.option("--keep-every", type=click.IntRange(min=1), help="Mark milestones (steps divisible by N).")
 @guarded
 def ls_cmd(run: str, as_json: bool, deep: bool, keep_every: int | None) -> None:
-    """List a run's generations with status, pins, milestones and leftovers."""
+    """List a run's generations with status, pins, milestones, leftovers, saves in progress and
+    read leases. Safe while the run trains: what it lists is leased until it is done."""
     from ..run.ops import ls_run  # lazy: keeps `ckptfmt --help` fast
     emit(ls_run(run, deep=deep, keep_every=keep_every), as_json, print_ls)
 
@@ -31,9 +32,17 @@ def print_ls(d: dict) -> None:
     click.echo(f"{d['run']}" + (f"  (locked by pid {d['lock'].get('pid')})" if d.get("lock") else ""))
     for g in d["generations"]:
         marks = (" pinned" if g["pinned"] else "") + (" milestone" if g.get("milestone") else "")
-        click.echo(f"  {g['step']:>10}  {size(g['size']):>10}  {g['age_s']:>9.0f}s  {g['status']}{marks}")
+        age = "-" if g["age_s"] is None else f"{g['age_s']:.0f}s"
+        click.echo(f"  {g['step']:>10}  {size(g['size']):>10}  {age:>10}  {g['status']}{marks}")
+    for t in d.get("in_progress", []):
+        click.echo(f"  save in progress: {t}")
     for t in d["leftovers"]:
         click.echo(f"  leftover: {t}")
+    if d.get("lease_problem"):
+        click.echo(f"  {d['lease_problem']}")
+    for r in d.get("leases", []):
+        click.echo(f"  read lease: {r.get('purpose', 'reader')} pid {r.get('pid', '?')} "
+                   f"holds steps {r.get('steps')}")
     for f in d["foreign"]:
         click.echo(f"  skipped: {f}")
 
@@ -91,7 +100,8 @@ def pivot(run: str, note: str | None, as_json: bool) -> None:
 @json_option
 @guarded
 def fork(run: str, dest: str, step: int, as_json: bool) -> None:
-    """Audit fork: start a new run DEST from generation --step, with provenance."""
+    """Audit fork: start a new run DEST from generation --step, with provenance. Safe while the
+    run trains: the generation is leased, so retention keeps it until the copy is done."""
     from ..run.ops import fork as run_fork  # lazy: keeps `ckptfmt --help` fast
     emit(run_fork(run, step, dest), as_json,
          lambda d: click.echo(f"forked {run} at step {d['step']} into {d['dest']} (blake3 {d['blake3'][:16]}…)"))

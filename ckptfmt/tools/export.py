@@ -22,7 +22,7 @@ from .. import atomic, companion, fingerprint
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import DestinationExistsError, ExportError
-from ..run import SAMPLES, STATE, Run
+from ..run import SAMPLES, STATE, Listing, ReadLease, Run, lock_holder
 from ..run import history as hist
 from . import b3sums
 from .convert import convert
@@ -35,15 +35,17 @@ ARCHIVE_MANIFEST = "export.json"
 ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"     # RFC 8878: every zstd frame starts with these bytes
 
 
-def _choose(run: Run, steps: list[int] | None) -> list:
-    """The generations named by ``steps``, or the newest valid one."""
-    committed = {g.step: g for g in run.generations() if g.committed or run.is_bare()}
+def _choose(run: Run, listing: Listing, steps: list[int] | None) -> list:
+    """The generations named by ``steps``, or the newest valid one, from the leased listing."""
+    gens = listing.generations
+    bare = bool(gens) and all(g.manifest is None for g in gens)
+    committed = {g.step: g for g in gens if g.committed or bare}
     if steps:
         missing = [s for s in steps if s not in committed]
         if missing:
             raise ExportError(str(run.path), f"no committed generation at step(s) {missing}")
         return [committed[s] for s in steps]
-    gen = run.latest(allow_bare=True)
+    gen = run.latest(allow_bare=True, among=list(committed.values()) or gens)
     if gen is None:
         raise ExportError(str(run.path), "nothing to export: the run has no generation")
     return [gen]
@@ -71,21 +73,21 @@ def export(run_dir: str, dest: str, *, steps: list[int] | None = None,
     before the verification.
     """
     run, out = Run(run_dir), Path(dest)
-    gens = _choose(run, steps)
-    _prepare_dest(out)
-    started = time.perf_counter()
-    files = []
-    for gen in gens:
-        files += _export_generation(gen, out, weights_only, progress)
-    for name in SIDECARS if with_history else SIDECARS[1:]:
-        src = run.path / name
-        if src.exists():
-            files.append({"file": name, "size": src.stat().st_size,
-                          "blake3": atomic.copy_verified(src, out / name, None)})
-    if tamper:
-        tamper(out)
-    checks = _verify_at_dest(out, files, gens, weights_only, check)
-    doc = _describe(run, out, gens, files, checks, time.perf_counter() - started)
+    with ReadLease(run.path, purpose="export") as lease:    # retention keeps them (RUN.md §5.3)
+        gens = _choose(run, lease.listing, steps)
+        lease.narrow(g.step for g in gens)
+        _prepare_dest(out)
+        started = time.perf_counter()
+        files = []
+        for gen in gens:
+            files += _export_generation(gen, out, weights_only, progress)
+        live = lock_holder(run.path) is not None
+        for name in SIDECARS if with_history else SIDECARS[1:]:
+            files += _copy_sidecar(run.path / name, out / name, live)
+        if tamper:
+            tamper(out)
+        checks = _verify_at_dest(out, files, gens, weights_only, check)
+        doc = _describe(run, out, gens, files, checks, time.perf_counter() - started)
     atomic.write_json(out / ARCHIVE_MANIFEST, doc)
     (out / "EXPORT.md").write_text(_export_md(doc))
     _write_b3sums(out, files)
@@ -99,6 +101,23 @@ def _write_b3sums(out: Path, files: list[dict[str, Any]]) -> None:
     rows = [(row["blake3"], row["file"]) for row in files]
     rows += [(fingerprint.of_file(out / name), name) for name in (ARCHIVE_MANIFEST, "EXPORT.md")]
     b3sums.write(out / b3sums.NAME, rows)
+
+
+def _copy_sidecar(src: Path, dst: Path, live: bool) -> list[dict[str, Any]]:
+    """Copy one sidecar as it is now; its row, or none when the run has no such file.
+
+    A live trainer appends to the history while we copy: the copy is the history up to its last
+    complete line at the start (every step up to the leased generations is in it: it is synced
+    before each commit). The other sidecars are replaced atomically: one open file is one version.
+    """
+    try:
+        length = hist.complete_length(src) if live and src.name == hist.NAME else None
+        digest = atomic.copy_verified(src, dst, None, length=length)
+    except FileNotFoundError as exc:
+        if exc.filename != str(src):
+            raise
+        return []
+    return [{"file": dst.name, "size": dst.stat().st_size, "blake3": digest}]
 
 
 def _export_generation(gen, out: Path, weights_only: bool, progress=None) -> list[dict[str, Any]]:
@@ -148,7 +167,8 @@ def _verify_at_dest(out: Path, files: list[dict[str, Any]], gens: list, weights_
 def _describe(run: Run, out: Path, gens: list, files: list, checks: dict, seconds: float) -> dict[str, Any]:
     newest = gens[-1]
     doc = mf.read(newest.manifest) if newest.manifest else {}
-    canon = hist.read(run.path / hist.NAME).canonical()
+    copied = out / hist.NAME        # the history as exported, not as the live run has it now
+    canon = hist.read(copied if copied.exists() else run.path / hist.NAME).canonical()
     losses = [hist.decode_float(r["loss"]) for r in canon[-100:] if "loss" in r]
     return {"exported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "source_run": str(run.path.resolve()), "steps": [g.step for g in gens], "files": files,

@@ -10,7 +10,7 @@ from .. import format as fmt
 from .. import manifest as mf
 from .. import reader
 from ..errors import CheckpointError, NoValidGenerationError
-from ..run import Run, ls_run
+from ..run import ReadLease, Run, ls_run
 from ..run import history as hist
 from .stats import region_stats
 
@@ -68,15 +68,19 @@ def _manifest(path: str, ck: reader.Checkpoint) -> tuple[dict | None, str | None
 
 
 def inspect_run(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dict[str, Any]:
-    """``ls`` of a run plus ``inspect`` of its newest valid generation (or why there is none)."""
+    """``ls`` of a run plus ``inspect`` of its newest valid generation (or why there is none);
+    that generation is leased while it is read, so a live trainer's retention keeps it."""
     data = ls_run(path)
-    try:
-        gen = Run(path).latest(allow_bare=True)
-    except NoValidGenerationError as exc:
-        gen, data["latest_problem"] = None, str(exc)
-    if gen is None and "latest_problem" not in data:
-        data["latest_problem"] = _why_empty(path)
-    data["latest"] = inspect_file(gen.bin, tensors=tensors) if gen else None
+    with ReadLease(path, purpose="inspect") as lease:
+        gens = lease.listing.generations
+        try:
+            gen = Run(path).latest(allow_bare=True, among=[g for g in gens if g.committed] or gens)
+        except NoValidGenerationError as exc:
+            gen, data["latest_problem"] = None, str(exc)
+        if gen is None and "latest_problem" not in data:
+            data["latest_problem"] = _why_empty(path)
+        lease.narrow([gen.step] if gen else [])
+        data["latest"] = inspect_file(gen.bin, tensors=tensors) if gen else None
     return data
 
 

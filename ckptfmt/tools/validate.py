@@ -17,20 +17,22 @@ from .. import format as fmt
 from .. import manifest as mf
 from .. import reader
 from ..errors import CheckpointError
-from ..run import STATE, SAMPLES, Run, check_generation, zombie_arms
+from ..run import (STATE, SAMPLES, ReadLease, Run, check_generation, lock_holder, save_in_progress,
+                   zombie_arms)
 from ..run import history as hist
 from .stats import region_stats
 
 __all__ = ["INCOMPLETE", "Finding", "Report", "error_code", "validate_file", "validate_path", "validate_run",
            "values_plausible"]
 
-DEFECT, WARNING, UNSUPPORTED = "defect", "warning", "unsupported"
+DEFECT, WARNING, UNSUPPORTED, INFO = "defect", "warning", "unsupported", "info"
 INCOMPLETE = "EXPORT-INCOMPLETE"     # written first into an export or import destination, removed last
 
 
 @dataclass
 class Finding:
-    level: str       # 'defect' (exit 1), 'unsupported' (could not judge it: exit 2) or 'warning' (still valid)
+    level: str       # 'defect' (exit 1), 'unsupported' (could not judge it: exit 2), 'warning'
+                     # (reported, still valid) or 'info' (a fact)
     code: str        # stable machine name, e.g. 'truncated', 'fingerprint_mismatch'
     message: str     # one line naming the file and the problem
 
@@ -72,6 +74,10 @@ class Report:
     def warn(self, code: str, message: str) -> None:
         """Record a warning: worth knowing, not a defect."""
         self.findings.append(Finding(WARNING, code, message))
+
+    def note(self, code: str, message: str) -> None:
+        """Record a fact that is neither a defect nor a worry (a live writer's save in progress)."""
+        self.findings.append(Finding(INFO, code, message))
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-able fields (``--json``)."""
@@ -219,24 +225,30 @@ def validate_path(path: "str | os.PathLike[str]", *, deep: bool = True, progress
 
 def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None) -> Report:
     """Check a run directory: every generation, leftovers, the history and the sidecars, and that
-    a committed valid generation exists to resume from."""
+    a committed valid generation exists to resume from.
+
+    Safe while a trainer commits and prunes: the generations listed at the start are leased
+    (spec/RUN.md §5.3), and the live writer's unfinished save is reported as "save in progress"
+    (a note, not a leftover)."""
     run = Run(path)
     report = Report(str(path), kind="run")
-    listing = run.listing()
-    bare = run.is_bare()
-    gens_out = []
-    for gen in listing.generations:
-        gens_out.append(_validate_generation(report, gen, deep, bare, progress))
-    report.details["generations"] = gens_out
-    for temp in listing.temps:
-        report.warn("leftover_temp", f"{temp}: temp file of an interrupted save (ckptfmt gc sweeps it)")
-    for entry, why in listing.foreign:
-        report.warn("foreign_entry", f"{entry}: skipped: {why}")
-    _validate_sidecars(report, run)
+    holder = lock_holder(path)
+    with ReadLease(path, purpose="validate") as lease:
+        listing = lease.listing
+        live = [g for g in listing.generations if _saving(g, holder)]
+        rest = [g for g in listing.generations if g not in live]
+        bare = bool(rest) and all(g.manifest is None for g in rest)
+        gens_out = [_in_progress(report, g) if g in live else
+                    _validate_generation(report, g, deep, bare, progress) for g in listing.generations]
+        report.details["generations"] = gens_out
+        _report_entries(report, listing, holder)
+        _validate_sidecars(report, run, live=holder is not None)
+    if lease.problem and holder is not None:
+        report.warn("no_read_lease", lease.problem)
     committed_ok = [g for g in gens_out if g["status"] in ("verified", "committed")]
     if not listing.generations:
         _no_generation(report, path)
-    elif not committed_ok and not bare:
+    elif not committed_ok and not bare and not live:
         report.defect("no_valid_generation", f"{path}: no committed generation is valid")
     elif bare:
         report.warn("bare_run", f"{path}: bare .bin files without manifests: structure only, unverified")
@@ -257,6 +269,31 @@ def _no_generation(report: Report, path: "str | os.PathLike[str]") -> None:
         report.findings.append(Finding(DEFECT, "no_generation", f"{path}: no generation to resume from "
                                                                 "(not a run directory, or an empty one)"))
     report.status = "no checkpoint"
+
+
+def _saving(gen, holder: dict[str, Any] | None) -> bool:
+    """An uncommitted generation that the live writer is saving now (not a crash leftover)."""
+    part = gen.bin or gen.shards or gen.companion
+    return not gen.committed and part is not None and save_in_progress(part, holder)
+
+
+def _in_progress(report: Report, gen) -> dict[str, Any]:
+    part = gen.bin or gen.shards or gen.companion
+    report.note("save_in_progress", f"{part}: save in progress (the writer holding the run lock is "
+                                    "committing this generation)")
+    return {"step": gen.step, "status": "save in progress"}
+
+
+def _report_entries(report: Report, listing, holder: dict[str, Any] | None) -> None:
+    """Temp files (the live writer's, or leftovers of an interrupted save) and foreign entries."""
+    for temp in listing.temps:
+        if save_in_progress(temp, holder):
+            report.note("save_in_progress", f"{temp}: save in progress (temp file of the writer "
+                                            f"pid {holder.get('pid', '?')}, which holds the run lock)")
+        else:
+            report.warn("leftover_temp", f"{temp}: temp file of an interrupted save (ckptfmt gc sweeps it)")
+    for entry, why in listing.foreign:
+        report.warn("foreign_entry", f"{entry}: skipped: {why}")
 
 
 def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=None) -> dict[str, Any]:
@@ -291,8 +328,11 @@ def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=N
     return row
 
 
-def _validate_sidecars(report: Report, run: Run) -> None:
-    loss = hist.read(run.path / hist.NAME)
+def _validate_sidecars(report: Report, run: Run, live: bool = False) -> None:
+    """The history (``live``: up to its last complete line; the writer may be appending the
+    next), the samples and bandit sidecars, and zombie arms."""
+    path = run.path / hist.NAME
+    loss = hist.read(path, hist.complete_length(path) if live and path.exists() else None)
     for w in loss.warnings:
         report.warn("history_torn", w)
     for p in loss.problems:
