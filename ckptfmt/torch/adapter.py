@@ -72,6 +72,16 @@ def hyperparams(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
     return out
 
 
+def setting_like(live: Any, saved: Any) -> Any:
+    """A saved param-group setting in the live one's type: tuples (betas) and one-element
+    tensors (a tensor lr) come back as they were."""
+    if isinstance(live, tuple):
+        return tuple(saved)
+    if isinstance(live, torch.Tensor) and not isinstance(saved, (list, dict)):
+        return torch.tensor(saved, dtype=live.dtype, device=live.device).reshape(live.shape)
+    return saved
+
+
 def _json_setting(v: Any) -> bool:
     return v is None or isinstance(v, (bool, int, float, str, tuple, list)) or \
         (isinstance(v, torch.Tensor) and v.numel() == 1)
@@ -219,7 +229,7 @@ def prepare_optimizer(ck: "reader.Checkpoint | Any", model: torch.nn.Module,
                                        f"{len(optimizer.param_groups)} in the optimizer")
     for group, saved in zip(optimizer.param_groups, opt["hyperparams"]):
         for key, value in saved.items():
-            group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
+            group[key] = setting_like(group.get(key), value)
     params = list(model.parameters())
     if not opt["step"] or not _has_state(optimizer, params):
         _fresh_state(optimizer, opt)
