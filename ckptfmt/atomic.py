@@ -149,13 +149,18 @@ def write_json(path: "str | os.PathLike[str]", value: Any) -> None:
     write_bytes(path, (json.dumps(value, indent=1, sort_keys=True) + "\n").encode())
 
 
-def copy_verified(src: Path, dst: Path, expected: str | None, progress=None) -> str:
-    """Copy through the durable write, hashing as it goes; refuse a copy whose hash differs."""
-    size = src.stat().st_size
+def copy_verified(src: Path, dst: Path, expected: str | None, progress=None,
+                  length: int | None = None) -> str:
+    """Copy through the durable write, hashing as it goes; refuse a copy whose hash differs.
+
+    The size is that of the file opened (a sidecar replaced meanwhile is another file, not a
+    mix of two). ``length``: copy exactly the first ``length`` bytes, a prefix of a file that
+    grows while it is copied (the history of a live run)."""
     with open(src, "rb") as f, AtomicWriter(dst) as out:
+        size = os.fstat(f.fileno()).st_size if length is None else length
         h = fingerprint.hasher(0)
         while True:
-            chunk = f.read(COPY_CHUNK)
+            chunk = f.read(COPY_CHUNK if length is None else min(COPY_CHUNK, length - out.offset))
             if not chunk:
                 break
             h.update(chunk)

@@ -16,11 +16,11 @@ import os
 
 __all__ = ["CheckpointError", "NotACheckpointError", "BadHeaderError", "TruncatedError",
            "TrailingDataError", "BadNameError", "ManifestError", "ManifestMismatchError",
-           "FingerprintMismatchError", "IncompleteResumeStateError", "ConfigMismatchError",
+           "UnsupportedVersionError", "FingerprintMismatchError", "IncompleteResumeStateError", "ConfigMismatchError",
            "LayoutMismatchError", "OptimizerMismatchError", "UnsupportedOptimizerError", "NoValidGenerationError",
-           "GenerationNotFoundError", "RunLockedError", "HistoryCorruptError", "SidecarError",
-           "RankDisagreementError", "SaveError", "ConvertError", "UnsupportedConversionError",
-           "TensorFileError", "ExportError",
+           "GenerationNotFoundError", "EmptyRunError", "RunLockedError", "HistoryCorruptError", "SidecarError",
+           "RankDisagreementError", "SaveError", "ConvertError", "UnsupportedFormatError",
+           "UnsupportedConversionError", "TensorFileError", "ExportError",
            "DestinationExistsError", "MissingDependencyError", "UnsupportedSetupError",
            "DeviceUnavailableError", "RemoteError"]
 
@@ -76,6 +76,13 @@ class ManifestMismatchError(ManifestError):
     """The manifest is well formed but describes another file (size, step, n_params, name)."""
 
 
+class UnsupportedVersionError(ManifestError):
+    """The manifest's ``format_version`` is newer than this ckptfmt: the file may be fine, this
+    reader cannot judge it (CLI exit 2; upgrade ckptfmt)."""
+
+    could_not_run = True
+
+
 class FingerprintMismatchError(CheckpointError):
     """The blake3 of the file is not the one its manifest committed."""
 
@@ -108,6 +115,13 @@ class GenerationNotFoundError(CheckpointError):
     """The run has no committed generation where one was asked for (a step, or any at all)."""
 
 
+class EmptyRunError(CheckpointError):
+    """A run holds nothing the operation needs (``plot`` of a run without a loss history):
+    nothing was written (CLI exit 2)."""
+
+    could_not_run = True
+
+
 class RunLockedError(CheckpointError):
     """Another live process holds the run's writer lock."""
 
@@ -127,19 +141,34 @@ class RankDisagreementError(CheckpointError):
 
 
 class SaveError(CheckpointError):
-    """A durable save failed; the previous generations are untouched. ``__cause__`` is the OS error."""
+    """A durable save failed; the previous generations are untouched. ``__cause__`` is the OS error.
+
+    When the OS refused (a missing or read-only destination, a full disk), the command could not
+    run (CLI exit 2); a save refused for what it was given (a copy whose hash is not the
+    source's) is a defect found (exit 1).
+    """
+
+    @property
+    def could_not_run(self) -> bool:  # type: ignore[override]
+        return isinstance(self.__cause__, OSError)
 
 
 class ConvertError(CheckpointError):
     """A conversion could not be done or did not round-trip."""
 
 
-class UnsupportedConversionError(ConvertError):
+class UnsupportedFormatError(ConvertError):
+    """What was asked cannot be converted: an unknown format or extension, a directory where a
+    file is needed, a file not written by ckptfmt, or options the target cannot hold
+    (``--weights-only`` into a ``.bin``, bfloat16 into ``.npz``). Nothing is written (CLI exit 2)."""
+
+    could_not_run = True
+
+
+class UnsupportedConversionError(UnsupportedFormatError):
     """The conversion asked for cannot run as asked (CLI exit 2): a target extension that
     disagrees with ``--to``, an option that does nothing for the target, or a foreign file
     whose contents cannot be mapped onto the seed layout (named in the message)."""
-
-    could_not_run = True
 
 
 class TensorFileError(ConvertError):

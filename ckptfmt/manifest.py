@@ -10,19 +10,14 @@ from pathlib import Path
 from typing import Any
 
 from . import atomic, companion
-from .errors import IncompleteResumeStateError, ManifestError, ManifestMismatchError
+from .errors import (IncompleteResumeStateError, ManifestError, ManifestMismatchError,
+                     UnsupportedVersionError)
 
 FORMAT_ID = "ckptfmt"
 FORMAT_VERSION = 1
 MAX_MANIFEST_BYTES = 64 << 20   # spec §4: bounded before parsing
 REQUIRED = {"format": str, "format_version": int, "file": str, "size": int, "step": int,
             "n_params": int, "blake3": str}
-
-# spec §4.3: what a trainer needs to resume; dotted names are nested keys.
-RESUME_COMPONENTS = (
-    "layout", "optimizer.step", "optimizer.hyperparams", "scheduler", "rng.python", "rng.numpy",
-    "rng.torch_cpu", "data", "bandit", "config", "versions", "code",
-)
 
 
 def path_for(bin_path: "str | os.PathLike[str]") -> Path:
@@ -79,7 +74,7 @@ def check_schema(path: str, doc: dict[str, Any]) -> None:
     if doc["format"] != FORMAT_ID:
         raise ManifestError(path, f"format: expected '{FORMAT_ID}', got {doc['format']!r}")
     if doc["format_version"] > FORMAT_VERSION:
-        raise ManifestError(path, f"format_version {doc['format_version']} is newer than this "
+        raise UnsupportedVersionError(path, f"format_version {doc['format_version']} is newer than this "
                                   f"ckptfmt understands ({FORMAT_VERSION})")
     if os.path.basename(doc["file"]) != doc["file"]:
         raise ManifestError(path, f"field 'file' must be a bare name, got {doc['file']!r}")
@@ -158,9 +153,9 @@ def get_dotted(doc: dict[str, Any], dotted: str) -> Any:
     return node
 
 
-def require(path: "str | os.PathLike[str]", doc: dict[str, Any],
-            components: tuple[str, ...] = RESUME_COMPONENTS) -> None:
-    """Refuse a resume whose manifest lacks a component; never reset it silently."""
+def require(path: "str | os.PathLike[str]", doc: dict[str, Any], components: tuple[str, ...]) -> None:
+    """Refuse a resume whose manifest lacks one of ``components`` (dotted paths), naming every
+    missing one; never reset it silently."""
     missing = []
     for name in components:
         try:

@@ -28,12 +28,31 @@ def check_header(path: str, step: int, n_params: int, size: int) -> None:
     if n_params < 0:
         raise BadHeaderError(path, f"negative n_params {n_params} at offset 4", offset=4, got=n_params)
     expected = fmt.file_size(n_params)
+    if size < expected and not plausibly_torn(size, expected):
+        raise TruncatedError(path, f"truncated, or not a ckptfmt checkpoint: header promises "
+                                   f"{expected:,} bytes, file has {size:,}", offset=size,
+                             expected=expected, got=size)
     if size < expected:
-        raise TruncatedError(path, f"truncated at offset {size}", offset=size, expected=expected,
-                             got=size, unit="bytes")
+        raise TruncatedError(path, "truncated", offset=size, expected=expected, got=size, unit="bytes")
     if size > expected:
         raise TrailingDataError(path, f"trailing data at offset {expected}", offset=expected,
                                 expected=expected, got=size, unit="bytes")
+
+
+TORN_FRACTION = 16   # spec §8.1: a file under 1/16 of what its header promises is more likely not ours
+
+
+def plausibly_torn(size: int, expected: int) -> bool:
+    """Could a file of ``size`` bytes be a torn write of a checkpoint of ``expected`` bytes?
+
+    A torn write leaves a prefix of the real file; but a text file renamed ``.bin`` also reads
+    as a header that promises gigabytes. Far short of the promise (under 1/16), both readings
+    are named in the message; close to it, the file is called truncated.
+
+    >>> plausibly_torn(120, 128), plausibly_torn(135, 23_379_187_004)
+    (True, False)
+    """
+    return size * TORN_FRACTION >= expected
 
 
 def read_header(path: "str | os.PathLike[str]", fd: int | None = None) -> tuple[int, int, int]:
@@ -45,7 +64,7 @@ def read_header(path: "str | os.PathLike[str]", fd: int | None = None) -> tuple[
     try:
         size = os.fstat(fd).st_size
         if size < fmt.HEADER_SIZE:
-            raise NotACheckpointError(path, "too short for a header", offset=size,
+            raise NotACheckpointError(path, "not a ckptfmt checkpoint: too short for the 8-byte header", offset=size,
                                       expected=fmt.HEADER_SIZE, got=size, unit="bytes", at_least=True)
         step, n = fmt.unpack_header(os.pread(fd, fmt.HEADER_SIZE, 0))
         check_header(path, step, n, size)
@@ -290,7 +309,7 @@ def _load_manifest(path: str, mode: str, **facts: int) -> dict[str, Any] | None:
 def from_bytes(data: bytes, path: str = "<bytes>") -> Checkpoint:
     """Parse a checkpoint held in memory (tests, fuzzing); same checks as ``open``."""
     if len(data) < fmt.HEADER_SIZE:
-        raise NotACheckpointError(path, "too short for a header", offset=len(data),
+        raise NotACheckpointError(path, "not a ckptfmt checkpoint: too short for the 8-byte header", offset=len(data),
                                   expected=fmt.HEADER_SIZE, got=len(data), unit="bytes", at_least=True)
     step, n = fmt.unpack_header(data)
     check_header(path, step, n, len(data))

@@ -6,7 +6,9 @@ a model's parameters can be written tensor by tensor with no full staging copy.
 """
 from __future__ import annotations
 
+import operator
 import os
+import re
 import time
 from collections import deque
 from concurrent.futures import Future, ThreadPoolExecutor
@@ -19,7 +21,7 @@ import numpy as np
 from . import atomic, companion, fingerprint
 from . import format as fmt
 from . import manifest as mf
-from .errors import SaveError
+from .errors import BadNameError, ManifestError, SaveError
 
 CHUNK = 8 << 20      # bytes handed to write() and the hasher at a time
 Region = Any         # np.ndarray | buffer | Iterable of those
@@ -79,29 +81,100 @@ def save(path: "str | os.PathLike[str]", step: int, weights: Region, m: Region, 
     unless ``overwrite`` (a committed generation is never overwritten by accident).
     ``extra_tensors`` (name -> array, or (safetensors code, array)) go to the generation's
     companion file, written after the ``.bin`` and before the manifest that lists it.
+
+    Every argument is checked before the first byte is written (``check_arguments``), and a
+    save that fails after its ``.bin`` was written removes it again, so a refused or failed
+    save never leaves an orphan that would block the retry.
     """
     started = time.perf_counter()
     path = os.fspath(path)
-    if path.endswith(".json"):
-        raise ValueError(f"{path}: a checkpoint path must not end in .json (that is its manifest)")
     counts, sources = zip(*(_pieces(r, name) for r, name in zip((weights, m, v), fmt.REGIONS)))
-    n = _agree_on_n(path, counts, n_params)
+    n = _agree_on_n(path, counts, None if n_params is None else _integer(path, "n_params", n_params, fmt.MAX_N))
+    step = check_arguments(path, step, n, manifest if write_manifest else None)
     if not overwrite and os.path.lexists(path):
         raise SaveError(path, "exists already; refusing to overwrite a checkpoint")
-    mpath = mf.path_for(path)
-    header = fmt.pack_header(step, n)
-    digest = _write_hashed(path, header, sources, n)
-    size = fmt.file_size(n)
+    digest = _write_hashed(path, fmt.pack_header(step, n), sources, n)
+    try:
+        mpath = _commit(path, step, n, digest, manifest, write_manifest, overwrite, extra_tensors)
+    except BaseException:
+        if not overwrite:           # ours alone: nothing of a refused commit stays behind
+            _remove_quietly(path, companion.path_for(path))
+        raise
+    return SaveResult(path, mpath, step, n, fmt.file_size(n), digest, time.perf_counter() - started)
+
+
+def _remove_quietly(*paths: "str | os.PathLike[str]") -> None:
+    """Best effort: the error that failed the save is the one to report, not a failed cleanup
+    (what stays is an uncommitted leftover, which readers skip and ``gc`` sweeps)."""
+    for p in paths:
+        try:
+            atomic.remove(p)
+        except (OSError, SaveError):
+            pass
+
+
+def _commit(path: str, step: int, n: int, digest: str, manifest: dict[str, Any] | None,
+            write_manifest: bool, overwrite: bool, extra_tensors: dict[str, Any] | None) -> str | None:
+    """After the ``.bin``: the companion file (if any), then the manifest, the commit point."""
     if extra_tensors:
         manifest = {**(manifest or {}), companion.FIELD: companion.write(path, step, extra_tensors)}
     elif overwrite:
         companion.remove_stale(path)   # the generation it belonged to was uncommitted above
-    if write_manifest:
-        doc = mf.build(file=os.path.basename(path), size=size, step=step, n_params=n,
-                       digest=digest, extra=manifest)
-        mf.write(mpath, doc)
-    return SaveResult(path, str(mpath) if write_manifest else None, step, n, size, digest,
-                      time.perf_counter() - started)
+    if not write_manifest:
+        return None
+    mpath = mf.path_for(path)
+    mf.write(mpath, mf.build(file=os.path.basename(path), size=fmt.file_size(n), step=step,
+                             n_params=n, digest=digest, extra=manifest))
+    return str(mpath)
+
+
+_STEP_NAME = re.compile(r"^step_(\d+)\.bin$")
+
+
+def check_arguments(path: str, step: Any, n: int, manifest: dict[str, Any] | None) -> int:
+    """Refuse, before anything is written, what would make the save fail half-way or write a
+    generation ``open``/``validate`` reject; returns the step as a Python int.
+
+    The step is an integer in 0..2^31-1 (numpy integers are taken, ``True`` is not); a name
+    ``step_N.bin`` must be the canonical name of that step (spec §3.4); a layout must tile
+    exactly ``n`` parameters (§4.2); the manifest's extra fields must be strict JSON (§4.1).
+
+    >>> check_arguments("step_000007.bin", __import__("numpy").int64(7), 4, None)
+    7
+    >>> check_arguments("step_000008.bin", 7, 4, None)
+    Traceback (most recent call last):
+    ckptfmt.errors.BadNameError: step_000008.bin: name says step 8, the header would say 7: expected step_000007.bin
+    """
+    if path.endswith(".json"):
+        raise SaveError(path, "a checkpoint path must not end in .json (that is its manifest)")
+    step = _integer(path, "step", step, fmt.MAX_STEP)
+    name = os.path.basename(path)
+    named = _STEP_NAME.match(name)
+    if named and name != fmt.checkpoint_name(step):
+        raise BadNameError(path, f"name says step {int(named.group(1))}, the header would say {step}: "
+                                 f"expected {fmt.checkpoint_name(step)}", expected=fmt.checkpoint_name(step),
+                           got=name)
+    if manifest is not None:
+        if not isinstance(manifest, dict):
+            raise ManifestError(path, f"manifest extras must be a dict, got {type(manifest).__name__}")
+        if "layout" in manifest:
+            mf.check_layout(path, manifest["layout"], n)
+        try:
+            mf.dumps(mf.build(file=name, size=fmt.file_size(n), step=step, n_params=n,
+                              digest="0" * 64, extra=manifest))
+        except (TypeError, ValueError) as exc:
+            raise ManifestError(path, f"manifest extras are not strict JSON: {exc}") from None
+    return step
+
+
+def _integer(path: str, what: str, value: Any, high: int) -> int:
+    """``value`` as a Python int in 0..high; numpy integers pass, bool and float do not."""
+    if isinstance(value, (bool, float)) or not hasattr(value, "__index__"):
+        raise SaveError(path, f"{what} must be an integer, got {value!r} ({type(value).__name__})")
+    number = operator.index(value)
+    if not 0 <= number <= high:
+        raise SaveError(path, f"{what} must be in 0..{high}, got {number}")
+    return number
 
 
 def _agree_on_n(path: str, counts: tuple[int, ...], n_params: int | None) -> int:
@@ -109,8 +182,8 @@ def _agree_on_n(path: str, counts: tuple[int, ...], n_params: int | None) -> int
     if n_params is not None:
         known.add(n_params)
     if len(known) != 1:
-        raise ValueError(f"{path}: weights, m and v must have the same length, got {counts}"
-                         + ("" if known else " (pass n_params= for streamed regions)"))
+        raise SaveError(path, f"weights, m and v must have the same length, got {counts}"
+                              + ("" if known else " (pass n_params= for streamed regions)"))
     return known.pop()
 
 

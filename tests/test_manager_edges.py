@@ -138,13 +138,13 @@ def test_pieces_in_the_checkpoint_but_not_given_are_refused(tmp_path):
     with mgr(tmp_path / "r", model, opt, scheduler=sched, generators={"g": np.random.default_rng(1)}) as m:
         m.save(1)
     with mgr(tmp_path / "r", model, opt) as m:
-        with pytest.raises(IncompleteResumeStateError, match="scheduler .in the checkpoint, not given"):
+        with pytest.raises(IncompleteResumeStateError, match="the checkpoint has scheduler, rng.generators.g, which this loop does not restore"):
             m.restore()
     with mgr(tmp_path / "r", model, opt) as m:
         with pytest.warns(UserWarning):
             m.restore(strict=False)
-        assert m.fresh == ["scheduler (in the checkpoint, not given to the manager)",
-                           "rng.generators.g (in the checkpoint, not given to the manager)"]
+        assert m.fresh == ["scheduler (in the checkpoint, not restored)",
+                           "rng.generators.g (in the checkpoint, not restored)"]
 
 
 def test_tied_weights_numpy_losses_closed_managers_and_thread_construction(tmp_path):
@@ -237,3 +237,17 @@ def test_hooks_add_fields_see_the_manifest_first_and_upgrade_old_ones(tmp_path):
     assert not list((tmp_path / "r2").glob("step_*"))
     with pytest.raises(TypeError, match="unknown argument"):
         mgr(tmp_path / "r3", model, opt, on_save=print)
+
+
+def test_history_keeps_integers_and_a_fresh_run_starts_once(tmp_path):
+    from ckptfmt.run import history as hist
+    model = net()
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with mgr(tmp_path / "r", model, opt) as m:
+        assert m.restore() == 0
+        m.step(1, loss=torch.tensor(0.5), tokens=np.int64(512), source="code", nan=float("nan"))
+    record = hist.read(tmp_path / "r" / ".loss.json").canonical()[0]
+    assert record["tokens"] == 512 and isinstance(record["tokens"], int) and record["loss"] == 0.5
+    assert record["source"] == "code" and record["nan"] == "nan"
+    events = [e["event"] for e in hist.read(tmp_path / "r" / ".loss.json").events()]
+    assert events == ["start"]

@@ -176,3 +176,43 @@ def test_load_releases_the_mapped_file_as_it_copies(tmp_path):
         ck.close()
         assert torch.equal(m2.weight, m.weight)
         assert torch.equal(opt2.state[m2.weight]["exp_avg_sq"], opt.state[m.weight]["exp_avg_sq"])
+
+
+READ_ONLY_ALIAS = r"""
+import sys, warnings
+import torch, ckptfmt, ckptfmt.torch as ct
+from ckptfmt.torch.adapter import _view
+path = sys.argv[1]
+torch.manual_seed(0)
+m = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Tanh(), torch.nn.Linear(8, 2))
+opt = torch.optim.AdamW(m.parameters(), lr=0.01)
+ck = ckptfmt.open(path)                       # read-only: the default
+assert not ck.m.flags.writeable
+with warnings.catch_warnings():
+    warnings.simplefilter("error")            # torch warns when handed a read-only array
+    views = [_view(ck.m, e) for e in ck.layout]
+    ct.load(ck, m, opt)
+for t in views:
+    t.add_(1.0)                               # would kill the process through a PROT_READ alias
+for state in opt.state.values():
+    state["exp_avg"].add_(1.0)
+opt.zero_grad(); m(torch.randn(3, 4)).sum().backward(); opt.step()
+print("ok")
+"""
+
+
+def test_views_of_a_read_only_map_are_never_writable_aliases(tmp_path):
+    """Given a Checkpoint opened read-only, the adapter hands out copies, not writable aliases
+    of pages mapped PROT_READ: writing through them, and stepping the optimizer, neither crashes
+    (SIGSEGV, in a subprocess here) nor changes the file."""
+    import subprocess
+    import sys
+    m, opt = model_and_opt()
+    train(m, opt, 2)
+    r = ct.save(str(tmp_path / "step_000002.bin"), m, opt)
+    before = open(r.path, "rb").read()
+    proc = subprocess.run([sys.executable, "-c", READ_ONLY_ALIAS, r.path], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0 and proc.stdout.strip() == "ok", (proc.returncode, proc.stderr[-2000:])
+    assert open(r.path, "rb").read() == before
+    ckptfmt.open(r.path, verify=True).close()

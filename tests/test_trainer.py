@@ -172,6 +172,14 @@ def test_config_change_is_refused_without_a_pivot(tmp_path):
     assert Run(run).latest().step == 20
 
 
+def test_an_amp_change_is_refused_naming_the_option(tmp_path):
+    run = tmp_path / "run"
+    assert train(run, 20).returncode == 0
+    proc = train(run, 40, "--amp", "bf16")
+    assert proc.returncode == 1 and "trained with --amp none" in proc.stderr and "pass --amp none" in proc.stderr
+    assert proc.stderr.count("Traceback") == 0 and Run(run).latest().step == 20
+
+
 def test_pivot_allows_new_caps_with_a_fresh_bandit(tmp_path):
     run = tmp_path / "run"
     assert train(run, 40).returncode == 0

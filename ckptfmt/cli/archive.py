@@ -27,7 +27,8 @@ from .progress import bytes_in, terminal_bar
 @guarded
 def export_cmd(run: str, dest: str, latest: bool, steps: str | None, with_history: bool,
                weights_only: bool, archive: bool, as_json: bool) -> None:
-    """Export generations, history and sidecars to DEST, verified at DEST (and loaded there)."""
+    """Export generations, history and sidecars to DEST, verified at DEST (and loaded there).
+    Safe while the run trains: the chosen generations are leased, so retention keeps them."""
     from ..tools.export import archive as run_archive, export as run_export  # lazy: keeps `ckptfmt --help` fast
     chosen = _parse_steps(steps)
     if latest and chosen:

@@ -1,4 +1,10 @@
-"""Shared CLI plumbing: exit codes, the one error mapping (``guarded``), JSON/human output."""
+"""Shared CLI plumbing: exit codes, the one error mapping (``guarded``), JSON/human output.
+
+The contract every command keeps: exit 0 ok, 1 a defect or difference found, 2 could not run;
+a failure is one line on stderr naming the path and the problem, never a traceback; with
+``--json`` stdout is one strict JSON document (RFC 8259: no NaN or Infinity) also on failure,
+then holding an ``error`` object (``error_doc``).
+"""
 from __future__ import annotations
 
 import functools
@@ -16,36 +22,82 @@ EXIT_OK, EXIT_DEFECT, EXIT_CANNOT = 0, 1, 2
 
 
 class Fail(click.ClickException):
-    """One line on stderr and a chosen exit code."""
+    """One line on stderr and a chosen exit code; with ``as_json`` also the ``error`` document
+    on stdout. ``kind`` and ``path`` go into that document."""
 
-    def __init__(self, message: str, code: int):
-        super().__init__(message)
+    def __init__(self, message: str, code: int, *, kind: str = "usage", path: str | None = None,
+                 as_json: bool = False):
+        super().__init__(" ".join(message.split("\n")))
         self.exit_code = code
+        self.kind, self.path, self.as_json = kind, path, as_json
 
     def show(self, file: Any = None) -> None:
+        if self.as_json:
+            click.echo(dumps(error_doc(self.format_message(), self.exit_code, self.kind, self.path)))
         click.echo(f"ckptfmt: {self.format_message()}", err=True)
 
 
+def error_doc(message: str, code: int, kind: str, path: str | None) -> dict[str, Any]:
+    """What ``--json`` prints when a command fails: ``{"error": {...}}``, one strict document."""
+    return {"error": {"type": kind, "message": message, "path": path, "exit_code": code}}
+
+
 def guarded(fn: Callable) -> Callable:
-    """Turn library errors into one-line messages with the right exit code, never a traceback."""
+    """Turn library errors into one-line messages with the right exit code, never a traceback;
+    with ``--json`` the failure is also one JSON document on stdout."""
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
+        as_json = bool(kwargs.get("as_json"))
         try:
             return fn(*args, **kwargs)
-        except NotACheckpointError as exc:
-            code = EXIT_CANNOT if exc.path and os.path.isdir(exc.path) else EXIT_DEFECT
-            raise Fail(str(exc), code) from None
+        except Fail as exc:
+            exc.as_json = as_json
+            raise
+        except click.UsageError as exc:       # raised by a command's own checks: one line too
+            raise Fail(exc.format_message(), EXIT_CANNOT, as_json=as_json) from None
         except CheckpointError as exc:
-            raise Fail(str(exc), EXIT_CANNOT if exc.could_not_run else EXIT_DEFECT) from None
+            raise Fail(str(exc), _exit_code(exc), kind=type(exc).__name__, path=exc.path,
+                       as_json=as_json) from None
         except OSError as exc:
             where = exc.filename or ""
-            raise Fail(f"{where}: {exc.strerror or exc}" if where else str(exc), EXIT_CANNOT) from None
+            message = f"{where}: {exc.strerror or exc}" if where else str(exc)
+            raise Fail(message, EXIT_CANNOT, kind=type(exc).__name__, path=where or None,
+                       as_json=as_json) from None
     return wrapper
 
 
+def _exit_code(exc: CheckpointError) -> int:
+    if isinstance(exc, NotACheckpointError) and exc.path and os.path.isdir(exc.path):
+        return EXIT_CANNOT       # a directory where a file was needed: a usage problem
+    return EXIT_CANNOT if exc.could_not_run else EXIT_DEFECT
+
+
+def dumps(data: Any) -> str:
+    """Strict JSON (RFC 8259): a non-finite float is written as the string "nan", "inf" or
+    "-inf" (the loss history's convention), never as the bare NaN/Infinity JSON lacks.
+
+    >>> json.loads(dumps({"rel_l2": float("inf"), "n": [1.5, float("nan")]}))
+    {'rel_l2': 'inf', 'n': [1.5, 'nan']}
+    """
+    return json.dumps(_finite(data), indent=1, default=_jsonable, allow_nan=False)
+
+
+def _finite(obj: Any) -> Any:
+    if isinstance(obj, float) and not math.isfinite(obj):
+        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
+    if isinstance(obj, dict):
+        return {k: _finite(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return [_finite(v) for v in obj]
+    if hasattr(obj, "to_dict"):
+        return _finite(obj.to_dict())
+    return obj
+
+
 def emit(data: Any, as_json: bool, human: Callable[[Any], None]) -> None:
+    """``--json``: one strict JSON document on stdout; otherwise the command's human form."""
     if as_json:
-        click.echo(json.dumps(data, indent=1, default=_jsonable, allow_nan=True))
+        click.echo(dumps(data))
     else:
         human(data)
 

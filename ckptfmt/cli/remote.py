@@ -68,7 +68,7 @@ def _print_mirror(d: dict) -> None:
                + f"; at the URL: {d['at_destination']}")
 
 
-# ------------------------------------------------- validate / ls / inspect of a URL (RUN §9.9)
+# ------------------------------------------------- validate / ls / inspect of a URL (RUN §10.9)
 def validate_urls(paths: tuple[str, ...], fast: bool, as_json: bool) -> None:
     """``validate URL``: every committed object read back and hashed (``--fast``: headers and
     sizes); exit 1 when anything committed there is damaged."""

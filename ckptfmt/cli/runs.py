@@ -22,8 +22,9 @@ from .output import EXIT_CANNOT, EXIT_DEFECT, Fail, emit, guarded, json_option, 
 @click.option("--keep-every", type=click.IntRange(min=1), help="Mark milestones (steps divisible by N).")
 @guarded
 def ls_cmd(run: str, as_json: bool, deep: bool, keep_every: int | None) -> None:
-    """List a run's generations with status, pins, milestones, leftovers and mirror lag
-    (a URL: the generations at the URL)."""
+    """List a run's generations with status, pins, milestones, leftovers, saves in progress,
+    read leases and mirror lag. Safe while the run trains: what it lists is leased until it is
+    done. A URL: the generations at the URL."""
     from ..run.ops import ls_run  # lazy: keeps `ckptfmt --help` fast
     from ..tools.remote import is_url  # lazy: as above
     if is_url(run):
@@ -36,9 +37,17 @@ def print_ls(d: dict) -> None:
     click.echo(f"{d['run']}" + (f"  (locked by pid {d['lock'].get('pid')})" if d.get("lock") else ""))
     for g in d["generations"]:
         marks = (" pinned" if g["pinned"] else "") + (" milestone" if g.get("milestone") else "")
-        click.echo(f"  {g['step']:>10}  {size(g['size']):>10}  {g['age_s']:>9.0f}s  {g['status']}{marks}")
+        age = "-" if g["age_s"] is None else f"{g['age_s']:.0f}s"
+        click.echo(f"  {g['step']:>10}  {size(g['size']):>10}  {age:>10}  {g['status']}{marks}")
+    for t in d.get("in_progress", []):
+        click.echo(f"  save in progress: {t}")
     for t in d["leftovers"]:
         click.echo(f"  leftover: {t}")
+    if d.get("lease_problem"):
+        click.echo(f"  {d['lease_problem']}")
+    for r in d.get("leases", []):
+        click.echo(f"  read lease: {r.get('purpose', 'reader')} pid {r.get('pid', '?')} "
+                   f"holds steps {r.get('steps')}")
     for f in d["foreign"]:
         click.echo(f"  skipped: {f}")
     for m in d.get("mirrors", []):
@@ -70,11 +79,13 @@ def _print_gc(d: dict) -> None:
 @click.argument("run", type=click.Path())
 @click.argument("step", type=int)
 @click.option("--off", is_flag=True, help="Unpin.")
+@json_option
 @guarded
-def pin(run: str, step: int, off: bool) -> None:
-    """Pin a step so retention never deletes it (or --off to unpin)."""
+def pin(run: str, step: int, off: bool, as_json: bool) -> None:
+    """Pin a committed step so retention never deletes it (or --off to unpin)."""
     from ..run import Run  # lazy: keeps `ckptfmt --help` fast
-    click.echo(f"pinned: {Run(run).pin(step, on=not off)}")
+    pins = Run(run).pin(step, on=not off)
+    emit({"run": run, "pins": pins}, as_json, lambda d: click.echo(f"pinned: {d['pins']}"))
 
 
 # ---------------------------------------------------------------- pivot / fork / bisect
@@ -98,7 +109,8 @@ def pivot(run: str, note: str | None, as_json: bool) -> None:
 @json_option
 @guarded
 def fork(run: str, dest: str, step: int, as_json: bool) -> None:
-    """Audit fork: start a new run DEST from generation --step, with provenance."""
+    """Audit fork: start a new run DEST from generation --step, with provenance. Safe while the
+    run trains: the generation is leased, so retention keeps it until the copy is done."""
     from ..run.ops import fork as run_fork  # lazy: keeps `ckptfmt --help` fast
     emit(run_fork(run, step, dest), as_json,
          lambda d: click.echo(f"forked {run} at step {d['step']} into {d['dest']} (blake3 {d['blake3'][:16]}…)"))
@@ -113,25 +125,38 @@ def bisect(run_a: str, run_b: str, as_json: bool) -> None:
     """First step where two runs' generations or loss histories differ (exit 1 if any)."""
     from ..run.ops import bisect as run_bisect  # lazy: keeps `ckptfmt --help` fast
     data = run_bisect(run_a, run_b)
-    emit(data, as_json, lambda d: click.echo(
-        f"generations: first difference at step {d['first_generation_difference']} "
-        f"(last identical {d['last_identical_generation']}); history: first difference at step "
-        f"{d['first_history_difference']}"))
+    emit(data, as_json, _print_bisect)
     if not data["identical"]:
         sys.exit(EXIT_DEFECT)
+
+
+def _print_bisect(d: dict) -> None:
+    """Steps in words: "identical" or "first differ at step N", never "step None"."""
+    def at(step: int | None, what: str) -> str:
+        return f"{what}: identical" if step is None else f"{what}: first differ at step {step}"
+    gens = at(d["first_generation_difference"], "generations")
+    if not d["common_generations"]:
+        gens = "generations: none in common"
+    elif d["last_identical_generation"] is not None and d["first_generation_difference"] is not None:
+        gens += f" (last identical: step {d['last_identical_generation']})"
+    click.echo(f"{gens}; {at(d['first_history_difference'], 'history')}")
 
 
 # ---------------------------------------------------------------- plot
 @main.command()
 @click.argument("runs", nargs=-1, required=True, type=click.Path())
-@click.option("--out", required=True, type=click.Path(), help="PNG file to write.")
+@click.option("--out", required=True, type=click.Path(),
+              help="New .png (or .svg, .pdf) file to write; an existing file is never replaced.")
+@json_option
 @guarded
-def plot(runs: tuple[str, ...], out: str) -> None:
+def plot(runs: tuple[str, ...], out: str, as_json: bool) -> None:
     """Draw loss (raw and EMA) of runs with generations, pivots, resumes and forks marked,
     and the curriculum's source shares below (needs matplotlib)."""
     from ..tools.plot import plot as run_plot  # lazy: plotting needs matplotlib
+    if os.path.splitext(out)[1].lower() not in (".png", ".svg", ".pdf"):
+        raise Fail(f"{out}: --out must end in .png, .svg or .pdf", EXIT_CANNOT)
     for r in runs:
         if not os.path.isdir(r):
-            raise Fail(f"{r}: not a run directory", EXIT_CANNOT)
-    run_plot(list(runs), out)
-    click.echo(f"wrote {out}")
+            raise Fail(f"{r}: " + ("not a run directory" if os.path.exists(r) else "no such run directory"),
+                       EXIT_CANNOT)
+    emit(run_plot(list(runs), out), as_json, lambda d: click.echo(f"wrote {d['out']}"))

@@ -1,17 +1,19 @@
 """The run directory layer (spec/RUN.md): everything about ``runs/NAME/`` above single files.
 
 Generations and latest-valid (``Run``), the one-writer lock, the pure retention policy, the
-loss history, the sidecars and their rules, and the operations on a whole run (ls, pivot, fork,
-bisect). It imports only the core; torch never.
+loss history, the sidecars and their rules, read leases, and the operations on a whole run
+(ls, pivot, fork, bisect). It imports only the core; torch never.
 """
 from .directory import Run
 from .generations import Generation, Listing, check_generation, list_dir
 from .history import History
-from .lock import LOCK, RunLock, lock_holder
+from .lease import LEASES, ReadLease, active_leases
+from .lock import LOCK, RunLock, lock_holder, save_in_progress
 from .ops import bisect, fork, gc, ls_run, pivot
 from .retention import plan_retention
 from .sidecars import ARCHIVE, PINS, PIVOT, SAMPLES, STATE, read_json, zombie_arms
 
-__all__ = ["Run", "Generation", "Listing", "check_generation", "list_dir", "History", "LOCK",
-           "RunLock", "lock_holder", "bisect", "fork", "gc", "ls_run", "pivot", "plan_retention",
+__all__ = ["Run", "Generation", "Listing", "check_generation", "list_dir", "History", "LEASES",
+           "ReadLease", "active_leases", "LOCK", "RunLock", "lock_holder", "save_in_progress",
+           "bisect", "fork", "gc", "ls_run", "pivot", "plan_retention",
            "ARCHIVE", "PINS", "PIVOT", "SAMPLES", "STATE", "read_json", "zombie_arms"]

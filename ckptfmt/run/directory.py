@@ -11,9 +11,10 @@ from pathlib import Path
 from typing import Any
 
 from .. import atomic, shards, writer
-from ..errors import NoValidGenerationError, SaveError
+from ..errors import GenerationNotFoundError, NoValidGenerationError, SaveError
 from .generations import Generation, Listing, check_bare, check_generation, list_dir
 from .history import History
+from .lease import honoured
 from .retention import plan_retention
 from .sidecars import PINS, read_json
 
@@ -44,16 +45,18 @@ class Run:
         gens = self.generations()
         return bool(gens) and all(g.manifest is None for g in gens)
 
-    def latest(self, *, deep: bool = False, allow_bare: bool = False) -> Generation | None:
+    def latest(self, *, deep: bool = False, allow_bare: bool = False,
+               among: list[Generation] | None = None) -> Generation | None:
         """Newest valid generation; skips invalid ones with a warning saying why.
 
         None when the run has no generation at all; ``NoValidGenerationError`` when it has some
-        but none is valid, so a resume never silently starts afresh.
+        but none is valid, so a resume never silently starts afresh. ``among``: choose from
+        these (a reader's leased listing) instead of listing the directory now.
         """
-        gens = self.generations()
+        gens = self.generations() if among is None else among
         if not gens:
             return None
-        bare = allow_bare and self.is_bare()
+        bare = allow_bare and all(g.manifest is None for g in gens)     # is_bare() of these
         reasons = []
         for gen in reversed(gens):
             reason = check_bare(gen) if bare else check_generation(gen, deep=deep)
@@ -82,7 +85,12 @@ class Run:
         return read_json(self.path / PINS, default=[])
 
     def pin(self, step: int, on: bool = True) -> list[int]:
-        """Pin (or with ``on=False`` unpin) ``step``; returns the pins after the change."""
+        """Pin (or with ``on=False`` unpin) ``step``; returns the pins after the change. Only a
+        committed generation can be pinned (a pin on nothing would protect nothing, silently);
+        unpinning works for any step, so a pin outliving its generation can be removed."""
+        if on and not any(g.step == step and g.committed for g in self.generations()):
+            raise GenerationNotFoundError(str(self.path), f"no committed generation at step {step} "
+                                                          "to pin (see ckptfmt ls)")
         pins = set(self.pins())
         pins = pins | {step} if on else pins - {step}
         atomic.write_json(self.path / PINS, sorted(pins))
@@ -97,17 +105,14 @@ class Run:
         return [g for g in committed if g.step in doomed], newest
 
     def gc(self, *, keep_last: int, keep_every: int | None = None, dry_run: bool = False) -> list[int]:
-        """Delete what the policy allows; the manifest goes first, so a crash leaves uncommitted."""
+        """Delete what the policy allows, less what live readers lease (spec/RUN.md §5.3: they
+        are kept until the lease ends); the manifest goes first, so a crash leaves uncommitted."""
         doomed, _ = self.plan_gc(keep_last=keep_last, keep_every=keep_every)
-        if not dry_run:
-            for gen in doomed:
-                if gen.bin is None and gen.shards is not None:
-                    shards.remove(gen.manifest, gen.shards)
-                    continue
-                atomic.remove(gen.manifest)
-                atomic.remove(gen.bin)
-                if gen.companion is not None:
-                    atomic.remove(gen.companion)
+        with honoured(self.path, sweep=not dry_run) as leased:
+            doomed = [g for g in doomed if g.step not in leased]
+            if not dry_run:
+                for gen in doomed:
+                    _delete(gen)
         return [g.step for g in doomed]
 
     def sweep_temps(self) -> list[Path]:
@@ -127,3 +132,14 @@ class Run:
     def write_sidecar(self, name: str, value: Any) -> None:
         """Replace a sidecar atomically (temp, fsync, rename, fsync the directory)."""
         atomic.write_json(self.path / name, value)
+
+
+def _delete(gen: Generation) -> None:
+    """Uncommit (manifest first), then remove the data; only files of our own naming."""
+    if gen.bin is None and gen.shards is not None:
+        shards.remove(gen.manifest, gen.shards)
+        return
+    atomic.remove(gen.manifest)
+    atomic.remove(gen.bin)
+    if gen.companion is not None:
+        atomic.remove(gen.companion)

@@ -107,14 +107,15 @@ def _parse(line: bytes) -> dict[str, Any] | None:
     return rec
 
 
-def read(path: "str | os.PathLike[str]") -> HistoryRead:
-    """Every complete record; a torn or NUL-filled tail is a warning, damage mid-file a problem."""
+def read(path: "str | os.PathLike[str]", length: int | None = None) -> HistoryRead:
+    """Every complete record; a torn or NUL-filled tail is a warning, damage mid-file a problem.
+    ``length``: read only that prefix (``complete_length`` while a writer appends)."""
     path = os.fspath(path)
     out = HistoryRead()
     if not os.path.exists(path):
         return out
     with open(path, "rb") as f:
-        lines = f.read().split(b"\n")
+        lines = f.read(-1 if length is None else length).split(b"\n")
     if lines and lines[-1] == b"":
         lines.pop()
     bad: list[int] = []
@@ -138,3 +139,18 @@ def require_intact(path: str) -> HistoryRead:
     if result.problems:
         raise HistoryCorruptError(path, result.problems[0].split(": ", 1)[1])
     return result
+
+
+def complete_length(path: "str | os.PathLike[str]") -> int:
+    """Bytes of the history up to and including its last newline: the prefix a reader copies
+    while a writer appends (what follows may be an append in progress, spec/RUN.md §5.3)."""
+    with open(path, "rb") as f:
+        pos = os.fstat(f.fileno()).st_size
+        while pos > 0:
+            start = max(0, pos - (1 << 16))
+            f.seek(start)
+            cut = f.read(pos - start).rfind(b"\n")
+            if cut >= 0:
+                return start + cut + 1
+            pos = start
+    return 0

@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+from .. import format as fmt
 from ..errors import RunLockedError
 
 LOCK = ".lock"
@@ -80,3 +81,27 @@ def lock_holder(run: "str | os.PathLike[str]") -> dict[str, Any] | None:
         return _read_holder(fd)
     finally:
         os.close(fd)
+
+
+def save_in_progress(entry: Path, holder: dict[str, Any] | None) -> bool:
+    """True when ``entry`` (a temp file, or part of a generation without its manifest) is the
+    live writer's unfinished save rather than a crash leftover: the run lock is held (``holder``,
+    from ``lock_holder``) and the entry is a temp file named with the holder's pid
+    (``atomic.temp_path_for``), or another entry written since the holder took the lock."""
+    if holder is None:
+        return False
+    pid = _temp_pid(entry.name)
+    if pid is not None:
+        return pid == holder.get("pid")
+    try:
+        return entry.stat(follow_symlinks=False).st_mtime >= holder.get("since", float("-inf"))
+    except FileNotFoundError:
+        return True             # renamed or committed while we looked: it was in progress
+
+
+def _temp_pid(name: str) -> int | None:
+    """The writer's pid in a temp name ``.ckptfmt-tmp.FINAL.PID.TOKEN``; None for other names."""
+    if not fmt.is_temp_name(name):
+        return None
+    parts = name.rsplit(".", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None

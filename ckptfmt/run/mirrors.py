@@ -1,4 +1,4 @@
-"""The run's record of its mirrors (spec/RUN.md §9): ``.mirrors.json`` says, per destination
+"""The run's record of its mirrors (spec/RUN.md §10): ``.mirrors.json`` says, per destination
 URL, which generations were confirmed at the destination (uploaded, read back, committed there).
 
 Why a local record: ``ls`` reports the lag (generations committed here and not yet confirmed

@@ -14,32 +14,53 @@ from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoun
 from . import history as hist
 from . import mirrors
 from .directory import Run
-from .generations import check_generation
-from .lock import RunLock, lock_holder
+from .generations import Generation, check_generation
+from .lease import ReadLease, active_leases
+from .lock import RunLock, lock_holder, save_in_progress
 from .sidecars import ARCHIVE, PIVOT, SAMPLES, STATE
 
 
 def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: int | None = None) -> dict[str, Any]:
-    """Generations with status, pins and milestone marks (steps divisible by ``keep_every``)."""
+    """Generations with status, pins and milestone marks (steps divisible by ``keep_every``).
+
+    The listing is leased (spec/RUN.md §5.3), so a trainer's retention cannot delete a listed
+    generation while it is checked; the live writer's unfinished save is "save in progress"."""
     run = Run(path)
-    listing = run.listing()
-    pins = set(run.pins())
-    now = time.time()
-    rows = []
-    for gen in listing.generations:
-        reason = check_generation(gen, deep=deep)
-        target = gen.bin or gen.manifest or gen.shards
-        name = gen.bin or gen.shards
-        rows.append({"step": gen.step, "file": name.name if name else None,
-                     "size": gen.size,
-                     "age_s": round(now - target.stat().st_mtime, 1),
-                     "committed": gen.committed, "valid": reason is None,
-                     "status": ("verified" if deep else "committed") if reason is None else reason,
-                     "pinned": gen.step in pins,
-                     "milestone": bool(keep_every) and gen.step % keep_every == 0})
-    return {"run": str(path), "generations": rows, "leftovers": [str(t) for t in listing.temps],
-            "foreign": [f"{p}: {why}" for p, why in listing.foreign], "lock": lock_holder(path),
-            "mirrors": mirrors.lag(path, [r["step"] for r in rows if r["committed"]])}
+    holder = lock_holder(path)
+    with ReadLease(path, purpose="ls") as lease:
+        listing = lease.listing
+        pins = set(run.pins())
+        rows = [_ls_row(gen, deep, pins, keep_every, holder) for gen in listing.generations]
+        readers = active_leases(path, own=lease)
+    in_progress = [t for t in listing.temps if save_in_progress(t, holder)]
+    out = {"run": str(path), "generations": rows,
+           "leftovers": [str(t) for t in listing.temps if t not in in_progress],
+           "in_progress": [str(t) for t in in_progress],
+           "foreign": [f"{p}: {why}" for p, why in listing.foreign], "lock": holder, "leases": readers,
+           "mirrors": mirrors.lag(path, [r["step"] for r in rows if r["committed"]])}
+    if lease.problem:
+        out["lease_problem"] = lease.problem
+    return out
+
+
+def _ls_row(gen: Generation, deep: bool, pins: set[int], keep_every: int | None,
+            holder: dict[str, Any] | None) -> dict[str, Any]:
+    """One generation's row of ``ls``; a part without its manifest is the live writer's save in
+    progress when ``holder`` wrote it (``save_in_progress``)."""
+    reason = check_generation(gen, deep=deep)
+    part = gen.bin or gen.shards or gen.companion
+    if reason is not None and not gen.committed and part is not None and save_in_progress(part, holder):
+        reason = "save in progress"
+    target = gen.bin or gen.manifest or gen.shards or gen.companion
+    name = gen.bin or gen.shards
+    try:
+        size, age = gen.size, round(time.time() - target.stat().st_mtime, 1)
+    except FileNotFoundError:       # not leased (uncommitted, or no lease possible): it went
+        size, age, reason = None, None, reason or "removed while listing"
+    return {"step": gen.step, "file": name.name if name else None, "size": size, "age_s": age,
+            "committed": gen.committed, "valid": reason is None,
+            "status": ("verified" if deep else "committed") if reason is None else reason,
+            "pinned": gen.step in pins, "milestone": bool(keep_every) and gen.step % keep_every == 0}
 
 
 def gc(path: "str | os.PathLike[str]", *, keep_last: int, keep_every: int | None = None,
@@ -95,11 +116,19 @@ def _fsync_dirs(*dirs: Path) -> None:
 
 def fork(path: "str | os.PathLike[str]", step: int, dest: "str | os.PathLike[str]") -> dict[str, Any]:
     """Audit fork: a new run from generation ``step`` (copy verified by fingerprint), the loss
-    history up to ``step``, and provenance (parent run, step, fingerprint) in the new manifest."""
+    history up to ``step``, and provenance (parent run, step, fingerprint) in the new manifest.
+    The generation is leased while it is copied, so a live trainer's retention keeps it."""
     run, dest = Run(path), Path(dest)
-    gen = next((g for g in run.generations() if g.step == step), None)
-    if gen is None or not gen.committed:
-        raise GenerationNotFoundError(str(path), f"no committed generation at step {step}")
+    with ReadLease(path, purpose="fork") as lease:
+        gen = next((g for g in lease.listing.generations if g.step == step), None)
+        if gen is None or not gen.committed:
+            raise GenerationNotFoundError(str(path), f"no committed generation at step {step}")
+        lease.narrow([step])
+        return _fork_from(run, gen, dest)
+
+
+def _fork_from(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
+    step = gen.step
     reason = check_generation(gen, deep=True)
     if reason:
         raise NoValidGenerationError(str(gen.bin), f"cannot fork from it: {reason}")

@@ -6,8 +6,10 @@ an ``EXPORT-INCOMPLETE`` marker, so a half export is never mistaken for a good o
 from __future__ import annotations
 
 import datetime
+import errno
 import json
 import os
+import shutil
 import tarfile
 import tempfile
 import time
@@ -20,28 +22,30 @@ from .. import atomic, companion, fingerprint
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import DestinationExistsError, ExportError
-from ..run import SAMPLES, STATE, Run
+from ..run import SAMPLES, STATE, Listing, ReadLease, Run, lock_holder
 from ..run import history as hist
 from . import b3sums
 from .convert import convert
-from .validate import validate_file
+from .validate import INCOMPLETE, validate_file
 
 __all__ = ["INCOMPLETE", "archive", "export", "import_archive"]
 
-INCOMPLETE = "EXPORT-INCOMPLETE"
 SIDECARS = (hist.NAME, SAMPLES, STATE)
 ARCHIVE_MANIFEST = "export.json"
+ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"     # RFC 8878: every zstd frame starts with these bytes
 
 
-def _choose(run: Run, steps: list[int] | None) -> list:
-    """The generations named by ``steps``, or the newest valid one."""
-    committed = {g.step: g for g in run.generations() if g.committed or run.is_bare()}
+def _choose(run: Run, listing: Listing, steps: list[int] | None) -> list:
+    """The generations named by ``steps``, or the newest valid one, from the leased listing."""
+    gens = listing.generations
+    bare = bool(gens) and all(g.manifest is None for g in gens)
+    committed = {g.step: g for g in gens if g.committed or bare}
     if steps:
         missing = [s for s in steps if s not in committed]
         if missing:
             raise ExportError(str(run.path), f"no committed generation at step(s) {missing}")
         return [committed[s] for s in steps]
-    gen = run.latest(allow_bare=True)
+    gen = run.latest(allow_bare=True, among=list(committed.values()) or gens)
     if gen is None:
         raise ExportError(str(run.path), "nothing to export: the run has no generation")
     return [gen]
@@ -69,21 +73,21 @@ def export(run_dir: str, dest: str, *, steps: list[int] | None = None,
     before the verification.
     """
     run, out = Run(run_dir), Path(dest)
-    gens = _choose(run, steps)
-    _prepare_dest(out)
-    started = time.perf_counter()
-    files = []
-    for gen in gens:
-        files += _export_generation(gen, out, weights_only, progress)
-    for name in SIDECARS if with_history else SIDECARS[1:]:
-        src = run.path / name
-        if src.exists():
-            files.append({"file": name, "size": src.stat().st_size,
-                          "blake3": atomic.copy_verified(src, out / name, None)})
-    if tamper:
-        tamper(out)
-    checks = _verify_at_dest(out, files, gens, weights_only, check)
-    doc = _describe(run, out, gens, files, checks, time.perf_counter() - started)
+    with ReadLease(run.path, purpose="export") as lease:    # retention keeps them (RUN.md §5.3)
+        gens = _choose(run, lease.listing, steps)
+        lease.narrow(g.step for g in gens)
+        _prepare_dest(out)
+        started = time.perf_counter()
+        files = []
+        for gen in gens:
+            files += _export_generation(gen, out, weights_only, progress)
+        live = lock_holder(run.path) is not None
+        for name in SIDECARS if with_history else SIDECARS[1:]:
+            files += _copy_sidecar(run.path / name, out / name, live)
+        if tamper:
+            tamper(out)
+        checks = _verify_at_dest(out, files, gens, weights_only, check)
+        doc = _describe(run, out, gens, files, checks, time.perf_counter() - started)
     atomic.write_json(out / ARCHIVE_MANIFEST, doc)
     (out / "EXPORT.md").write_text(_export_md(doc))
     _write_b3sums(out, files)
@@ -97,6 +101,23 @@ def _write_b3sums(out: Path, files: list[dict[str, Any]]) -> None:
     rows = [(row["blake3"], row["file"]) for row in files]
     rows += [(fingerprint.of_file(out / name), name) for name in (ARCHIVE_MANIFEST, "EXPORT.md")]
     b3sums.write(out / b3sums.NAME, rows)
+
+
+def _copy_sidecar(src: Path, dst: Path, live: bool) -> list[dict[str, Any]]:
+    """Copy one sidecar as it is now; its row, or none when the run has no such file.
+
+    A live trainer appends to the history while we copy: the copy is the history up to its last
+    complete line at the start (every step up to the leased generations is in it: it is synced
+    before each commit). The other sidecars are replaced atomically: one open file is one version.
+    """
+    try:
+        length = hist.complete_length(src) if live and src.name == hist.NAME else None
+        digest = atomic.copy_verified(src, dst, None, length=length)
+    except FileNotFoundError as exc:
+        if exc.filename != str(src):
+            raise
+        return []
+    return [{"file": dst.name, "size": dst.stat().st_size, "blake3": digest}]
 
 
 def _export_generation(gen, out: Path, weights_only: bool, progress=None) -> list[dict[str, Any]]:
@@ -146,7 +167,8 @@ def _verify_at_dest(out: Path, files: list[dict[str, Any]], gens: list, weights_
 def _describe(run: Run, out: Path, gens: list, files: list, checks: dict, seconds: float) -> dict[str, Any]:
     newest = gens[-1]
     doc = mf.read(newest.manifest) if newest.manifest else {}
-    canon = hist.read(run.path / hist.NAME).canonical()
+    copied = out / hist.NAME        # the history as exported, not as the live run has it now
+    canon = hist.read(copied if copied.exists() else run.path / hist.NAME).canonical()
     losses = [hist.decode_float(r["loss"]) for r in canon[-100:] if "loss" in r]
     return {"exported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "source_run": str(run.path.resolve()), "steps": [g.step for g in gens], "files": files,
@@ -234,32 +256,71 @@ def _read_archive(path: Path, dest: Path | None) -> dict[str, str]:
 
 
 def import_archive(archive_path: str, dest: str) -> dict[str, Any]:
-    """Unpack a .tar.zst export into DEST and verify every file against its embedded manifest."""
-    out = Path(dest)
-    _prepare_dest(out)
+    """Unpack a .tar.zst export into DEST and verify every file against its embedded manifest.
+
+    The archive is unpacked into a sibling staging directory (``.ckptfmt-tmp.`` + DEST's name,
+    carrying the ``EXPORT-INCOMPLETE`` marker until every check passed) that is then renamed
+    to DEST: a failed import leaves nothing at DEST, and DEST never holds a partial import.
+    """
+    source, out = Path(archive_path), Path(dest)
+    _check_archive_path(source)
+    if out.exists() and (not out.is_dir() or any(out.iterdir())):
+        raise DestinationExistsError(str(out), "exists and is not empty; choose a new destination")
+    staging = out.parent / f"{fmt.TEMP_PREFIX}import.{out.name}.{os.getpid()}"
     try:
-        digests = _read_archive(Path(archive_path), out)
-    except (tarfile.TarError, OSError, ValueError, zstandard.ZstdError) as exc:
-        raise ExportError(archive_path, f"cannot unpack: {exc}") from None
+        _prepare_dest(staging)
+    except OSError as exc:          # name DEST, not the staging directory the user never chose
+        raise OSError(exc.errno, exc.strerror, str(out)) from None
     try:
-        doc = json.loads((out / ARCHIVE_MANIFEST).read_text())
-    except (OSError, ValueError):
-        raise ExportError(archive_path, f"archive has no readable {ARCHIVE_MANIFEST}") from None
-    for row in doc["files"]:
-        if digests.get(row["file"]) != row["blake3"]:
-            raise ExportError(str(out / row["file"]), "blake3 after unpacking differs from the export manifest")
-    for gen_step in doc["steps"]:
-        name = out / fmt.checkpoint_name(gen_step)
+        doc = _unpack_verified(source, staging)
+        atomic.remove(staging / INCOMPLETE)
+        os.replace(staging, out)          # onto a missing or empty DEST, in one rename
+        atomic.sync_dir_of(str(out))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        raise
+    return {"dest": str(out), "files": len(doc["files"]), "steps": doc["steps"], "verified": True}
+
+
+def _check_archive_path(source: Path) -> None:
+    """A missing archive or a directory is a usage problem (exit 2), not a damaged archive."""
+    if not source.exists():
+        raise FileNotFoundError(errno.ENOENT, "no such archive", str(source))
+    if source.is_dir():
+        raise IsADirectoryError(errno.EISDIR, "a directory, expected an export .tar.zst", str(source))
+
+
+def _unpack_verified(source: Path, staging: Path) -> dict[str, Any]:
+    """Unpack into ``staging`` and check every member against the archive's export.json."""
+    with open(source, "rb") as f:
+        if f.read(4) != ZSTD_MAGIC:
+            raise ExportError(str(source), "not an export archive: not zstd-compressed (expected a "
+                                           ".tar.zst written by ckptfmt export --archive)")
+    try:
+        digests = _read_archive(source, staging)
+    except ExportError:
+        raise
+    except (tarfile.TarError, ValueError, zstandard.ZstdError, EOFError) as exc:
+        raise ExportError(str(source), f"not an export archive, or a damaged one: {exc}") from None
+    try:
+        doc = json.loads((staging / ARCHIVE_MANIFEST).read_text())
+        rows, steps = list(doc["files"]), [int(s) for s in doc["steps"]]
+    except (OSError, ValueError, KeyError, TypeError):
+        raise ExportError(str(source), f"archive has no readable {ARCHIVE_MANIFEST}") from None
+    for row in rows:
+        if not isinstance(row, dict) or digests.get(row.get("file")) != row.get("blake3"):
+            raise ExportError(str(source), f"{row.get('file') if isinstance(row, dict) else row}: blake3 "
+                                           "after unpacking differs from the export manifest")
+    for gen_step in steps:
+        name = staging / fmt.checkpoint_name(gen_step)
         if name.exists():
             report = validate_file(name, deep=True)
             if not report.ok:
-                raise ExportError(str(name), "; ".join(f.message for f in report.findings))
-    atomic.remove(out / INCOMPLETE)
-    return {"dest": str(out), "files": len(doc["files"]), "steps": doc["steps"], "verified": True}
+                raise ExportError(str(source), "; ".join(f.message for f in report.findings))
+    return doc
 
 
 def _data_identity(doc: dict[str, Any]) -> Any:
     """The reference trainer's data sources (``state.data``; ``data`` before it used the manager)."""
     data = (doc.get("state") or {}).get("data") or doc.get("data") or {}
     return data.get("identity") if isinstance(data, dict) else None
-

@@ -10,7 +10,8 @@ from .. import format as fmt
 from .. import manifest as mf
 from .. import reader
 from ..errors import CheckpointError, NoValidGenerationError
-from ..run import Run, ls_run
+from ..run import ReadLease, Run, ls_run
+from ..run import history as hist
 from .stats import region_stats
 
 __all__ = ["inspect_file", "inspect_run"]
@@ -35,17 +36,28 @@ def inspect_file(path: "str | os.PathLike[str]", *, tensors: bool = False) -> di
                 out["tensors"] = {name: {r: region_stats(ck.tensor(name, r).ravel()).to_dict()
                                          for r in fmt.REGIONS} for name in ck.names()}
             out["blake3"] = digest.result()
+    out["fingerprint"] = _fingerprint(doc, problem, out["blake3"])
     if doc is not None and companion.FIELD in doc:
-        problem = problem or companion.check(path, doc[companion.FIELD], deep=True)
+        problem = companion.check(path, doc[companion.FIELD], deep=True)
         out["companion"] = doc[companion.FIELD]
-    out["fingerprint"] = ("unverified" if doc is None and problem is None else
-                          "mismatch" if problem or doc["blake3"] != out["blake3"] else "verified")
+        out["fingerprint"] = "mismatch" if problem else out["fingerprint"]
     if problem:
         out["manifest_problem"] = problem
     if doc:
         out["manifest"] = {k: doc[k] for k in MANIFEST_SUMMARY if k in doc}
         out["manifest"]["layout_tensors"] = len(doc.get("layout") or [])
     return out
+
+
+def _fingerprint(doc: dict | None, problem: str | None, digest: str) -> str:
+    """'verified' or 'mismatch' against a readable manifest; 'unverified' for a bare file;
+    'unchecked' when the manifest cannot be read or describes other bytes (nothing to compare
+    with, which is not the same as a mismatch)."""
+    if problem is not None:
+        return "unchecked"
+    if doc is None:
+        return "unverified"
+    return "verified" if doc["blake3"] == digest else "mismatch"
 
 
 def _manifest(path: str, ck: reader.Checkpoint) -> tuple[dict | None, str | None]:
@@ -56,11 +68,26 @@ def _manifest(path: str, ck: reader.Checkpoint) -> tuple[dict | None, str | None
 
 
 def inspect_run(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dict[str, Any]:
-    """``ls`` of a run plus ``inspect`` of its newest valid generation (or why there is none)."""
+    """``ls`` of a run plus ``inspect`` of its newest valid generation (or why there is none);
+    that generation is leased while it is read, so a live trainer's retention keeps it."""
     data = ls_run(path)
-    try:
-        gen = Run(path).latest(allow_bare=True)
-    except NoValidGenerationError as exc:
-        gen, data["latest_problem"] = None, str(exc)
-    data["latest"] = inspect_file(gen.bin, tensors=tensors) if gen else None
+    with ReadLease(path, purpose="inspect") as lease:
+        gens = lease.listing.generations
+        try:
+            gen = Run(path).latest(allow_bare=True, among=[g for g in gens if g.committed] or gens)
+        except NoValidGenerationError as exc:
+            gen, data["latest_problem"] = None, str(exc)
+        if gen is None and "latest_problem" not in data:
+            data["latest_problem"] = _why_empty(path)
+        lease.narrow([gen.step] if gen else [])
+        data["latest"] = inspect_file(gen.bin, tensors=tensors) if gen else None
     return data
+
+
+def _why_empty(path: "str | os.PathLike[str]") -> str:
+    """A run without any generation: stopped before its first checkpoint, or not a run yet."""
+    steps = len(hist.read(os.path.join(path, hist.NAME)).canonical())
+    if steps:
+        return (f"{path}: stopped before its first checkpoint: the history holds {steps} steps but "
+                "no generation was committed; nothing to resume, a restart begins at step 0")
+    return f"{path}: no generation (not a run directory, or an empty one)"

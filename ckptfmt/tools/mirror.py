@@ -1,4 +1,4 @@
-"""Mirror a run's committed generations to object storage, verified there (spec/RUN.md §9).
+"""Mirror a run's committed generations to object storage, verified there (spec/RUN.md §10).
 
 Per generation: the .bin (or every shard) streamed up and hashed while sent, then the companion
 file, then every uploaded object is read back and its blake3 compared, and only then the

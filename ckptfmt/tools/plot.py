@@ -3,12 +3,14 @@ committed generations, pivots, resumes after crashes and fork points marked, and
 curriculum's source shares over time below. Needs matplotlib (the ``plot`` extra)."""
 from __future__ import annotations
 
+import os
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
+from .. import atomic
 from ..run import history as hist
-from ..errors import MissingDependencyError
+from ..errors import DestinationExistsError, EmptyRunError, MissingDependencyError
 from ..run import Run
 
 __all__ = ["plot", "series"]
@@ -46,15 +48,25 @@ def series(run_dir: str, ema: float | None = None, window: int | None = None) ->
 
 
 def plot(run_dirs: list[str], out: str) -> dict[str, Any]:
-    """Draw the loss (raw and EMA) of each run with its events into ``out`` (a .png); needs
-    matplotlib (``MissingDependencyError`` otherwise). Returns what was drawn."""
+    """Draw the loss (raw and EMA) of each run with its events into ``out`` (a .png, .svg or
+    .pdf); needs matplotlib (``MissingDependencyError`` otherwise). Returns what was drawn.
+
+    An existing ``out`` is never replaced (``DestinationExistsError``), a run without a loss
+    history is refused (``EmptyRunError``: an empty picture would look like a result), and the
+    picture is written durably under a temp name, so a failure leaves nothing at ``out``.
+    """
+    if os.path.lexists(out):
+        raise DestinationExistsError(out, "exists already; refusing to overwrite (choose a new --out)")
+    data = [series(r) for r in run_dirs]
+    for d in data:
+        if not d["steps"]:
+            raise EmptyRunError(d["run"], f"no loss history to plot ({hist.NAME} is missing or empty)")
     try:
         import matplotlib  # lazy: the optional plot extra, here only
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt  # lazy: as matplotlib
     except ImportError:
         raise MissingDependencyError(out, "plot needs matplotlib: pip install 'ckptfmt[plot]'") from None
-    data = [series(r) for r in run_dirs]
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, height_ratios=[3, 1])
     for d in data:
         name = Path(d["run"]).name
@@ -78,6 +90,17 @@ def plot(run_dirs: list[str], out: str) -> dict[str, Any]:
     bottom.set_xlabel("step")
     bottom.legend(fontsize=7, ncol=3)
     fig.tight_layout()
-    fig.savefig(out, dpi=110)
-    plt.close(fig)
+    _save_figure(plt, fig, out)
     return {"out": out, "runs": [{"run": d["run"], "steps": len(d["steps"]), "events": len(d["events"])} for d in data]}
+
+
+def _save_figure(plt: Any, fig: Any, out: str) -> None:
+    """Write the picture durably under a temp name and rename it to ``out`` (nothing at ``out``
+    if drawing or writing fails); the figure is closed either way."""
+    try:
+        with atomic.AtomicWriter(out) as writer:
+            with writer.fileobj() as f:
+                fig.savefig(f, dpi=110, format=Path(out).suffix.lstrip(".").lower() or "png")
+            writer.commit()
+    finally:
+        plt.close(fig)

@@ -1,4 +1,4 @@
-"""Object storage through fsspec (spec/RUN.md §9): one place that opens a URL, lists a run
+"""Object storage through fsspec (spec/RUN.md §10): one place that opens a URL, lists a run
 there, streams bytes up and down hashed as they pass, and turns the client's exceptions into
 one-line ``RemoteError`` messages.
 

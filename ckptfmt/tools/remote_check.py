@@ -1,4 +1,4 @@
-"""``validate``, ``ls`` and ``inspect`` of a run at a URL (spec/RUN.md §9.9), through ranged
+"""``validate``, ``ls`` and ``inspect`` of a run at a URL (spec/RUN.md §10.9), through ranged
 reads: ``inspect`` reads only the 8-byte header and the manifest; ``validate`` reads every
 committed object back and compares its blake3 with the manifest (``deep=False``: headers and
 sizes only). Returns data; the CLI prints it.

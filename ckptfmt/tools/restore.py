@@ -1,4 +1,4 @@
-"""Restore a run from its mirror (spec/RUN.md §9): the newest valid generation at the URL (or
+"""Restore a run from its mirror (spec/RUN.md §10): the newest valid generation at the URL (or
 one step), the loss history and every sidecar, into a new local run directory, verified.
 
 Everything lands in a sibling temp directory first (payload hashed while received, the manifest

@@ -17,18 +17,22 @@ from .. import format as fmt
 from .. import manifest as mf
 from .. import reader
 from ..errors import CheckpointError
-from ..run import STATE, SAMPLES, Run, check_generation, zombie_arms
+from ..run import (STATE, SAMPLES, ReadLease, Run, check_generation, lock_holder, save_in_progress,
+                   zombie_arms)
 from ..run import history as hist
 from .stats import region_stats
 
-__all__ = ["Finding", "Report", "error_code", "validate_file", "validate_path", "validate_run", "values_plausible"]
+__all__ = ["INCOMPLETE", "Finding", "Report", "error_code", "validate_file", "validate_path", "validate_run",
+           "values_plausible"]
 
-DEFECT, WARNING = "defect", "warning"
+DEFECT, WARNING, UNSUPPORTED, INFO = "defect", "warning", "unsupported", "info"
+INCOMPLETE = "EXPORT-INCOMPLETE"     # written first into an export or import destination, removed last
 
 
 @dataclass
 class Finding:
-    level: str       # 'defect' (exit 1) or 'warning' (reported, still valid)
+    level: str       # 'defect' (exit 1), 'unsupported' (could not judge it: exit 2), 'warning'
+                     # (reported, still valid) or 'info' (a fact)
     code: str        # stable machine name, e.g. 'truncated', 'fingerprint_mismatch'
     message: str     # one line naming the file and the problem
 
@@ -37,7 +41,7 @@ class Finding:
 class Report:
     path: str
     kind: str = "file"
-    status: str = "unverified"   # verified | unverified | committed | damaged
+    status: str = "unverified"   # verified | unverified | committed | damaged | unsupported | no checkpoint
     step: int | None = None
     n_params: int | None = None
     findings: list[Finding] = field(default_factory=list)
@@ -45,17 +49,35 @@ class Report:
 
     @property
     def ok(self) -> bool:
-        """No defect found (warnings allowed)."""
-        return not any(f.level == DEFECT for f in self.findings)
+        """No defect found and nothing that could not be judged (warnings allowed)."""
+        return not any(f.level in (DEFECT, UNSUPPORTED) for f in self.findings)
+
+    @property
+    def could_not_run(self) -> bool:
+        """Part of the check could not run (a manifest newer than this ckptfmt): CLI exit 2."""
+        return any(f.level == UNSUPPORTED for f in self.findings)
 
     def defect(self, code: str, message: str) -> None:
         """Record a defect: the thing checked is not usable as it is (CLI exit 1)."""
         self.findings.append(Finding(DEFECT, code, message))
         self.status = "damaged"
 
+    def failed(self, exc: CheckpointError) -> None:
+        """Record a library error: a defect, or, when the error means this reader cannot judge
+        the input (``could_not_run``), an 'unsupported' finding."""
+        if exc.could_not_run:
+            self.findings.append(Finding(UNSUPPORTED, error_code(exc), str(exc)))
+            self.status = "unsupported"
+        else:
+            self.defect(error_code(exc), str(exc))
+
     def warn(self, code: str, message: str) -> None:
         """Record a warning: worth knowing, not a defect."""
         self.findings.append(Finding(WARNING, code, message))
+
+    def note(self, code: str, message: str) -> None:
+        """Record a fact that is neither a defect nor a worry (a live writer's save in progress)."""
+        self.findings.append(Finding(INFO, code, message))
 
     def to_dict(self) -> dict[str, Any]:
         """The report as JSON-able fields (``--json``)."""
@@ -78,7 +100,7 @@ def validate_file(path: "str | os.PathLike[str]", *, deep: bool = True, progress
     try:
         ckpt = reader.open(path, manifest="ignore")
     except CheckpointError as exc:
-        report.defect(error_code(exc), str(exc))
+        report.failed(exc)
         return report
     with ckpt:
         report.step, report.n_params = ckpt.step, ckpt.n_params
@@ -96,7 +118,7 @@ def _check_manifest(report: Report, ckpt: reader.Checkpoint) -> dict[str, Any] |
     try:
         doc = mf.beside(ckpt.path, size=ckpt.size, step=ckpt.step, n_params=ckpt.n_params)
     except CheckpointError as exc:
-        report.defect(error_code(exc), str(exc))
+        report.failed(exc)
         return None
     except OSError as exc:
         report.defect("manifest_unreadable", f"{mpath}: {exc.strerror or exc}")
@@ -104,8 +126,17 @@ def _check_manifest(report: Report, ckpt: reader.Checkpoint) -> dict[str, Any] |
     if doc is None:
         report.warn("unverified", f"{ckpt.path}: no manifest, contents cannot be verified")
         return None
-    report.status = "committed"
+    if report.ok:
+        report.status = "committed"
     return doc
+
+
+def _check_incomplete(report: Report, directory: str) -> None:
+    """An export or import that has not finished (or failed) leaves its marker: never valid."""
+    marker = os.path.join(directory, INCOMPLETE)
+    if os.path.lexists(marker):
+        report.defect("incomplete_export", f"{marker}: the export or import into {directory} did not "
+                                           "finish (or failed): its files are incomplete; export again")
 
 
 def _check_contents(report: Report, ckpt: reader.Checkpoint, doc: dict | None, deep: bool,
@@ -181,37 +212,88 @@ def _check_values(report: Report, ckpt: reader.Checkpoint, done=None) -> None:
 
 
 def validate_path(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None) -> Report:
-    """A file or a run directory."""
+    """A file or a run directory. A directory (or a file's directory) that still carries the
+    ``EXPORT-INCOMPLETE`` marker of an export or import is never valid, whatever its files say."""
     if os.path.isdir(path):
-        return validate_run(path, deep=deep, progress=progress)
-    return validate_file(path, deep=deep, progress=progress)
+        report = validate_run(path, deep=deep, progress=progress)
+        _check_incomplete(report, os.fspath(path))
+        return report
+    report = validate_file(path, deep=deep, progress=progress)
+    _check_incomplete(report, os.path.dirname(os.path.abspath(path)))
+    return report
 
 
 def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None) -> Report:
     """Check a run directory: every generation, leftovers, the history and the sidecars, and that
-    a committed valid generation exists to resume from."""
+    a committed valid generation exists to resume from.
+
+    Safe while a trainer commits and prunes: the generations listed at the start are leased
+    (spec/RUN.md §5.3), and the live writer's unfinished save is reported as "save in progress"
+    (a note, not a leftover)."""
     run = Run(path)
     report = Report(str(path), kind="run")
-    listing = run.listing()
-    bare = run.is_bare()
-    gens_out = []
-    for gen in listing.generations:
-        gens_out.append(_validate_generation(report, gen, deep, bare, progress))
-    report.details["generations"] = gens_out
-    for temp in listing.temps:
-        report.warn("leftover_temp", f"{temp}: temp file of an interrupted save (ckptfmt gc sweeps it)")
-    for entry, why in listing.foreign:
-        report.warn("foreign_entry", f"{entry}: skipped: {why}")
-    _validate_sidecars(report, run)
+    holder = lock_holder(path)
+    with ReadLease(path, purpose="validate") as lease:
+        listing = lease.listing
+        live = [g for g in listing.generations if _saving(g, holder)]
+        rest = [g for g in listing.generations if g not in live]
+        bare = bool(rest) and all(g.manifest is None for g in rest)
+        gens_out = [_in_progress(report, g) if g in live else
+                    _validate_generation(report, g, deep, bare, progress) for g in listing.generations]
+        report.details["generations"] = gens_out
+        _report_entries(report, listing, holder)
+        _validate_sidecars(report, run, live=holder is not None)
+    if lease.problem and holder is not None:
+        report.warn("no_read_lease", lease.problem)
     committed_ok = [g for g in gens_out if g["status"] in ("verified", "committed")]
     if not listing.generations:
-        report.defect("no_generation", f"{path}: no generation to resume from")
-    elif not committed_ok and not bare:
+        _no_generation(report, path)
+    elif not committed_ok and not bare and not live:
         report.defect("no_valid_generation", f"{path}: no committed generation is valid")
     elif bare:
         report.warn("bare_run", f"{path}: bare .bin files without manifests: structure only, unverified")
-    report.status = "damaged" if not report.ok else ("verified" if deep and not bare else "committed")
+    if report.status != "no checkpoint":
+        report.status = "damaged" if not report.ok else ("verified" if deep and not bare else "committed")
     return report
+
+
+def _no_generation(report: Report, path: "str | os.PathLike[str]") -> None:
+    """A directory without any generation: a run killed before its first checkpoint (it has a
+    loss history) is not damaged, it has nothing to resume; anything else is not a run yet."""
+    steps = report.details.get("history_records", 0)
+    if steps:
+        report.findings.append(Finding(DEFECT, "no_checkpoint_yet", (
+            f"{path}: stopped before its first checkpoint: the history holds {steps} steps but no "
+            "generation was committed; nothing to resume, a restart begins at step 0")))
+    else:
+        report.findings.append(Finding(DEFECT, "no_generation", f"{path}: no generation to resume from "
+                                                                "(not a run directory, or an empty one)"))
+    report.status = "no checkpoint"
+
+
+def _saving(gen, holder: dict[str, Any] | None) -> bool:
+    """An uncommitted generation that the live writer is saving now (not a crash leftover)."""
+    part = gen.bin or gen.shards or gen.companion
+    return not gen.committed and part is not None and save_in_progress(part, holder)
+
+
+def _in_progress(report: Report, gen) -> dict[str, Any]:
+    part = gen.bin or gen.shards or gen.companion
+    report.note("save_in_progress", f"{part}: save in progress (the writer holding the run lock is "
+                                    "committing this generation)")
+    return {"step": gen.step, "status": "save in progress"}
+
+
+def _report_entries(report: Report, listing, holder: dict[str, Any] | None) -> None:
+    """Temp files (the live writer's, or leftovers of an interrupted save) and foreign entries."""
+    for temp in listing.temps:
+        if save_in_progress(temp, holder):
+            report.note("save_in_progress", f"{temp}: save in progress (temp file of the writer "
+                                            f"pid {holder.get('pid', '?')}, which holds the run lock)")
+        else:
+            report.warn("leftover_temp", f"{temp}: temp file of an interrupted save (ckptfmt gc sweeps it)")
+    for entry, why in listing.foreign:
+        report.warn("foreign_entry", f"{entry}: skipped: {why}")
 
 
 def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=None) -> dict[str, Any]:
@@ -246,8 +328,11 @@ def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=N
     return row
 
 
-def _validate_sidecars(report: Report, run: Run) -> None:
-    loss = hist.read(run.path / hist.NAME)
+def _validate_sidecars(report: Report, run: Run, live: bool = False) -> None:
+    """The history (``live``: up to its last complete line; the writer may be appending the
+    next), the samples and bandit sidecars, and zombie arms."""
+    path = run.path / hist.NAME
+    loss = hist.read(path, hist.complete_length(path) if live and path.exists() else None)
     for w in loss.warnings:
         report.warn("history_torn", w)
     for p in loss.problems:

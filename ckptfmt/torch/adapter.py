@@ -72,6 +72,16 @@ def hyperparams(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
     return out
 
 
+def setting_like(live: Any, saved: Any) -> Any:
+    """A saved param-group setting in the live one's type: tuples (betas) and one-element
+    tensors (a tensor lr) come back as they were."""
+    if isinstance(live, tuple):
+        return tuple(saved)
+    if isinstance(live, torch.Tensor) and not isinstance(saved, (list, dict)):
+        return torch.tensor(saved, dtype=live.dtype, device=live.device).reshape(live.shape)
+    return saved
+
+
 def _json_setting(v: Any) -> bool:
     return v is None or isinstance(v, (bool, int, float, str, tuple, list)) or \
         (isinstance(v, torch.Tensor) and v.numel() == 1)
@@ -177,8 +187,15 @@ def _copy_regions(ck: Any, targets: list[tuple[str, list[torch.Tensor]]]) -> Non
 
 
 def _view(region: np.ndarray, entry: dict[str, Any]) -> torch.Tensor:
+    """One parameter's values as a tensor: a zero-copy view over a writable (copy-on-write) map,
+    a copy over a read-only one. torch has no read-only tensors: a view of a read-only map would
+    be a writable alias of pages mapped PROT_READ, and the first in-place write through it (an
+    optimizer step on a state tensor that aliases it) would kill the process (spec §8.5)."""
     count = math.prod(entry["shape"])
-    return torch.from_numpy(region[entry["offset"]:entry["offset"] + count]).view(entry["shape"])
+    piece = region[entry["offset"]:entry["offset"] + count]
+    if not piece.flags.writeable:
+        piece = piece.copy()        # never alias a read-only map
+    return torch.from_numpy(piece).view(entry["shape"])
 
 
 def load_optimizer(ck: "reader.Checkpoint | Any", model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
@@ -212,7 +229,7 @@ def prepare_optimizer(ck: "reader.Checkpoint | Any", model: torch.nn.Module,
                                        f"{len(optimizer.param_groups)} in the optimizer")
     for group, saved in zip(optimizer.param_groups, opt["hyperparams"]):
         for key, value in saved.items():
-            group[key] = tuple(value) if isinstance(group.get(key), tuple) else value
+            group[key] = setting_like(group.get(key), value)
     params = list(model.parameters())
     if not opt["step"] or not _has_state(optimizer, params):
         _fresh_state(optimizer, opt)

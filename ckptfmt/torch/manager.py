@@ -40,8 +40,9 @@ __all__ = ["CheckpointManager"]
 class CheckpointManager:
     """Saves, retains and restores every piece of a training loop's state in a run directory.
 
-    The run lock is held from construction to ``close()``; an optimizer the seed layout cannot
-    hold is refused here, before any training step.
+    The run lock is held from construction to ``close()`` (by rank 0 under torchrun; not at all
+    with ``lock=False``, when the caller holds it); an optimizer the seed layout cannot hold is
+    refused here, before any training step.
     """
 
     def __init__(self, directory: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -71,7 +72,7 @@ class CheckpointManager:
         self.every, self.keep_last, self.keep_every, self.config = every, keep_last, keep_every, config
         self.manifest_fields, self.on_restore = hooks.get("manifest_fields"), hooks.get("on_restore")
         self.upgrade, self.on_commit = hooks.get("upgrade"), hooks.get("on_commit")
-        self.log: Any = hooks.get("log") or (lambda message: warnings.warn(message, stacklevel=4))
+        self._log = hooks.get("log")
         self.run = directory if isinstance(directory, Run) else Run(directory, create=True)
         self._stop = self._save_requested = False
         self._handlers = _install(self) if handle_signals else None   # before the lock: may raise
@@ -101,7 +102,7 @@ class CheckpointManager:
         record: dict[str, Any] = {"step": step, "time": time.time()}
         values = {**({"loss": loss} if loss is not None else {}), **metrics}
         for key, value in values.items():
-            record[key] = encode_float(float(value)) if _is_number(value) else value
+            record[key] = _history_value(value)
         if self.rank == 0:
             self.run.history.append(record)
         # the agreed decision; the local flags are only ever set here, never cleared by the
@@ -205,7 +206,9 @@ class CheckpointManager:
 
     def _committed(self, step: int, manifest: dict[str, Any]) -> None:
         if self.keep_last and self.rank == 0:
-            self.run.gc(keep_last=self.keep_last, keep_every=self.keep_every)
+            deleted = self.run.gc(keep_last=self.keep_last, keep_every=self.keep_every)
+            if deleted:
+                self.log(f"retention deleted steps {deleted}", info=True)
         if self.on_commit is not None:
             self.on_commit(step, manifest)
 
@@ -225,12 +228,20 @@ class CheckpointManager:
         self.restored_from = None
         step = restoring.restore(self, source, strict, restore_rng)
         if step is None:
-            self._event("resume", 0, fresh=True)
+            self._event("start", 0, world_size=self.world)
             return 0
         if source is None:
             self.committed = step
         self._event("resume", step, fresh_pieces=self.fresh)
         return step
+
+    def log(self, message: str, *, info: bool = False) -> None:
+        """Say what the manager decided: to the ``log`` hook; without one, a warning (an
+        ``info`` message, such as what retention deleted, is then left unsaid)."""
+        if self._log is not None:
+            self._log(message)
+        elif not info:
+            warnings.warn(message, stacklevel=3)
 
     def _event(self, kind: str, step: int, **fields: Any) -> None:
         if self.rank == 0:
@@ -285,5 +296,13 @@ def _strict_json(manifest: dict[str, Any]) -> None:
         raise TypeError(f"cannot checkpoint: the manifest would not be strict JSON ({exc})") from None
 
 
-def _is_number(value: Any) -> bool:
-    return isinstance(value, (float, int, torch.Tensor, np.number)) and not isinstance(value, bool)
+def _history_value(value: Any) -> Any:
+    """A metric as ``.loss.json`` holds it: integers stay integers, floats (and one-element
+    tensors and NumPy scalars) are floats with NaN/inf as strings (RUN.md §3.1)."""
+    if isinstance(value, (bool, str)) or value is None:
+        return value
+    if isinstance(value, (int, np.integer)):
+        return int(value)
+    if isinstance(value, (float, np.floating)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
+        return encode_float(float(value))
+    return value

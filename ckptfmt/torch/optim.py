@@ -109,18 +109,8 @@ def restore(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], doc: d
             continue
         state[index[id(p)]] = {first: mt} if second is None else \
             {"step": torch.tensor(float(taken), dtype=torch.float32), first: mt, second: vt}
-    saved = [{**{k: _like(live.get(k), v) for k, v in group.items()},
+    saved = [{**{k: adapter.setting_like(live.get(k), v) for k, v in group.items()},
               "params": [index[id(p)] for p in live["params"]]}
              for group, live in zip(groups, optimizer.param_groups)]
     optimizer.load_state_dict({"state": state, "param_groups": saved})
-
-
-def _like(live: Any, saved: Any) -> Any:
-    """A saved param-group setting in the live one's type: tuples (betas) and one-element
-    tensors (a tensor lr) come back as they were."""
-    if isinstance(live, tuple):
-        return tuple(saved)
-    if isinstance(live, torch.Tensor) and not isinstance(saved, (list, dict)):
-        return torch.tensor(saved, dtype=live.dtype, device=live.device).reshape(live.shape)
-    return saved
 

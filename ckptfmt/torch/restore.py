@@ -7,9 +7,10 @@ The order, and why:
    loop's ``upgrade`` hook (manifests its earlier versions wrote).
 2. The loop's ``on_restore`` hook sees that manifest first: its own checks (the reference
    trainer compares config and data sources, and learns whether a pivot applies).
-3. Every piece the loop has is matched against the checkpoint, and what is missing is refused
-   together, by name, before a single value is copied: a refused restore leaves the model,
-   optimizer and state objects as they were. With ``strict=False`` those pieces start fresh.
+3. Every piece the loop has is matched against the checkpoint (and every companion tensor is
+   read), and what is missing is refused together, by name, before a single value is copied:
+   a refused restore leaves the model, optimizer, state objects and RNGs as they were, and under
+   torchrun every rank refuses together. With ``strict=False`` those pieces start fresh.
 4. Parameters and moments, buffers, scheduler, scaler, state objects; the RNGs last, after every
    object that consumes draws exists.
 """
@@ -21,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
+import numpy as np
 import torch
 
 from .. import format as fmt
@@ -29,7 +31,7 @@ from ..errors import (IncompleteResumeStateError, LayoutMismatchError, NoValidGe
                       RankDisagreementError, UnsupportedSetupError)
 from ..shards import ShardedCheckpoint
 from . import optim, ranks, rng
-from .distributed import is_sharded_model, load_into
+from .distributed import any_rank, is_sharded_model, load_into
 from .state import dtype_name, join, persistent_buffers
 
 if TYPE_CHECKING:
@@ -49,12 +51,17 @@ class Plan:
     rng: dict[str, Any] | None                # this rank's RNG states; None: they start fresh
     rng_skip: set[str] = field(default_factory=set)
     fresh: list[str] = field(default_factory=list)
+    trees: dict[str, Any] = field(default_factory=dict)     # piece -> its state, tensors read
+    buffers: dict[str, Any] = field(default_factory=dict)
+    change: dict[str, Any] | None = None                     # a world-size change, said once it passed
 
 
 def restore(mgr: "CheckpointManager", source: Any, strict: bool, restore_rng: bool) -> int | None:
     """``CheckpointManager.restore``: the step restored, None on a fresh run."""
     if mgr.rank == 0:
-        mgr.run.sweep_temps()
+        removed = mgr.run.sweep_temps()
+        if removed:
+            mgr.log(f"removed {len(removed)} temp files of interrupted saves", info=True)
     if source is not None:
         refuse_rollback(mgr, source)
     path = source if source is not None else newest(mgr)
@@ -68,11 +75,12 @@ def restore(mgr: "CheckpointManager", source: Any, strict: bool, restore_rng: bo
         if mgr.on_restore is not None:
             mgr.on_restore(doc, ck.path)
         plan = make_plan(mgr, ck, doc, strict, restore_rng)
+        if plan.change is not None:
+            _world_size_changed(mgr, doc, plan.change)
         load_tensors(mgr, ck, plan)
         for piece, obj in mgr.pieces():
-            tree = _lookup(plan, piece)
-            if tree is not None:
-                obj.load_state_dict(join(tree, plan.get))
+            if piece in plan.trees:
+                obj.load_state_dict(plan.trees[piece])
         if plan.rng is not None:
             rng.restore_all(plan.rng, mgr.generators, skip=plan.rng_skip, path=plan.path)
         mgr.fresh = plan.fresh
@@ -81,36 +89,57 @@ def restore(mgr: "CheckpointManager", source: Any, strict: bool, restore_rng: bo
 
 def make_plan(mgr: "CheckpointManager", ck: Any, doc: dict[str, Any], strict: bool,
               restore_rng: bool) -> Plan:
-    """Every check of a restore, before a value is copied; refuses what is missing by name."""
+    """Every check of a restore, and every companion tensor read, before a value is copied.
+
+    What the loop has and the checkpoint lacks, and what the checkpoint has and the loop does
+    not restore, are refused together by name (with ``strict=False`` they start fresh). Under
+    torchrun a refusal on any rank is every rank's (a collective), so no rank goes on alone.
+    """
     path = ck.path
     check_layout(doc, mgr.model, path)
     optim.check(mgr.optimizer, _need(doc, "optimizer", path), path)
     extra = ck.companion()
     get = extra.tensor if extra is not None else _no_companion(path)
     own_rng, own_state, change = ranks.own_pieces(doc)
-    plan = Plan(doc, path, get, own_state or {}, own_rng if restore_rng else None)
-    if change is not None:
-        _world_size_changed(mgr, doc, change)
-        if own_rng is None:
-            plan.fresh.append(f"per-rank RNGs and loop state of rank {mgr.rank} (a rank the run did not have)")
-            return plan
-    missing = [piece for piece, _ in mgr.pieces() if _lookup(plan, piece) is None]
+    new_rank = change is not None and own_rng is None
+    plan = Plan(doc, path, get, own_state or {}, own_rng if restore_rng and not new_rank else None,
+                change=change)
+    if new_rank:
+        plan.fresh.append(f"per-rank RNGs and loop state of rank {mgr.rank} (a rank the run did not have)")
+    lacks = [p for p, _ in mgr.pieces() if _lookup(plan, p) is None and not (new_rank and p.startswith("state."))]
     given = {piece for piece, _ in mgr.pieces()}
     saved = [k for k in ("scheduler",) if doc.get(k) is not None] + \
         [f"amp.{k}" for k in (doc.get("amp") or {})] + [f"state.{k}" for k in plan.state]
-    missing += [f"{p} (in the checkpoint, not given to the manager)" for p in saved if p not in given]
+    unused = [p for p in saved if p not in given]
     if plan.rng is not None:
-        missing += _missing_rng(mgr, plan)
-    if missing and strict:
-        raise IncompleteResumeStateError(path, "cannot resume: the checkpoint lacks " + ", ".join(missing)
-                                         + " (restore(strict=False) starts them fresh)")
-    for piece in missing:
-        warnings.warn(f"{path}: {piece} starts fresh (not in the checkpoint)", stacklevel=4)
-    plan.fresh += missing
+        more_lacks, more_unused = _missing_rng(mgr, plan)
+        lacks, unused = lacks + more_lacks, unused + more_unused
+    _refuse(path, lacks, unused, strict)
+    for piece in lacks + unused:
+        warnings.warn(f"{path}: {piece} starts fresh (strict=False)", stacklevel=4)
+    plan.fresh += lacks + [f"{p} (in the checkpoint, not restored)" for p in unused]
+    plan.buffers = join(doc.get("buffers", {}), get)
+    plan.trees = {p: join(_lookup(plan, p), get) for p, _ in mgr.pieces() if _lookup(plan, p) is not None}
     return plan
 
 
-def _missing_rng(mgr: "CheckpointManager", plan: Plan) -> list[str]:
+def _refuse(path: str, lacks: list[str], unused: list[str], strict: bool) -> None:
+    """One refusal naming every piece; agreed across ranks before anything is copied."""
+    mine = strict and bool(lacks or unused)
+    if not any_rank(mine)[0]:
+        return
+    if not mine:
+        raise IncompleteResumeStateError(path, "cannot resume: another rank's pieces are missing from the "
+                                               "checkpoint (its error names them)")
+    said = ([f"the checkpoint lacks {', '.join(lacks)}"] if lacks else []) + \
+        ([f"the checkpoint has {', '.join(unused)}, which this loop does not restore"] if unused else [])
+    raise IncompleteResumeStateError(path, "cannot resume: " + "; ".join(said)
+                                     + " (CheckpointManager.restore(strict=False) would go on without them)")
+
+
+def _missing_rng(mgr: "CheckpointManager", plan: Plan) -> tuple[list[str], list[str]]:
+    """(RNGs the loop has and the checkpoint lacks, saved generators the loop does not give);
+    a generator saved as another kind (numpy vs torch) is refused here, not half-way through."""
     saved = plan.rng or {}
     keys = list(RNG_KEYS) + [f"generators.{g}" for g in mgr.generators]
     if torch.cuda.is_available() and torch.cuda.is_initialized():
@@ -121,8 +150,13 @@ def _missing_rng(mgr: "CheckpointManager", plan: Plan) -> list[str]:
         if (key not in saved) if name is None else (name not in saved.get("generators", {})):
             missing.append(f"rng.{key}")
             plan.rng_skip.add(key)
-    return missing + [f"rng.generators.{g} (in the checkpoint, not given to the manager)"
-                      for g in saved.get("generators", {}) if g not in mgr.generators]
+        elif name is not None:
+            kind = "numpy" if isinstance(mgr.generators[name], np.random.Generator) else "torch"
+            if saved["generators"][name].get("kind", kind) != kind:
+                raise IncompleteResumeStateError(plan.path, f"cannot resume: rng.generators.{name} was a "
+                                                            f"{saved['generators'][name]['kind']} generator, "
+                                                            f"the loop gives a {kind} one")
+    return missing, [f"rng.generators.{g}" for g in saved.get("generators", {}) if g not in mgr.generators]
 
 
 def _world_size_changed(mgr: "CheckpointManager", doc: dict[str, Any], change: dict[str, Any]) -> None:
@@ -159,10 +193,9 @@ def load_tensors(mgr: "CheckpointManager", ck: Any, plan: Plan) -> None:
         ms = [_view(ck.m, e).to(p.device, p.dtype) for p, e in zip(params, ck.layout)]
         vs = [_view(ck.v, e).to(p.device, p.dtype) for p, e in zip(params, ck.layout)]
         optim.restore(optimizer, params, plan.doc["optimizer"], ms, vs, plan.path)
-    saved = join(plan.doc.get("buffers", {}), plan.get)
     live = persistent_buffers(model)                # the same names: check_layout
     with torch.no_grad():
-        for name, tensor in saved.items():
+        for name, tensor in plan.buffers.items():
             live[name].copy_(tensor)
 
 

@@ -45,14 +45,11 @@ class Bandit:
         st["pulls"] += 1
         self.phase_steps += 1
 
-    def state(self, with_rng: bool = False) -> dict[str, Any]:
+    def state(self) -> dict[str, Any]:
         """Arm statistics and phase counters; the RNG lives under the manifest's ``rng`` (so a
-        resume that skips RNG restore really skips it), and is added for ``.state.json``."""
-        out = {"arms": {a: dict(s) for a, s in self.stats.items()}, "phase": self.phase,
-               "phase_steps": self.phase_steps, "caps": dict(self.caps), "floors": dict(self.floors)}
-        if with_rng:
-            out["rng"] = self.rng.bit_generator.state
-        return out
+        resume that skips RNG restore really skips it); ``.state.json`` adds it."""
+        return {"arms": {a: dict(s) for a, s in self.stats.items()}, "phase": self.phase,
+                "phase_steps": self.phase_steps, "caps": dict(self.caps), "floors": dict(self.floors)}
 
     def load_state(self, state: dict[str, Any]) -> list[str]:
         """Restore; arms whose source is gone are dropped with a warning (zombie arms)."""

@@ -14,7 +14,6 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from ..errors import IncompleteResumeStateError
 from ..torch import rng as rngmod
 from .bandit import Bandit
 from .data import DataStream, identity
@@ -39,14 +38,9 @@ class DataState:
         return {**t.data.state(), "identity": identity(t.sources)}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Positions of every configured source; after a pivot a new source starts at 0."""
-        t = self.trainer
-        positions = state["positions"]
-        for name in t.data.positions:
-            if name in positions:
-                t.data.positions[name] = dict(positions[name])
-            elif not t.pivot:
-                raise IncompleteResumeStateError(None, f"cannot resume: data.positions.{name} missing")
+        """Positions of every configured source; after a pivot a new source starts at 0 (the
+        trainer's ``on_restore`` hook has refused a missing one before anything was copied)."""
+        self.trainer.data.load_state(state, allow_missing=self.trainer.pivot)
 
 
 class BanditState:

@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from .. import fingerprint
+from ..errors import IncompleteResumeStateError
 
 _DOCSTRING = re.compile(rb'"""(.*?)"""', re.S)
 
@@ -94,8 +95,17 @@ class DataStream:
         return {"seed": self.seed, "ctx": self.ctx, "positions": {n: dict(p) for n, p in self.positions.items()},
                 "windows": dict(self.n_windows)}
 
-    def load_state(self, state: dict[str, Any]) -> None:
+    def load_state(self, state: dict[str, Any], *, allow_missing: bool = False) -> None:
+        """Each source's position; a source without one (new at a pivot: ``allow_missing``)
+        starts at 0, otherwise ``IncompleteResumeStateError`` names it."""
+        missing = self.missing(state)
+        if missing and not allow_missing:
+            raise IncompleteResumeStateError(None, "cannot resume: " + ", ".join(f"data.positions.{n}" for n in missing)
+                                             + " missing")
         for name in self.names:
-            if name not in state["positions"]:
-                raise KeyError(f"data.positions.{name}")
-            self.positions[name] = dict(state["positions"][name])
+            if name in state["positions"]:
+                self.positions[name] = dict(state["positions"][name])
+
+    def missing(self, state: dict[str, Any]) -> list[str]:
+        """Sources of this stream that ``state`` has no position for."""
+        return [name for name in self.names if name not in (state.get("positions") or {})]

@@ -39,10 +39,11 @@ class _Trainer(Protocol):
 
 
 def rank_device(device: torch.device) -> torch.device:
-    """Under torchrun on GPUs, rank r uses GPU r mod the device count."""
+    """Under torchrun on GPUs, rank r uses GPU r mod the device count, made the current device."""
     rank, world = rank_world()
     if world > 1 and device.type == "cuda":
-        return torch.device("cuda", rank % torch.cuda.device_count())
+        device = torch.device("cuda", rank % torch.cuda.device_count())
+        torch.cuda.set_device(device)   # the current device: its RNG is the one saved; NCCL uses it
     return device
 
 

@@ -6,7 +6,7 @@ scheduler, data, bandit, and the ``CheckpointManager`` that saves and restores t
 the step loop in ``fit`` (step, sample, the signal flags handed to the manager, which records the
 history and saves on cadence or request), stop; ``train`` at the end is what ``ckptfmt train``
 calls. The trainer is a user of the manager like any other loop: it keeps only what is its own
-(model, data, bandit, pivot rules, its early signal handlers: ``.checkpointing``). Under
+(model, data, bandit, pivot rules: ``.checkpointing``; its early signal handlers: ``.signals``). Under
 torchrun every rank runs the same loop: the calls into ``.distributed`` (trainer specifics) and
 ``..torch.distributed`` (collectives) give the single-process answer for one process, and only
 rank 0 (``is_main``) writes the run's history and sidecars.
@@ -25,10 +25,10 @@ import torch
 from .. import fingerprint
 from .. import manifest as mf
 from .. import torch as ct
-from ..errors import CheckpointError, ConfigMismatchError, DeviceUnavailableError
+from ..errors import CheckpointError, ConfigMismatchError, DeviceUnavailableError, IncompleteResumeStateError
 from ..run import PIVOT, SAMPLES, STATE, Run, RunLock
 from ..run.history import encode_float
-from ..torch import CheckpointManager
+from ..torch import CheckpointManager, ranks
 from ..torch.distributed import any_rank, launched_by_torchrun, mean_over_ranks, rank_world
 from . import checkpointing
 from . import config as cfgmod
@@ -134,9 +134,8 @@ class Trainer:
     # ------------------------------------------------------------ resume
     def resume(self) -> int:
         """Restore everything from the newest valid generation (the manager); 0 for a fresh run."""
-        step = self.mgr.restore(restore_rng=not self.omit_rng_restore)
+        step = self.mgr.restore(restore_rng=not self.omit_rng_restore)   # a fresh run: its start event
         if not step:
-            self._event("start", 0, config=self.cfg.name, world_size=self.world)
             return 0
         if self.pivot:                   # after the RNGs: neither change consumes a draw
             self._apply_new_schedule()
@@ -153,6 +152,15 @@ class Trainer:
         self.pivot = self._pivot_applies(doc.get("step"))
         cfgmod.check_compatible(path, doc["config"], self.cfg, pivot=self.pivot)
         self._check_data(path, doc["state"]["data"], self.pivot)
+        saved_amp = (doc.get("run") or {}).get("amp", self.amp)
+        if saved_amp != self.amp:
+            raise ConfigMismatchError(path, f"the run trained with --amp {saved_amp}, this start asks for "
+                                            f"--amp {self.amp}: pass --amp {saved_amp}")
+        own = ranks.own_pieces(doc)[1]          # this rank's data positions (None: a new rank)
+        missing = self.data.missing(own["data"]) if own and "data" in own else []
+        if missing and not self.pivot:
+            raise IncompleteResumeStateError(path, "cannot resume: " + ", ".join(
+                f"state.data.positions.{n}" for n in missing) + " missing")
         self.provenance = doc.get("provenance")
 
     def _pivot_applies(self, step: int) -> bool:
@@ -240,7 +248,7 @@ class Trainer:
                 on_step(record)
             record.pop("ids")
             if self.sample_every and step % self.sample_every == 0 and self.is_main:
-                self.sample(step, record["source"])    # before a save: sampling draws from torch's RNG
+                self.sample(step, record["source"])    # before a save: step N's sample exists when N commits
             try:
                 stop = self._step(step, target, record)
             except (CheckpointError, OSError) as exc:

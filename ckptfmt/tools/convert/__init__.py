@@ -10,6 +10,7 @@ option that does nothing for the target are refused before anything is read.
 """
 from __future__ import annotations
 
+import errno
 import os
 import tempfile
 from typing import Any
@@ -18,9 +19,9 @@ import numpy as np
 
 from ... import fingerprint
 from ... import format as fmt
-from ...errors import ConvertError, DestinationExistsError, UnsupportedConversionError
+from ...errors import ConvertError, DestinationExistsError, UnsupportedConversionError, UnsupportedFormatError
 from ...tensorfile import TensorFile
-from . import bin, bridge, check, npz, planes, pt, safetensors, zst
+from . import bin, bridge, check, npz, planes, pt, safetensors, torchsave, zst
 from .planes import planes as planes_of, unplanes
 from .shards import convert_distributed
 from .source import ConvertReport, Source, cast, discard, regions_of, verdict
@@ -50,6 +51,9 @@ def detect(path: "str | os.PathLike[str]") -> str:
         return "shards"
     if os.path.isdir(path) and os.path.isfile(os.path.join(path, ".metadata")):
         return "dcp"
+    if os.path.isdir(path):
+        raise UnsupportedFormatError(os.fspath(path), "a directory, expected a checkpoint file (or a "
+                                                      "DCP directory with its .metadata)")
     for suffix, kind in ((".safetensors", "safetensors"), (".pt", "pt"), (".pth", "pt"),
                          (".npz", "npz"), (".zst", "zst"), (".ckz", "planes"), (".bin", "bin")):
         if name.endswith(suffix):
@@ -112,12 +116,32 @@ def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = F
     """Convert ``src`` into ``dst``: check the source against its digest, write, and with
     ``verify`` prove the result by converting back. ``progress`` gets byte counts: the source
     check, the write, then the verification (about the source size each)."""
+    if not os.path.exists(src):
+        raise FileNotFoundError(errno.ENOENT, "No such file or directory", src)
     src_kind, dst_kind = detect(src), target(dst, to)
     check_options(dst, dst_kind, weights_only, dtype, shards)
     if dst_kind != "shards" and os.path.lexists(dst) and not overwrite:
         raise DestinationExistsError(dst, "exists already; refusing to overwrite")
+    parent = os.path.dirname(os.path.abspath(dst))
+    if dst_kind not in ("shards", "dcp") and not os.path.isdir(parent):
+        raise FileNotFoundError(errno.ENOENT, "destination directory does not exist", parent)
     if "shards" in (src_kind, dst_kind) or "dcp" in (src_kind, dst_kind):
         return convert_distributed(src, dst, src_kind, dst_kind, shards=shards or 2, verify=verify)
+    if dst_kind in ("torch", "weights"):
+        return bridge.export_foreign(src, src_kind, dst, dst_kind, verify)
+    existed = os.path.lexists(dst)
+    try:
+        return _convert_file(src, dst, src_kind, dst_kind, weights_only, dtype, verify, progress)
+    except BaseException:
+        if not existed:
+            discard(dst)       # a failed conversion leaves nothing behind (its manifest included)
+        raise
+
+
+def _convert_file(src: str, dst: str, src_kind: str, dst_kind: str, weights_only: bool,
+                  dtype: str | None, verify: bool, progress) -> ConvertReport:
+    """Write one file of ``dst_kind`` from ``src`` (a foreign file into a .bin) and, with
+    ``verify``, prove it by going back."""
     if dst_kind in ("torch", "weights"):
         return bridge.export_foreign(src, src_kind, dst, dst_kind, verify)
     opened = _open(src, src_kind)
@@ -134,6 +158,7 @@ def _open(src: str, kind: str) -> Any:
     ``TensorFile``) for a foreign .pt or .safetensors."""
     if kind == "pt":
         state = pt.read(src)
+        torchsave.require_dict(state, src)
         return pt.load(src, state) if pt.is_ckptfmt(state) else state
     if kind == "safetensors":
         sf = TensorFile(src)

@@ -3,28 +3,35 @@ from __future__ import annotations
 
 import json
 import zipfile
+import zlib
 
 import numpy as np
 
 from ... import atomic
 from ... import format as fmt
-from ...errors import ConvertError
+from ...errors import ConvertError, UnsupportedFormatError
 from . import source
 
 
 def load(path: str) -> source.Source:
     try:
         with np.load(path, allow_pickle=False) as z:
-            meta = json.loads(bytes(z["meta"]).decode())
-            regions = {r: np.ascontiguousarray(z[r], dtype=fmt.DTYPE) for r in fmt.REGIONS if r in z}
-    except (KeyError, ValueError, OSError, zipfile.BadZipFile, EOFError) as exc:
+            if "meta" not in z:
+                raise UnsupportedFormatError(path, "not written by ckptfmt: no 'meta' array")
+            meta = json.loads(z["meta"].tobytes().decode())
+            regions = {r: np.ascontiguousarray(z[r]) for r in fmt.REGIONS if r in z}  # dtypes checked by meta_source
+    except (KeyError, ValueError, OSError, EOFError, NotImplementedError, RuntimeError, zlib.error,
+            zipfile.BadZipFile) as exc:
+        # what zipfile raises for a damaged archive (bad offsets, unknown versions, encryption)
+        if isinstance(exc, ConvertError):
+            raise
         raise ConvertError(path, f"not a ckptfmt .npz: {exc}") from None
     return source.meta_source(path, meta, regions)
 
 
 def write(src: source.Source, dst: str, weights_only: bool, dtype: str | None, progress=None) -> None:
     if dtype == "bfloat16":
-        raise ConvertError(dst, "numpy has no bfloat16: use .safetensors or .pt for bfloat16")
+        raise UnsupportedFormatError(dst, "numpy has no bfloat16: use .safetensors or .pt for bfloat16")
     arrays = {r: getattr(src, r).astype(dtype or fmt.DTYPE, copy=False) for r in source.regions_of(src, weights_only)}
     meta = source.meta(src, weights_only)
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8)

@@ -39,11 +39,23 @@ def is_ckptfmt(state: Any) -> bool:
 def load(path: str, state: Any = None) -> Source:
     """ckptfmt's .pt form as a ``Source`` (``state``: what ``read`` returned, when already read)."""
     state = read(path) if state is None else state
+    torch = require_torch(path)
     if not isinstance(state, dict):
         raise ConvertError(path, "not a ckptfmt .pt: expected a dict")
-    regions = {r: state[r].contiguous().numpy() for r in fmt.REGIONS if r in state}
+    regions = {r: _numpy(torch, path, r, state[r]) for r in fmt.REGIONS if r in state}
     meta = {k: v for k, v in state.items() if k not in fmt.REGIONS}
     return meta_source(path, meta, regions)
+
+
+def _numpy(torch: Any, path: str, region: str, value: Any) -> np.ndarray:
+    """A region tensor as numpy (bfloat16 as its uint16 bits, which numpy lacks); anything
+    that is not a tensor is refused here, before its type could surprise a writer."""
+    if not isinstance(value, torch.Tensor):
+        raise ConvertError(path, f"region {region} is a {type(value).__name__}, expected a tensor")
+    value = value.detach().contiguous().cpu()
+    if value.dtype == torch.bfloat16:
+        return value.view(torch.int16).numpy().view("<u2")
+    return value.numpy()
 
 
 def write(src: Source, dst: str, weights_only: bool, dtype: str | None, progress=None) -> None:

@@ -13,7 +13,7 @@ import numpy as np
 from ... import companion
 from ... import format as fmt
 from ... import manifest as mf
-from ...errors import ConvertError, MissingDependencyError
+from ...errors import ConvertError, MissingDependencyError, UnsupportedFormatError
 
 
 @dataclass
@@ -34,16 +34,69 @@ class Source:
         return int(self.weights.size)
 
 
-def meta_source(path: str, meta: dict[str, Any], regions: dict[str, np.ndarray]) -> Source:
-    if meta.get("format") != "ckptfmt":
-        raise ConvertError(path, "not written by ckptfmt: metadata lacks format=ckptfmt")
-    layout = meta.get("layout")
-    layout = json.loads(layout) if isinstance(layout, str) else layout
+def meta_source(path: str, meta: Any, regions: dict[str, np.ndarray]) -> Source:
+    """The ``Source`` a foreign file marked as ckptfmt's describes, every field checked first:
+    metadata is untrusted input, so a bad step, layout or region is a ``ConvertError`` naming
+    it, never a traceback or a silently cast value."""
+    if not isinstance(meta, dict) or meta.get("format") != "ckptfmt":
+        raise UnsupportedFormatError(path, "not written by ckptfmt: metadata lacks format=ckptfmt")
+    weights_only = str(meta.get("weights_only", "")) in ("1", "True", "true")
+    step = _meta_int(path, meta, "step", fmt.MAX_STEP)
+    regions = _checked_regions(path, regions, weights_only)
+    n = int(regions["weights"].size)
+    if meta.get("n_params") not in (None, "") and _meta_int(path, meta, "n_params", fmt.MAX_N) != n:
+        raise ConvertError(path, f"metadata says n_params {meta['n_params']}, the regions hold {n}",
+                           expected=meta["n_params"], got=n)
+    digest = meta.get("blake3") or None
+    if digest is not None and not (isinstance(digest, str) and len(digest) == 64
+                                   and all(c in "0123456789abcdef" for c in digest)):
+        raise ConvertError(path, f"metadata field 'blake3' is not a 64-digit hex digest: {digest!r}")
+    return Source(path, step, regions["weights"], regions.get("m"), regions.get("v"),
+                  _meta_layout(path, meta.get("layout"), n), digest)
+
+
+def _meta_int(path: str, meta: dict[str, Any], key: str, high: int) -> int:
+    """An integer metadata field (a decimal string in safetensors, a number elsewhere) in 0..high."""
+    value = meta.get(key)
+    if isinstance(value, str) and value.isascii() and value.isdigit():
+        number: Any = int(value)
+    else:
+        number = value if isinstance(value, int) and not isinstance(value, bool) else None
+    if number is None or not 0 <= number <= high:
+        raise ConvertError(path, f"metadata field '{key}': expected an integer in 0..{high}, got {value!r}")
+    return number
+
+
+def _checked_regions(path: str, regions: dict[str, np.ndarray], weights_only: bool) -> dict[str, np.ndarray]:
+    """Flat little-endian float32 regions of one length (float16/bfloat16 weights are allowed in
+    a weights-only file); anything else is refused by name rather than cast."""
     missing = [r for r in fmt.REGIONS if r not in regions]
-    if missing and not meta.get("weights_only"):
+    if "weights" not in regions or (missing and not weights_only):
         raise ConvertError(path, f"missing regions: {', '.join(missing)}")
-    return Source(path, int(meta["step"]), regions["weights"], regions.get("m"), regions.get("v"),
-                  layout, meta.get("blake3") or None)
+    out = {}
+    for name, arr in regions.items():
+        arr = np.asarray(arr)
+        half = weights_only and name == "weights" and arr.dtype.str in ("<f2", "<u2")
+        if not half and not (arr.dtype.kind == "f" and arr.dtype.itemsize == fmt.ITEM):
+            raise ConvertError(path, f"region {name}: expected float32, got {arr.dtype}")
+        out[name] = arr.reshape(-1) if half else arr.reshape(-1).astype(fmt.DTYPE, copy=False)
+    sizes = {name: int(a.size) for name, a in out.items()}
+    if len(set(sizes.values())) != 1:
+        raise ConvertError(path, f"regions differ in length: {sizes}")
+    return out
+
+
+def _meta_layout(path: str, layout: Any, n: int) -> list[dict[str, Any]] | None:
+    """The layout (JSON text or a list), checked to tile 0..n like a manifest's (spec §4.2)."""
+    if layout in (None, ""):
+        return None
+    if isinstance(layout, str):
+        try:
+            layout = json.loads(layout)
+        except ValueError as exc:
+            raise ConvertError(path, f"metadata field 'layout' is not JSON: {exc}") from None
+    mf.check_layout(path, layout, n)
+    return layout
 
 
 def meta(src: Source, weights_only: bool = False) -> dict[str, Any]:
@@ -78,7 +131,7 @@ def cast(arr: np.ndarray, dtype: str | None) -> tuple[str, np.ndarray]:
         out = rounded.astype("<u2")
         out[nan] = ((bits[nan] >> 16) | 0x40).astype("<u2")
         return "BF16", out
-    raise ConvertError(None, f"unsupported dtype {dtype}: use float32, float16 or bfloat16")
+    raise UnsupportedFormatError(None, f"unsupported dtype {dtype}: use float32, float16 or bfloat16")
 
 
 def regions_of(src: Source, weights_only: bool) -> list[str]:

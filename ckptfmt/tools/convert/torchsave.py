@@ -23,12 +23,17 @@ PREFIXES = ("module.", "_orig_mod.")       # DDP's and torch.compile's wrappers
 MOMENTS = ("step", "exp_avg", "exp_avg_sq")
 
 
-def to_state(obj: Any, path: str) -> State:
-    """The foreign checkpoint ``obj`` (as ``torch.load`` returned it) as a ``State``."""
-    torch = require_torch(path)
+def require_dict(obj: Any, path: str) -> None:
+    """Every checkpoint a ``torch.save`` can hold for us is a dict: refuse anything else by type."""
     if not isinstance(obj, dict):
         raise UnsupportedConversionError(path, f"a torch.save of a {type(obj).__name__}: expected a model "
                                                "state dict or a dict holding one")
+
+
+def to_state(obj: Any, path: str) -> State:
+    """The foreign checkpoint ``obj`` (as ``torch.load`` returned it) as a ``State``."""
+    torch = require_torch(path)
+    require_dict(obj, path)
     keys, model_sd, opt_sd = _container(obj, path, torch)
     other = {k: v for k, v in obj.items() if k not in (keys.get("model"), keys.get("optimizer"))} if keys["model"] else {}
     for key, value in other.items():

@@ -1,0 +1,525 @@
+"""The CLI contract, for every command on every hostile input (issue 18, deliverable 1).
+
+One table: each row runs one of the 15 commands against one input of a corpus of hostile
+inputs (missing paths, directories for files, empty and 7-byte files, impossible headers,
+torn files, text renamed .bin, broken manifests, foreign files with partial metadata,
+non-archives, read-only, missing and existing destinations, spaces and non-ASCII names,
+symlinks) and asserts, with and without ``--json``:
+
+* no traceback; the exit code of the contract (0 ok, 1 a defect or difference found,
+  2 could not run);
+* a failure says so in one line on stderr that names the path and the problem (or, for a check
+  that ran and found a defect, in its report);
+* with ``--json``, stdout is one strict JSON document (no NaN/Infinity), with an ``error``
+  object when the command failed;
+* after a failure nothing is left at the destination and nothing that existed before changed.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import struct
+import subprocess
+import tarfile
+import io
+
+import numpy as np
+import pytest
+import zstandard
+
+import ckptfmt
+from ckptfmt import tensorfile
+from ckptfmt.cli import main
+from conftest import arrays
+
+LAYOUT = [{"name": "a", "shape": [6], "offset": 0}, {"name": "b", "shape": [2, 2], "offset": 6}]
+TEXT = ("Hello, this is not a checkpoint: a README somebody renamed to .bin by mistake.\n"
+        "Its first bytes read as a header that promises 23 GB!!!\n")
+NO_JSON = {"train"}          # train streams a log; every other command takes --json
+
+
+# ---------------------------------------------------------------- the corpus
+def _save(directory, step, n=10, seed=0, **kwargs):
+    os.makedirs(directory, exist_ok=True)
+    path = os.path.join(directory, f"step_{step:06d}.bin")
+    ckptfmt.save(path, step, *arrays(n, seed), **kwargs)
+    return path
+
+
+def _history(directory, steps):
+    with open(os.path.join(directory, ".loss.json"), "w") as f:
+        for s in steps:
+            f.write(json.dumps({"step": s, "loss": 5.0 - 0.1 * s, "source": "code"}) + "\n")
+
+
+def _manifest_variant(root, name, edit):
+    d = os.path.join(root, name)
+    _save(d, 1, manifest={"layout": LAYOUT})
+    mpath = os.path.join(d, "step_000001.json")
+    with open(mpath) as f:
+        doc = json.load(f)
+    text = edit(doc)
+    with open(mpath, "w") as f:
+        f.write(text if isinstance(text, str) else json.dumps(doc))
+
+
+def _safetensors(path, meta, regions=None, code="F32"):
+    regions = regions if regions is not None else {r: a for r, a in zip(("weights", "m", "v"), arrays(10))}
+    tensors = [(name, code, [arr.size], arr.astype({"F32": "<f4", "F16": "<f2"}[code]))
+               for name, arr in regions.items()]
+    tensorfile.write(path, tensors, meta)
+
+
+def _foreign(root):
+    d = os.path.join(root, "foreign")
+    os.makedirs(d)
+    good = {"format": "ckptfmt", "step": "1", "n_params": "10", "blake3": ""}
+    _safetensors(f"{d}/nostep.safetensors", {k: v for k, v in good.items() if k != "step"})
+    _safetensors(f"{d}/badstep.safetensors", {**good, "step": "x"})
+    _safetensors(f"{d}/hugestep.safetensors", {**good, "step": str(2**40)})
+    _safetensors(f"{d}/badlayout.safetensors", {**good, "layout": "{not json"})
+    _safetensors(f"{d}/wronglayout.safetensors", {**good, "layout": json.dumps(LAYOUT[:1])})
+    _safetensors(f"{d}/typelayout.safetensors", {**good, "layout": json.dumps({"a": 1})})
+    w, m, v = arrays(10)
+    _safetensors(f"{d}/shortm.safetensors", good, {"weights": w, "m": m[:7], "v": v})
+    _safetensors(f"{d}/f16.safetensors", good, code="F16")
+    _safetensors(f"{d}/nometa.safetensors", {})
+    with open(f"{d}/notsafetensors.safetensors", "w") as f:
+        f.write(TEXT)
+    meta = {"format": "ckptfmt", "n_params": 10}
+    np.savez(f"{d}/nostep.npz", weights=w, m=m, v=v, meta=np.frombuffer(json.dumps(meta).encode(), np.uint8))
+    np.savez(f"{d}/badmeta.npz", weights=w, m=m, v=v, meta=np.frombuffer(b"{oops", np.uint8))
+    np.savez(f"{d}/nometa.npz", weights=w, m=m, v=v)
+    np.savez(f"{d}/listmeta.npz", weights=w, m=m, v=v, meta=np.frombuffer(b"[1, 2]", np.uint8))
+    np.savez(f"{d}/intweights.npz", weights=np.arange(10), m=m, v=v,
+             meta=np.frombuffer(json.dumps({**meta, "step": 1}).encode(), np.uint8))
+    import torch
+    torch.save({"format": "ckptfmt", "weights": torch.from_numpy(w.copy())}, f"{d}/nostep.pt")
+    torch.save({"format": "ckptfmt", "step": "x", "weights": torch.from_numpy(w.copy()),
+                "m": torch.from_numpy(m.copy()), "v": torch.from_numpy(v.copy())}, f"{d}/badstep.pt")
+    torch.save([1, 2, 3], f"{d}/list.pt")
+    with open(f"{d}/text.pt", "w") as f:
+        f.write(TEXT)
+
+
+def _archives(root):
+    d = os.path.join(root, "archives")
+    os.makedirs(d)
+    with open(f"{d}/text.tar.zst", "w") as f:
+        f.write(TEXT)
+    with open(f"{d}/plain.tar.zst", "wb") as f:
+        f.write(zstandard.ZstdCompressor().compress(TEXT.encode()))
+    for name, member in (("dotdot.tar.zst", "../evil.txt"), ("nomanifest.tar.zst", "hello.txt")):
+        buf = io.BytesIO()
+        with tarfile.open(fileobj=buf, mode="w") as tar:
+            info = tarfile.TarInfo(member)
+            info.size = len(TEXT)
+            tar.addfile(info, io.BytesIO(TEXT.encode()))
+        with open(f"{d}/{name}", "wb") as f:
+            f.write(zstandard.ZstdCompressor().compress(buf.getvalue()))
+
+
+def _files(root):
+    d = os.path.join(root, "files")
+    os.makedirs(d)
+    good = open(_save(os.path.join(root, "good"), 1, manifest={"layout": LAYOUT}), "rb").read()
+    for name, data in {"empty.bin": b"", "seven.bin": b"\1\0\0\0\2\0\0", "text.bin": TEXT.encode(),
+                       "huge_n.bin": struct.pack("<ii", 1, 2**31 - 1) + b"\0" * 12,
+                       "neg_n.bin": struct.pack("<ii", 1, -5), "neg_step.bin": struct.pack("<ii", -1, 0),
+                       "trailing.bin": good + b"\0\0\0\0", "truncated.bin": good[:-8]}.items():
+        with open(os.path.join(d, name), "wb") as f:
+            f.write(data)
+
+
+def build_corpus(root):
+    """Every hostile input, in one directory tree (copied afresh for each case)."""
+    _files(root)
+    _save(os.path.join(root, "good2"), 1, seed=1, manifest={"layout": LAYOUT})
+    for step in (1, 2):
+        _save(os.path.join(root, "run"), step, seed=step, manifest={"layout": LAYOUT})
+    _history(os.path.join(root, "run"), range(1, 3))
+    os.makedirs(os.path.join(root, "empty_run"))
+    os.makedirs(os.path.join(root, "hist_only"))
+    _history(os.path.join(root, "hist_only"), range(1, 4))
+    damaged = os.path.join(root, "damaged_run")
+    with open(_save(damaged, 1), "r+b") as f:
+        f.truncate(50)
+    _manifest_variant(root, "mf_invalid", lambda d: "{broken")
+    _manifest_variant(root, "mf_types", lambda d: d.update(size="120", step=[1]))
+    _manifest_variant(root, "mf_other", lambda d: d.update(file="step_000002.bin"))
+    _manifest_variant(root, "mf_dotdot", lambda d: d.update(file="../step_000001.bin"))
+    _manifest_variant(root, "mf_digest", lambda d: d.update(blake3="0" * 64))
+    _manifest_variant(root, "mf_version", lambda d: d.update(format_version=99))
+    _manifest_variant(root, "mf_layout", lambda d: d.update(layout=[{"name": "a", "shape": [3], "offset": 0}]))
+    _foreign(root)
+    _archives(root)
+    _save(os.path.join(root, "spaced ü run"), 1, manifest={"layout": LAYOUT})
+    _history(os.path.join(root, "spaced ü run"), [1])
+    links = os.path.join(root, "links")
+    os.makedirs(links)
+    os.symlink("../good/step_000001.bin", os.path.join(links, "link.bin"))
+    os.symlink("../nowhere.bin", os.path.join(links, "dangling.bin"))
+    os.symlink("../run", os.path.join(links, "run"))
+    linked_run = os.path.join(root, "linked_gen_run")
+    os.makedirs(linked_run)
+    os.symlink("../good/step_000001.bin", os.path.join(linked_run, "step_000001.bin"))
+    os.symlink("../good/step_000001.json", os.path.join(linked_run, "step_000001.json"))
+    os.makedirs(os.path.join(root, "outdir"))
+    os.makedirs(os.path.join(root, "existing_dir"))
+    with open(os.path.join(root, "existing_dir", "keep.txt"), "w") as f:
+        f.write("mine\n")
+    for name in ("existing.png", "existing.npz", "existing.bin", "existing.tar.zst"):
+        with open(os.path.join(root, name), "w") as f:
+            f.write("a file the user already had\n")
+
+
+@pytest.fixture(scope="module")
+def template(tmp_path_factory):
+    root = tmp_path_factory.mktemp("corpus") / "w"
+    root.mkdir()
+    build_corpus(str(root))
+    return root
+
+
+@pytest.fixture(scope="module")
+def readonly(tmp_path_factory):
+    """A run directory (one committed generation, a history) nobody may write into: mode 0555,
+    and, where the permission bits do not bind (root), bind-mounted read-only onto itself."""
+    path = tmp_path_factory.mktemp("ro") / "ro run"
+    _save(str(path), 1, manifest={"layout": LAYOUT})
+    _history(str(path), [1])
+    path.chmod(0o555)
+    mounted = False
+    if _writable(path):
+        mounted = all(subprocess.run(cmd, capture_output=True).returncode == 0 for cmd in (
+            ["mount", "--bind", str(path), str(path)], ["mount", "-o", "remount,bind,ro", str(path)]))
+    assert not _writable(path), f"{path} must refuse writes for this test (root needs mount)"
+    yield str(path)
+    if mounted:
+        subprocess.run(["umount", str(path)], check=True)
+    path.chmod(0o755)
+
+
+def _writable(path) -> bool:
+    try:
+        with open(os.path.join(path, ".probe"), "w"):
+            pass
+    except OSError:
+        return False
+    os.unlink(os.path.join(path, ".probe"))
+    return True
+
+
+@pytest.fixture
+def world(template, tmp_path):
+    root = tmp_path / "w"
+    shutil.copytree(template, root, symlinks=True)
+    return root
+
+
+# ---------------------------------------------------------------- the table
+B = "step_000001.bin"
+FILE_INPUTS = {   # name -> (path, exit code of inspect and validate, a word the message holds)
+    "missing": ("nope/step_000001.bin", 2, "no such file"),
+    "empty": ("files/empty.bin", 1, "not a ckptfmt checkpoint"),
+    "seven_bytes": ("files/seven.bin", 1, "not a ckptfmt checkpoint"),
+    "text_renamed_bin": ("files/text.bin", 1, "not a ckptfmt checkpoint"),
+    "header_n_2^31-1": ("files/huge_n.bin", 1, "header promises"),
+    "header_n_negative": ("files/neg_n.bin", 1, "negative n_params"),
+    "header_step_negative": ("files/neg_step.bin", 1, "negative step"),
+    "trailing_bytes": ("files/trailing.bin", 1, "trailing data"),
+    "truncated": ("files/truncated.bin", 1, "truncated: expected"),
+    "manifest_invalid_json": (f"mf_invalid/{B}", 1, "not valid JSON"),
+    "manifest_wrong_types": (f"mf_types/{B}", 1, "expected int"),
+    "manifest_other_file": (f"mf_other/{B}", 1, "step_000002.bin"),
+    "manifest_dotdot": (f"mf_dotdot/{B}", 1, "bare name"),
+    "manifest_wrong_digest": (f"mf_digest/{B}", 1, "mismatch"),
+    "manifest_unknown_version": (f"mf_version/{B}", 2, "newer than this ckptfmt"),
+    "manifest_bad_layout": (f"mf_layout/{B}", 1, "layout covers"),
+    "directory_without_generations": ("existing_dir", 1, "no generation"),
+    "dangling_symlink": (f"links/dangling.bin", 2, "no such file"),
+}
+OK_FILES = {"spaces_non_ascii": f"spaced ü run/{B}", "symlink": "links/link.bin"}
+
+
+# inspect shows what it can read: a manifest problem is reported in its output (exit 0); diff
+# compares bytes (a wrong digest does not change them); what convert does with a source whose
+# digest is wrong is deliverable 3 of issue 18, tested with it.
+OVERRIDES = {("inspect", n): 0 for n in FILE_INPUTS if n.startswith("manifest_")}
+OVERRIDES.update({("diff", "manifest_wrong_digest"): 0, ("convert", "manifest_wrong_digest"): None})
+
+
+def _cases():
+    """(id, argv with {w} for the corpus and {ro} for the read-only run, expected exit code(s),
+    the text the message (or the report) holds, paths that must not exist afterwards)."""
+    cases = []
+    for name, (path, code, word) in FILE_INPUTS.items():
+        cases.append((f"validate-{name}", ["validate", f"{{w}}/{path}"], code, word, []))
+        if name == "directory_without_generations":
+            continue
+        for cmd, argv, gone in (("inspect", ["inspect", f"{{w}}/{path}"], []),
+                                ("diff", ["diff", f"{{w}}/{path}", f"{{w}}/good/{B}"], []),
+                                ("convert", ["convert", f"{{w}}/{path}", "{w}/outdir/x.npz"], ["{w}/outdir/x.npz"])):
+            want = OVERRIDES.get((cmd, name), code)
+            if want is not None:
+                cases.append((f"{cmd}-{name}", argv, want, word if want or cmd == "inspect" else "", gone))
+    for name, path in OK_FILES.items():
+        for cmd in (["validate"], ["inspect"], ["diff", f"{{w}}/good/{B}"]):
+            cases.append((f"{cmd[0]}-{name}", [*cmd, f"{{w}}/{path}"], 0, "", []))
+        cases.append((f"convert-{name}", ["convert", f"{{w}}/{path}", "{w}/spaced ü run/x y.safetensors"], 0, "", []))
+    cases += [
+        ("diff-directory-for-file", ["diff", "{w}/existing_dir", f"{{w}}/good/{B}"], 2, "directory", []),
+        ("diff-different", ["diff", f"{{w}}/good/{B}", f"{{w}}/good2/{B}"], 1, "", []),
+        ("diff-zero-norm", ["diff", "{w}/zero_a.bin", "{w}/zero_b.bin"], 1, "", []),
+        ("convert-directory-for-file", ["convert", "{w}/existing_dir", "{w}/out.npz"], 2, "directory", ["{w}/out.npz"]),
+        ("convert-unknown-target", ["convert", f"{{w}}/good/{B}", "{w}/out.xyz"], 2, "unknown format", ["{w}/out.xyz"]),
+        ("convert-unknown-source", ["convert", "{w}/existing.png", "{w}/out.npz"], 2, "unknown format", ["{w}/out.npz"]),
+        ("convert-existing-destination", ["convert", f"{{w}}/good/{B}", "{w}/existing.npz"], 2, "exists", []),
+        ("convert-missing-destination-dir", ["convert", f"{{w}}/good/{B}", "{w}/no/such/dir/x.npz"], 2,
+         "no/such/dir", ["{w}/no"]),
+        ("convert-readonly-destination", ["convert", f"{{w}}/good/{B}", "{ro}/x.npz"], 2, "{ro}", []),
+        ("convert-weights-only-to-bin", ["convert", f"{{w}}/good/{B}", f"{{w}}/outdir/{B}", "--weights-only"],
+         2, "weights", [f"{{w}}/outdir/{B}"]),
+        ("convert-dtype-to-zst", ["convert", f"{{w}}/good/{B}", "{w}/x.zst", "--weights-only", "--dtype", "float16"],
+         2, "zst", ["{w}/x.zst"]),
+        ("convert-bfloat16-to-npz", ["convert", f"{{w}}/good/{B}", "{w}/x.npz", "--weights-only", "--dtype",
+                                     "bfloat16"], 2, "bfloat16", ["{w}/x.npz"]),
+        ("convert-dtype-without-weights-only", ["convert", f"{{w}}/good/{B}", "{w}/x.npz", "--dtype", "float16"],
+         2, "--weights-only", ["{w}/x.npz"]),
+        ("convert-missing-npz", ["convert", "{w}/nope.npz", f"{{w}}/outdir/{B}"], 2, "nope.npz", []),
+        ("convert-missing-pt", ["convert", "{w}/nope.pt", f"{{w}}/outdir/{B}"], 2, "nope.pt", []),
+        ("convert-missing-safetensors", ["convert", "{w}/nope.safetensors", f"{{w}}/outdir/{B}"], 2,
+         "nope.safetensors", []),
+    ]
+    for name, code, word in (("nostep.safetensors", 1, "step"), ("badstep.safetensors", 1, "step"),
+                             ("hugestep.safetensors", 1, "step"), ("badlayout.safetensors", 1, "layout"),
+                             ("wronglayout.safetensors", 1, "layout"), ("typelayout.safetensors", 1, "layout"),
+                             ("shortm.safetensors", 1, "m"), ("f16.safetensors", 1, "F16"),
+                             ("notsafetensors.safetensors", 1, "safetensors"), ("nostep.npz", 1, "step"),
+                             ("badmeta.npz", 1, "meta"), ("listmeta.npz", 2, "format=ckptfmt"),
+                             ("intweights.npz", 1, "weights"), ("nostep.pt", 1, "step"),
+                             ("badstep.pt", 1, "step"), ("list.pt", (1, 2), "dict"), ("text.pt", 1, "torch.load")):
+        cases.append((f"convert-foreign-{name}", ["convert", f"{{w}}/foreign/{name}", f"{{w}}/outdir/{B}"],
+                      code, word, [f"{{w}}/outdir/{B}", "{w}/outdir/step_000001.json"]))
+        cases.append((f"convert-foreign-{name}-to-zst", ["convert", f"{{w}}/foreign/{name}", "{w}/x.zst"],
+                      code, word, ["{w}/x.zst"]))
+    for name in ("nometa.safetensors", "nometa.npz"):   # not ckptfmt's: importing them is deliverable 4
+        cases.append((f"convert-foreign-{name}", ["convert", f"{{w}}/foreign/{name}", "{w}/x.npz"],
+                      (0, 2), "", []))
+    cases += _run_cases() + _archive_cases()
+    return cases
+
+
+def _run_cases():
+    cases = []
+    runs = {"missing": ("{w}/nope", 2, "no such"), "file_for_dir": (f"{{w}}/good/{B}", 2, "not a run directory"),
+            "symlink_run": ("{w}/links/run", 0, "")}
+    for name, (path, code, word) in runs.items():
+        cases += [(f"ls-{name}", ["ls", path], code, word, []),
+                  (f"gc-{name}", ["gc", path, "--keep-last", "1", "--dry-run"], code, word, []),
+                  (f"pivot-{name}", ["pivot", path], code if code else 0, word, []),
+                  (f"fork-{name}", ["fork", path, "{w}/forked", "--step", "1"], code, word,
+                   [] if code == 0 else ["{w}/forked"]),
+                  (f"bisect-{name}", ["bisect", path, "{w}/run"], code if code else 0, word, []),
+                  (f"export-{name}", ["export", path, "{w}/exported"], code, word,
+                   [] if code == 0 else ["{w}/exported"]),
+                  (f"plot-{name}", ["plot", path, "--out", "{w}/p.png"], code, word,
+                   [] if code == 0 else ["{w}/p.png"]),
+                  (f"inspect-run-{name}", ["inspect", path], code, word, [])]
+        if name == "file_for_dir":   # inspect takes a file as well as a run
+            cases[-1] = (f"inspect-run-{name}", ["inspect", path], 0, "", [])
+    cases += [
+        ("ls-empty-run", ["ls", "{w}/empty_run"], 0, "", []),
+        ("validate-empty-run", ["validate", "{w}/empty_run"], 1, "no generation", []),
+        ("validate-history-only", ["validate", "{w}/hist_only"], 1, "before its first checkpoint", []),
+        ("inspect-history-only", ["inspect", "{w}/hist_only"], 1, "before its first checkpoint", []),
+        ("validate-damaged-run", ["validate", "{w}/damaged_run"], 1, "truncated", []),
+        ("validate-linked-generation", ["validate", "{w}/linked_gen_run"], 1, "symlink", []),
+        ("pin-missing-step", ["pin", "{w}/run", "7"], 1, "no committed generation at step 7", []),
+        ("pin-missing-run", ["pin", "{w}/nope", "1"], 2, "nope", ["{w}/nope"]),
+        ("pin-readonly-run", ["pin", "{ro}", "1"], 2, "{ro}", []),
+        ("pin-ok", ["pin", "{w}/run", "1"], 0, "", []),
+        ("pivot-empty-run", ["pivot", "{w}/empty_run"], 1, "no committed generation", []),
+        ("fork-missing-step", ["fork", "{w}/run", "{w}/forked", "--step", "7"], 1, "step 7", ["{w}/forked"]),
+        ("fork-existing-destination", ["fork", "{w}/run", "{w}/existing_dir", "--step", "1"], 2, "exists", []),
+        ("fork-readonly-destination", ["fork", "{w}/run", "{ro}/child", "--step", "1"], 2, "{ro}", []),
+        ("fork-damaged", ["fork", "{w}/mf_digest", "{w}/forked", "--step", "1"], 1, "blake3", ["{w}/forked"]),
+        ("fork-spaces", ["fork", "{w}/spaced ü run", "{w}/fork ü", "--step", "1"], 0, "", []),
+        ("gc-missing-keep-last", ["gc", "{w}/run"], 2, "--keep-last", []),
+        ("gc-readonly", ["gc", "{ro}", "--keep-last", "1"], 2, "{ro}", []),
+        ("bisect-different", ["bisect", "{w}/run", "{w}/good"], 1, "", []),
+        ("plot-existing-out", ["plot", "{w}/run", "--out", "{w}/existing.png"], 2, "exists", []),
+        ("plot-empty-run", ["plot", "{w}/empty_run", "--out", "{w}/p.png"], 2, "no loss history", ["{w}/p.png"]),
+        ("plot-readonly-out", ["plot", "{w}/run", "--out", "{ro}/p.png"], 2, "{ro}", []),
+        ("plot-missing-out-dir", ["plot", "{w}/run", "--out", "{w}/no/dir/p.png"], 2, "no/dir", ["{w}/no"]),
+        ("plot-spaces", ["plot", "{w}/spaced ü run", "--out", "{w}/spaced ü run/p ü.png"], 0, "", []),
+        ("export-existing-destination", ["export", "{w}/run", "{w}/existing_dir"], 2, "exists", []),
+        ("export-readonly-destination", ["export", "{w}/run", "{ro}/e"], 2, "{ro}", []),
+        ("export-empty-run", ["export", "{w}/empty_run", "{w}/exported"], 1, "nothing to export", ["{w}/exported"]),
+        ("export-damaged-run", ["export", "{w}/damaged_run", "{w}/exported"], 1, "truncated", ["{w}/exported"]),
+        ("export-archive-existing", ["export", "{w}/run", "{w}/existing.tar.zst", "--archive"], 2, "exists", []),
+        ("export-archive-missing-dir", ["export", "{w}/run", "{w}/no/dir/e.tar.zst", "--archive"], 2, "no/dir",
+         ["{w}/no"]),
+        ("train-file-for-run", ["train", "--run", f"{{w}}/good/{B}", "--steps", "0"], 2, "not a run directory", []),
+        ("train-foreign-run", ["train", "--run", "{w}/run", "--steps", "3"], 1, "cannot resume", []),
+        ("train-readonly-run", ["train", "--run", "{ro}/r", "--steps", "0"], 2, "{ro}", []),
+        ("train-missing-parent-file", ["train", "--run", f"{{w}}/good/{B}/r", "--steps", "0"], 2, "not a directory", []),
+        ("verify-resume-existing-output", ["verify-resume", "--output", "{w}/existing_dir"], 2, "exists", []),
+        ("verify-resume-output-is-file", ["verify-resume", "--output", "{w}/existing.png"], 2, "exists", []),
+    ]
+    return cases
+
+
+def _archive_cases():
+    cases = []
+    for name, word in (("text.tar.zst", "not an export archive"), ("plain.tar.zst", "not an export archive"),
+                       ("dotdot.tar.zst", "unsafe"), ("nomanifest.tar.zst", "export.json")):
+        cases.append((f"import-{name}", ["import", f"{{w}}/archives/{name}", "{w}/imported"], 1, word,
+                      ["{w}/imported"]))
+    cases += [
+        ("import-missing-archive", ["import", "{w}/nope.tar.zst", "{w}/imported"], 2, "nope.tar.zst", ["{w}/imported"]),
+        ("import-directory-archive", ["import", "{w}/existing_dir", "{w}/imported"], 2, "directory", ["{w}/imported"]),
+        ("import-checkpoint-as-archive", ["import", f"{{w}}/good/{B}", "{w}/imported"], 1, "not an export archive",
+         ["{w}/imported"]),
+        ("import-existing-destination", ["import", "{w}/archives/text.tar.zst", "{w}/existing_dir"], 2, "exists", []),
+        ("import-readonly-destination", ["import", "{w}/archives/text.tar.zst", "{ro}/i"], 2, "{ro}", []),
+    ]
+    return cases
+
+
+CASES = _cases()
+
+
+def _snapshot(root):
+    """Every entry under root: kind and, for files, a digest of the bytes and the mode. An empty
+    ``.lock`` is left out: a command that writes to a run takes its flock on RUN/.lock
+    (spec/RUN.md §3), and a lock file stays, empty, once released."""
+    out = {}
+    for dirpath, dirnames, filenames in os.walk(root):
+        for name in dirnames + filenames:
+            p = os.path.join(dirpath, name)
+            rel = os.path.relpath(p, root)
+            if name == ".lock" and os.path.getsize(p) == 0:
+                continue
+            if os.path.islink(p):
+                out[rel] = ("link", os.readlink(p))
+            elif os.path.isdir(p):
+                out[rel] = ("dir",)
+            else:
+                with open(p, "rb") as f:
+                    out[rel] = ("file", hashlib.sha256(f.read()).hexdigest(), os.stat(p).st_mode)
+    return out
+
+
+def _strict_json(text):
+    def refuse(name):
+        raise ValueError(f"{name} is not JSON (RFC 8259)")
+    return json.loads(text, parse_constant=refuse)
+
+
+def _invoke(argv):
+    from click.testing import CliRunner
+    return CliRunner().invoke(main, argv)
+
+
+RUNS = [(case, as_json) for case in CASES for as_json in (False, True)
+        if not (as_json and case[1][0] in NO_JSON)]
+
+
+@pytest.mark.parametrize("case,as_json", RUNS, ids=[f"{c[0]}-{'json' if j else 'human'}" for c, j in RUNS])
+def test_contract(world, readonly, case, as_json):
+    name, argv, code, word, gone = case
+    if name == "diff-zero-norm":
+        w = np.zeros(10, dtype="<f4")
+        ckptfmt.save(world / "zero_a.bin", 1, w, w, w, write_manifest=False)
+        w2 = w.copy()
+        w2[3] = 1.0
+        ckptfmt.save(world / "zero_b.bin", 1, w2, w, w, write_manifest=False)
+    subs = {"w": str(world), "ro": readonly}
+    args = [a.format(**subs) for a in argv] + (["--json"] if as_json else [])
+    before = _snapshot(world)
+    result = _invoke(args)
+    where = f"{name}: exit {result.exit_code}\nstdout: {result.stdout[-2000:]}\nstderr: {result.stderr[-2000:]}"
+    assert result.exception is None or isinstance(result.exception, SystemExit), \
+        f"{where}\n{result.exc_info and ''.join(__import__('traceback').format_exception(*result.exc_info))}"
+    assert "Traceback" not in result.output, where
+    for doubled in ("step None", "DAMAGED (damaged)", "no valid generation: no valid generation"):
+        assert doubled not in result.output, f"{where}\nsays {doubled!r}"
+    codes = code if isinstance(code, tuple) else (code,)
+    assert result.exit_code in codes, where
+    errors = [line for line in result.stderr.splitlines() if not line.startswith("ckptfmt: warning:")]
+    if result.exit_code == 0 and word:
+        assert word.lower() in result.stdout.lower(), f"{where}\nexpected {word!r} in the output"
+    if result.exit_code != 0:
+        _assert_failure(result, errors, as_json, word.format(**subs), where)
+        assert _snapshot(world) == before, f"{where}\nsomething changed: " + \
+            str(set(_snapshot(world).items()) ^ set(before.items()))
+    for path in gone:
+        assert not os.path.lexists(path.format(**subs)), f"{where}\nleft behind: {path}"
+    if as_json:
+        _strict_json(result.stdout)
+
+
+def _assert_failure(result, errors, as_json, word, where):
+    if errors:
+        assert len(errors) == 1, where
+        assert errors[0].startswith("ckptfmt: "), where
+        assert word.lower() in errors[0].lower(), f"{where}\nexpected {word!r} in the message"
+        if as_json:
+            doc = _strict_json(result.stdout)
+            assert isinstance(doc, dict) and isinstance(doc.get("error"), dict), where
+            assert doc["error"]["exit_code"] == result.exit_code and doc["error"]["message"], where
+    else:   # a check that ran and found a defect or difference: its report says so on stdout
+        assert result.exit_code == 1 and result.stdout.strip(), where
+        if word:
+            assert word.lower() in result.stdout.lower(), f"{where}\nexpected {word!r} in the report"
+
+
+# ---------------------------------------------------------------- messages and markers
+def test_a_text_file_renamed_bin_is_named_both_ways_and_a_torn_file_is_truncated(world):
+    assert len(TEXT) == 135
+    result = _invoke(["validate", str(world / "files" / "text.bin")])
+    assert result.exit_code == 1 and "DAMAGED" in result.stdout
+    assert ("text.bin: truncated, or not a ckptfmt checkpoint: header promises 23,379,187,004 bytes, "
+            "file has 135") in result.stdout
+    result = _invoke(["inspect", str(world / "files" / "truncated.bin")])
+    assert result.exit_code == 1 and result.stderr.strip().endswith("truncated: expected 128 bytes, got 120")
+
+
+def test_a_run_stopped_before_its_first_checkpoint_is_not_called_damaged(world):
+    result = _invoke(["validate", str(world / "hist_only")])
+    assert result.exit_code == 1 and "DAMAGED" not in result.stdout
+    assert result.stdout.startswith(f"{world / 'hist_only'}: NO CHECKPOINT")
+    assert "history holds 3 steps but no generation was committed; nothing to resume, a restart begins " \
+           "at step 0" in result.stdout
+    doc = json.loads(_invoke(["validate", str(world / "hist_only"), "--json"]).stdout)
+    assert doc["status"] == "no checkpoint" and doc["findings"][0]["code"] == "no_checkpoint_yet"
+
+
+def test_an_incomplete_export_or_import_is_never_valid(world):
+    """A destination that still carries EXPORT-INCOMPLETE fails validate (exit 1, saying so),
+    whatever its files say; so does a file in it. Without the marker the same files are valid."""
+    from ckptfmt.tools.export import archive, export, import_archive
+    export(str(world / "run"), str(world / "exported"))
+    archive(str(world / "run"), str(world / "run.tar.zst"))
+    import_archive(str(world / "run.tar.zst"), str(world / "imported"))
+    for dest in ("exported", "imported"):
+        assert _invoke(["validate", str(world / dest)]).exit_code == 0
+        (world / dest / "EXPORT-INCOMPLETE").write_text("export in progress or failed; do not use\n")
+        for target in (world / dest, world / dest / "step_000002.bin"):
+            result = _invoke(["validate", str(target)])
+            assert result.exit_code == 1 and "DAMAGED" in result.stdout, result.stdout
+            assert f"{world / dest / 'EXPORT-INCOMPLETE'}: the export or import into" in result.stdout
+            assert "did not finish (or failed)" in result.stdout
+            doc = json.loads(_invoke(["validate", str(target), "--json"]).stdout)
+            assert not doc["ok"] and "incomplete_export" in [f["code"] for f in doc["findings"]]
+
+
+def test_a_failed_import_leaves_no_staging_directory(world):
+    """The staging directory of an import is removed when the import fails."""
+    result = _invoke(["import", str(world / "archives" / "nomanifest.tar.zst"), str(world / "imported")])
+    assert result.exit_code == 1
+    assert not [p for p in os.listdir(world) if p.startswith(".ckptfmt-tmp.")]
+    assert not (world / "imported").exists()
