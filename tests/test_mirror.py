@@ -302,3 +302,48 @@ def test_a_connection_cut_mid_upload_commits_nothing_and_the_next_mirror_complet
     finally:
         proxy.close()
     assert objects(s3, bucket, "cut/")["step_000010.bin"] == (run / "step_000010.bin").read_bytes()
+
+
+def test_the_mirror_leases_what_it_has_still_to_upload_so_gc_keeps_it(s3, bucket, tmp_path):
+    run = tmp_path / "run"
+    run.mkdir()
+    ckptfmt.save_generation(run, 10, *arrays(4_000_000, 3))            # 48 MB: long enough to gc during
+    ckptfmt.save_generation(run, 20, *arrays(1000, 4))
+    url = f"s3://{bucket}/lease"
+    proc = subprocess.Popen([PY, "-m", "ckptfmt.cli", "mirror", str(run), url], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    client, deadline = s3.client(), time.monotonic() + 60
+    while time.monotonic() < deadline and not client.list_multipart_uploads(Bucket=bucket).get("Uploads"):
+        time.sleep(0.01)
+    gc = json.loads(cli("gc", str(run), "--keep-last", "1", "--json").stdout)
+    assert gc["deleted"] == [] and (run / "step_000010.bin").exists()
+    out, err = proc.communicate(timeout=120)
+    assert proc.returncode == 0, err
+    assert objects(s3, bucket, "lease/")["step_000010.bin"] == (run / "step_000010.bin").read_bytes()
+    assert json.loads(cli("gc", str(run), "--keep-last", "1", "--json").stdout)["deleted"] == [10]
+
+
+def test_watch_mirrors_new_generations_and_exits_0_on_sigterm(s3, bucket, tmp_path):
+    run = make_run(tmp_path / "run", steps=(10,))
+    url = f"s3://{bucket}/watch"
+    proc = subprocess.Popen([PY, "-m", "ckptfmt.cli", "mirror", str(run), url, "--watch", "--interval", "0.3",
+                             "--keep-last", "2", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def at_destination():
+        return sorted(k for k in objects(s3, bucket, "watch/") if k.endswith(".json") and k.startswith("step_"))
+    try:
+        for step in (20, 30, 40):
+            ckptfmt.save_generation(run, step, *arrays(1000, step))
+            deadline = time.monotonic() + 60
+            while time.monotonic() < deadline and f"step_{step:06d}.json" not in at_destination():
+                time.sleep(0.1)
+            assert f"step_{step:06d}.json" in at_destination()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    lines = [json.loads(line) for line in out.splitlines()]
+    assert lines[-1] == {"stopped": "signal"} and all("error" not in d for d in lines)
+    assert at_destination() == ["step_000030.json", "step_000040.json"]        # --keep-last 2 there
+    assert cli("validate", url).returncode == 0
+    assert ls_run(run)["mirrors"][0]["behind"] == []

@@ -4,6 +4,7 @@ Library imports stay inside the commands (``ckptfmt --help`` stays fast; fsspec 
 """
 from __future__ import annotations
 
+import json
 import logging
 import sys
 
@@ -25,10 +26,14 @@ logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 @click.option("--step", type=int, help="Restore (URL DEST) this generation instead of the newest valid one.")
 @click.option("--quick", is_flag=True, help="Trust generations already at the URL when manifest and sizes match "
                                             "(no read-back of their bytes).")
+@click.option("--watch", is_flag=True, help="Keep mirroring as new generations commit, until SIGTERM/SIGINT "
+                                            "(exit 0); network failures are reported and retried.")
+@click.option("--interval", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
+              help="With --watch: seconds between passes.")
 @json_option
 @guarded
 def mirror_cmd(source: str, dest: str, keep_last: int | None, keep_every: int | None, step: int | None,
-               quick: bool, as_json: bool) -> None:
+               quick: bool, watch: bool, interval: float, as_json: bool) -> None:
     """Mirror RUN's committed generations, history and sidecars to URL (s3://bucket/prefix, any
     fsspec URL), each read back and compared by blake3 before its manifest is written there; or,
     given URL DEST, restore the newest valid generation (or --step) and the sidecars into the new
@@ -40,15 +45,46 @@ def mirror_cmd(source: str, dest: str, keep_last: int | None, keep_every: int | 
     if is_url(dest):
         if step is not None:
             raise click.UsageError("--step applies to a restore (mirror URL DEST)")
+        if watch:
+            return _watch(source, dest, interval, as_json, keep_last=keep_last, keep_every=keep_every,
+                          recheck=not quick)
         from ..tools.mirror import mirror  # lazy: as above
         doc = mirror(source, dest, keep_last=keep_last, keep_every=keep_every, recheck=not quick)
         emit(doc, as_json, _print_mirror)
         if doc["refused"]:     # a local generation failed its hash and was not sent: a defect
             sys.exit(EXIT_DEFECT)
         return
-    if keep_last or keep_every or quick:
-        raise click.UsageError("--keep-last, --keep-every and --quick apply to mirror RUN URL")
+    if keep_last or keep_every or quick or watch:
+        raise click.UsageError("--keep-last, --keep-every, --quick and --watch apply to mirror RUN URL")
     restore_to(source, dest, step, as_json)
+
+
+class _Stopped(BaseException):
+    """Raised by the SIGTERM/SIGINT handler of ``--watch``: an upload in flight is aborted
+    (never committed there) and the watch ends with exit 0."""
+
+
+def _watch(run: str, url: str, interval: float, as_json: bool, **options) -> None:
+    """``mirror --watch``: one line (or JSON line) per pass that did something, until a signal."""
+    import signal
+    from ..tools.mirror import watch  # lazy: keeps `ckptfmt --help` fast
+
+    def stop(signum, frame):
+        raise _Stopped()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, stop)
+
+    def report(doc: dict) -> None:
+        if as_json:
+            click.echo(json.dumps(doc, allow_nan=False))
+        elif "error" in doc:
+            click.echo(f"ckptfmt: warning: {doc['error']}; retrying in {interval:g} s", err=True)
+        elif doc["uploaded"] or doc["replaced"] or doc["deleted"] or doc["refused"]:
+            _print_mirror(doc)
+    try:
+        watch(run, url, interval=interval, report=report, **options)
+    except _Stopped:
+        click.echo(json.dumps({"stopped": "signal"}) if as_json else f"mirror of {run} to {url}: stopped by signal")
 
 
 def restore_to(url: str, dest: str, step: int | None, as_json: bool) -> None:

@@ -13,13 +13,14 @@ import json
 import os
 import time
 import warnings
-from typing import Any
+from typing import Any, Callable
 
 from .. import companion, fingerprint
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import CheckpointError, FingerprintMismatchError, RemoteError
 from ..run import PINS, PIVOT, SAMPLES, STATE, Generation, Run, check_generation, plan_retention
+from ..run.lease import ReadLease
 from ..run import history as hist
 from ..run import mirrors
 from .remote import Progress, Remote, RemoteGeneration, payload
@@ -35,42 +36,58 @@ def mirror(run_dir: "str | os.PathLike[str]", url: str, *, keep_last: int | None
     """One pass: upload every committed local generation the destination lacks (or holds
     damaged), then the sidecars, then apply retention there. ``recheck`` reads back the
     generations already at the destination too (a damaged one is replaced); without it they
-    are trusted when their manifest and sizes match."""
+    are trusted when their manifest and sizes match.
+
+    The pass holds a read lease (spec/RUN.md §5.3) on the generations it has still to upload,
+    so local retention (``gc``, the trainer's, the manager's) keeps them until they are
+    confirmed at the destination; each is released from the lease once it is."""
     run, remote = Run(run_dir), Remote(url)
     started = time.perf_counter()
-    local = {g.step: g for g in run.generations() if g.committed and check_generation(g) is None}
-    there = remote.listing()
-    skip = _doomed(set(local) | {s for s, g in there.items() if g.committed}, keep_last, keep_every,
-                   run.pins(), max(local, default=None))
-    uploaded, present, replaced, refused = [], [], [], []
-    for step, gen in local.items():
-        if step in skip:
-            continue
-        doc = mf.read(gen.manifest)
-        if there.get(step) is not None and there[step].committed:
-            if _matches(remote, there[step], doc, gen, recheck):
-                present.append(step)
-                continue
-            replaced.append(step)
-        if there.get(step) is not None:
-            _remove_generation(remote, step, there[step])   # manifest first: uncommitted at once
-        try:
-            uploaded.append(_upload_generation(remote, gen, doc, progress))
-        except FingerprintMismatchError as exc:           # the local bytes are damaged: never sent
-            warnings.warn(f"{exc}; generation {step} not mirrored", stacklevel=2)
-            refused.append(step)
-            continue
-        mirrors.record(run.path, remote.url, confirmed={step: doc["blake3"]})
-    if present:
-        mirrors.record(run.path, remote.url, confirmed={s: mf.read(local[s].manifest)["blake3"] for s in present})
-    sidecars = _upload_sidecars(run, remote)
+    with ReadLease(run.path, purpose=f"mirror to {remote.url}") as lease:
+        local = {g.step: g for g in lease.listing.generations if g.committed and check_generation(g) is None}
+        there = remote.listing()
+        skip = _doomed(set(local) | {s for s, g in there.items() if g.committed}, keep_last, keep_every,
+                       run.pins(), max(local, default=None))
+        lease.narrow(s for s in local if s not in skip)
+        result = _upload_missing(run, remote, {s: g for s, g in local.items() if s not in skip}, there,
+                                 recheck, progress, lease)
+    sidecars = _upload_sidecars(run, remote, recheck)
     deleted = _prune(remote, keep_last, keep_every, run.pins()) if keep_last else []
     if deleted:
         mirrors.record(run.path, remote.url, deleted=deleted)
-    return {"run": str(run.path), "url": remote.url, "uploaded": uploaded, "present": present,
-            "replaced": replaced, "refused": refused, "sidecars": sidecars, "deleted": deleted,
+    return {"run": str(run.path), "url": remote.url, **result, "sidecars": sidecars, "deleted": deleted,
             "at_destination": [s for s, g in remote.listing().items() if g.committed],
             "seconds": round(time.perf_counter() - started, 3)}
+
+
+def _upload_missing(run: Run, remote: Remote, local: dict[int, Generation], there: dict[int, RemoteGeneration],
+                    recheck: bool, progress: Progress, lease: ReadLease) -> dict[str, list]:
+    """Upload each generation not (intact) at the destination, oldest first; record each one
+    confirmed there and release it from the lease."""
+    out: dict[str, list] = {"uploaded": [], "present": [], "replaced": [], "refused": []}
+    pending = set(local)
+    for step, gen in local.items():
+        doc = mf.read(gen.manifest)
+        if there.get(step) is not None and there[step].committed:
+            if _matches(remote, there[step], doc, gen, recheck):
+                out["present"].append(step)
+                mirrors.record(run.path, remote.url, confirmed={step: doc["blake3"]})
+                pending.discard(step)
+                lease.narrow(pending)
+                continue
+            out["replaced"].append(step)
+        if there.get(step) is not None:
+            _remove_generation(remote, step, there[step])   # manifest first: uncommitted at once
+        try:
+            out["uploaded"].append(_upload_generation(remote, gen, doc, progress))
+        except FingerprintMismatchError as exc:           # the local bytes are damaged: never sent
+            warnings.warn(f"{exc}; generation {step} not mirrored", stacklevel=2)
+            out["refused"].append(step)
+        else:
+            mirrors.record(run.path, remote.url, confirmed={step: doc["blake3"]})
+        pending.discard(step)
+        lease.narrow(pending)
+    return out
 
 
 def _doomed(steps: set[int], keep_last: int | None, keep_every: int | None, pins: list[int],
@@ -128,25 +145,38 @@ def _upload_generation(remote: Remote, gen: Generation, doc: dict[str, Any], pro
     return {"step": gen.step, "files": len(files) + 1, "bytes": sent + len(data), "blake3": doc["blake3"]}
 
 
-def _upload_sidecars(run: Run, remote: Remote) -> dict[str, dict[str, Any]]:
+def _upload_sidecars(run: Run, remote: Remote, recheck: bool) -> dict[str, dict[str, Any]]:
     """Each sidecar as one snapshot (it may grow while we read), read back, then the index of
     their digests, which ``restore`` verifies them against. A sidecar gone locally (a pivot
-    archived it) is deleted at the destination too."""
-    index = {}
+    archived it) is deleted at the destination too. Without ``recheck``, a sidecar whose digest
+    the destination's index already holds (and whose size matches there) is not sent again."""
+    index, before = {}, {} if recheck else _index_there(remote)
     for name in SIDECARS:
         try:
             data = (run.path / name).read_bytes()
         except FileNotFoundError:
             remote.remove(name)
             continue
-        remote.put_bytes(name, data)
         digest = fingerprint.of_bytes(data)
+        if before.get(name) == {"size": len(data), "blake3": digest} and remote.size(name) == len(data):
+            index[name] = before[name]
+            continue
+        remote.put_bytes(name, data)
         if fingerprint.of_bytes(remote.read_bytes(name)) != digest:
             raise RemoteError(remote.where(name), "did not read back as sent")
         index[name] = {"size": len(data), "blake3": digest}
     remote.put_bytes(INDEX, (json.dumps({"sidecars": index, "updated": round(time.time(), 3)},
                                         indent=1, sort_keys=True) + "\n").encode())
     return index
+
+
+def _index_there(remote: Remote) -> dict[str, Any]:
+    """The sidecar digests the destination's index holds ({} when it has none or it is bad)."""
+    try:
+        index = json.loads(remote.read_bytes(INDEX))["sidecars"]
+    except (RemoteError, ValueError, KeyError, TypeError):
+        return {}
+    return index if isinstance(index, dict) else {}
 
 
 def _prune(remote: Remote, keep_last: int, keep_every: int | None, pins: list[int]) -> list[int]:
@@ -167,3 +197,29 @@ def _remove_generation(remote: Remote, step: int, gen: RemoteGeneration) -> None
         remote.remove(fmt.stem(step) + companion.SUFFIX)
     if gen.shards:
         remote.remove(fmt.stem(step) + ".shards", recursive=True)
+
+
+def watch(run_dir: "str | os.PathLike[str]", url: str, *, interval: float = 10.0,
+          should_stop: Callable[[], bool] = lambda: False, report: Callable[[dict[str, Any]], None] = lambda d: None,
+          passes: int | None = None, **options: Any) -> dict[str, Any]:
+    """Mirror pass after pass until ``should_stop()`` (the CLI's SIGTERM/SIGINT) or ``passes``.
+
+    The first pass reads back what the destination holds (``recheck``); later ones only look for
+    new generations. A pass that fails on the network is reported and retried at the next
+    interval (the trainer may restart, the endpoint may come back); the run directory is listed
+    afresh each pass, so the watch survives the trainer's restarts. ``report`` gets each pass's
+    result, or ``{"error": message}``."""
+    done, failed, first_recheck = 0, 0, options.pop("recheck", True)
+    while not should_stop():
+        try:
+            report(mirror(run_dir, url, recheck=first_recheck if done == 0 else False, **options))
+        except RemoteError as exc:
+            failed += 1
+            report({"error": str(exc)})
+        done += 1
+        if passes is not None and done >= passes:
+            break
+        deadline = time.monotonic() + interval
+        while time.monotonic() < deadline and not should_stop():
+            time.sleep(min(0.2, interval))
+    return {"passes": done, "failed_passes": failed}
