@@ -21,7 +21,7 @@ from .. import format as fmt
 from ..errors import (DestinationExistsError, FingerprintMismatchError, GenerationNotFoundError, ManifestError,
                       NoValidGenerationError, RemoteError)
 from ..run import check_generation, list_dir
-from .mirror import INDEX
+from .mirror import INDEX, SIDECARS
 from .remote import Progress, Remote, payload
 
 __all__ = ["restore"]
@@ -59,7 +59,9 @@ def _first_valid(remote: Remote, steps: list[int], staging: Path, progress: Prog
         try:
             _download_generation(remote, step, staging, progress)
             return step, skipped
-        except (FingerprintMismatchError, ManifestError) as exc:
+        except (FingerprintMismatchError, ManifestError, RemoteError) as exc:
+            if isinstance(exc, RemoteError) and not exc.problem.endswith("not found"):
+                raise                          # the network, not this generation: no fallback
             skipped.append({"step": step, "reason": exc.problem})
             warnings.warn(f"{remote.url}: skipping generation {step}: {exc.problem}", stacklevel=2)
             for entry in list(staging.iterdir()):
@@ -96,7 +98,7 @@ def _restore_sidecars(remote: Remote, staging: Path) -> dict[str, dict[str, Any]
     except (ValueError, KeyError, TypeError) as exc:
         raise RemoteError(remote.where(INDEX), f"not a mirror index: {exc}") from None
     for name, row in sorted(index.items()):
-        if os.path.basename(name) != name or not name.startswith("."):
+        if name not in SIDECARS:          # never a path of the index's choosing ("..", "../x")
             raise RemoteError(remote.where(INDEX), f"names an unexpected file {name!r}")
         remote.download(name, staging / name, row["blake3"])
     return index
