@@ -329,8 +329,9 @@ def test_watch_mirrors_new_generations_and_exits_0_on_sigterm(s3, bucket, tmp_pa
     proc = subprocess.Popen([PY, "-m", "ckptfmt.cli", "mirror", str(run), url, "--watch", "--interval", "0.3",
                              "--keep-last", "2", "--json"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
-    def at_destination():
-        return sorted(k for k in objects(s3, bucket, "watch/") if k.endswith(".json") and k.startswith("step_"))
+    def at_destination():       # keys only: the watch's retention may delete between list and get
+        listed = s3.client().list_objects_v2(Bucket=bucket, Prefix="watch/").get("Contents", [])
+        return sorted(o["Key"][6:] for o in listed if o["Key"].startswith("watch/step_") and o["Key"].endswith(".json"))
     try:
         for step in (20, 30, 40):
             ckptfmt.save_generation(run, step, *arrays(1000, step))

@@ -26,7 +26,8 @@ from ..errors import (CheckpointError, FingerprintMismatchError, ManifestError, 
 
 EXTRA = "pip install 'ckptfmt[remote]'"
 CHUNK = 8 << 20              # bytes per read while streaming
-BLOCK = 16 << 20             # multipart part size (S3's minimum is 5 MiB)
+BLOCK = 16 << 20             # multipart part size (S3's minimum is 5 MiB), read-back range size
+PARALLEL_READS = 4           # concurrent ranged GETs while reading back
 _URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 Progress = Callable[[int], None] | None
 
@@ -276,16 +277,25 @@ class Remote:
             out.closed = True
 
     def digest(self, name: str, progress: Progress = None) -> tuple[str, int]:
-        """(blake3, size) of an object read back from the destination in ranged reads."""
-        h, size = fingerprint.hasher(0), 0
+        """(blake3, size) of an object read back from the destination: ranged reads of
+        ``BLOCK`` bytes, ``PARALLEL_READS`` at a time (concurrent GETs on S3), hashed in order."""
+        h, done = fingerprint.hasher(0), 0
+        path = self.path(name)
         with translated(self.where(name), "read-back failed"):
-            with self.fs.open(self.path(name), "rb", block_size=CHUNK, cache_type="none") as f:
-                while chunk := f.read(CHUNK):
+            size = self.fs.size(path)
+            while done < size:
+                starts = list(range(done, min(size, done + BLOCK * PARALLEL_READS), BLOCK))
+                ends = [min(size, s + BLOCK) for s in starts]
+                for chunk in self.fs.cat_ranges([path] * len(starts), starts, ends):
+                    if isinstance(chunk, Exception):
+                        raise chunk
                     h.update(chunk)
-                    size += len(chunk)
+                    done += len(chunk)
                     if progress is not None:
                         progress(len(chunk))
-        return h.hexdigest(), size
+                if done < ends[-1]:
+                    raise RemoteError(self.where(name), f"read back {done} bytes of {size}: the object shrank")
+        return h.hexdigest(), done
 
     def download(self, name: str, local: Path, expected: str | None, progress: Progress = None) -> str:
         """Stream ``name`` into ``local`` through the durable write, hashed while received; a
