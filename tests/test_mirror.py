@@ -383,3 +383,55 @@ def test_an_index_naming_a_path_outside_the_run_is_refused(s3, bucket, tmp_path)
     proc = cli("import", url, str(tmp_path / "dest"))
     assert proc.returncode == 2 and "unexpected file" in proc.stderr
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "dest").exists()
+
+
+def test_watch_beside_a_trainer_with_sigterm_and_resume_cycles_then_import_resumes_bit_exactly(s3, bucket, tmp_path):
+    """The issue's end-to-end check: the destination ends with exactly what its retention keeps,
+    each generation validating there, and import + resume reproduces the straight run."""
+    pytest.importorskip("torch")
+    from conftest import last_step
+
+    def train(run, steps, stop_at=None):
+        args = [PY, "-m", "ckptfmt.cli", "train", "--run", str(run), "--steps", str(steps), "--config", "tiny",
+                "--checkpoint-every", "10", "--keep-last", "3", "--sample-every", "20", "--log-every", "100000"]
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        if stop_at is not None:
+            deadline = time.monotonic() + 120
+            while last_step(run) < stop_at and proc.poll() is None and time.monotonic() < deadline:
+                time.sleep(0.005)
+            proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+        assert proc.returncode == 0, err
+
+    train(tmp_path / "straight", 100)
+    run, url = tmp_path / "run", f"s3://{bucket}/e2e"
+    run.mkdir()
+    watch = subprocess.Popen([PY, "-m", "ckptfmt.cli", "mirror", str(run), url, "--watch", "--interval", "0.2",
+                              "--keep-last", "2", "--keep-every", "40", "--json"],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        train(run, 80, stop_at=25)
+        train(run, 80, stop_at=55)
+        train(run, 80)
+        client, deadline = s3.client(), time.monotonic() + 120
+        local_history = (run / ".loss.json").read_bytes()
+        while time.monotonic() < deadline:
+            try:
+                if client.get_object(Bucket=bucket, Key="e2e/.loss.json")["Body"].read() == local_history:
+                    break
+            except client.exceptions.NoSuchKey:
+                pass
+            time.sleep(0.1)
+    finally:
+        watch.send_signal(signal.SIGTERM)
+        out, err = watch.communicate(timeout=60)
+    assert watch.returncode == 0, err
+    assert json.loads(out.splitlines()[-1]) == {"stopped": "signal"}
+    listed = json.loads(cli("ls", url, "--json").stdout)["generations"]
+    assert [g["step"] for g in listed if g["committed"]] == [40, 70, 80]
+    assert cli("validate", url).returncode == 0
+    proc = cli("import", url, str(tmp_path / "restored"), "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["step"] == 80, proc.stderr
+    train(tmp_path / "restored", 100)
+    assert ((tmp_path / "restored" / "step_000100.bin").read_bytes()
+            == (tmp_path / "straight" / "step_000100.bin").read_bytes())
