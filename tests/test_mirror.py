@@ -435,3 +435,13 @@ def test_watch_beside_a_trainer_with_sigterm_and_resume_cycles_then_import_resum
     train(tmp_path / "restored", 100)
     assert ((tmp_path / "restored" / "step_000100.bin").read_bytes()
             == (tmp_path / "straight" / "step_000100.bin").read_bytes())
+
+
+def test_ls_remote_checks_the_destination(s3, bucket, tmp_path):
+    run = make_run(tmp_path / "run")
+    url = f"s3://{bucket}/lsr"
+    assert cli("mirror", str(run), url).returncode == 0
+    s3.client().delete_object(Bucket=bucket, Key="lsr/step_000010.json")      # uncommitted there now
+    assert json.loads(cli("ls", str(run), "--json").stdout)["mirrors"][0]["behind"] == []   # the record
+    row = json.loads(cli("ls", str(run), "--remote", "--json").stdout)["mirrors"][0]
+    assert row["at_destination"] == [20] and row["behind"] == [10]

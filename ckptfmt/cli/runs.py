@@ -20,8 +20,10 @@ from .output import EXIT_CANNOT, EXIT_DEFECT, Fail, emit, guarded, json_option, 
 @json_option
 @click.option("--deep", is_flag=True, help="Verify fingerprints too.")
 @click.option("--keep-every", type=click.IntRange(min=1), help="Mark milestones (steps divisible by N).")
+@click.option("--remote", is_flag=True, help="Check each mirror's destination (network) for the lag, "
+                                             "instead of the local record only.")
 @guarded
-def ls_cmd(run: str, as_json: bool, deep: bool, keep_every: int | None) -> None:
+def ls_cmd(run: str, as_json: bool, deep: bool, keep_every: int | None, remote: bool) -> None:
     """List a run's generations with status, pins, milestones, leftovers, saves in progress,
     read leases and mirror lag. Safe while the run trains: what it lists is leased until it is
     done. A URL: the generations at the URL."""
@@ -30,7 +32,11 @@ def ls_cmd(run: str, as_json: bool, deep: bool, keep_every: int | None) -> None:
     if is_url(run):
         from .remote import ls_url_out  # lazy: as above
         return ls_url_out(run, as_json)
-    emit(ls_run(run, deep=deep, keep_every=keep_every), as_json, print_ls)
+    data = ls_run(run, deep=deep, keep_every=keep_every)
+    if remote:
+        from ..tools.remote_check import check_mirrors  # lazy: as above
+        data["mirrors"] = check_mirrors(data["mirrors"], [g["step"] for g in data["generations"] if g["committed"]])
+    emit(data, as_json, print_ls)
 
 
 def print_ls(d: dict) -> None:
@@ -53,7 +59,8 @@ def print_ls(d: dict) -> None:
     for m in d.get("mirrors", []):
         click.echo(f"  mirror {m['url']}: " + (f"{len(m['behind'])} generations behind {m['behind']}"
                                                 if m["behind"] else "up to date")
-                   + f" (newest confirmed there: {m['newest_confirmed']})")
+                   + f" (newest confirmed there: {m['newest_confirmed']})"
+                   + (f"; checked there now: {m['at_destination']}" if "at_destination" in m else ""))
 
 
 @main.command()

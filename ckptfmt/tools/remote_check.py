@@ -14,7 +14,7 @@ from ..errors import CheckpointError, RemoteError
 from .mirror import INDEX, SIDECARS
 from .remote import Remote, RemoteGeneration, payload, translated
 
-__all__ = ["inspect_url", "ls_url", "validate_url"]
+__all__ = ["check_mirrors", "inspect_url", "ls_url", "validate_url"]
 
 
 def ls_url(url: str) -> dict[str, Any]:
@@ -157,4 +157,15 @@ def inspect_url(url: str) -> dict[str, Any]:
                              if k in doc} | {"layout_tensors": len(doc.get("layout") or [])})
     else:
         out.update(blake3=None, fingerprint="uncommitted: no manifest at the URL")
+    return out
+
+
+def check_mirrors(rows: list[dict[str, Any]], committed: list[int]) -> list[dict[str, Any]]:
+    """``ls --remote``: each recorded destination listed now; ``behind`` becomes the local
+    committed steps not committed there (the record said what was confirmed; this says what is
+    there now, after another mirror, a deletion or a damaged upload)."""
+    out = []
+    for row in rows:
+        there = [s for s, g in Remote(row["url"]).listing().items() if g.committed]
+        out.append({**row, "at_destination": there, "behind": [s for s in committed if s not in there]})
     return out
