@@ -308,7 +308,7 @@ def _cases():
     for name in ("nometa.safetensors", "nometa.npz"):   # not ckptfmt's: importing them is deliverable 4
         cases.append((f"convert-foreign-{name}", ["convert", f"{{w}}/foreign/{name}", "{w}/x.npz"],
                       (0, 2), "", []))
-    cases += _run_cases() + _archive_cases()
+    cases += _run_cases() + _archive_cases() + _mirror_cases()
     return cases
 
 
@@ -387,6 +387,18 @@ def _archive_cases():
         ("import-readonly-destination", ["import", "{w}/archives/text.tar.zst", "{ro}/i"], 2, "{ro}", []),
     ]
     return cases
+
+
+def _mirror_cases():
+    """``mirror`` and ``import URL`` on what fails before any network call (the local S3 server's
+    cases are in tests/test_mirror.py)."""
+    return [
+        ("mirror-missing-run", ["mirror", "{w}/nope", "s3://bkt/x"], 2, "no such", []),
+        ("mirror-file-for-run", ["mirror", f"{{w}}/good/{B}", "s3://bkt/x"], 2, "not a run directory", []),
+        ("mirror-two-local-paths", ["mirror", "{w}/run", "{w}/mirrored"], 2, "one url", ["{w}/mirrored"]),
+        ("mirror-url-existing-destination", ["mirror", "s3://bkt/x", "{w}/existing_dir"], 2, "exists", []),
+        ("import-url-existing-destination", ["import", "s3://bkt/x", "{w}/existing_dir"], 2, "exists", []),
+    ]
 
 
 CASES = _cases()
