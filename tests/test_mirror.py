@@ -445,3 +445,34 @@ def test_ls_remote_checks_the_destination(s3, bucket, tmp_path):
     assert json.loads(cli("ls", str(run), "--json").stdout)["mirrors"][0]["behind"] == []   # the record
     row = json.loads(cli("ls", str(run), "--remote", "--json").stdout)["mirrors"][0]
     assert row["at_destination"] == [20] and row["behind"] == [10]
+
+
+def test_a_checkpoint_manager_mirrors_on_a_background_thread_through_its_on_commit_hook(s3, bucket, tmp_path):
+    torch = pytest.importorskip("torch")
+    from ckptfmt.tools.mirror_thread import BackgroundMirror
+    from ckptfmt.torch import CheckpointManager
+    run, url = tmp_path / "run", f"s3://{bucket}/mgr"
+    torch.manual_seed(0)
+    model = torch.nn.Linear(8, 4)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    bg = BackgroundMirror(run, url)
+    hook_seconds = []
+
+    def on_commit(step, manifest):
+        t = time.perf_counter()
+        bg.on_commit(step, manifest)
+        hook_seconds.append(time.perf_counter() - t)
+    with CheckpointManager(run, model, opt, every=5, keep_last=2, handle_signals=False, on_commit=on_commit) as mgr:
+        mgr.restore()
+        for step in range(1, 21):
+            loss = model(torch.randn(16, 8)).pow(2).mean()
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            mgr.step(step, loss=loss.item())
+        mgr.close(20)
+    done = bg.close(timeout=120)
+    assert done["errors"] == [] and bg.lag() == [] and max(hook_seconds) < 0.05
+    assert json.loads(cli("ls", url, "--json").stdout)["generations"][-1]["step"] == 20
+    assert cli("validate", url).returncode == 0
+    assert objects(s3, bucket, "mgr/")["step_000020.bin"] == (run / "step_000020.bin").read_bytes()
