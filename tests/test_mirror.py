@@ -476,3 +476,14 @@ def test_a_checkpoint_manager_mirrors_on_a_background_thread_through_its_on_comm
     assert json.loads(cli("ls", url, "--json").stdout)["generations"][-1]["step"] == 20
     assert cli("validate", url).returncode == 0
     assert objects(s3, bucket, "mgr/")["step_000020.bin"] == (run / "step_000020.bin").read_bytes()
+
+
+def test_fsspec_options_from_the_environment_reach_the_client(s3, bucket, tmp_path):
+    """fsspec's own configuration (FSSPEC_S3_ENDPOINT_URL) works as well as AWS_ENDPOINT_URL."""
+    run = make_run(tmp_path / "run", steps=(10,))
+    env = {k: v for k, v in os.environ.items() if k != "AWS_ENDPOINT_URL"}
+    env["FSSPEC_S3_ENDPOINT_URL"] = s3.endpoint
+    proc = subprocess.run([PY, "-m", "ckptfmt.cli", "mirror", str(run), f"s3://{bucket}/fsenv"], capture_output=True,
+                          text=True, env=env, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert objects(s3, bucket, "fsenv/")["step_000010.bin"] == (run / "step_000010.bin").read_bytes()
