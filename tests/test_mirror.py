@@ -339,6 +339,9 @@ def test_watch_mirrors_new_generations_and_exits_0_on_sigterm(s3, bucket, tmp_pa
             while time.monotonic() < deadline and f"step_{step:06d}.json" not in at_destination():
                 time.sleep(0.1)
             assert f"step_{step:06d}.json" in at_destination()
+        deadline = time.monotonic() + 60                 # the pass's retention runs after its upload
+        while time.monotonic() < deadline and at_destination() != ["step_000030.json", "step_000040.json"]:
+            time.sleep(0.1)
     finally:
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
@@ -415,12 +418,15 @@ def test_watch_beside_a_trainer_with_sigterm_and_resume_cycles_then_import_resum
         train(run, 80)
         client, deadline = s3.client(), time.monotonic() + 120
         local_history = (run / ".loss.json").read_bytes()
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline:            # until a pass has seen the end of training
+            listed = client.list_objects_v2(Bucket=bucket, Prefix="e2e/step_").get("Contents", [])
+            manifests = sorted(o["Key"] for o in listed if o["Key"].endswith(".json"))
             try:
-                if client.get_object(Bucket=bucket, Key="e2e/.loss.json")["Body"].read() == local_history:
-                    break
+                history = client.get_object(Bucket=bucket, Key="e2e/.loss.json")["Body"].read()
             except client.exceptions.NoSuchKey:
-                pass
+                history = None
+            if history == local_history and manifests == [f"e2e/step_{s:06d}.json" for s in (40, 70, 80)]:
+                break
             time.sleep(0.1)
     finally:
         watch.send_signal(signal.SIGTERM)
