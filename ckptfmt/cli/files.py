@@ -89,7 +89,7 @@ def validate(paths: tuple[str, ...], as_json: bool, fast: bool, b3sums_out: str 
         return validate_urls(paths, fast, as_json)
     for p in paths:
         if not os.path.exists(p):
-            raise Fail(f"{p}: no such file or directory", EXIT_CANNOT)
+            raise Fail(f"{p}: no such file or directory", EXIT_CANNOT, kind="FileNotFoundError", path=p)
     if b3sums_out and fast:
         raise click.UsageError("--b3sums needs the deep check: drop --fast")
     if b3sums_out and os.path.lexists(b3sums_out):
