@@ -493,3 +493,21 @@ def test_fsspec_options_from_the_environment_reach_the_client(s3, bucket, tmp_pa
                           text=True, env=env, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert objects(s3, bucket, "fsenv/")["step_000010.bin"] == (run / "step_000010.bin").read_bytes()
+
+
+def test_train_mirrors_each_generation_in_the_background_with_the_same_retention(s3, bucket, tmp_path):
+    """``ckptfmt train --mirror URL`` (the manager's ``mirror=``): the destination ends holding
+    exactly what local retention keeps, each generation validating there, and ls reports no lag."""
+    pytest.importorskip("torch")
+    run, url = tmp_path / "run", f"s3://{bucket}/live"
+    proc = subprocess.run([PY, "-m", "ckptfmt.cli", "train", "--run", str(run), "--steps", "50", "--config", "tiny",
+                           "--checkpoint-every", "10", "--keep-last", "2", "--sample-every", "0",
+                           "--log-every", "100000", "--async-save", "--mirror", url],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    local = sorted(int(p.name[5:11]) for p in run.glob("step_*.json"))
+    there = sorted(int(k[5:11]) for k in objects(s3, bucket, "live/") if k.startswith("step_") and k.endswith(".json"))
+    assert local == there == [40, 50]
+    assert cli("validate", url).returncode == 0
+    doc = ls_run(run)
+    assert [m["behind"] for m in doc["mirrors"]] == [[]], doc["mirrors"]

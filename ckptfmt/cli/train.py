@@ -79,6 +79,8 @@ def _print_verification(r: dict) -> None:
               help="Under torchrun: DDP replicas or FSDP2 sharding (the checkpoint format is the same).")
 @click.option("--dist-timeout", type=click.IntRange(min=1), default=120, show_default=True, metavar="SECONDS",
               help="Under torchrun: how long a collective may wait for the other ranks before failing.")
+@click.option("--mirror", metavar="URL", help="Also upload each committed generation to URL (s3://bucket/path, "
+              "any fsspec URL; the remote extra) on a background thread, verified, with the same retention.")
 @click.option("--omit-rng-restore", is_flag=True, hidden=True, help="Negative control of verify-resume.")
 @click.option("--summary", type=click.Path(), hidden=True, help="verify-resume: write summary.json here at exit.")
 @click.option("--pause-at-step", "pause_at", nargs=2, type=(click.IntRange(min=1), click.Path()), hidden=True,
@@ -87,8 +89,8 @@ def _print_verification(r: dict) -> None:
 def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_every: int,
           sample_every: int, keep_last: int | None, keep_every: int | None, seed: int | None,
           threads: int | None, async_save: bool, amp: str, log_every: int, sets: tuple[str, ...],
-          parallel: str, dist_timeout: int, omit_rng_restore: bool, summary: str | None,
-          pause_at: tuple[int, str] | None) -> None:
+          parallel: str, dist_timeout: int, mirror: str | None, omit_rng_restore: bool,
+          summary: str | None, pause_at: tuple[int, str] | None) -> None:
     """Train the reference model to --steps N, resuming from the newest valid generation.
 
     SIGTERM/SIGINT: checkpoint the current step and exit 0 (75 if that save fails).
@@ -115,7 +117,7 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
                      device=device, checkpoint_every=checkpoint_every, sample_every=sample_every,
                      keep_last=keep_last, keep_every=keep_every, async_save=async_save, amp=amp,
                      log_every=log_every, omit_rng_restore=omit_rng_restore, parallel=parallel,
-                     summary=summary, pause_at=pause_at, dist_timeout=dist_timeout)
+                     summary=summary, pause_at=pause_at, dist_timeout=dist_timeout, mirror=mirror)
     if distributed:
         from ..torch.distributed import exit_worker  # lazy: imports torch
         exit_worker(code)          # skip finalization: see exit_worker for the gloo abort it avoids

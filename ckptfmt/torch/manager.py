@@ -49,9 +49,12 @@ class CheckpointManager:
                  scheduler: Any = None, scaler: Any = None, *, state: Mapping[str, Any] | None = None,
                  generators: Mapping[str, Any] | None = None, every: int | None = 100,
                  keep_last: int | None = 3, keep_every: int | None = None, async_save: bool = False,
-                 handle_signals: bool = True, config: Any = None, **hooks: Any):
+                 handle_signals: bool = True, config: Any = None, mirror: str | None = None, **hooks: Any):
         """``directory`` is a run directory (created if needed) or a ``Run``. ``every=None``
         saves only on request and at ``close``; ``keep_last=None`` keeps every generation.
+        ``mirror=URL`` (``s3://bucket/runs/x``, any fsspec URL; the ``remote`` extra) uploads
+        each committed generation there on a background thread, verified, with the same
+        retention (spec/RUN.md §10); ``close`` waits until the destination has caught up.
 
         Hooks for a loop with pieces of its own (the reference trainer uses each), all optional:
         ``manifest_fields(step) -> dict`` adds the loop's own fields to every manifest;
@@ -80,6 +83,7 @@ class CheckpointManager:
         self._lock = RunLock(self.run.path, purpose="checkpoint manager").acquire() if locked else None
         self._saver = Saver(self.run, asynchronous=async_save, sharded=self.world > 1,
                             after_commit=self._committed)
+        self._mirror = _start_mirror(self, mirror) if mirror and self.rank == 0 else None
         self.committed: int | None = None
         self.last_save: tuple[int, str] | None = None      # (step, reason) of the newest save
         self.restored_from: str | None = None
@@ -148,6 +152,10 @@ class CheckpointManager:
             self._saver.wait()
         finally:
             self.closed = True
+            if self._mirror is not None:
+                report = self._mirror.close()          # a last pass: the destination catches up
+                if report["errors"]:
+                    self.log(f"mirror to {report['url']}: {report['errors'][-1]}")
             self.run.history.sync()
             self.run.history.close()
             if self._lock is not None:
@@ -211,6 +219,8 @@ class CheckpointManager:
                 self.log(f"retention deleted steps {deleted}", info=True)
         if self.on_commit is not None:
             self.on_commit(step, manifest)
+        if self._mirror is not None:
+            self._mirror.on_commit(step, manifest)     # wakes the mirror's thread; returns at once
 
     # ------------------------------------------------------------ restore
     def restore(self, source: Any = None, *, strict: bool = True, restore_rng: bool = True) -> int:
@@ -275,6 +285,14 @@ def _check_params(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> N
     if outside:
         raise UnsupportedSetupError(None, f"the optimizer holds {outside} tensor(s) that are not parameters "
                                           "of the model: their values and state would not be saved")
+
+
+def _start_mirror(mgr: CheckpointManager, url: str) -> Any:
+    """The background mirror of ``mirror=URL`` (``ckptfmt.tools.mirror_thread``, imported here
+    only: the torch layer's one declared reference to the tools layer, in pyproject.toml)."""
+    from ..tools.mirror_thread import BackgroundMirror
+    return BackgroundMirror(mgr.run.path, url, keep_last=mgr.keep_last, keep_every=mgr.keep_every,
+                            log=mgr.log)
 
 
 def _install(mgr: CheckpointManager) -> dict[int, Any]:

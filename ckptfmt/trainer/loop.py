@@ -68,7 +68,7 @@ class Trainer:
                  checkpoint_every: int = 100, sample_every: int = 100, keep_last: int | None = None,
                  keep_every: int | None = None, async_save: bool = False, amp: str = "auto",
                  omit_rng_restore: bool = False, log_every: int = 50, flags: Flags = FLAGS,
-                 parallel: str = "ddp",
+                 parallel: str = "ddp", mirror: str | None = None,
                  log: Callable[[str], None] | None = None):
         self.cfg, self.flags = cfg, flags
         self.checkpoint_every, self.sample_every = checkpoint_every, sample_every
@@ -80,7 +80,7 @@ class Trainer:
         self.is_main = self.rank == 0           # rank 0 writes the history and the sidecars
         self.device = rank_device(pick_device(device))
         self.amp = ("bf16" if self.device.type == "cuda" else "none") if amp == "auto" else amp
-        self.parallel, self.async_save = parallel, async_save
+        self.parallel, self.async_save, self.mirror = parallel, async_save, mirror
         self.mgr: CheckpointManager | None = None
         self.pivot = False                       # set when a resume finds a pivot record
         self.provenance: dict[str, Any] | None = None
@@ -114,7 +114,7 @@ class Trainer:
             state={"data": checkpointing.DataState(self), "bandit": self.bandit_state},
             generators={"bandit": self.bandit.rng}, every=self.checkpoint_every or None,
             keep_last=self.keep_last, keep_every=self.keep_every, async_save=self.async_save,
-            handle_signals=False, lock=False, config=cfg.to_dict(), log=self.log,
+            handle_signals=False, lock=False, config=cfg.to_dict(), log=self.log, mirror=self.mirror,
             manifest_fields=self.facts, on_restore=self._check_resume, on_commit=self._after_commit,
             upgrade=checkpointing.upgrade)
 
