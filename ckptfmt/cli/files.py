@@ -70,24 +70,29 @@ def _print_run_inspect(d: dict) -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @json_option
 @click.option("--fast", is_flag=True, help="Skip hashing and value scans (structure and manifest only).")
+@click.option("--scan", is_flag=True, help="Scan every value even where the manifest records value facts "
+              "(by default a committed generation whose blake3 matches is checked by its recorded facts).")
 @click.option("--b3sums", "b3sums_out", type=click.Path(),
               help="When everything validates, write FILE for `b3sum --check`: every committed generation's "
                    "files, paths relative to FILE's directory (spec/FORMAT.md §6.3).")
 @guarded
-def validate(paths: tuple[str, ...], as_json: bool, fast: bool, b3sums_out: str | None) -> None:
-    """Check files or run directories: structure, fingerprint, manifest, values, sidecars."""
+def validate(paths: tuple[str, ...], as_json: bool, fast: bool, scan: bool, b3sums_out: str | None) -> None:
+    """Check files or run directories: structure, fingerprint, manifest, values, sidecars.
+    Exit 1 names each defect, a diverged generation's non-finite values by region and count."""
     from ..tools.validate import validate_path  # lazy: keeps `ckptfmt --help` fast
     for p in paths:
         if not os.path.exists(p):
             raise Fail(f"{p}: no such file or directory", EXIT_CANNOT)
     if b3sums_out and fast:
         raise click.UsageError("--b3sums needs the deep check: drop --fast")
+    if scan and fast:
+        raise click.UsageError("--scan is part of the deep check: drop --fast")
     if b3sums_out and os.path.lexists(b3sums_out):
         raise Fail(f"{b3sums_out}: exists already; refusing to overwrite", EXIT_CANNOT)
     reports = []
     for p in paths:
         with terminal_bar(f"validating {p}", bytes_in(p) if not fast else 0, quiet=as_json) as bar:
-            reports.append(validate_path(p, deep=not fast, progress=bar))
+            reports.append(validate_path(p, deep=not fast, progress=bar, scan=scan))
     sums = _write_b3sums(paths, b3sums_out) if b3sums_out and all(r.ok for r in reports) else None
     data = [r.to_dict() for r in reports] if len(reports) > 1 else reports[0].to_dict()
     if sums is not None:
@@ -107,7 +112,7 @@ def _write_b3sums(paths: tuple[str, ...], out: str) -> dict:
 
 
 def _print_report(r) -> None:
-    verdict = "OK" if r.ok else "DAMAGED"
+    verdict = "OK" if r.ok else "DIVERGED" if r.status == "diverged" else "DAMAGED"
     click.echo(f"{r.path}: {verdict} ({r.status})")
     for f in r.findings:
         click.echo(f"  {f.level}: {f.message}")

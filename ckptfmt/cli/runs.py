@@ -22,7 +22,8 @@ from .output import EXIT_CANNOT, EXIT_DEFECT, Fail, emit, guarded, json_option, 
 @click.option("--keep-every", type=click.IntRange(min=1), help="Mark milestones (steps divisible by N).")
 @guarded
 def ls_cmd(run: str, as_json: bool, deep: bool, keep_every: int | None) -> None:
-    """List a run's generations with status, pins, milestones and leftovers."""
+    """List a run's generations with status, pins, milestones and leftovers. A generation whose
+    values (recorded at save) hold NaN or inf is shown as diverged, with the count per region."""
     from ..run.ops import ls_run  # lazy: keeps `ckptfmt --help` fast
     emit(ls_run(run, deep=deep, keep_every=keep_every), as_json, print_ls)
 
@@ -31,6 +32,8 @@ def print_ls(d: dict) -> None:
     click.echo(f"{d['run']}" + (f"  (locked by pid {d['lock'].get('pid')})" if d.get("lock") else ""))
     for g in d["generations"]:
         marks = (" pinned" if g["pinned"] else "") + (" milestone" if g.get("milestone") else "")
+        if g.get("diverged"):
+            marks += " (" + ", ".join(f"{r}: {k}" for r, k in g["non_finite"].items()) + " non-finite values)"
         click.echo(f"  {g['step']:>10}  {size(g['size']):>10}  {g['age_s']:>9.0f}s  {g['status']}{marks}")
     for t in d["leftovers"]:
         click.echo(f"  leftover: {t}")
@@ -46,7 +49,8 @@ def print_ls(d: dict) -> None:
 @json_option
 @guarded
 def gc(run: str, keep_last: int, keep_every: int | None, dry_run: bool, as_json: bool) -> None:
-    """Apply retention: keep the last K, milestones and pins; never the newest valid one."""
+    """Apply retention: keep the last K, milestones and pins; never the newest valid one, nor the
+    newest finite one while only diverged generations (NaN/inf values) are newer."""
     from ..run import gc as run_gc  # lazy: keeps `ckptfmt --help` fast
     data = run_gc(run, keep_last=keep_last, keep_every=keep_every, dry_run=dry_run)
     emit(data, as_json, _print_gc)

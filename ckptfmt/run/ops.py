@@ -13,13 +13,15 @@ from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoun
                       NoValidGenerationError)
 from . import history as hist
 from .directory import Run
-from .generations import check_generation
+from .generations import check_generation, non_finite
 from .lock import RunLock, lock_holder
 from .sidecars import ARCHIVE, PIVOT, SAMPLES, STATE
 
 
 def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: int | None = None) -> dict[str, Any]:
-    """Generations with status, pins and milestone marks (steps divisible by ``keep_every``)."""
+    """Generations with status, pins and milestone marks (steps divisible by ``keep_every``);
+    a valid generation whose recorded facts count NaN or inf values has status ``diverged`` and
+    says where (``non_finite``: region -> count)."""
     run = Run(path)
     listing = run.listing()
     pins = set(run.pins())
@@ -27,13 +29,15 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
     rows = []
     for gen in listing.generations:
         reason = check_generation(gen, deep=deep)
+        bad = non_finite(gen) if reason is None else {}
         target = gen.bin or gen.manifest or gen.shards
         name = gen.bin or gen.shards
+        status = reason or ("diverged" if bad else "verified" if deep else "committed")
         rows.append({"step": gen.step, "file": name.name if name else None,
                      "size": gen.size,
                      "age_s": round(now - target.stat().st_mtime, 1),
-                     "committed": gen.committed, "valid": reason is None,
-                     "status": ("verified" if deep else "committed") if reason is None else reason,
+                     "committed": gen.committed, "valid": reason is None, "status": status,
+                     "diverged": bool(bad), "non_finite": bad,
                      "pinned": gen.step in pins,
                      "milestone": bool(keep_every) and gen.step % keep_every == 0})
     return {"run": str(path), "generations": rows, "leftovers": [str(t) for t in listing.temps],
