@@ -7,7 +7,10 @@ Contenders, alternating within each repetition (the order flips every repetition
 ``ckptfmt.torch.save`` (durable: temp, fsync, rename, directory fsync) of the reference model +
 AdamW with trained-looking values:
 - ``save``: today's writer, value facts folded in on the hashing thread (spec/FORMAT.md §5.9);
-- ``save, no facts``: the same writer with ``value_facts=False``.
+- ``save, no facts``: the same writer with ``value_facts=False``;
+- ``write only``: the writer's durable write alone (``atomic.AtomicWriter``: 8 MiB writes,
+  writeback started every 64 MiB, fsync, rename, directory fsync) of the same bytes from memory:
+  no hash, no facts, the floor a hashing save is measured against.
 Then, on the committed generation: deep ``validate`` (one hash, the recorded facts) against
 ``validate --scan`` (hash and value scan in parallel, as before issue 17). Alone, for scale: the
 facts pass and blake3 with one thread over the same bytes in memory. The machine's load average
@@ -28,11 +31,12 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import measure, summary  # noqa: E402
-from run import SIZES, build_state, flat_bytes  # noqa: E402
+from run import CHUNK, SIZES, build_state, flat_bytes  # noqa: E402
 
 import numpy as np  # noqa: E402
 
 import ckptfmt.torch as ct  # noqa: E402
+from ckptfmt import atomic  # noqa: E402
 from ckptfmt import facts as valfacts  # noqa: E402
 from ckptfmt import fingerprint  # noqa: E402
 from ckptfmt import format as fmt  # noqa: E402
@@ -51,7 +55,7 @@ def alternate(fns: dict, reps: int) -> dict[str, list[float]]:
     return times
 
 
-def savers(model, opt, ck: str) -> dict:
+def savers(model, opt, ck: str, raw: np.ndarray) -> dict:
     def save(facts: bool):
         def run() -> None:
             for p in (ck, mf.path_for(ck)):
@@ -59,7 +63,16 @@ def savers(model, opt, ck: str) -> dict:
                     os.unlink(p)
             ct.save(ck, model, opt, value_facts=facts)
         return run
-    return {"save": save(True), "save, no facts": save(False)}
+
+    def write_only() -> None:
+        if os.path.exists(ck + ".raw"):   # as the saves do: renaming over a big file costs more
+            os.unlink(ck + ".raw")
+        mv = memoryview(raw)
+        with atomic.AtomicWriter(ck + ".raw") as out:
+            for start in range(0, len(mv), CHUNK):
+                out.write(mv[start:start + CHUNK])
+            out.commit()
+    return {"save": save(True), "save, no facts": save(False), "write only": write_only}
 
 
 def validators(ck: str) -> dict:
@@ -96,7 +109,7 @@ def measure_size(label: str, reps: int, directory: str | None) -> dict:
     row: dict = {"bytes": int(raw.nbytes), "load_before": os.getloadavg()}
     with tempfile.TemporaryDirectory(dir=directory) as tmp:
         ck = str(Path(tmp) / "step_001000.bin")
-        fns = savers(model, opt, ck)
+        fns = savers(model, opt, ck, raw)
         times = alternate(fns, reps)
         fns["save"]()                      # the generation validated next has its facts
         times.update(alternate(validators(ck), reps))
@@ -105,6 +118,8 @@ def measure_size(label: str, reps: int, directory: str | None) -> dict:
     for name, samples in times.items():
         row[name] = {**summary(samples), "gbps": raw.nbytes / summary(samples)["median"] / 1e9}
     row["save cost of facts (median ratio)"] = row["save"]["median"] / row["save, no facts"]["median"]
+    row["save vs write only (speed, median)"] = {k: row["write only"]["median"] / row[k]["median"]
+                                                 for k in ("save", "save, no facts")}
     row["validate speed-up (median ratio)"] = row["validate --scan"]["median"] / row["validate (recorded facts)"]["median"]
     return row
 

@@ -124,8 +124,10 @@ def test_manager_restores_the_newest_finite_generation_and_says_why(tmp_path):
     assert "resuming from the newest finite generation, step_000200.bin" in logged[0]
     assert "300 (weights: 1 non-finite values)" in logged[0] and again.skipped_diverged
     again.close()
-    model3, _, third, _ = manager_run(tmp_path)
+    model3, _, third, logged3 = manager_run(tmp_path)
     assert third.restore(allow_nonfinite=True) == 300 and torch.isnan(model3.weight[0, 0])
+    assert logged3 == [f"{tmp_path / 'step_000300.bin'}: resuming a diverged generation "
+                       "(weights: 1 non-finite values), as asked"]
     third.close()
     events = [json.loads(x) for x in (tmp_path / ".loss.json").read_text().splitlines()]
     resumes = [e for e in events if e.get("event") == "resume"]

@@ -23,6 +23,7 @@ from typing import TYPE_CHECKING, Any, Callable
 
 import torch
 
+from .. import facts as valfacts
 from .. import format as fmt
 from .. import reader
 from ..errors import (IncompleteResumeStateError, LayoutMismatchError, NoValidGenerationError,
@@ -63,6 +64,9 @@ def restore(mgr: "CheckpointManager", source: Any, strict: bool, restore_rng: bo
         return None
     mgr.restored_from = str(path)
     with _open(path, verify=source is not None) as ck:
+        bad = valfacts.diverged(ck.manifest)
+        if bad:                    # asked for: a source, or allow_nonfinite
+            mgr.log(f"{ck.path}: resuming a diverged generation ({valfacts.describe(bad)}), as asked")
         doc = dict(ck.manifest)
         if mgr.upgrade is not None:
             doc = mgr.upgrade(doc)
