@@ -2,6 +2,7 @@
 
     .venv/bin/python benchmarks/facts_bench.py                  # 12.8M and 120M, 5 repetitions
     .venv/bin/python benchmarks/facts_bench.py --sizes 12.8M --reps 3
+    .venv/bin/python benchmarks/facts_bench.py --table benchmarks/results/facts.json
 
 Contenders, alternating within each repetition (the order flips every repetition), all through
 ``ckptfmt.torch.save`` (durable: temp, fsync, rename, directory fsync) of the reference model +
@@ -124,13 +125,41 @@ def measure_size(label: str, reps: int, directory: str | None) -> dict:
     return row
 
 
+ROWS = ("save", "save, no facts", "write only", "validate (recorded facts)", "validate --scan",
+        "facts pass alone", "blake3, 1 thread, alone")
+
+
+def table(result: dict) -> str:
+    """The markdown table of benchmarks/README.md: median (min-max) seconds and GB/s."""
+    labels = list(result["sizes"])
+    lines = ["| | " + " | ".join(f"{k} ({result['sizes'][k]['bytes'] / 1e9:.3f} GB)" for k in labels) + " |",
+             "|---|" + "---|" * len(labels)]
+    for name in ROWS:
+        cells = [f"{r[name]['median']:.3f} s ({r[name]['min']:.3f}-{r[name]['max']:.3f}), {r[name]['gbps']:.2f} GB/s"
+                 for r in (result["sizes"][k] for k in labels)]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    extra = [("save with facts / without (time, medians)", lambda r: f"{r['save cost of facts (median ratio)']:.3f}"),
+             ("speed vs write only: save / save, no facts",
+              lambda r: "{save:.2f}x / {nf:.2f}x".format(save=r["save vs write only (speed, median)"]["save"],
+                                                         nf=r["save vs write only (speed, median)"]["save, no facts"])),
+             ("validate: --scan time / recorded time", lambda r: f"{r['validate speed-up (median ratio)']:.2f}x"),
+             ("load average (1 min) before, after", lambda r: f"{r['load_before'][0]:.1f}, {r['load_after'][0]:.1f}")]
+    for name, cell in extra:
+        lines.append(f"| {name} | " + " | ".join(cell(result["sizes"][k]) for k in labels) + " |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--sizes", default="12.8M,120M")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dir", default="/work/bench" if os.path.isdir("/work") else None)
     ap.add_argument("--out", default=str(HERE / "results" / "facts.json"))
+    ap.add_argument("--table", metavar="JSON", help="Only print the README table of a results file.")
     args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())))
+        return 0
     if args.dir:
         os.makedirs(args.dir, exist_ok=True)
     result = {"when": datetime.datetime.now().isoformat(timespec="seconds"), "cpus": os.cpu_count(),
@@ -141,6 +170,7 @@ def main() -> int:
         print(label, json.dumps(row, indent=1), flush=True)
     result["seconds"] = round(time.time() - started, 1)
     Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result))
     return 0
 
 
