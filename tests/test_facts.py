@@ -153,3 +153,28 @@ def test_sharded_generation_records_each_shard_and_the_combination(tmp_path):
 def test_combination_needs_every_shard():
     clean = valfacts.ValueFacts().to_dict()
     assert valfacts.combine([clean, None]) is None and valfacts.combine([clean, clean]) == clean
+
+
+@pytest.mark.parametrize("seed", range(12))
+def test_facts_equal_an_exact_count(seed):
+    """The one-reduction proof never hides a value: huge finite values that overflow the sum,
+    -0.0, subnormals, NaN payloads and infinities, in random places and chunk sizes."""
+    rng = np.random.default_rng(seed)
+    specials = np.array([np.nan, np.inf, -np.inf, 3.4e38, -3.4e38, -0.0, 1e-45, -1e-45,
+                         np.frombuffer(b"\x01\x00\xc0\xff", "<f4")[0]], dtype="<f4")
+    facts = valfacts.ValueFacts()
+    regions = {}
+    for name in fmt.REGIONS:
+        x = rng.standard_normal(int(rng.integers(1, 5000))).astype("<f4")
+        hits = rng.integers(0, x.size, int(rng.integers(0, 6)))
+        x[hits] = rng.choice(specials, hits.size)
+        regions[name] = x
+        cut = int(rng.integers(0, x.size + 1))
+        facts.add(name, x[:cut])
+        facts.add(name, x[cut:])
+    got = facts.to_dict()
+    for name, x in regions.items():
+        finite = np.isfinite(x)
+        assert got[name]["non_finite"] == int(np.count_nonzero(~finite))
+        if name == "v":
+            assert got[name]["negative"] == int(np.count_nonzero(x[finite] < 0))

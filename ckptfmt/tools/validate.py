@@ -22,8 +22,8 @@ from .. import manifest as mf
 from .. import reader
 from ..errors import CheckpointError
 from ..run import STATE, SAMPLES, Run, check_generation, zombie_arms
-from ..shards import ShardedCheckpoint
 from ..run import history as hist
+from ..shards import ShardedCheckpoint
 from .stats import region_stats
 
 __all__ = ["Finding", "Report", "error_code", "validate_file", "validate_path", "validate_run", "values_plausible"]
