@@ -20,6 +20,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from . import atomic, companion, fingerprint, fsio, reader, writer
+from . import facts as valfacts
 from . import format as fmt
 from . import manifest as mf
 from .errors import CheckpointError, FingerprintMismatchError, ManifestError, ManifestMismatchError
@@ -52,21 +53,28 @@ def root_digest(rows: list[dict[str, Any]]) -> str:
 
 def save_shard(run_dir: "str | os.PathLike[str]", step: int, rank: int, world: int, start: int, stop: int,
                weights: Any, m: Any, v: Any) -> dict[str, Any]:
-    """Durably write one rank's shard; returns the row rank 0 puts in the manifest."""
+    """Durably write one rank's shard; returns the row rank 0 puts in the manifest (with the
+    shard's value facts, spec §5.9)."""
     directory = shards_dir(run_dir, step)
     atomic.make_durable_dir(directory)
     path = directory / shard_name(rank, world)
     result = writer.save(path, step, weights, m, v, n_params=stop - start, write_manifest=False, overwrite=True)
     return {"file": path.name, "rank": rank, "start": start, "stop": stop, "size": result.size,
-            "blake3": result.blake3}
+            "blake3": result.blake3, valfacts.FIELD: result.facts}
 
 
 def commit(run_dir: "str | os.PathLike[str]", step: int, rows: list[dict[str, Any]],
            manifest: dict[str, Any] | None = None) -> Path:
-    """Write the manifest once every shard is durable; refuses an incomplete or holed set."""
+    """Write the manifest once every shard is durable; refuses an incomplete or holed set.
+    The generation's ``facts`` are the combination of its shards' (none if any shard has none)."""
     rows = sorted(rows, key=lambda r: r["rank"])
     _check_rows(str(shards_dir(run_dir, step)), rows)
-    extra = dict(manifest or {}, shards=rows, world_size=len(rows))
+    rows = [{k: v for k, v in r.items() if not (k == valfacts.FIELD and v is None)} for r in rows]
+    extra = {k: v for k, v in (manifest or {}).items() if k != valfacts.FIELD}
+    extra.update(shards=rows, world_size=len(rows))
+    combined = valfacts.combine([r.get(valfacts.FIELD) for r in rows])
+    if combined is not None:
+        extra[valfacts.FIELD] = combined
     doc = mf.build(file=shards_dir(run_dir, step).name, size=sum(r["size"] for r in rows), step=step,
                    n_params=rows[-1]["stop"], digest=root_digest(rows), extra=extra)
     path = Path(run_dir) / fmt.manifest_name(step)

@@ -19,6 +19,7 @@ from typing import Any, Callable, Iterable, Iterator
 import numpy as np
 
 from . import atomic, companion, fingerprint
+from . import facts as valfacts
 from . import format as fmt
 from . import manifest as mf
 from .errors import BadNameError, ManifestError, SaveError
@@ -36,6 +37,7 @@ class SaveResult:
     size: int
     blake3: str
     seconds: float
+    facts: dict[str, Any] | None = None   # the value facts recorded (spec §5.9); None if skipped
 
 
 def as_bytes(buf: Any, what: str) -> memoryview:
@@ -74,7 +76,7 @@ def _chunks(views: Iterable[memoryview]) -> Iterator[memoryview]:
 def save(path: "str | os.PathLike[str]", step: int, weights: Region, m: Region, v: Region, *,
          manifest: dict[str, Any] | None = None, n_params: int | None = None,
          write_manifest: bool = True, overwrite: bool = False,
-         extra_tensors: dict[str, Any] | None = None) -> SaveResult:
+         extra_tensors: dict[str, Any] | None = None, value_facts: bool = True) -> SaveResult:
     """Durably write ``step_NNNNNN.bin`` and commit its manifest; returns what was written.
 
     ``n_params`` is required only when regions are generators. An existing file is refused
@@ -85,6 +87,9 @@ def save(path: "str | os.PathLike[str]", step: int, weights: Region, m: Region, 
     Every argument is checked before the first byte is written (``check_arguments``), and a
     save that fails after its ``.bin`` was written removes it again, so a refused or failed
     save never leaves an orphan that would block the retry.
+    ``value_facts`` records whether each region is finite (and v non-negative) in the manifest,
+    computed on the hashing thread over the bytes as they are written (spec §5.9); a ``facts``
+    field passed in ``manifest`` is never kept, since it was computed over other bytes.
     """
     started = time.perf_counter()
     path = os.fspath(path)
@@ -93,14 +98,19 @@ def save(path: "str | os.PathLike[str]", step: int, weights: Region, m: Region, 
     step = check_arguments(path, step, n, manifest if write_manifest else None)
     if not overwrite and os.path.lexists(path):
         raise SaveError(path, "exists already; refusing to overwrite a checkpoint")
-    digest = _write_hashed(path, fmt.pack_header(step, n), sources, n)
+    facts = valfacts.ValueFacts() if value_facts else None
+    digest = _write_hashed(path, fmt.pack_header(step, n), sources, n, facts)
+    manifest = {k: v for k, v in (manifest or {}).items() if k != valfacts.FIELD}
+    if facts is not None:
+        manifest[valfacts.FIELD] = facts.to_dict()
     try:
         mpath = _commit(path, step, n, digest, manifest, write_manifest, overwrite, extra_tensors)
     except BaseException:
         if not overwrite:           # ours alone: nothing of a refused commit stays behind
             _remove_quietly(path, companion.path_for(path))
         raise
-    return SaveResult(path, mpath, step, n, fmt.file_size(n), digest, time.perf_counter() - started)
+    return SaveResult(path, mpath, step, n, fmt.file_size(n), digest, time.perf_counter() - started,
+                      manifest.get(valfacts.FIELD))
 
 
 def _remove_quietly(*paths: "str | os.PathLike[str]") -> None:
@@ -187,15 +197,17 @@ def _agree_on_n(path: str, counts: tuple[int, ...], n_params: int | None) -> int
     return known.pop()
 
 
-def _write_hashed(path: str, header: bytes, sources: tuple, n: int) -> str:
-    """Write every chunk while a second thread hashes it, in order.
+def _write_hashed(path: str, header: bytes, sources: tuple, n: int,
+                  facts: valfacts.ValueFacts | None = None) -> str:
+    """Write every chunk while a second thread hashes it (and folds it into ``facts``), in order.
 
-    Buffer contract (spec/FORMAT.md §5.1): a buffer a region iterator yields is read by the
+    Buffer contract (spec/FORMAT.md §5.7.1): a buffer a region iterator yields is read by the
     writer and the hasher until the writer asks that iterator for its next piece; by then every
     byte of every earlier piece has been written and hashed, so the producer may refill any
     buffer it yielded before (the CUDA staging pair, or one scratch buffer). Within one piece,
     and across pieces of a list or array (which nobody can refill), hashing chunk k overlaps
-    writing chunk k+1.
+    writing chunk k+1. The value facts are folded in by the hashing task itself, so they cover
+    exactly the bytes hashed, under the same contract (spec §5.9).
     """
     hasher = fingerprint.hasher(1)
     expected = fmt.file_size(n)
@@ -208,9 +220,9 @@ def _write_hashed(path: str, header: bytes, sources: tuple, n: int) -> str:
             while len(pending) > keep:
                 pending.popleft().result()
 
-        for chunk in _chunks_with_header(header, sources, drain):
+        for region, chunk in _chunks_with_header(header, sources, drain):
             drain(keep=1)
-            pending.append(pool.submit(hasher.update, chunk))
+            pending.append(pool.submit(_digest, hasher, facts, region, chunk))
             out.write(chunk)
         drain()
         if out.offset != expected:
@@ -220,11 +232,21 @@ def _write_hashed(path: str, header: bytes, sources: tuple, n: int) -> str:
     return hasher.hexdigest()
 
 
+def _digest(hasher: Any, facts: valfacts.ValueFacts | None, region: str | None,
+            chunk: memoryview) -> None:
+    """The hashing thread's task: the blake3 of a chunk and, for a region, its value facts."""
+    hasher.update(chunk)
+    if facts is not None and region is not None:
+        facts.add_bytes(region, chunk)
+
+
 def _chunks_with_header(header: bytes, sources: tuple,
-                        drain: Callable[[], None]) -> Iterator[memoryview]:
-    yield memoryview(header)
-    for views in sources:
-        yield from _chunks(views if isinstance(views, list) else _pulled(views, drain))
+                        drain: Callable[[], None]) -> Iterator[tuple[str | None, memoryview]]:
+    """(region name, chunk) in file order; the header's region is None."""
+    yield None, memoryview(header)
+    for region, views in zip(fmt.REGIONS, sources):
+        for chunk in _chunks(views if isinstance(views, list) else _pulled(views, drain)):
+            yield region, chunk
 
 
 def _pulled(views: Iterable[memoryview], drain: Callable[[], None]) -> Iterator[memoryview]:

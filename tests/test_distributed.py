@@ -116,6 +116,8 @@ def test_save_with_2_ranks_load_with_1_2_and_3(tmp_path):
     assert all(torch.equal(m.state_dict()[k], v) for k, v in ref.items()) and opt.param_groups[0]["lr"] == 1e-3
     doc = json.loads(gen.manifest.read_text())
     n = doc["n_params"]
+    assert all(row["facts"]["weights"]["finite"] for row in doc["shards"])    # each rank's value facts
+    assert doc["facts"]["v"] == {"finite": True, "non_finite": 0, "non_negative": True, "negative": 0}
     flat = torch.cat([v.reshape(-1) for v in ref.values()]).numpy()
     for world in (1, 2, 3):                                         # each rank reads only its range
         parts = [load_range(gen.manifest, "weights", *shards.partition(n, world, r)) for r in range(world)]

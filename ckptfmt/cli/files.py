@@ -75,13 +75,16 @@ def _print_run_inspect(d: dict) -> None:
 @click.argument("paths", nargs=-1, required=True, type=click.Path())
 @json_option
 @click.option("--fast", is_flag=True, help="Skip hashing and value scans (structure and manifest only).")
+@click.option("--scan", is_flag=True, help="Scan every value even where the manifest records value facts "
+              "(by default a committed generation whose blake3 matches is checked by its recorded facts).")
 @click.option("--b3sums", "b3sums_out", type=click.Path(),
               help="When everything validates, write FILE for `b3sum --check`: every committed generation's "
                    "files, paths relative to FILE's directory (spec/FORMAT.md §6.3).")
 @guarded
-def validate(paths: tuple[str, ...], as_json: bool, fast: bool, b3sums_out: str | None) -> None:
+def validate(paths: tuple[str, ...], as_json: bool, fast: bool, scan: bool, b3sums_out: str | None) -> None:
     """Check files or run directories: structure, fingerprint, manifest, values, sidecars
-    (a URL: every committed object read back and compared with its manifest's blake3)."""
+    (a URL: every committed object read back and compared with its manifest's blake3).
+    Exit 1 names each defect, a diverged generation's non-finite values by region and count."""
     from ..tools.validate import validate_path  # lazy: keeps `ckptfmt --help` fast
     from ..tools.remote import is_url  # lazy: as above
     if any(is_url(p) for p in paths):
@@ -92,12 +95,14 @@ def validate(paths: tuple[str, ...], as_json: bool, fast: bool, b3sums_out: str 
             raise Fail(f"{p}: no such file or directory", EXIT_CANNOT, kind="FileNotFoundError", path=p)
     if b3sums_out and fast:
         raise click.UsageError("--b3sums needs the deep check: drop --fast")
+    if scan and fast:
+        raise click.UsageError("--scan is part of the deep check: drop --fast")
     if b3sums_out and os.path.lexists(b3sums_out):
         raise Fail(f"{b3sums_out}: exists already; refusing to overwrite", EXIT_CANNOT)
     reports = []
     for p in paths:
         with terminal_bar(f"validating {p}", bytes_in(p) if not fast else 0, quiet=as_json) as bar:
-            reports.append(validate_path(p, deep=not fast, progress=bar))
+            reports.append(validate_path(p, deep=not fast, progress=bar, scan=scan))
     for r in reports:
         if r.could_not_run:     # e.g. a manifest newer than this ckptfmt: no verdict to print
             raise Fail(next(f.message for f in r.findings if f.level == "unsupported"), EXIT_CANNOT,
@@ -120,7 +125,8 @@ def _write_b3sums(paths: tuple[str, ...], out: str) -> dict:
     return write_for(paths, out)
 
 
-VERDICTS = {"damaged": "DAMAGED", "unsupported": "CANNOT CHECK", "no checkpoint": "NO CHECKPOINT"}
+VERDICTS = {"damaged": "DAMAGED", "unsupported": "CANNOT CHECK", "no checkpoint": "NO CHECKPOINT",
+            "diverged": "DIVERGED"}
 
 
 def _print_report(r) -> None:

@@ -26,7 +26,8 @@ from .output import EXIT_CANNOT, EXIT_DEFECT, Fail, emit, guarded, json_option, 
 def ls_cmd(run: str, as_json: bool, deep: bool, keep_every: int | None, remote: bool) -> None:
     """List a run's generations with status, pins, milestones, leftovers, saves in progress,
     read leases and mirror lag. Safe while the run trains: what it lists is leased until it is
-    done. A URL: the generations at the URL."""
+    done. A generation whose values (recorded at save) hold NaN or inf is shown as diverged,
+    with the count per region. A URL: the generations at the URL."""
     from ..run.ops import ls_run  # lazy: keeps `ckptfmt --help` fast
     from ..tools.remote import is_url  # lazy: as above
     if is_url(run):
@@ -43,6 +44,8 @@ def print_ls(d: dict) -> None:
     click.echo(f"{d['run']}" + (f"  (locked by pid {d['lock'].get('pid')})" if d.get("lock") else ""))
     for g in d["generations"]:
         marks = (" pinned" if g["pinned"] else "") + (" milestone" if g.get("milestone") else "")
+        if g.get("diverged"):
+            marks += " (" + ", ".join(f"{r}: {k}" for r, k in g["non_finite"].items()) + " non-finite values)"
         age = "-" if g["age_s"] is None else f"{g['age_s']:.0f}s"
         click.echo(f"  {g['step']:>10}  {size(g['size']):>10}  {age:>10}  {g['status']}{marks}")
     for t in d.get("in_progress", []):
@@ -71,7 +74,8 @@ def print_ls(d: dict) -> None:
 @json_option
 @guarded
 def gc(run: str, keep_last: int, keep_every: int | None, dry_run: bool, as_json: bool) -> None:
-    """Apply retention: keep the last K, milestones and pins; never the newest valid one."""
+    """Apply retention: keep the last K, milestones and pins; never the newest valid one, nor the
+    newest finite one while only diverged generations (NaN/inf values) are newer."""
     from ..run import gc as run_gc  # lazy: keeps `ckptfmt --help` fast
     data = run_gc(run, keep_last=keep_last, keep_every=keep_every, dry_run=dry_run)
     emit(data, as_json, _print_gc)

@@ -81,6 +81,11 @@ def _print_verification(r: dict) -> None:
               help="Under torchrun: how long a collective may wait for the other ranks before failing.")
 @click.option("--mirror", metavar="URL", help="Also upload each committed generation to URL (s3://bucket/path, "
               "any fsspec URL; the remote extra) on a background thread, verified, with the same retention.")
+@click.option("--allow-nonfinite", is_flag=True,
+              help="Resume the newest valid generation even if it diverged (its values hold NaN or inf); "
+                   "by default the newest finite one is resumed and the log says which were passed over.")
+@click.option("--force-nonfinite-at", type=click.IntRange(min=1), hidden=True, metavar="STEP",
+              help="Test hook: make the loss NaN at STEP (a divergence at a known step).")
 @click.option("--omit-rng-restore", is_flag=True, hidden=True, help="Negative control of verify-resume.")
 @click.option("--summary", type=click.Path(), hidden=True, help="verify-resume: write summary.json here at exit.")
 @click.option("--pause-at-step", "pause_at", nargs=2, type=(click.IntRange(min=1), click.Path()), hidden=True,
@@ -89,18 +94,24 @@ def _print_verification(r: dict) -> None:
 def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_every: int,
           sample_every: int, keep_last: int | None, keep_every: int | None, seed: int | None,
           threads: int | None, async_save: bool, amp: str, log_every: int, sets: tuple[str, ...],
-          parallel: str, dist_timeout: int, mirror: str | None, omit_rng_restore: bool,
-          summary: str | None, pause_at: tuple[int, str] | None) -> None:
-    """Train the reference model to --steps N, resuming from the newest valid generation.
+          parallel: str, dist_timeout: int, mirror: str | None, allow_nonfinite: bool,
+          force_nonfinite_at: int | None, omit_rng_restore: bool, summary: str | None,
+          pause_at: tuple[int, str] | None) -> None:
+    """Train the reference model to --steps N, resuming from the newest valid finite generation.
 
     SIGTERM/SIGINT: checkpoint the current step and exit 0 (75 if that save fails).
     SIGUSR1: checkpoint the current step and continue.
+    Exit 3: the loss became NaN or inf; that step is committed (marked diverged by its value
+    facts) and the run stops. The next start resumes from the newest finite generation
+    (--allow-nonfinite: from the diverged one).
     \f
     Hidden options, passed by ``ckptfmt verify-resume --trainer andrea`` (single process only;
     see ckptfmt/trainer/protocol.py): ``--summary PATH`` writes the verifier's summary.json at
     exit; ``--pause-at-step N MARKER`` creates MARKER after step N and waits for a signal, so an
     external SIGTERM lands exactly at step N; ``--omit-rng-restore`` resumes without restoring
-    any RNG (the negative control).
+    any RNG (the negative control). ``--force-nonfinite-at STEP`` (a test hook, single process or
+    torchrun) makes the loss NaN at STEP, so the divergence guard can be tested with the tiny
+    config.
     """
     from ..trainer.signals import install  # lazy: the trainer layer, keeps --help fast
     flags = install()           # before the slow imports: a signal during start-up is honoured
@@ -117,6 +128,7 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
                      device=device, checkpoint_every=checkpoint_every, sample_every=sample_every,
                      keep_last=keep_last, keep_every=keep_every, async_save=async_save, amp=amp,
                      log_every=log_every, omit_rng_restore=omit_rng_restore, parallel=parallel,
+                     allow_nonfinite=allow_nonfinite, force_nonfinite_at=force_nonfinite_at,
                      summary=summary, pause_at=pause_at, dist_timeout=dist_timeout, mirror=mirror)
     if distributed:
         from ..torch.distributed import exit_worker  # lazy: imports torch

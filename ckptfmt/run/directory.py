@@ -7,16 +7,40 @@ from __future__ import annotations
 import errno
 import os
 import warnings
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import atomic, shards, writer
 from ..errors import GenerationNotFoundError, NoValidGenerationError, SaveError
-from .generations import Generation, Listing, check_bare, check_generation, list_dir
+from ..facts import describe
+from .generations import Generation, Listing, check_bare, check_generation, list_dir, non_finite
 from .history import History
 from .lease import honoured
 from .retention import plan_retention
 from .sidecars import PINS, read_json
+
+
+@dataclass
+class Choice:
+    """What latest-valid found, newest first: ``gen`` the generation to resume (None when there is
+    none), ``diverged`` the newer valid generations it passed because their recorded facts count
+    NaN or inf values (``non_finite[step]`` says where), ``reasons`` why others were invalid."""
+
+    gen: Generation | None = None
+    diverged: list[Generation] = field(default_factory=list)
+    non_finite: dict[int, dict[str, int]] = field(default_factory=dict)
+    reasons: list[str] = field(default_factory=list)
+
+    @property
+    def newest_valid(self) -> Generation | None:
+        """The newest committed valid generation, diverged or not (never to be deleted)."""
+        return self.diverged[0] if self.diverged else self.gen
+
+    def why(self) -> str:
+        """One line: why the newer diverged generations were passed over."""
+        passed = "; ".join(f"{g.step} ({describe(self.non_finite[g.step])})" for g in self.diverged)
+        return f"generation(s) {passed} diverged: their values, recorded at save, are not finite"
 
 
 class Run:
@@ -46,25 +70,50 @@ class Run:
         return bool(gens) and all(g.manifest is None for g in gens)
 
     def latest(self, *, deep: bool = False, allow_bare: bool = False,
-               among: list[Generation] | None = None) -> Generation | None:
-        """Newest valid generation; skips invalid ones with a warning saying why.
+               allow_nonfinite: bool = False, among: list[Generation] | None = None) -> Generation | None:
+        """Newest valid *finite* generation; skips invalid ones with a warning saying why, and
+        diverged ones (facts recorded at save count NaN or inf: spec/RUN.md §2.1) unless
+        ``allow_nonfinite``.
 
         None when the run has no generation at all; ``NoValidGenerationError`` when it has some
-        but none is valid, so a resume never silently starts afresh. ``among``: choose from
-        these (a reader's leased listing) instead of listing the directory now.
+        but none is valid (or every valid one diverged), so a resume never silently starts afresh.
+        ``among``: choose from these (a reader's leased listing) instead of listing the directory now.
         """
+        choice = self.choose(deep=deep, allow_bare=allow_bare, allow_nonfinite=allow_nonfinite, among=among)
+        if choice.diverged and choice.gen is not None:
+            warnings.warn(f"{self.path}: latest finite generation is {choice.gen.step}: {choice.why()} "
+                          "(allow_nonfinite=True picks the newest)", stacklevel=2)
+        return self.chosen(choice)
+
+    def chosen(self, choice: Choice) -> Generation | None:
+        """``choice.gen``, or the error of a run whose generations are all invalid or diverged."""
+        if choice.gen is not None or not (choice.reasons or choice.diverged):
+            return choice.gen
+        if choice.diverged:
+            raise NoValidGenerationError(str(self.path), "no finite generation to resume from: "
+                                         + choice.why() + " (allow_nonfinite / --allow-nonfinite "
+                                         f"resumes the newest, {choice.diverged[0].step})")
+        raise NoValidGenerationError(str(self.path), "no valid generation: " + "; ".join(choice.reasons))
+
+    def choose(self, *, deep: bool = False, allow_bare: bool = False, allow_nonfinite: bool = False,
+               among: list[Generation] | None = None) -> Choice:
+        """Latest-valid as data (``latest`` without raising): walks generations newest first."""
         gens = self.generations() if among is None else among
-        if not gens:
-            return None
-        bare = allow_bare and all(g.manifest is None for g in gens)     # is_bare() of these
-        reasons = []
+        choice = Choice()
+        bare = allow_bare and bool(gens) and all(g.manifest is None for g in gens)     # is_bare() of these
         for gen in reversed(gens):
             reason = check_bare(gen) if bare else check_generation(gen, deep=deep)
-            if reason is None:
-                return gen
-            reasons.append(f"step {gen.step}: {reason}")
-            warnings.warn(f"{self.path}: skipping generation {gen.step}: {reason}", stacklevel=2)
-        raise NoValidGenerationError(str(self.path), "no valid generation: " + "; ".join(reasons))
+            if reason is not None:
+                choice.reasons.append(f"step {gen.step}: {reason}")
+                warnings.warn(f"{self.path}: skipping generation {gen.step}: {reason}", stacklevel=3)
+                continue
+            bad = {} if bare or allow_nonfinite else non_finite(gen)
+            if not bad:
+                choice.gen = gen
+                return choice
+            choice.diverged.append(gen)
+            choice.non_finite[gen.step] = bad
+        return choice
 
     def commit(self, step: int, weights: Any, m: Any, v: Any, *, manifest: dict[str, Any],
                n_params: int | None = None, extra_tensors: dict[str, Any] | None = None
@@ -74,7 +123,11 @@ class Run:
         fell back past it) is replaced, or the run could never pass that step again."""
         gen = next((g for g in self.generations() if g.step == step), None)
         if gen is not None and gen.committed and check_generation(gen, deep=True) is None:
-            raise SaveError(str(gen.bin), "generation is committed already; refusing to overwrite")
+            bad = non_finite(gen)
+            if not bad:
+                raise SaveError(str(gen.bin), "generation is committed already; refusing to overwrite")
+            warnings.warn(f"{gen.bin}: replacing diverged generation {step} ({describe(bad)}): the "
+                          "run resumed from an earlier finite one and reached its step again", stacklevel=2)
         return writer.save_generation(self.path, step, weights, m, v, manifest=manifest,
                                       n_params=n_params, overwrite=gen is not None,
                                       extra_tensors=extra_tensors)
@@ -97,11 +150,19 @@ class Run:
         return sorted(pins)
 
     def plan_gc(self, *, keep_last: int, keep_every: int | None = None) -> tuple[list[Generation], Generation | None]:
-        """(generations to delete, newest valid) after verify-before-delete of the newest."""
+        """(generations to delete, newest valid) after verify-before-delete of the newest.
+
+        Protected as if pinned: the newest valid generation and the newest valid *finite* one,
+        so generations that diverged (non-finite values) never push out the last good one
+        (spec/RUN.md §5.3)."""
         committed = [g for g in self.generations() if g.committed]
-        newest = self.latest(deep=True) if committed else None
+        choice = self.choose(deep=True) if committed else Choice()
+        newest = choice.newest_valid
+        if committed and newest is None:
+            self.chosen(choice)            # raises: no valid generation
+        protect = [g.step for g in (newest, choice.gen) if g is not None]
         doomed = plan_retention([g.step for g in committed], keep_last=keep_last, keep_every=keep_every,
-                                pinned=self.pins(), protect=[newest.step] if newest else [])
+                                pinned=self.pins(), protect=protect)
         return [g for g in committed if g.step in doomed], newest
 
     def gc(self, *, keep_last: int, keep_every: int | None = None, dry_run: bool = False) -> list[int]:

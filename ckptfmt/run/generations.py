@@ -9,7 +9,9 @@ import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from .. import facts as valfacts
 from .. import format as fmt
+from .. import manifest as mf
 from .. import reader, shards
 from ..errors import CheckpointError
 
@@ -94,6 +96,20 @@ def check_generation(gen: Generation, *, deep: bool = False) -> str | None:
     except OSError as exc:
         return f"unreadable: {exc.strerror or exc}"
     return None
+
+
+def non_finite(gen: Generation) -> dict[str, int]:
+    """{region: count} of the NaN and inf values the generation's manifest recorded at save
+    (spec/FORMAT.md §5.9): non-empty means the generation is *diverged*. Empty when it is
+    finite, or nothing is known (no manifest, no facts, unreadable: other checks report that).
+    The facts describe the bytes only while their blake3 matches; callers that act on them
+    check that too (``check_generation(deep=True)``)."""
+    if gen.manifest is None:
+        return {}
+    try:
+        return valfacts.diverged(mf.read(gen.manifest))
+    except (CheckpointError, OSError):
+        return {}
 
 
 def check_bare(gen: Generation) -> str | None:

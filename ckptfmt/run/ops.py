@@ -14,14 +14,16 @@ from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoun
 from . import history as hist
 from . import mirrors
 from .directory import Run
-from .generations import Generation, check_generation
+from .generations import Generation, check_generation, non_finite
 from .lease import ReadLease, active_leases
 from .lock import RunLock, lock_holder, save_in_progress
 from .sidecars import ARCHIVE, PIVOT, SAMPLES, STATE
 
 
 def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: int | None = None) -> dict[str, Any]:
-    """Generations with status, pins and milestone marks (steps divisible by ``keep_every``).
+    """Generations with status, pins and milestone marks (steps divisible by ``keep_every``); a
+    valid generation whose recorded facts count NaN or inf values has status ``diverged`` and says
+    where (``non_finite``: region -> count).
 
     The listing is leased (spec/RUN.md §5.3), so a trainer's retention cannot delete a listed
     generation while it is checked; the live writer's unfinished save is "save in progress"."""
@@ -48,6 +50,7 @@ def _ls_row(gen: Generation, deep: bool, pins: set[int], keep_every: int | None,
     """One generation's row of ``ls``; a part without its manifest is the live writer's save in
     progress when ``holder`` wrote it (``save_in_progress``)."""
     reason = check_generation(gen, deep=deep)
+    bad = non_finite(gen) if reason is None else {}
     part = gen.bin or gen.shards or gen.companion
     if reason is not None and not gen.committed and part is not None and save_in_progress(part, holder):
         reason = "save in progress"
@@ -59,7 +62,8 @@ def _ls_row(gen: Generation, deep: bool, pins: set[int], keep_every: int | None,
         size, age, reason = None, None, reason or "removed while listing"
     return {"step": gen.step, "file": name.name if name else None, "size": size, "age_s": age,
             "committed": gen.committed, "valid": reason is None,
-            "status": ("verified" if deep else "committed") if reason is None else reason,
+            "status": reason or ("diverged" if bad else "verified" if deep else "committed"),
+            "diverged": bool(bad), "non_finite": bad,
             "pinned": gen.step in pins, "milestone": bool(keep_every) and gen.step % keep_every == 0}
 
 

@@ -1,7 +1,10 @@
-"""Validation (spec §8.3): every check the library has, returned as data, never printed.
+"""Validation (spec §8.4): every check the library has, returned as data, never printed.
 
-Deep mode hashes the file on a second thread while this thread scans the values, so a full
-validation costs about one pass over the bytes. A bare file is valid but 'unverified'.
+Deep mode of a committed file whose manifest records value facts (spec §5.9) is one hash: when
+the blake3 matches, the bytes are the ones the facts were computed over, so the facts are the
+values' check. Otherwise (a bare file, a manifest without facts, ``scan=True``) it hashes the
+file on a second thread while this thread scans the values, about one pass over the bytes.
+A bare file is valid but 'unverified'; a generation holding NaN or inf is 'diverged'.
 """
 from __future__ import annotations
 
@@ -13,6 +16,7 @@ from typing import Any
 import numpy as np
 
 from .. import companion
+from .. import facts as valfacts
 from .. import format as fmt
 from .. import manifest as mf
 from .. import reader
@@ -20,6 +24,7 @@ from ..errors import CheckpointError
 from ..run import (STATE, SAMPLES, ReadLease, Run, check_generation, lock_holder, save_in_progress,
                    zombie_arms)
 from ..run import history as hist
+from ..shards import ShardedCheckpoint
 from .stats import region_stats
 
 __all__ = ["INCOMPLETE", "Finding", "Report", "error_code", "validate_file", "validate_path", "validate_run",
@@ -41,7 +46,7 @@ class Finding:
 class Report:
     path: str
     kind: str = "file"
-    status: str = "unverified"   # verified | unverified | committed | damaged | unsupported | no checkpoint
+    status: str = "unverified"   # verified | unverified | committed | damaged | diverged | unsupported | no checkpoint
     step: int | None = None
     n_params: int | None = None
     findings: list[Finding] = field(default_factory=list)
@@ -92,9 +97,11 @@ def error_code(exc: CheckpointError) -> str:
     return "".join("_" + c.lower() if c.isupper() else c for c in name).lstrip("_")
 
 
-def validate_file(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None) -> Report:
+def validate_file(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None,
+                  scan: bool = False) -> Report:
     """Check one ``.bin``: structure, name, manifest, and with ``deep`` the blake3 and the values
-    (finite, v >= 0). The library never prints or exits: it returns a ``Report``."""
+    (finite, v >= 0): from the manifest's recorded facts when the blake3 matches, by scanning
+    them otherwise or with ``scan``. The library never prints or exits: it returns a ``Report``."""
     path = os.fspath(path)
     report = Report(path)
     try:
@@ -106,8 +113,17 @@ def validate_file(path: "str | os.PathLike[str]", *, deep: bool = True, progress
         report.step, report.n_params = ckpt.step, ckpt.n_params
         doc = _check_manifest(report, ckpt)
         if report.ok:
-            _check_contents(report, ckpt, doc, deep, progress)
+            _check_contents(report, ckpt, doc, deep, progress, scan)
+    _settle_diverged(report)
     return report
+
+
+def _settle_diverged(report: Report) -> None:
+    """A file whose only defects are non-finite values is 'diverged', not 'damaged': its bytes
+    are what was saved (or it has no digest), the training that produced them went wrong."""
+    defects = [f.code for f in report.findings if f.level == DEFECT]
+    if defects and all(code == "non_finite" for code in defects):
+        report.status = "diverged"
 
 
 def _check_manifest(report: Report, ckpt: reader.Checkpoint) -> dict[str, Any] | None:
@@ -140,30 +156,65 @@ def _check_incomplete(report: Report, directory: str) -> None:
 
 
 def _check_contents(report: Report, ckpt: reader.Checkpoint, doc: dict | None, deep: bool,
-                    progress=None) -> None:
+                    progress=None, scan: bool = False) -> None:
     if not deep:
         return
+    recorded = None if scan else valfacts.recorded(doc)
+    if recorded is not None:            # one hash: the facts hold for exactly these bytes
+        if _check_digest(report, ckpt, doc, ckpt.fingerprint(progress)):
+            report.details["values"] = "recorded"
+            _report_facts(report, ckpt.path, recorded)
+        else:                           # other bytes than the facts describe: look at them
+            behind = reader.ReleaseBehind(ckpt)
+            lane = behind.lane()
+            try:
+                _check_values(report, ckpt, lambda offset: behind.advance(lane, offset))
+            finally:
+                behind.advance(lane, ckpt.size)
+            report.details["values"] = "scanned"
+        if report.ok:
+            report.status = "verified"
+        return
     behind = reader.ReleaseBehind(ckpt)      # pages go once the scan and the hash have passed
-    scan = behind.lane()
+    lane = behind.lane()
     hashing = behind.lane() if doc is not None else None
     with ThreadPoolExecutor(1, "ckptfmt-validate") as pool:
         digest = pool.submit(ckpt.fingerprint, progress, behind, hashing) if doc is not None else None
         try:
-            _check_values(report, ckpt, lambda offset: behind.advance(scan, offset))
+            _check_values(report, ckpt, lambda offset: behind.advance(lane, offset))
         finally:
-            behind.advance(scan, ckpt.size)     # never leave the hashing thread waiting
+            behind.advance(lane, ckpt.size)     # never leave the hashing thread waiting
+        report.details["values"] = "scanned"
         if digest is not None:
-            got = digest.result()
-            report.details["blake3"] = got
-            if got != doc["blake3"]:
-                report.defect("fingerprint_mismatch", f"{ckpt.path}: blake3 mismatch: manifest says "
-                                                      f"{doc['blake3']}, file hashes to {got}")
-            reason = companion.check(ckpt.path, doc[companion.FIELD], deep=True) \
-                if companion.FIELD in doc else None
-            if reason is not None:
-                report.defect("companion_defect", f"{companion.path_for(ckpt.path)}: {reason}")
+            _check_digest(report, ckpt, doc, digest.result())
             if report.ok:
                 report.status = "verified"
+
+
+def _check_digest(report: Report, ckpt: reader.Checkpoint, doc: dict, got: str) -> bool:
+    """The file's blake3 (and its companion's) against the manifest; True when the .bin matches."""
+    report.details["blake3"] = got
+    if got != doc["blake3"]:
+        report.defect("fingerprint_mismatch", f"{ckpt.path}: blake3 mismatch: manifest says "
+                                              f"{doc['blake3']}, file hashes to {got}")
+    reason = companion.check(ckpt.path, doc[companion.FIELD], deep=True) \
+        if companion.FIELD in doc else None
+    if reason is not None:
+        report.defect("companion_defect", f"{companion.path_for(ckpt.path)}: {reason}")
+    return got == doc["blake3"]
+
+
+def _report_facts(report: Report, path: str, facts: dict[str, Any]) -> None:
+    """Findings from value facts recorded at save, valid for bytes whose blake3 matched."""
+    counts = {name: facts[name]["non_finite"] for name in fmt.REGIONS if facts[name]["non_finite"]}
+    for name, count in counts.items():
+        report.defect("non_finite", f"{path}: diverged: region {name} holds {count} non-finite "
+                                    "values (recorded at save; the blake3 matches)")
+    if counts:
+        report.details["non_finite"] = counts
+    if facts["v"]["negative"]:
+        report.defect("negative_v", f"{path}: region v holds {facts['v']['negative']} negative values "
+                                    "(Adam's second moment cannot be negative; recorded at save)")
 
 
 SCAN = 1 << 22   # elements per reduction pass
@@ -206,26 +257,32 @@ def _check_values(report: Report, ckpt: reader.Checkpoint, done=None) -> None:
         if stats.nan or stats.inf:
             report.defect("non_finite", f"{ckpt.path}: region {name} holds {stats.nan} NaN and "
                                         f"{stats.inf} inf values")
+            counts = report.details.setdefault("non_finite", {})
+            counts[name] = counts.get(name, 0) + stats.nan + stats.inf
         if name == "v" and stats.negative:
             report.defect("negative_v", f"{ckpt.path}: region v holds {stats.negative} negative "
                                         "values (Adam's second moment cannot be negative)")
 
 
-def validate_path(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None) -> Report:
-    """A file or a run directory. A directory (or a file's directory) that still carries the
-    ``EXPORT-INCOMPLETE`` marker of an export or import is never valid, whatever its files say."""
+def validate_path(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None,
+                  scan: bool = False) -> Report:
+    """A file or a run directory; ``scan`` scans the values even where facts are recorded. A
+    directory (or a file's directory) that still carries the ``EXPORT-INCOMPLETE`` marker of an
+    export or import is never valid, whatever its files say."""
     if os.path.isdir(path):
-        report = validate_run(path, deep=deep, progress=progress)
+        report = validate_run(path, deep=deep, progress=progress, scan=scan)
         _check_incomplete(report, os.fspath(path))
         return report
-    report = validate_file(path, deep=deep, progress=progress)
+    report = validate_file(path, deep=deep, progress=progress, scan=scan)
     _check_incomplete(report, os.path.dirname(os.path.abspath(path)))
     return report
 
 
-def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None) -> Report:
+def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None,
+                 scan: bool = False) -> Report:
     """Check a run directory: every generation, leftovers, the history and the sidecars, and that
-    a committed valid generation exists to resume from.
+    a committed valid generation exists to resume from. Diverged generations (non-finite values)
+    are defects, and listed in ``details["diverged"]``.
 
     Safe while a trainer commits and prunes: the generations listed at the start are leased
     (spec/RUN.md §5.3), and the live writer's unfinished save is reported as "save in progress"
@@ -239,8 +296,9 @@ def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=
         rest = [g for g in listing.generations if g not in live]
         bare = bool(rest) and all(g.manifest is None for g in rest)
         gens_out = [_in_progress(report, g) if g in live else
-                    _validate_generation(report, g, deep, bare, progress) for g in listing.generations]
+                    _validate_generation(report, g, deep, bare, progress, scan) for g in listing.generations]
         report.details["generations"] = gens_out
+        report.details["diverged"] = [g["step"] for g in gens_out if g["status"] == "diverged"]
         _report_entries(report, listing, holder)
         _validate_sidecars(report, run, live=holder is not None)
     if lease.problem and holder is not None:
@@ -249,11 +307,13 @@ def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=
     if not listing.generations:
         _no_generation(report, path)
     elif not committed_ok and not bare and not live:
-        report.defect("no_valid_generation", f"{path}: no committed generation is valid")
+        report.defect("no_valid_generation", f"{path}: no committed generation is valid"
+                      + (" and finite" if report.details["diverged"] else ""))
     elif bare:
         report.warn("bare_run", f"{path}: bare .bin files without manifests: structure only, unverified")
     if report.status != "no checkpoint":
         report.status = "damaged" if not report.ok else ("verified" if deep and not bare else "committed")
+        _settle_diverged(report)
     return report
 
 
@@ -296,12 +356,15 @@ def _report_entries(report: Report, listing, holder: dict[str, Any] | None) -> N
         report.warn("foreign_entry", f"{entry}: skipped: {why}")
 
 
-def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=None) -> dict[str, Any]:
+def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=None,
+                         scan: bool = False) -> dict[str, Any]:
     row = {"step": gen.step, "status": "unverified"}
     if gen.bin is None and gen.shards is not None:
         reason = check_generation(gen, deep=deep)
         if reason is None:
             row["status"] = "verified" if deep else "committed"
+            if deep:
+                _check_shard_values(report, row, gen.manifest, scan)
         elif gen.manifest is None:
             report.warn("uncommitted", f"{gen.shards}: shards without a manifest (an interrupted sharded save)")
             row["status"] = "uncommitted"
@@ -322,10 +385,31 @@ def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=N
         report.warn("uncommitted", f"{gen.bin}: no manifest: an uncommitted leftover of a crash")
         row["status"] = "uncommitted"
         return row
-    sub = validate_file(gen.bin, deep=deep, progress=progress)
+    sub = validate_file(gen.bin, deep=deep, progress=progress, scan=scan)
     report.findings.extend(f for f in sub.findings if not (bare and f.code == "unverified"))
     row["status"] = sub.status
+    if "non_finite" in sub.details:
+        row["non_finite"] = sub.details["non_finite"]
     return row
+
+
+def _check_shard_values(report: Report, row: dict[str, Any], manifest, scan: bool) -> None:
+    """Values of a sharded generation whose shards all hashed to their rows: from the combined
+    facts of its manifest, or (none recorded, or ``scan``) by scanning every shard."""
+    sub = Report(str(manifest))
+    with ShardedCheckpoint(manifest) as sc:
+        recorded = None if scan else valfacts.recorded(sc.manifest)
+        if recorded is not None:
+            _report_facts(sub, str(manifest), recorded)
+        else:
+            for shard in sc.shards:
+                _check_values(sub, shard)
+    report.findings.extend(sub.findings)
+    if "non_finite" in sub.details:
+        row["non_finite"] = sub.details["non_finite"]
+    _settle_diverged(sub)
+    if not sub.ok:
+        row["status"] = sub.status
 
 
 def _validate_sidecars(report: Report, run: Run, live: bool = False) -> None:

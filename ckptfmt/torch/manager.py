@@ -87,6 +87,7 @@ class CheckpointManager:
         self.committed: int | None = None
         self.last_save: tuple[int, str] | None = None      # (step, reason) of the newest save
         self.restored_from: str | None = None
+        self.skipped_diverged: str | None = None   # why restore passed newer generations over
         self.fresh: list[str] = []
         self.closed = False
 
@@ -223,10 +224,15 @@ class CheckpointManager:
             self._mirror.on_commit(step, manifest)     # wakes the mirror's thread; returns at once
 
     # ------------------------------------------------------------ restore
-    def restore(self, source: Any = None, *, strict: bool = True, restore_rng: bool = True) -> int:
+    def restore(self, source: Any = None, *, strict: bool = True, restore_rng: bool = True,
+                allow_nonfinite: bool = False) -> int:
         """Restore everything from the newest valid generation of the run (or from the
         generation ``source``, a ``step_NNNNNN.bin`` anywhere: verified first); its step, or 0
         on a fresh run (the order and the checks: ``ckptfmt.torch.restore``).
+
+        Newer generations that diverged (their values, recorded at save, hold NaN or inf) are
+        passed over for the newest finite one, and ``log`` says so and why (``skipped_diverged``);
+        ``allow_nonfinite=True`` resumes the newest valid generation, diverged or not.
 
         A piece the loop has but the checkpoint lacks (or the reverse) is refused by name, all
         of them together and before any value is copied; with ``strict=False`` they start fresh
@@ -235,14 +241,15 @@ class CheckpointManager:
         """
         self._require_open()
         self.fresh = []
-        self.restored_from = None
-        step = restoring.restore(self, source, strict, restore_rng)
+        self.restored_from = self.skipped_diverged = None
+        step = restoring.restore(self, source, strict, restore_rng, allow_nonfinite)
         if step is None:
             self._event("start", 0, world_size=self.world)
             return 0
         if source is None:
             self.committed = step
-        self._event("resume", step, fresh_pieces=self.fresh)
+        passed = {"skipped_diverged": self.skipped_diverged} if self.skipped_diverged else {}
+        self._event("resume", step, fresh_pieces=self.fresh, **passed)
         return step
 
     def log(self, message: str, *, info: bool = False) -> None:

@@ -52,15 +52,18 @@ def add_ranks(doc: dict[str, Any], extra: dict[str, Any]) -> None:
     doc["ranks"] = gather_json({"rng": doc["rng"], "state": doc.get("state", {})})
 
 
-def agreed_source(run: Run) -> str | None:
-    """Path of the newest valid generation (a ``.bin``, or a sharded generation's manifest),
-    hashed; under torchrun rank 0 picks it for every rank."""
-    def newest() -> str | None:
-        gen = run.latest(deep=True)
-        if gen is None:
-            return None
-        return str(gen.bin if gen.bin is not None else gen.manifest)
-    return decided_by_rank0(newest)
+def agreed_source(run: Run, allow_nonfinite: bool = False) -> tuple[str | None, str | None]:
+    """(path, why) of the newest valid generation (a ``.bin``, or a sharded generation's
+    manifest), hashed, and finite unless ``allow_nonfinite``; ``why`` says which newer
+    diverged generations were passed over, None if none. Under torchrun rank 0 picks for every
+    rank."""
+    def newest() -> dict[str, Any]:
+        choice = run.choose(deep=True, allow_nonfinite=allow_nonfinite)
+        gen = run.chosen(choice)
+        path = None if gen is None else str(gen.bin if gen.bin is not None else gen.manifest)
+        return {"path": path, "why": choice.why() if choice.diverged else None}
+    answer = decided_by_rank0(newest)
+    return answer["path"], answer["why"]
 
 
 def own_pieces(doc: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None,

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any, Callable
 import numpy as np
 import torch
 
+from .. import facts as valfacts
 from .. import format as fmt
 from .. import reader
 from ..errors import (IncompleteResumeStateError, LayoutMismatchError, NoValidGenerationError,
@@ -56,7 +57,8 @@ class Plan:
     change: dict[str, Any] | None = None                     # a world-size change, said once it passed
 
 
-def restore(mgr: "CheckpointManager", source: Any, strict: bool, restore_rng: bool) -> int | None:
+def restore(mgr: "CheckpointManager", source: Any, strict: bool, restore_rng: bool,
+            allow_nonfinite: bool = False) -> int | None:
     """``CheckpointManager.restore``: the step restored, None on a fresh run."""
     if mgr.rank == 0:
         removed = mgr.run.sweep_temps()
@@ -64,11 +66,14 @@ def restore(mgr: "CheckpointManager", source: Any, strict: bool, restore_rng: bo
             mgr.log(f"removed {len(removed)} temp files of interrupted saves", info=True)
     if source is not None:
         refuse_rollback(mgr, source)
-    path = source if source is not None else newest(mgr)
+    path = source if source is not None else newest(mgr, allow_nonfinite)
     if path is None:
         return None
     mgr.restored_from = str(path)
     with _open(path, verify=source is not None) as ck:
+        bad = valfacts.diverged(ck.manifest)
+        if bad:                    # asked for: a source, or allow_nonfinite
+            mgr.log(f"{ck.path}: resuming a diverged generation ({valfacts.describe(bad)}), as asked")
         doc = dict(ck.manifest)
         if mgr.upgrade is not None:
             doc = mgr.upgrade(doc)
@@ -229,11 +234,20 @@ def refuse_rollback(mgr: "CheckpointManager", source: Any) -> None:
                                                  f"{mgr.run.path} --step STEP NEW_RUN, and resume NEW_RUN")
 
 
-def newest(mgr: "CheckpointManager") -> Any:
-    """Path of the newest valid generation (hashed here, so the open does not again); None on a
-    fresh run, and for only the uncommitted leftovers of an interrupted first save."""
+def newest(mgr: "CheckpointManager", allow_nonfinite: bool = False) -> Any:
+    """Path of the newest valid finite generation (hashed here, so the open does not again);
+    None on a fresh run, and for only the uncommitted leftovers of an interrupted first save.
+    Newer diverged generations (their recorded values hold NaN or inf) are passed over and the
+    manager's log says which and why; ``allow_nonfinite`` resumes the newest valid one."""
     try:
-        return ranks.agreed_source(mgr.run)
+        path, why = ranks.agreed_source(mgr.run, allow_nonfinite)
+        if why is not None and path is not None:
+            mgr.skipped_diverged = why
+            mgr.log(f"{mgr.run.path}: resuming from the newest finite generation, "
+                    f"{Path(path).name}, not a newer one: {why}; resuming a diverged generation "
+                    "would only carry its NaN/inf on (restore(allow_nonfinite=True) or "
+                    "`ckptfmt train --allow-nonfinite` resumes the newest)")
+        return path
     except (NoValidGenerationError, RankDisagreementError):
         if any(g.manifest is not None for g in mgr.run.generations()):
             raise                         # committed generations exist and all fail: refuse

@@ -40,6 +40,7 @@ from .protocol import Observer
 from .signals import FLAGS, Flags
 
 EXIT_SAVE_FAILED = 75
+EXIT_DIVERGED = 3        # the loss became NaN or inf: that step is committed (diverged), then stop
 SAMPLES_KEPT = 50
 _CODE_ID: dict[str, str] | None = None
 
@@ -68,12 +69,14 @@ class Trainer:
                  checkpoint_every: int = 100, sample_every: int = 100, keep_last: int | None = None,
                  keep_every: int | None = None, async_save: bool = False, amp: str = "auto",
                  omit_rng_restore: bool = False, log_every: int = 50, flags: Flags = FLAGS,
-                 parallel: str = "ddp", mirror: str | None = None,
-                 log: Callable[[str], None] | None = None):
+                 parallel: str = "ddp", mirror: str | None = None, allow_nonfinite: bool = False,
+                 force_nonfinite_at: int | None = None, log: Callable[[str], None] | None = None):
         self.cfg, self.flags = cfg, flags
         self.checkpoint_every, self.sample_every = checkpoint_every, sample_every
         self.keep_last, self.keep_every = keep_last, keep_every
         self.omit_rng_restore, self.log_every = omit_rng_restore, log_every
+        self.allow_nonfinite = allow_nonfinite              # resume a diverged generation too
+        self.force_nonfinite_at = force_nonfinite_at        # test hook (trainer/protocol.py)
         self.log = log or (lambda msg: print(f"[train] {msg}", file=sys.stderr, flush=True))
         self.run = Run(run_dir, create=True)
         self.rank, self.world = rank_world()
@@ -133,8 +136,11 @@ class Trainer:
 
     # ------------------------------------------------------------ resume
     def resume(self) -> int:
-        """Restore everything from the newest valid generation (the manager); 0 for a fresh run."""
-        step = self.mgr.restore(restore_rng=not self.omit_rng_restore)   # a fresh run: its start event
+        """Restore everything from the newest valid finite generation (the manager, which logs
+        the diverged generations it passes over; ``allow_nonfinite`` resumes the newest valid
+        one, diverged or not); 0 for a fresh run."""
+        step = self.mgr.restore(restore_rng=not self.omit_rng_restore,   # a fresh run: its start event
+                                allow_nonfinite=self.allow_nonfinite)
         if not step:
             return 0
         if self.pivot:                   # after the RNGs: neither change consumes a draw
@@ -193,6 +199,8 @@ class Trainer:
         with torch.autocast(self.device.type, dtype=torch.bfloat16 if self.amp == "bf16" else torch.float16,
                             enabled=self.amp != "none"):
             _, loss = self.net(x, y)
+        if step == self.force_nonfinite_at:     # test hook: a divergence at a known step
+            loss = loss * float("nan")
         self.opt.zero_grad(set_to_none=True)
         if self.scaler is not None:
             self.scaler.scale(loss).backward()
@@ -251,6 +259,8 @@ class Trainer:
                 self.sample(step, record["source"])    # before a save: step N's sample exists when N commits
             try:
                 stop = self._step(step, target, record)
+                if not _finite(record["loss"]):
+                    return self._diverged(step, record["loss"])
             except (CheckpointError, OSError) as exc:
                 return self._save_failed(exc)
             if step % self.log_every == 0:
@@ -280,6 +290,21 @@ class Trainer:
                      f"training stalled {self.mgr.stall_s * 1e3:.1f} ms")
         return stop
 
+    def _diverged(self, step: int, loss: Any) -> int:
+        """The loss is NaN or inf: commit this step anyway (nothing is hidden: its recorded value
+        facts mark it diverged, so latest-valid resume and retention pass over it) and stop
+        with ``EXIT_DIVERGED``: training on would only write NaN over every later step."""
+        if self.mgr.committed != step:
+            self.mgr.save(step, "non-finite")
+        self.mgr.wait()
+        self._event("stop", step, reason="non-finite loss", loss=loss)
+        self.log(f"step {step}: loss is {loss}: committed step {step} (diverged) and stopped with exit "
+                 f"code {EXIT_DIVERGED}; the next start resumes from the newest finite generation "
+                 "(--allow-nonfinite resumes this one)")
+        if self.is_main:
+            self.run.history.sync()
+        return EXIT_DIVERGED
+
     def _save_failed(self, exc: BaseException) -> int:
         self.log(f"checkpoint failed: {exc}; the previous generation is intact")
         return EXIT_SAVE_FAILED
@@ -303,6 +328,11 @@ class Trainer:
         """A history event; every rank's loop calls this, rank 0 writes it."""
         if self.is_main:
             self.run.history.event(name, step, **fields)
+
+
+def _finite(loss: Any) -> bool:
+    """A history record's loss is finite (``encode_float`` writes NaN and inf as strings)."""
+    return isinstance(loss, (int, float)) and math.isfinite(loss)
 
 
 def train(run_dir: str, config_name: str, steps: int, *, seed: int | None = None,

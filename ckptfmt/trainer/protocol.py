@@ -8,6 +8,13 @@ line; ``trainer.loop.train`` takes them as arguments), single process only:
                                  SIGTERM lands exactly at step N (``pause_at=(N, MARKER)``)
   --omit-rng-restore             the negative control: resume without restoring any RNG
                                  (``omit_rng_restore=True``, a Trainer option)
+
+One more hidden option, a test hook of the divergence guard (tests/test_divergence.py), also
+under torchrun:
+
+  --force-nonfinite-at STEP      multiply the loss by NaN at STEP, so the weights, m and v turn
+                                 NaN as in a real divergence (``force_nonfinite_at=STEP``, a
+                                 Trainer option); the trainer commits STEP and exits 3
 """
 from __future__ import annotations
 

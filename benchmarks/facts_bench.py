@@ -1,0 +1,178 @@
+"""What the save-time value-facts pass costs (issue 17), and what it buys deep validation.
+
+    .venv/bin/python benchmarks/facts_bench.py                  # 12.8M and 120M, 5 repetitions
+    .venv/bin/python benchmarks/facts_bench.py --sizes 12.8M --reps 3
+    .venv/bin/python benchmarks/facts_bench.py --table benchmarks/results/facts.json
+
+Contenders, alternating within each repetition (the order flips every repetition), all through
+``ckptfmt.torch.save`` (durable: temp, fsync, rename, directory fsync) of the reference model +
+AdamW with trained-looking values:
+- ``save``: today's writer, value facts folded in on the hashing thread (spec/FORMAT.md §5.9);
+- ``save, no facts``: the same writer with ``value_facts=False``;
+- ``write only``: the writer's durable write alone (``atomic.AtomicWriter``: 8 MiB writes,
+  writeback started every 64 MiB, fsync, rename, directory fsync) of the same bytes from memory:
+  no hash, no facts, the floor a hashing save is measured against.
+Then, on the committed generation: deep ``validate`` (one hash, the recorded facts) against
+``validate --scan`` (hash and value scan in parallel, as before issue 17). Alone, for scale: the
+facts pass and blake3 with one thread over the same bytes in memory. The machine's load average
+is recorded before and after each size (the machine is shared). Writes
+benchmarks/results/facts.json; the table in benchmarks/README.md comes from it.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import measure, summary  # noqa: E402
+from run import CHUNK, SIZES, build_state, flat_bytes  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+import ckptfmt.torch as ct  # noqa: E402
+from ckptfmt import atomic  # noqa: E402
+from ckptfmt import facts as valfacts  # noqa: E402
+from ckptfmt import fingerprint  # noqa: E402
+from ckptfmt import format as fmt  # noqa: E402
+from ckptfmt import manifest as mf  # noqa: E402
+from ckptfmt.tools.validate import validate_file  # noqa: E402
+
+
+def alternate(fns: dict, reps: int) -> dict[str, list[float]]:
+    """Seconds per contender; the order flips every repetition so drift hits both alike."""
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    names = list(fns)
+    for rep in range(reps):
+        for name in (names if rep % 2 == 0 else names[::-1]):
+            os.sync()
+            times[name].append(measure(fns[name])[0])
+    return times
+
+
+def savers(model, opt, ck: str, raw: np.ndarray) -> dict:
+    def save(facts: bool):
+        def run() -> None:
+            for p in (ck, mf.path_for(ck)):
+                if os.path.exists(p):
+                    os.unlink(p)
+            ct.save(ck, model, opt, value_facts=facts)
+        return run
+
+    def write_only() -> None:
+        if os.path.exists(ck + ".raw"):   # as the saves do: renaming over a big file costs more
+            os.unlink(ck + ".raw")
+        mv = memoryview(raw)
+        with atomic.AtomicWriter(ck + ".raw") as out:
+            for start in range(0, len(mv), CHUNK):
+                out.write(mv[start:start + CHUNK])
+            out.commit()
+    return {"save": save(True), "save, no facts": save(False), "write only": write_only}
+
+
+def validators(ck: str) -> dict:
+    def check(scan: bool):
+        def run() -> None:
+            report = validate_file(ck, scan=scan)
+            assert report.ok and report.details["values"] == ("scanned" if scan else "recorded")
+        return run
+    return {"validate (recorded facts)": check(False), "validate --scan": check(True)}
+
+
+def in_memory(raw: np.ndarray, n: int, reps: int) -> dict:
+    """The facts pass and a one-thread blake3 over the same bytes, no I/O."""
+    def facts() -> None:
+        f = valfacts.ValueFacts()
+        view = raw[8:].view(fmt.DTYPE)
+        for k, name in enumerate(fmt.REGIONS):
+            region = view[k * n:(k + 1) * n]
+            for start in range(0, n, 2 << 20):          # the writer's 8 MiB chunks
+                f.add(name, region[start:start + (2 << 20)])
+
+    def blake3_1() -> None:
+        h = fingerprint.hasher(1)
+        mv = memoryview(raw)
+        for start in range(0, len(mv), 8 << 20):
+            h.update(mv[start:start + (8 << 20)])
+    return alternate({"facts pass alone": facts, "blake3, 1 thread, alone": blake3_1}, reps)
+
+
+def measure_size(label: str, reps: int, directory: str | None) -> dict:
+    model, opt = build_state(SIZES[label])
+    raw = flat_bytes(model, opt)
+    n = (raw.nbytes - 8) // 12
+    row: dict = {"bytes": int(raw.nbytes), "load_before": os.getloadavg()}
+    with tempfile.TemporaryDirectory(dir=directory) as tmp:
+        ck = str(Path(tmp) / "step_001000.bin")
+        fns = savers(model, opt, ck, raw)
+        times = alternate(fns, reps)
+        fns["save"]()                      # the generation validated next has its facts
+        times.update(alternate(validators(ck), reps))
+    times.update(in_memory(raw, n, reps))
+    row["load_after"] = os.getloadavg()
+    for name, samples in times.items():
+        row[name] = {**summary(samples), "gbps": raw.nbytes / summary(samples)["median"] / 1e9}
+    row["save cost of facts (median ratio)"] = row["save"]["median"] / row["save, no facts"]["median"]
+    row["save vs write only (speed, median)"] = {k: row["write only"]["median"] / row[k]["median"]
+                                                 for k in ("save", "save, no facts")}
+    row["validate speed-up (median ratio)"] = row["validate --scan"]["median"] / row["validate (recorded facts)"]["median"]
+    return row
+
+
+ROWS = ("save", "save, no facts", "write only", "validate (recorded facts)", "validate --scan",
+        "facts pass alone", "blake3, 1 thread, alone")
+
+
+def table(result: dict) -> str:
+    """The markdown table of benchmarks/README.md: median (min-max) seconds and GB/s."""
+    labels = list(result["sizes"])
+    lines = ["| | " + " | ".join(f"{k} ({result['sizes'][k]['bytes'] / 1e9:.3f} GB)" for k in labels) + " |",
+             "|---|" + "---|" * len(labels)]
+    for name in ROWS:
+        cells = [f"{r[name]['median']:.3f} s ({r[name]['min']:.3f}-{r[name]['max']:.3f}), {r[name]['gbps']:.2f} GB/s"
+                 for r in (result["sizes"][k] for k in labels)]
+        lines.append(f"| {name} | " + " | ".join(cells) + " |")
+    extra = [("save with facts / without (time, medians)", lambda r: f"{r['save cost of facts (median ratio)']:.3f}"),
+             ("speed vs write only: save / save, no facts",
+              lambda r: "{save:.2f}x / {nf:.2f}x".format(save=r["save vs write only (speed, median)"]["save"],
+                                                         nf=r["save vs write only (speed, median)"]["save, no facts"])),
+             ("validate: --scan time / recorded time", lambda r: f"{r['validate speed-up (median ratio)']:.2f}x"),
+             ("load average (1 min) before, after", lambda r: f"{r['load_before'][0]:.1f}, {r['load_after'][0]:.1f}")]
+    for name, cell in extra:
+        lines.append(f"| {name} | " + " | ".join(cell(result["sizes"][k]) for k in labels) + " |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default="12.8M,120M")
+    ap.add_argument("--reps", type=int, default=5)
+    ap.add_argument("--dir", default="/work/bench" if os.path.isdir("/work") else None)
+    ap.add_argument("--out", default=str(HERE / "results" / "facts.json"))
+    ap.add_argument("--table", metavar="JSON", help="Only print the README table of a results file.")
+    args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())))
+        return 0
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)
+    result = {"when": datetime.datetime.now().isoformat(timespec="seconds"), "cpus": os.cpu_count(),
+              "command": " ".join(["benchmarks/facts_bench.py"] + sys.argv[1:]), "sizes": {}}
+    started = time.time()
+    for label in args.sizes.split(","):
+        result["sizes"][label] = row = measure_size(label, args.reps, args.dir)
+        print(label, json.dumps(row, indent=1), flush=True)
+    result["seconds"] = round(time.time() - started, 1)
+    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
