@@ -31,9 +31,10 @@ def torchrun(*args, nproc=2):
     return [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc), *args]
 
 
-def train_argv(run, steps, nproc=2, every=20, parallel="ddp"):
+def train_argv(run, steps, nproc=2, every=20, parallel="ddp", sample_every=0):
     return torchrun("-m", "ckptfmt.cli", "train", "--run-dir", str(run), "--steps", str(steps), "--checkpoint-every",
-                    str(every), "--sample-every", "0", "--log-every", "100000", "--parallel", parallel, nproc=nproc)
+                    str(every), "--sample-every", str(sample_every), "--log-every", "100000", "--parallel", parallel,
+                    nproc=nproc)
 
 
 def rank_pid(tag: str, rank: int, timeout: float = 60) -> int:
@@ -231,8 +232,11 @@ def test_resume_with_a_different_world_size_continues(tmp_path):
 
 def test_an_fsdp_generation_resumes_in_one_process_and_loads_by_range(tmp_path):
     run = tmp_path / "run"
-    proc = subprocess.run(train_argv(run, 20, parallel="fsdp"), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(train_argv(run, 20, parallel="fsdp", sample_every=10), capture_output=True, text=True,
+                          timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
+    samples = json.loads((run / ".samples.json").read_text())   # FSDP2: every rank ran the sample's forward
+    assert [s["step"] for s in samples] == [10, 20] and samples[0]["text"]
     one = tmp_path / "one"
     one.mkdir()
     convert(str(run / "step_000020.json"), str(one / "step_000020.bin"))

@@ -236,7 +236,13 @@ class Trainer:
             self.run.write_sidecar(STATE, checkpointing.sidecar_state(step, manifest))
 
     def sample(self, step: int, source: str) -> None:
+        """A greedy sample into ``.samples.json`` (rank 0). An FSDP2 model's forward is a
+        collective, so every rank generates (greedy: no RNG, the same text) and rank 0 writes."""
+        if not self.is_main and not (self.world > 1 and self.parallel == "fsdp"):
+            return
         text = self.model.sample(b"def ", 48).decode("utf-8", "replace")
+        if not self.is_main:
+            return
         samples = self.run.read_sidecar(SAMPLES, default=[]) or []
         samples = (samples + [{"step": step, "source": source, "prompt": "def ", "text": text}])[-SAMPLES_KEPT:]
         self.run.write_sidecar(SAMPLES, samples)
@@ -255,7 +261,7 @@ class Trainer:
             if on_step:
                 on_step(record)
             record.pop("ids")
-            if self.sample_every and step % self.sample_every == 0 and self.is_main:
+            if self.sample_every and step % self.sample_every == 0:
                 self.sample(step, record["source"])    # before a save: step N's sample exists when N commits
             try:
                 stop = self._step(step, target, record)
