@@ -314,3 +314,13 @@ def test_a_run_written_before_the_manager_resumes_bit_exactly(tmp_path):
     proc = train(old, 40)
     assert proc.returncode == 0, proc.stderr
     assert final(old, 40) == final(straight, 40)
+
+
+def test_the_manifest_records_the_kernels_that_ran(tmp_path):
+    """The run's determinism facts are what was set, not a constant (CPU here; the CUDA settings
+    are the same function's other branch, run by benchmarks/gpu_check.py on a GPU)."""
+    run = tmp_path / "run"
+    assert train(run, 20).returncode == 0
+    facts = ckptfmt.open(run / "step_000020.bin").manifest["run"]
+    assert facts["device"] == "cpu" and facts["deterministic"] is True
+    assert facts["deterministic_mode"] == "warn" and facts["sdpa"] == "math"

@@ -30,7 +30,7 @@ from ..run import PIVOT, SAMPLES, STATE, Run, RunLock
 from ..run.history import encode_float
 from ..torch import CheckpointManager, ranks
 from ..torch.distributed import any_rank, launched_by_torchrun, mean_over_ranks, rank_world
-from . import checkpointing
+from . import checkpointing, determinism
 from . import config as cfgmod
 from .bandit import Bandit
 from .data import DataStream, corpus, identity
@@ -94,11 +94,7 @@ class Trainer:
         """Model, optimizer, scheduler, data, bandit; seeded for a fresh start."""
         cfg = self.cfg
         torch.set_num_threads(cfg.threads)
-        if self.device.type == "cuda":
-            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
-            torch.backends.cudnn.deterministic = True
-            torch.backends.cudnn.benchmark = False
-        torch.use_deterministic_algorithms(True, warn_only=True)
+        self.kernels = determinism.apply(self.device)
         random.seed(cfg.seed)
         torch.manual_seed(cfg.seed)
         self.sources = corpus(cfg.corpus_bytes)
@@ -225,7 +221,7 @@ class Trainer:
         doc = {"code": code_identity(),
                "run": {"device": str(self.device), "amp": self.amp,
                        "tokens_seen": step * self.cfg.batch * self.cfg.ctx * self.world,
-                       "deterministic": True, "threads": torch.get_num_threads(), "world_size": self.world,
+                       **self.kernels, "threads": torch.get_num_threads(), "world_size": self.world,
                        "parallel": self.parallel if self.world > 1 else "none"}}
         if self.provenance:
             doc["provenance"] = self.provenance
