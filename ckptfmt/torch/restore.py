@@ -16,7 +16,6 @@ The order, and why:
 """
 from __future__ import annotations
 
-import math
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -27,11 +26,12 @@ import torch
 
 from .. import facts as valfacts
 from .. import format as fmt
+from .. import manifest as mf
 from .. import reader
 from ..errors import (IncompleteResumeStateError, LayoutMismatchError, NoValidGenerationError,
                       RankDisagreementError, UnsupportedSetupError)
 from ..shards import ShardedCheckpoint
-from . import optim, ranks, rng
+from . import adapter, optim, ranks, rng
 from .distributed import any_rank, is_sharded_model, load_into
 from .state import dtype_name, join, persistent_buffers
 
@@ -102,7 +102,8 @@ def make_plan(mgr: "CheckpointManager", ck: Any, doc: dict[str, Any], strict: bo
     """
     path = ck.path
     check_layout(doc, mgr.model, path)
-    optim.check(mgr.optimizer, _need(doc, "optimizer", path), path)
+    mf.require(path, doc, ("layout", "optimizer"))
+    optim.check(mgr.optimizer, doc["optimizer"], path)
     extra = ck.companion()
     get = extra.tensor if extra is not None else _no_companion(path)
     own_rng, own_state, change = ranks.own_pieces(doc)
@@ -194,9 +195,9 @@ def load_tensors(mgr: "CheckpointManager", ck: Any, plan: Plan) -> None:
         params = list(model.parameters())
         with torch.no_grad():
             for p, entry in zip(params, ck.layout):
-                p.copy_(_view(ck.weights, entry))
-        ms = [_view(ck.m, e).to(p.device, p.dtype) for p, e in zip(params, ck.layout)]
-        vs = [_view(ck.v, e).to(p.device, p.dtype) for p, e in zip(params, ck.layout)]
+                p.copy_(adapter._view(ck.weights, entry))
+        ms = [adapter._view(ck.m, e).to(p.device, p.dtype) for p, e in zip(params, ck.layout)]
+        vs = [adapter._view(ck.v, e).to(p.device, p.dtype) for p, e in zip(params, ck.layout)]
         optim.restore(optimizer, params, plan.doc["optimizer"], ms, vs, plan.path)
     live = persistent_buffers(model)                # the same names: check_layout
     with torch.no_grad():
@@ -206,7 +207,8 @@ def load_tensors(mgr: "CheckpointManager", ck: Any, plan: Plan) -> None:
 
 def check_layout(doc: dict[str, Any], model: torch.nn.Module, path: str) -> None:
     """The checkpoint's parameters are the model's: names, order, shapes and dtypes."""
-    layout = _need(doc, "layout", path)
+    mf.require(path, doc, ("layout",))
+    layout = doc["layout"]
     named = list(model.named_parameters())
     if [e["name"] for e in layout] != [n for n, _ in named]:
         raise LayoutMismatchError(path, "parameter names/order differ from the model's")
@@ -268,15 +270,3 @@ def _open(path: Any, verify: bool) -> Any:
     if str(path).endswith(".json"):
         return ShardedCheckpoint(path, verify=verify)
     return reader.open(path, manifest="require", verify=verify)
-
-
-def _view(region: Any, entry: dict[str, Any]) -> torch.Tensor:
-    count = math.prod(entry["shape"])
-    flat = region[entry["offset"]:entry["offset"] + count]
-    return torch.from_numpy(flat.copy()).view(entry["shape"])
-
-
-def _need(doc: dict[str, Any], key: str, path: str) -> Any:
-    if key not in doc:
-        raise IncompleteResumeStateError(path, f"cannot resume: manifest lacks {key}")
-    return doc[key]
