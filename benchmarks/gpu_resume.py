@@ -36,6 +36,10 @@ DRY_SCHEDULE = (12, 7, 4)          # the cut is never a cadence step: SIGTERM's 
 class TrainerFailed(Exception):
     """A trainer process exited with an error (or the cut run before its cut)."""
 
+    def __init__(self, name: str, why: str | None = None):
+        super().__init__(name)
+        self.name, self.why = name, why
+
 
 class Runs:
     """The stage's trainer processes, each logging to ``run-NAME.log`` in the stage folder."""
@@ -74,7 +78,7 @@ class Runs:
             for name, (proc, _) in self.procs.items():
                 self.check(name, proc.poll())
             if cut in self.done:
-                raise TrainerFailed(cut)
+                raise TrainerFailed(cut, "exited 0 before its cut step")
             self.ctx.check_time(f"the {cut} run reached its cut step")
             time.sleep(0.02)
 
@@ -154,19 +158,24 @@ def run_controls(ctx: Context, runs: Runs, config: str, amp: str, async_save: bo
             "straight-1": dirs["straight-1"]}
 
 
-def verdict(found: dict[str, dict[str, Any]], cut: int, cut_committed: bool) -> tuple[bool, str]:
-    """Passed when straight = straight = resumed (from the cut) and the negative control diverges."""
-    same = all(found[k]["first_divergent_step"] is None and found[k]["final_identical"]
-               for k in ("straight-2", "resume"))
+def verdict(found: dict[str, dict[str, Any]], cut: int, cut_committed: bool) -> tuple[list[str], str]:
+    """The checks that failed (none: straight = straight = resumed from the cut, and the negative
+    control diverges after it), and one line for the console."""
     neg = found["negative-control"]
-    diverged = neg["first_divergent_step"] is not None and neg["first_divergent_step"] > cut \
-        and not neg["final_identical"]
-    started = found["resume"]["resumed_from"] == cut == neg["resumed_from"]
-    ok = same and diverged and started and cut_committed
+    checks = {
+        "straight-2 identical to straight-1": found["straight-2"]["first_divergent_step"] is None
+        and found["straight-2"]["final_identical"],
+        "resume identical to straight-1": found["resume"]["first_divergent_step"] is None
+        and found["resume"]["final_identical"],
+        "negative control diverges after the cut": neg["first_divergent_step"] is not None
+        and neg["first_divergent_step"] > cut and not neg["final_identical"],
+        "both resumes started from the cut": found["resume"]["resumed_from"] == cut == neg["resumed_from"],
+        "SIGTERM committed the cut step": cut_committed,
+    }
     line = (f"straight-2: {found['straight-2']['first_divergent_step'] or 'no divergence'}; "
             f"resume from {found['resume']['resumed_from']}: {found['resume']['first_divergent_step'] or 'no divergence'}"
             f"; negative control from {neg['resumed_from']}: first divergent step {neg['first_divergent_step']}")
-    return ok, line
+    return [name for name, ok in checks.items() if not ok], line
 
 
 def resume_variant(ctx: Context) -> None:
@@ -182,21 +191,20 @@ def resume_variant(ctx: Context) -> None:
     try:
         dirs = run_controls(ctx, runs, config, amp, async_save, sched)
     except TrainerFailed as exc:
-        name = str(exc)
         runs.kill()
-        log = tail(ctx.folder / f"run-{name}.log", 15)
-        rc = runs.done.get(name, {}).get("exit")
-        last = next((x for x in reversed(log) if x.strip()), "(no output)")
-        ctx.finish("error", runs=runs.done, reason=f"trainer run {name} exited {rc}: {last.strip()}",
-                   stderr_tail=log)
+        log = tail(ctx.folder / f"run-{exc.name}.log", 15)
+        last = next((x for x in reversed(log) if x.strip()), "(no output)").strip()
+        why = exc.why or f"exited {runs.done.get(exc.name, {}).get('exit')}: {last}"
+        ctx.finish("error", runs=runs.done, reason=f"trainer run {exc.name} {why}", stderr_tail=log)
         return
     finally:
         runs.kill()
     found = {k: compare(dirs["straight-1"], d, steps) for k, d in dirs.items() if k != "straight-1"}
-    ok, line = verdict(found, cut, ctx.found.get("cut_committed", False))
+    failed, line = verdict(found, cut, ctx.found.get("cut_committed", False))
     with open(dirs["straight-1"] / f"step_{steps:06d}.json") as f:
         facts = json.load(f).get("run", {})
-    ctx.finish("passed" if ok else "failed", controls=found, manifest_run=facts, line=line)
+    ctx.finish("failed" if failed else "passed", controls=found, failed_checks=failed, manifest_run=facts,
+               line=line + (f"; FAILED: {', '.join(failed)}" if failed else ""))
 
 
 STAGES = {name: resume_variant for name in VARIANTS}

@@ -164,3 +164,42 @@ def test_without_cuda_it_does_not_run(tmp_path):
     bad = check(out, "--dry-run", "--budget", "nosuch=3")
     assert bad.returncode == 2 and "--budget nosuch=3: unknown stage 'nosuch'" in bad.stderr
     assert not out.exists()
+
+
+def _run(folder: Path, losses: dict, generations: dict, resumed_from: int | None = None) -> Path:
+    """A run directory as the trainer leaves it, reduced to what the comparison reads."""
+    folder.mkdir()
+    lines = [{"step": step, "loss": loss} for step, loss in losses.items()]
+    if resumed_from is not None:
+        lines.insert(resumed_from, {"event": "resume", "step": resumed_from})
+    (folder / ".loss.json").write_text("".join(json.dumps(x) + "\n" for x in lines))
+    for step, digest in generations.items():
+        (folder / f"step_{step:06d}.json").write_text(json.dumps({"step": step, "blake3": digest}))
+        (folder / f"step_{step:06d}.bin").write_bytes(b"")
+    return folder
+
+
+def test_a_divergence_is_found_at_its_first_step_and_fails_the_check(tmp_path):
+    """What a GPU would report when a resume is not exact (exit 1), from run directories made here."""
+    import gpu_report
+    import gpu_resume
+    losses = {s: 1.0 / s for s in range(1, 7)}
+    gens = {2: "a", 4: "b", 6: "c"}
+    ref = _run(tmp_path / "ref", losses, gens)
+    same = _run(tmp_path / "same", losses, gens)
+    late_loss = _run(tmp_path / "late", {**losses, 5: 0.5}, {**gens, 6: "x"}, resumed_from=3)
+    bad_generation = _run(tmp_path / "gen", losses, {**gens, 4: "y"}, resumed_from=3)
+    assert gpu_resume.compare(ref, same, 6) == {"first_divergent_step": None, "resumed_from": None,
+                                               "generations_compared": [2, 4, 6], "final_identical": True}
+    assert gpu_resume.compare(ref, late_loss, 6)["first_divergent_step"] == 5
+    assert gpu_resume.compare(ref, late_loss, 6)["resumed_from"] == 3
+    assert gpu_resume.compare(ref, bad_generation, 6)["first_divergent_step"] == 4
+    found = {"straight-2": gpu_resume.compare(ref, same, 6), "resume": gpu_resume.compare(ref, late_loss, 6),
+             "negative-control": gpu_resume.compare(ref, _run(tmp_path / "neg", losses, gens, resumed_from=3), 6)}
+    failed, line = gpu_resume.verdict(found, 3, cut_committed=True)
+    assert failed == ["resume identical to straight-1", "negative control diverges after the cut"]
+    assert line == "straight-2: no divergence; resume from 3: 5; negative control from 3: first divergent step None"
+    stages = {"a": {"status": "passed"}, "b": {"status": "failed"}, "c": {"status": "timed_out"}}
+    assert gpu_report.exit_code(stages) == 1
+    assert gpu_report.exit_code({"a": {"status": "passed"}, "c": {"status": "timed_out"}}) == 2
+    assert gpu_report.exit_code({"a": {"status": "done"}, "d": {"status": "skipped", "reason": "--stop-after a"}}) == 0
