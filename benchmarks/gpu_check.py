@@ -3,7 +3,7 @@
 
     bash benchmarks/gpu_check.sh                     # on the GPU machine: wheels, PYTHONPATH, deadline
     python3 benchmarks/gpu_check.py [--out DIR]      # the same when blake3 and zstandard import
-    .venv/bin/python benchmarks/gpu_check.py --dry-run --out /tmp/gc   # the CPU plumbing, ~1 min
+    .venv/bin/python benchmarks/gpu_check.py --dry-run --out /tmp/gc   # the CPU plumbing, 1-2 min
 
 Each stage runs in its own process (its own session) and is killed when its budget is spent;
 what it had measured by then is kept (``gpu_stage.Context.record``). After every stage the
