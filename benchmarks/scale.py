@@ -1,0 +1,207 @@
+"""Save, open, validate, verified load and diff from 12.8M to 1B parameters (issue 17 part 4).
+
+    .venv/bin/python benchmarks/scale.py                          # 12.8M,120M,350M,1B; ~15 min
+    .venv/bin/python benchmarks/scale.py --sizes 12.8M,120M --reps 1   # a quick look
+    .venv/bin/python benchmarks/scale.py --table benchmarks/results/scale.json
+
+Each size is a model of a few large float32 parameters (at most 64M elements each, like the
+big matrices of a transformer) with an AdamW state whose values look trained, so a 1B model
+needs 12 GB of memory for itself and writes 12 GB files (generated here, removed at the end,
+never committed). Every operation runs with the file's pages evicted first
+(``posix_fadvise(DONTNEED)``): at 350M and 1B the files no longer fit in the page cache beside
+the model (24 GiB here), so cold is the regime a user meets, and every size is measured alike.
+
+Peak RSS is ``VmHWM`` above the RSS at the start of the operation (``/proc/self/clear_refs``):
+for the load that is what it costs beyond the model's own memory; mapped file pages count.
+Writes benchmarks/results/scale.json and scale.png; the README table comes from ``--table``.
+"""
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Any, Callable
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE))
+from common import drop_cache, measure, summary  # noqa: E402
+
+import torch  # noqa: E402
+
+import ckptfmt  # noqa: E402
+import ckptfmt.torch as ct  # noqa: E402
+from ckptfmt import manifest as mf  # noqa: E402
+from ckptfmt.tools.diff import diff  # noqa: E402
+from ckptfmt.tools.validate import validate_file  # noqa: E402
+
+SIZES = {"12.8M": 12_800_000, "120M": 120_000_000, "350M": 350_000_000, "1B": 1_000_000_000}
+PIECE = 64 << 20          # elements per parameter at most (256 MB)
+OPS = ("save", "open", "validate", "validate --scan", "load (verified)", "diff")
+
+
+class Flat(torch.nn.Module):
+    """``n`` float32 parameters in pieces of at most ``PIECE`` elements."""
+
+    def __init__(self, n: int):
+        super().__init__()
+        sizes = [PIECE] * (n // PIECE) + ([n % PIECE] if n % PIECE else [])
+        self.pieces = torch.nn.ParameterList(torch.nn.Parameter(torch.empty(k)) for k in sizes)
+
+
+def build(n: int, seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """Weights ~ N(0, 0.02), m ~ N(0, 1e-3), v = m'^2, step 1000: trained-looking values."""
+    model = Flat(n)
+    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.normal_(0, 0.02, generator=g)
+            opt.state[p] = {"step": torch.tensor(1000.0),
+                            "exp_avg": torch.empty_like(p).normal_(0, 1e-3, generator=g),
+                            "exp_avg_sq": torch.empty_like(p).normal_(0, 1e-3, generator=g).square_()}
+    return model, opt
+
+
+def fresh_save(path: str, model, opt) -> Callable[[], None]:
+    def save() -> None:
+        for p in (path, mf.path_for(path)):
+            if os.path.exists(p):
+                os.unlink(p)
+        ct.save(path, model, opt)
+    return save
+
+
+def checked(fn: Callable[[], Any], ok: Callable[[Any], bool], what: str) -> Callable[[], None]:
+    """``fn``, failing the benchmark if its result is not what a correct run gives."""
+    def run() -> None:
+        result = fn()
+        if not ok(result):
+            raise SystemExit(f"scale: {what} gave an unexpected result: {result!r}")
+    return run
+
+
+def operations(a: str, b: str, model, opt) -> dict[str, Callable[[], None]]:
+    def load() -> None:
+        ct.load(a, model, opt, verify=True).close()
+    return {
+        "save": fresh_save(a, model, opt),
+        "open": lambda: ckptfmt.open(a).close(),
+        "validate": checked(lambda: validate_file(a), lambda r: r.ok and r.details.get("values") == "recorded",
+                            "validate"),
+        "validate --scan": checked(lambda: validate_file(a, scan=True), lambda r: r.ok, "validate --scan"),
+        "load (verified)": load,
+        "diff": checked(lambda: diff(a, b), lambda r: not r.identical, "diff"),
+    }
+
+
+def measure_size(label: str, d: Path, reps: int) -> dict[str, Any]:
+    n = SIZES[label]
+    model, opt = build(n)
+    a, b = str(d / "step_001000.bin"), str(d / "other" / "step_001000.bin")
+    (d / "other").mkdir(exist_ok=True)
+    with torch.no_grad():                      # the second generation differs in one piece
+        first = next(model.parameters())
+        first[:1000].add_(1e-3)
+        fresh_save(b, model, opt)()
+        first[:1000].sub_(1e-3)
+    fresh_save(a, model, opt)()
+    ops = operations(a, b, model, opt)
+    times: dict[str, list[float]] = {k: [] for k in ops}
+    rss: dict[str, int] = {}
+    for _ in range(reps):
+        for name, fn in ops.items():
+            os.sync()
+            seconds, peak = measure(fn, lambda: [drop_cache(p) for p in (a, b)])
+            times[name].append(seconds)
+            rss[name] = max(rss.get(name, 0), peak)
+        print(f"[{label}] " + ", ".join(f"{k} {v[-1]:.2f}s" for k, v in times.items()), flush=True)
+    nbytes = os.path.getsize(a)
+    out = {"n_params": n, "bytes": nbytes, "model_and_adam_gb": 12 * n / 1e9}
+    for name, samples in times.items():
+        gbps = (2 if name == "diff" else 1) * nbytes / summary(samples)["median"] / 1e9
+        out[name] = {**summary(samples), "gbps": gbps, "peak_rss_mb": rss[name] / 1e6}
+    del model, opt
+    for p in list(d.iterdir()):
+        shutil.rmtree(p) if p.is_dir() else p.unlink()
+    return out
+
+
+def table(result: dict[str, Any]) -> str:
+    """Markdown: seconds (GB/s) and peak RSS per operation and size."""
+    labels = list(result["sizes"])
+    head = "| operation | " + " | ".join(
+        f"{k} ({result['sizes'][k]['bytes'] / 1e9:.2f} GB)" for k in labels) + " |"
+    lines = [head, "|---|" + "---|" * len(labels)]
+    for op in OPS:
+        cells = []
+        for k in labels:
+            r = result["sizes"][k][op]
+            rate = f"{r['median'] * 1e3:.2f} ms" if op == "open" else f"{r['median']:.2f} s, {r['gbps']:.2f} GB/s"
+            cells.append(f"{rate}, {r['peak_rss_mb']:.0f} MB")
+        lines.append(f"| {op} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def draw(result: dict[str, Any], out: str) -> None:
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    labels = list(result["sizes"])
+    gb = [result["sizes"][k]["bytes"] / 1e9 for k in labels]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
+    for op in OPS:
+        left.plot(gb, [result["sizes"][k][op]["median"] for k in labels], marker="o", label=op)
+        right.plot(gb, [result["sizes"][k][op]["peak_rss_mb"] for k in labels], marker="o", label=op)
+    left.set(xscale="log", yscale="log", xlabel="file size, GB", ylabel="seconds (median, cold)",
+             title="time vs size (a slope of 1 is linear)")
+    right.set(xscale="log", xlabel="file size, GB", ylabel="peak RSS above start, MB",
+              title="peak RSS vs size (load: beyond the model)")
+    right.axhline(256, color="tab:red", ls="--", label="256 MB bound")
+    left.legend(fontsize=8)
+    right.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out, dpi=100)
+    plt.close(fig)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--sizes", default=",".join(SIZES))
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--dir", default="/work/bench" if os.path.isdir("/work") else None)
+    ap.add_argument("--out", default=str(HERE / "results" / "scale.json"))
+    ap.add_argument("--table", metavar="JSON", help="Only print the README table of a results file.")
+    args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())))
+        return 0
+    unknown = [s for s in args.sizes.split(",") if s not in SIZES]
+    if unknown:
+        ap.error(f"unknown size(s) {unknown}; choose from {list(SIZES)}")
+    torch.set_num_threads(2)
+    if args.dir:
+        os.makedirs(args.dir, exist_ok=True)
+    result: dict[str, Any] = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+                              "command": " ".join([".venv/bin/python", "benchmarks/scale.py"] + sys.argv[1:]),
+                              "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),
+                                          "torch": torch.__version__}, "sizes": {}}
+    d = Path(tempfile.mkdtemp(prefix="ckptfmt-scale-", dir=args.dir))
+    try:
+        for label in args.sizes.split(","):
+            result["sizes"][label] = measure_size(label, d, args.reps)
+            Path(args.out).write_text(json.dumps(result, indent=1) + "\n")   # a cut run keeps what it has
+    finally:
+        shutil.rmtree(d, ignore_errors=True)
+    draw(result, str(Path(args.out).with_suffix(".png")))
+    print(table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
