@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator, NoReturn
 
@@ -27,6 +28,7 @@ from .. import format as fmt
 from .. import shards
 from ..errors import CheckpointError, LayoutMismatchError, RankDisagreementError
 from . import adapter as ct
+from . import staging
 
 
 def exit_worker(code: int) -> NoReturn:
@@ -133,15 +135,17 @@ def gather_json(obj: Any) -> list[Any]:
     return [json.loads(bytes(t[:int(s.item())].cpu().tolist())) for t, s in zip(everyone, sizes)]
 
 
-def _range_views(tensors: list[torch.Tensor], start: int, stop: int) -> Iterator[Any]:
-    """Byte views of the global flat range [start, stop) of ``tensors`` laid end to end."""
-    offset = 0
+def _range_views(tensors: list[torch.Tensor], start: int, stop: int, stager: staging.Stager) -> Iterator[Any]:
+    """Byte views of the global flat range [start, stop) of ``tensors`` laid end to end, device
+    tensors through the save's one staging pair."""
+    pieces, offset = [], 0
     for t in tensors:
         k = t.numel()
         lo, hi = max(start, offset), min(stop, offset + k)
         if lo < hi:
-            yield from ct.chunks([t.detach().reshape(-1)[lo - offset:hi - offset]])
+            pieces.append(t.detach().reshape(-1)[lo - offset:hi - offset])
         offset += k
+    return ct.chunks(pieces, stager)
 
 
 def is_sharded_model(model: torch.nn.Module) -> bool:
@@ -177,7 +181,8 @@ def save_sharded(run_dir: "str | Path", step: int, model: torch.nn.Module, optim
     ms, vs, _ = ct.moments(model, optimizer)
     n = sum(p.numel() for p in params)
     start, stop = shards.partition(n, world, rank)
-    collect = _range_from_dtensors if is_sharded_model(model) else _range_views
+    stager = staging.Stager()   # this save's pair, shared by its three regions (FORMAT §5.7.2)
+    collect = _range_from_dtensors if is_sharded_model(model) else partial(_range_views, stager=stager)
     row = shards.save_shard(run_dir, step, rank, world, start, stop, collect(params, start, stop),
                             collect(ms, start, stop), collect(vs, start, stop))
     rows = gather_json(row)              # returns only when every rank's shard is durable
