@@ -50,11 +50,23 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def backend_for(device: str, cuda_available: bool) -> str:
+    """The process-group backend for a job on ``device`` ('auto', 'cpu', 'cuda'): on GPUs
+    "cpu:gloo,cuda:nccl" (NCCL for CUDA tensors, gloo for CPU tensors, so a collective on a CPU
+    tensor, the user's or a library's, works too), on the CPU "gloo".
+
+    >>> backend_for("auto", True), backend_for("auto", False), backend_for("cpu", True)
+    ('cpu:gloo,cuda:nccl', 'gloo', 'gloo')
+    """
+    return "cpu:gloo,cuda:nccl" if device != "cpu" and cuda_available else "gloo"
+
+
 @contextlib.contextmanager
 def process_group(device: str = "auto", timeout_s: float = 120) -> Iterator[int]:
-    """The process group of a torchrun worker, NCCL on GPUs and gloo on the CPU, with
-    ``timeout_s`` for every collective; yields this rank and destroys the group on exit."""
-    backend = "nccl" if device != "cpu" and torch.cuda.is_available() else "gloo"
+    """The process group of a torchrun worker (``backend_for``: NCCL and gloo on GPUs, gloo on
+    the CPU), with ``timeout_s`` for every collective; yields this rank and destroys the group
+    on exit."""
+    backend = backend_for(device, torch.cuda.is_available())
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     try:
         yield dist.get_rank()
@@ -70,12 +82,27 @@ def rank_world() -> tuple[int, int]:
 
 
 def collective_device() -> torch.device:
-    """Where the tensors of this library's collectives live: the current CUDA device when the
-    process group is NCCL only (NCCL has no CPU tensors: a user's own group may be just that),
-    the CPU for gloo or a group with a CPU backend ("cpu:gloo,cuda:nccl")."""
-    if dist.get_backend() == "nccl":
+    """Where the tensors of this library's collectives live: the CPU when the process group has
+    a backend for CPU tensors (gloo, or a map such as "cpu:gloo,cuda:nccl"), else the current
+    device of the group's device type (a user's own group may be NCCL only: no CPU tensors)."""
+    kind = collective_device_type(str(dist.get_backend()))
+    if kind == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return torch.device(kind)
+
+
+def collective_device_type(backend: str) -> str:
+    """The device type a group's collectives can take, from ``dist.get_backend()``: a plain name
+    ("gloo", "nccl") or, for a group made with a device map, that map lowercased as given
+    ("cpu:gloo,cuda:nccl"); "cpu" whenever the CPU has a backend.
+
+    >>> [collective_device_type(b) for b in ("gloo", "nccl", "cpu:gloo,cuda:nccl", "cuda:nccl")]
+    ['cpu', 'cuda', 'cpu', 'cuda']
+    """
+    if ":" not in backend:
+        return "cuda" if backend == "nccl" else "cpu"
+    devices = [pair.split(":", 1)[0].strip() for pair in backend.split(",")]
+    return "cpu" if "cpu" in devices else devices[0]
 
 
 def any_rank(*flags: bool) -> tuple[bool, ...]:
