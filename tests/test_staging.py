@@ -209,3 +209,17 @@ def test_differing_tensors_names_the_tensor_whose_bytes_differ(tmp_path):
         model[2].bias[1] += 1
     opt.state[model[0].weight]["exp_avg_sq"][3, 4] = 0.5
     assert adapter.differing_tensors(path, model, opt) == ["weights:2.bias", "v:0.weight"]
+
+
+def test_differing_tensors_compares_a_managers_bf16_save(tmp_path):
+    """The manager's synchronous save stages each parameter through the save's pair after a
+    widening cast made as the piece is pulled; the file holds the live values, widened."""
+    from ckptfmt.torch import CheckpointManager
+    model, opt = model_and_optimizer()
+    model.to(torch.bfloat16)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model(torch.randn(5, 37, dtype=torch.bfloat16)).float().pow(2).mean().backward()
+    opt.step()
+    mgr = CheckpointManager(tmp_path / "run", model, opt, handle_signals=False, every=None)
+    mgr.close(1)
+    assert adapter.differing_tensors(str(tmp_path / "run" / "step_000001.bin"), model, opt) == []

@@ -122,7 +122,8 @@ def save(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, st
 def differing_tensors(source: "str | reader.Checkpoint", model: torch.nn.Module,
                       optimizer: torch.optim.Optimizer) -> list[str]:
     """``REGION:NAME`` of every tensor whose saved bytes differ from its live ``.cpu()`` bytes
-    (weights, m, v); empty when the file holds exactly what the model and optimizer hold.
+    (weights, m, v of an Adam/AdamW optimizer; bf16/fp16 widened to float32 as the save does);
+    empty when the file holds exactly what the model and optimizer hold.
 
     A check independent of the writer's own digest: a staging buffer refilled too early gives a
     file whose blake3 matches its manifest yet whose bytes are not the tensors' (the CPU tests,
@@ -135,7 +136,7 @@ def differing_tensors(source: "str | reader.Checkpoint", model: torch.nn.Module,
     for region, tensors in (("weights", list(model.parameters())), ("m", ms), ("v", vs)):
         saved = getattr(ck, region)
         for entry, t in zip(ck.layout, tensors):
-            live = t.detach().cpu().contiguous().view(-1).numpy()
+            live = t.detach().float().cpu().contiguous().view(-1).numpy()   # bf16/fp16: widened, exactly
             if saved[entry["offset"]:entry["offset"] + live.size].tobytes() != live.tobytes():
                 differ.append(f"{region}:{entry['name']}")
     return differ
