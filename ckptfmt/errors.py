@@ -17,7 +17,7 @@ import os
 __all__ = ["CheckpointError", "NotACheckpointError", "BadHeaderError", "TruncatedError",
            "TrailingDataError", "BadNameError", "ManifestError", "ManifestMismatchError",
            "UnsupportedVersionError", "FingerprintMismatchError", "IncompleteResumeStateError", "ConfigMismatchError",
-           "LayoutMismatchError", "OptimizerMismatchError", "UnsupportedOptimizerError", "NoValidGenerationError",
+           "DeviceChangeError", "LayoutMismatchError", "OptimizerMismatchError", "UnsupportedOptimizerError", "NoValidGenerationError",
            "GenerationNotFoundError", "EmptyRunError", "RunLockedError", "HistoryCorruptError", "SidecarError",
            "RankDisagreementError", "SaveError", "ConvertError", "UnsupportedFormatError",
            "UnsupportedConversionError", "TensorFileError", "ExportError",
@@ -93,6 +93,12 @@ class IncompleteResumeStateError(CheckpointError):
 
 class ConfigMismatchError(CheckpointError):
     """A run was started with a config that differs from the one it was trained with."""
+
+
+class DeviceChangeError(ConfigMismatchError):
+    """A run saved on one device type (CPU, CUDA) is resumed on another: the RNG states of the
+    old device cannot be restored, so the run would not continue bit-exactly. Refused unless
+    asked for (``restore(allow_device_change=True)``, ``ckptfmt train --allow-device-change``)."""
 
 
 class LayoutMismatchError(CheckpointError):

@@ -1,10 +1,11 @@
 """The same kind of loop under torchrun with DDP (or FSDP2): every rank resumes bit-exactly.
 
-    torchrun --standalone --nproc-per-node 2 examples/ddp_loop.py --steps 300 --output runs/ddp [--fsdp]
+    torchrun --standalone --nproc-per-node 2 examples/ddp_loop.py --steps 300 --output runs/ddp [--fsdp] [--device cuda]
     ckptfmt verify-resume --output proof --trainer command --command \\
       'torchrun --standalone --nproc-per-node 2 examples/ddp_loop.py --updates {steps} --output {output} {resume} {omit_rng}'
 """
 import argparse
+import os
 import random
 
 import numpy as np
@@ -15,7 +16,7 @@ from torch.distributed.fsdp import fully_shard
 from torch.nn.parallel import DistributedDataParallel
 
 from ckptfmt.torch import CheckpointManager, ResumeRecord
-from ckptfmt.torch.distributed import exit_worker
+from ckptfmt.torch.distributed import backend_for, exit_worker
 
 
 class ShardSampler:
@@ -49,14 +50,19 @@ def main() -> None:
     ap.add_argument("--resume", help="a generation (step_N.json) to start from")
     ap.add_argument("--omit-rng-restore", action="store_true")
     ap.add_argument("--fsdp", action="store_true", help="FSDP2 shards instead of DDP replicas")
+    ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: GPU LOCAL_RANK per rank")
     args = ap.parse_args()
-    dist.init_process_group("gloo")
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if args.device == "cuda" else torch.device("cpu")
+    if device.type == "cuda":
+        torch.cuda.set_device(device)                # before the group: NCCL uses the current device
+    dist.init_process_group(backend_for(args.device, torch.cuda.is_available()))   # GPUs: cpu:gloo,cuda:nccl
     rank, world = dist.get_rank(), dist.get_world_size()
     random.seed(rank), np.random.seed(rank), torch.manual_seed(0)        # same initial weights
     x = torch.randn(256, 8)
     y = torch.sin(x @ torch.linspace(-1, 1, 8)).unsqueeze(1)
+    x, y = x.to(device), y.to(device)
     model = torch.nn.Sequential(torch.nn.Linear(8, 32), torch.nn.ReLU(), torch.nn.Dropout(0.1),
-                                torch.nn.Linear(32, 1))
+                                torch.nn.Linear(32, 1)).to(device)
     torch.manual_seed(100 + rank)                                        # each rank's own dropout
     net = fully_shard(model) if args.fsdp else DistributedDataParallel(model)
     opt = torch.optim.AdamW(net.parameters(), lr=1e-2)
@@ -68,7 +74,7 @@ def main() -> None:
     record = ResumeRecord()
     for step in range(start + 1, (args.steps or start + args.updates) + 1):
         ids = sampler.next()
-        target = y[ids] + torch.from_numpy(noise.normal(0, 0.01, (len(ids), 1)).astype(np.float32))
+        target = y[ids] + torch.from_numpy(noise.normal(0, 0.01, (len(ids), 1)).astype(np.float32)).to(device)
         lr = sched.get_last_lr()[0]
         loss = F.mse_loss(net(x[ids]), target)
         opt.zero_grad(), loss.backward(), opt.step(), sched.step()

@@ -67,9 +67,11 @@ from ckptfmt.torch import distributed as cd
 from ckptfmt import fsio
 from ckptfmt.run import Run
 import ckptfmt.torch as ct
-dist.init_process_group("gloo")
+dist.init_process_group(os.environ.get("TEST_BACKEND", "gloo"))
 rank, world = cd.rank_world()
 run, die = sys.argv[1], sys.argv[2]
+with open(os.path.join(run, f"backend-rank{rank}.txt"), "w") as f:
+    f.write(f"{dist.get_backend()} {cd.collective_device()} {cd.any_rank(rank == 1)} {cd.gather_json(rank)}")
 torch.manual_seed(0)
 m = torch.nn.Sequential(torch.nn.Linear(64, 33), torch.nn.Linear(33, 7))
 opt = torch.optim.AdamW(m.parameters())
@@ -89,13 +91,30 @@ cd.exit_worker(0)
 '''
 
 
-def run_save(tmp_path, die="none"):
+def run_save(tmp_path, die="none", backend="gloo"):
     run = tmp_path / "run"
     run.mkdir()
     script = tmp_path / "save.py"
     script.write_text(SAVE_SCRIPT)
-    proc = subprocess.run(torchrun(str(script), str(run), die), capture_output=True, text=True, timeout=300)
+    proc = subprocess.run(torchrun(str(script), str(run), die), capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "TEST_BACKEND": backend})
     return run, proc
+
+
+def test_a_device_map_group_runs_the_library_collectives_on_the_cpu(tmp_path):
+    """A group made from a device map (``cpu:gloo,cuda:nccl`` on GPUs; its CPU part here):
+    ``dist.get_backend()`` gives the map, and the agreement, gathers and sharded save run on
+    CPU tensors through its gloo part."""
+    from ckptfmt.torch.distributed import backend_for, collective_device_type
+    assert backend_for("auto", True) == backend_for("cuda", True) == "cpu:gloo,cuda:nccl"
+    assert backend_for("auto", False) == backend_for("cpu", True) == "gloo"
+    assert [collective_device_type(b) for b in ("gloo", "nccl", "cpu:gloo,cuda:nccl", "cuda:nccl", "cpu:gloo")] \
+        == ["cpu", "cuda", "cpu", "cuda", "cpu"]
+    run, proc = run_save(tmp_path, backend="cpu:gloo")
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    for rank in (0, 1):
+        assert (run / f"backend-rank{rank}.txt").read_text() == "cpu:gloo cpu (True,) [0, 1]"
+    assert Run(run).latest(deep=True).step == 2 and validate_run(run).ok
 
 
 def test_save_with_2_ranks_load_with_1_2_and_3(tmp_path):

@@ -229,6 +229,8 @@ def test_collectives_use_the_cuda_device_on_an_nccl_only_group(monkeypatch):
     monkeypatch.setattr(cd.dist, "get_backend", lambda group=None: "nccl")
     monkeypatch.setattr(cd.torch.cuda, "current_device", lambda: 3)
     assert cd.collective_device() == torch.device("cuda", 3)
+    monkeypatch.setattr(cd.dist, "get_backend", lambda group=None: "cuda:nccl")    # a map without the CPU
+    assert cd.collective_device() == torch.device("cuda", 3)
     for backend in ("gloo", "cpu:gloo,cuda:nccl"):
         monkeypatch.setattr(cd.dist, "get_backend", lambda group=None, b=backend: b)
         assert cd.collective_device() == torch.device("cpu")

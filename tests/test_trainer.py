@@ -180,6 +180,27 @@ def test_an_amp_change_is_refused_naming_the_option(tmp_path):
     assert proc.stderr.count("Traceback") == 0 and Run(run).latest().step == 20
 
 
+def test_a_device_change_is_refused_naming_the_flags_and_goes_on_when_allowed(tmp_path):
+    """A CUDA run (simulated: its manifest says what a CUDA process writes) resumed on the CPU."""
+    run = tmp_path / "run"
+    assert train(run, 20, "--device", "cpu").returncode == 0
+    mpath = run / "step_000020.json"
+    doc = json.loads(mpath.read_text())
+    doc["run"]["device"] = "cuda:0"
+    doc["rng"]["torch_cuda"] = {"device": 0, "state": "AAAAAAAAAAAAAAAAAAAAAA=="}
+    mpath.write_text(json.dumps(doc))
+    proc = train(run, 40, "--device", "cpu")
+    assert proc.returncode == 1 and proc.stderr.count("Traceback") == 0
+    assert ("step_000020.bin: the run trained on cuda:0, this start runs on cpu: resume it where CUDA is "
+            "available (--device cuda), or pass --allow-device-change to go on on cpu") in proc.stderr
+    assert Run(run).latest().step == 20
+    proc = train(run, 40, "--device", "cpu", "--allow-device-change")
+    assert proc.returncode == 0, proc.stderr
+    assert "device changed from cuda:0 to cpu" in proc.stderr and Run(run).latest().step == 40
+    events = [e for e in hist.read(run / ".loss.json").events() if e["event"] == "device_change"]
+    assert [(e["step"], e["saved"], e["now"]) for e in events] == [(20, "cuda:0", "cpu")]
+
+
 def test_pivot_allows_new_caps_with_a_fresh_bandit(tmp_path):
     run = tmp_path / "run"
     assert train(run, 40).returncode == 0

@@ -84,6 +84,9 @@ def _print_verification(r: dict) -> None:
 @click.option("--allow-nonfinite", is_flag=True,
               help="Resume the newest valid generation even if it diverged (its values hold NaN or inf); "
                    "by default the newest finite one is resumed and the log says which were passed over.")
+@click.option("--allow-device-change", is_flag=True,
+              help="Resume a run that trained on another device type (CUDA vs CPU); its RNG state "
+                   "there cannot be restored, so the run does not continue bit-exactly.")
 @click.option("--force-nonfinite-at", type=click.IntRange(min=1), hidden=True, metavar="STEP",
               help="Test hook: make the loss NaN at STEP (a divergence at a known step).")
 @click.option("--omit-rng-restore", is_flag=True, hidden=True, help="Negative control of verify-resume.")
@@ -95,7 +98,7 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
           sample_every: int, keep_last: int | None, keep_every: int | None, seed: int | None,
           threads: int | None, async_save: bool, amp: str, log_every: int, sets: tuple[str, ...],
           parallel: str, dist_timeout: int, mirror: str | None, allow_nonfinite: bool,
-          force_nonfinite_at: int | None, omit_rng_restore: bool, summary: str | None,
+          allow_device_change: bool, force_nonfinite_at: int | None, omit_rng_restore: bool, summary: str | None,
           pause_at: tuple[int, str] | None) -> None:
     """Train the reference model to --steps N, resuming from the newest valid finite generation.
 
@@ -128,7 +131,8 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
                      device=device, checkpoint_every=checkpoint_every, sample_every=sample_every,
                      keep_last=keep_last, keep_every=keep_every, async_save=async_save, amp=amp,
                      log_every=log_every, omit_rng_restore=omit_rng_restore, parallel=parallel,
-                     allow_nonfinite=allow_nonfinite, force_nonfinite_at=force_nonfinite_at,
+                     allow_nonfinite=allow_nonfinite, allow_device_change=allow_device_change,
+                     force_nonfinite_at=force_nonfinite_at,
                      summary=summary, pause_at=pause_at, dist_timeout=dist_timeout, mirror=mirror)
     if distributed:
         from ..torch.distributed import exit_worker  # lazy: imports torch

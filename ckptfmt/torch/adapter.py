@@ -2,14 +2,15 @@
 
 weights = parameters in ``model.parameters()`` order, m = ``exp_avg``, v = ``exp_avg_sq``,
 step = the optimizer's own step count. Saving streams each tensor's memory straight into the
-writer (CPU tensors: zero-copy numpy views; CUDA tensors: two reused pinned staging buffers),
-so no full copy of the model is ever made on the CPU.
+writer (CPU tensors: zero-copy numpy views; CUDA tensors: one save's pair of pinned staging
+buffers, each copy overlapped with writing the piece before: ``staging``), so no full copy of
+the model is ever made on the CPU.
 """
 from __future__ import annotations
 
 import math
 import platform
-from typing import Any, Iterator
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
@@ -20,8 +21,9 @@ from .. import format as fmt
 from .. import reader, writer
 from ..errors import (CheckpointError, IncompleteResumeStateError, LayoutMismatchError,
                       OptimizerMismatchError)
+from . import staging
 
-STAGING = 8 << 20   # bytes per pinned staging buffer on the CUDA path
+STAGING = staging.STAGING   # bytes per pinned staging buffer on the CUDA path
 
 
 def layout_of(model: torch.nn.Module) -> list[dict[str, Any]]:
@@ -87,35 +89,22 @@ def _json_setting(v: Any) -> bool:
         (isinstance(v, torch.Tensor) and v.numel() == 1)
 
 
-def chunks(tensors: list[torch.Tensor]) -> Iterator[Any]:
-    """Byte-buffers of each tensor in order, with no full staging copy."""
-    staging: list[torch.Tensor] = []
-    turn = 0
-    for t in tensors:
-        t = t.detach()
-        if t.dtype != torch.float32:
-            raise TypeError(f"ckptfmt stores float32; got a {t.dtype} tensor (keep fp32 master weights)")
-        if t.device.type == "cpu":
-            yield t.contiguous().view(-1).numpy()
-            continue
-        if not staging:   # refilled only when the writer resumes us: spec/FORMAT.md §5.7.1
-            pin = torch.cuda.is_available()
-            staging = [torch.empty(STAGING // 4, dtype=torch.float32, pin_memory=pin) for _ in range(2)]
-        flat = t.contiguous().view(-1)
-        for start in range(0, flat.numel(), STAGING // 4):
-            piece = flat[start:start + STAGING // 4]
-            buf = staging[turn][:piece.numel()]
-            buf.copy_(piece)
-            turn ^= 1
-            yield buf.numpy()
+def chunks(tensors: Iterable[torch.Tensor], stager: staging.Stager | None = None) -> Iterator[Any]:
+    """Byte-buffers of each tensor in order, with no full staging copy: host tensors as
+    zero-copy views, device tensors through ``stager``'s pair (a fresh one if not given).
+    ``tensors`` may be a generator (a cast made per tensor, as the pieces are pulled)."""
+    return (stager or staging.Stager()).region(tensors)
 
 
-def regions(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[Any, Any, Any, int, int]:
-    """(weights, m, v as chunk iterators, n_params, optimizer step) for ``writer.save``."""
+def regions(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+            stager: staging.Stager | None = None) -> tuple[Any, Any, Any, int, int]:
+    """(weights, m, v as chunk iterators, n_params, optimizer step) for ``writer.save``; the
+    three share one staging pair, allocated for this save alone (spec/FORMAT.md §5.7.2)."""
     params = list(model.parameters())
     ms, vs, step = moments(model, optimizer)
     n = sum(p.numel() for p in params)
-    return chunks(params), chunks(ms), chunks(vs), n, step
+    stager = stager or staging.Stager()
+    return chunks(params, stager), chunks(ms, stager), chunks(vs, stager), n, step
 
 
 def save(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int | None = None,
@@ -128,6 +117,29 @@ def save(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, st
                                    "hyperparams": hyperparams(optimizer)})
     return writer.save(path, opt_step if step is None else step, w, m, v, manifest=extra,
                        n_params=n, **kwargs)
+
+
+def differing_tensors(source: "str | reader.Checkpoint", model: torch.nn.Module,
+                      optimizer: torch.optim.Optimizer) -> list[str]:
+    """``REGION:NAME`` of every tensor whose saved bytes differ from its live ``.cpu()`` bytes
+    (weights, m, v of an Adam/AdamW optimizer; bf16/fp16 widened to float32 as the save does);
+    empty when the file holds exactly what the model and optimizer hold.
+
+    A check independent of the writer's own digest: a staging buffer refilled too early gives a
+    file whose blake3 matches its manifest yet whose bytes are not the tensors' (the CPU tests,
+    and the GPU check against ``tensor.cpu()``)."""
+    ck = reader.open(source) if isinstance(source, (str, bytes)) or not hasattr(source, "layout") else source
+    if ck.layout is None:
+        raise IncompleteResumeStateError(ck.path, "cannot compare with a model: manifest lacks layout")
+    ms, vs, _ = moments(model, optimizer)
+    differ = []
+    for region, tensors in (("weights", list(model.parameters())), ("m", ms), ("v", vs)):
+        saved = getattr(ck, region)
+        for entry, t in zip(ck.layout, tensors):
+            live = t.detach().float().cpu().contiguous().view(-1).numpy()   # bf16/fp16: widened, exactly
+            if saved[entry["offset"]:entry["offset"] + live.size].tobytes() != live.tobytes():
+                differ.append(f"{region}:{entry['name']}")
+    return differ
 
 
 def load(source: "str | reader.Checkpoint", model: torch.nn.Module,
@@ -265,6 +277,6 @@ def versions() -> dict[str, str]:
             "python": platform.python_version()}
 
 
-__all__ = ["layout_of", "moments", "hyperparams", "chunks", "regions", "save", "load",
+__all__ = ["layout_of", "moments", "hyperparams", "chunks", "regions", "save", "load", "differing_tensors",
            "load_optimizer", "prepare_optimizer", "versions", "CheckpointError",
            "IncompleteResumeStateError"]

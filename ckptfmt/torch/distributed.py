@@ -16,6 +16,7 @@ import datetime
 import json
 import os
 import sys
+from functools import partial
 from pathlib import Path
 from typing import Any, Callable, Iterator, NoReturn
 
@@ -27,6 +28,7 @@ from .. import format as fmt
 from .. import shards
 from ..errors import CheckpointError, LayoutMismatchError, RankDisagreementError
 from . import adapter as ct
+from . import staging
 
 
 def exit_worker(code: int) -> NoReturn:
@@ -48,11 +50,23 @@ def launched_by_torchrun() -> bool:
     return int(os.environ.get("WORLD_SIZE", "1")) > 1
 
 
+def backend_for(device: str, cuda_available: bool) -> str:
+    """The process-group backend for a job on ``device`` ('auto', 'cpu', 'cuda'): on GPUs
+    "cpu:gloo,cuda:nccl" (NCCL for CUDA tensors, gloo for CPU tensors, so a collective on a CPU
+    tensor, the user's or a library's, works too), on the CPU "gloo".
+
+    >>> backend_for("auto", True), backend_for("auto", False), backend_for("cpu", True)
+    ('cpu:gloo,cuda:nccl', 'gloo', 'gloo')
+    """
+    return "cpu:gloo,cuda:nccl" if device != "cpu" and cuda_available else "gloo"
+
+
 @contextlib.contextmanager
 def process_group(device: str = "auto", timeout_s: float = 120) -> Iterator[int]:
-    """The process group of a torchrun worker, NCCL on GPUs and gloo on the CPU, with
-    ``timeout_s`` for every collective; yields this rank and destroys the group on exit."""
-    backend = "nccl" if device != "cpu" and torch.cuda.is_available() else "gloo"
+    """The process group of a torchrun worker (``backend_for``: NCCL and gloo on GPUs, gloo on
+    the CPU), with ``timeout_s`` for every collective; yields this rank and destroys the group
+    on exit."""
+    backend = backend_for(device, torch.cuda.is_available())
     dist.init_process_group(backend, timeout=datetime.timedelta(seconds=timeout_s))
     try:
         yield dist.get_rank()
@@ -68,12 +82,27 @@ def rank_world() -> tuple[int, int]:
 
 
 def collective_device() -> torch.device:
-    """Where the tensors of this library's collectives live: the current CUDA device when the
-    process group is NCCL only (NCCL has no CPU tensors: a user's own group may be just that),
-    the CPU for gloo or a group with a CPU backend ("cpu:gloo,cuda:nccl")."""
-    if dist.get_backend() == "nccl":
+    """Where the tensors of this library's collectives live: the CPU when the process group has
+    a backend for CPU tensors (gloo, or a map such as "cpu:gloo,cuda:nccl"), else the current
+    device of the group's device type (a user's own group may be NCCL only: no CPU tensors)."""
+    kind = collective_device_type(str(dist.get_backend()))
+    if kind == "cuda":
         return torch.device("cuda", torch.cuda.current_device())
-    return torch.device("cpu")
+    return torch.device(kind)
+
+
+def collective_device_type(backend: str) -> str:
+    """The device type a group's collectives can take, from ``dist.get_backend()``: a plain name
+    ("gloo", "nccl") or, for a group made with a device map, that map lowercased as given
+    ("cpu:gloo,cuda:nccl"); "cpu" whenever the CPU has a backend.
+
+    >>> [collective_device_type(b) for b in ("gloo", "nccl", "cpu:gloo,cuda:nccl", "cuda:nccl")]
+    ['cpu', 'cuda', 'cpu', 'cuda']
+    """
+    if ":" not in backend:
+        return "cuda" if backend == "nccl" else "cpu"
+    devices = [pair.split(":", 1)[0].strip() for pair in backend.split(",")]
+    return "cpu" if "cpu" in devices else devices[0]
 
 
 def any_rank(*flags: bool) -> tuple[bool, ...]:
@@ -133,15 +162,17 @@ def gather_json(obj: Any) -> list[Any]:
     return [json.loads(bytes(t[:int(s.item())].cpu().tolist())) for t, s in zip(everyone, sizes)]
 
 
-def _range_views(tensors: list[torch.Tensor], start: int, stop: int) -> Iterator[Any]:
-    """Byte views of the global flat range [start, stop) of ``tensors`` laid end to end."""
-    offset = 0
+def _range_views(tensors: list[torch.Tensor], start: int, stop: int, stager: staging.Stager) -> Iterator[Any]:
+    """Byte views of the global flat range [start, stop) of ``tensors`` laid end to end, device
+    tensors through the save's one staging pair."""
+    pieces, offset = [], 0
     for t in tensors:
         k = t.numel()
         lo, hi = max(start, offset), min(stop, offset + k)
         if lo < hi:
-            yield from ct.chunks([t.detach().reshape(-1)[lo - offset:hi - offset]])
+            pieces.append(t.detach().reshape(-1)[lo - offset:hi - offset])
         offset += k
+    return ct.chunks(pieces, stager)
 
 
 def is_sharded_model(model: torch.nn.Module) -> bool:
@@ -177,7 +208,8 @@ def save_sharded(run_dir: "str | Path", step: int, model: torch.nn.Module, optim
     ms, vs, _ = ct.moments(model, optimizer)
     n = sum(p.numel() for p in params)
     start, stop = shards.partition(n, world, rank)
-    collect = _range_from_dtensors if is_sharded_model(model) else _range_views
+    stager = staging.Stager()   # this save's pair, shared by its three regions (FORMAT §5.7.2)
+    collect = _range_from_dtensors if is_sharded_model(model) else partial(_range_views, stager=stager)
     row = shards.save_shard(run_dir, step, rank, world, start, stop, collect(params, start, stop),
                             collect(ms, start, stop), collect(vs, start, stop))
     rows = gather_json(row)              # returns only when every rank's shard is durable

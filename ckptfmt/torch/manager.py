@@ -225,7 +225,7 @@ class CheckpointManager:
 
     # ------------------------------------------------------------ restore
     def restore(self, source: Any = None, *, strict: bool = True, restore_rng: bool = True,
-                allow_nonfinite: bool = False) -> int:
+                allow_nonfinite: bool = False, allow_device_change: bool = False) -> int:
         """Restore everything from the newest valid generation of the run (or from the
         generation ``source``, a ``step_NNNNNN.bin`` anywhere: verified first); its step, or 0
         on a fresh run (the order and the checks: ``ckptfmt.torch.restore``).
@@ -238,11 +238,17 @@ class CheckpointManager:
         of them together and before any value is copied; with ``strict=False`` they start fresh
         instead and are listed in ``self.fresh``. ``restore_rng=False`` is the negative control
         of resume verification.
+
+        A generation saved on another device type (a CUDA run on a machine without CUDA, a CPU
+        run with CUDA in use here) is refused by name (``DeviceChangeError``): the old device's
+        RNG states cannot go back, so the run would not continue bit-exactly.
+        ``allow_device_change=True`` goes on without them, says so in the log and records a
+        ``device_change`` event.
         """
         self._require_open()
         self.fresh = []
         self.restored_from = self.skipped_diverged = None
-        step = restoring.restore(self, source, strict, restore_rng, allow_nonfinite)
+        step = restoring.restore(self, source, strict, restore_rng, allow_nonfinite, allow_device_change)
         if step is None:
             self._event("start", 0, world_size=self.world)
             return 0

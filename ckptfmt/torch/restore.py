@@ -28,7 +28,7 @@ from .. import facts as valfacts
 from .. import format as fmt
 from .. import manifest as mf
 from .. import reader
-from ..errors import (IncompleteResumeStateError, LayoutMismatchError, NoValidGenerationError,
+from ..errors import (DeviceChangeError, IncompleteResumeStateError, LayoutMismatchError, NoValidGenerationError,
                       RankDisagreementError, UnsupportedSetupError)
 from ..shards import ShardedCheckpoint
 from . import adapter, optim, ranks, rng
@@ -55,10 +55,11 @@ class Plan:
     trees: dict[str, Any] = field(default_factory=dict)     # piece -> its state, tensors read
     buffers: dict[str, Any] = field(default_factory=dict)
     change: dict[str, Any] | None = None                     # a world-size change, said once it passed
+    moved: list[tuple[str, str, str]] = field(default_factory=list)   # a device change: rng.device_changes
 
 
 def restore(mgr: "CheckpointManager", source: Any, strict: bool, restore_rng: bool,
-            allow_nonfinite: bool = False) -> int | None:
+            allow_nonfinite: bool = False, allow_device_change: bool = False) -> int | None:
     """``CheckpointManager.restore``: the step restored, None on a fresh run."""
     if mgr.rank == 0:
         removed = mgr.run.sweep_temps()
@@ -79,9 +80,11 @@ def restore(mgr: "CheckpointManager", source: Any, strict: bool, restore_rng: bo
             doc = mgr.upgrade(doc)
         if mgr.on_restore is not None:
             mgr.on_restore(doc, ck.path)
-        plan = make_plan(mgr, ck, doc, strict, restore_rng)
+        plan = make_plan(mgr, ck, doc, strict, restore_rng, allow_device_change)
         if plan.change is not None:
             _world_size_changed(mgr, doc, plan.change)
+        if plan.moved:
+            _device_changed(mgr, doc, plan)
         load_tensors(mgr, ck, plan)
         for piece, obj in mgr.pieces():
             if piece in plan.trees:
@@ -93,12 +96,14 @@ def restore(mgr: "CheckpointManager", source: Any, strict: bool, restore_rng: bo
 
 
 def make_plan(mgr: "CheckpointManager", ck: Any, doc: dict[str, Any], strict: bool,
-              restore_rng: bool) -> Plan:
+              restore_rng: bool, allow_device_change: bool = False) -> Plan:
     """Every check of a restore, and every companion tensor read, before a value is copied.
 
     What the loop has and the checkpoint lacks, and what the checkpoint has and the loop does
     not restore, are refused together by name (with ``strict=False`` they start fresh). Under
     torchrun a refusal on any rank is every rank's (a collective), so no rank goes on alone.
+    A change of device type (the RNGs of the old device cannot be restored) is refused by name
+    unless ``allow_device_change`` (or ``strict=False``).
     """
     path = ck.path
     check_layout(doc, mgr.model, path)
@@ -109,7 +114,7 @@ def make_plan(mgr: "CheckpointManager", ck: Any, doc: dict[str, Any], strict: bo
     own_rng, own_state, change = ranks.own_pieces(doc)
     new_rank = change is not None and own_rng is None
     plan = Plan(doc, path, get, own_state or {}, own_rng if restore_rng and not new_rank else None,
-                change=change)
+                change=change, moved=_moved(mgr, own_rng))
     if new_rank:
         plan.fresh.append(f"per-rank RNGs and loop state of rank {mgr.rank} (a rank the run did not have)")
     lacks = [p for p, _ in mgr.pieces() if _lookup(plan, p) is None and not (new_rank and p.startswith("state."))]
@@ -120,7 +125,9 @@ def make_plan(mgr: "CheckpointManager", ck: Any, doc: dict[str, Any], strict: bo
     if plan.rng is not None:
         more_lacks, more_unused = _missing_rng(mgr, plan)
         lacks, unused = lacks + more_lacks, unused + more_unused
-    _refuse(path, lacks, unused, strict)
+    moved = rng.device_change_problem(plan.moved) if plan.moved and plan.rng is not None and strict \
+        and not allow_device_change else None
+    _refuse(path, lacks, unused, strict, moved)
     for piece in lacks + unused:
         warnings.warn(f"{path}: {piece} starts fresh (strict=False)", stacklevel=4)
     plan.fresh += lacks + [f"{p} (in the checkpoint, not restored)" for p in unused]
@@ -129,14 +136,17 @@ def make_plan(mgr: "CheckpointManager", ck: Any, doc: dict[str, Any], strict: bo
     return plan
 
 
-def _refuse(path: str, lacks: list[str], unused: list[str], strict: bool) -> None:
-    """One refusal naming every piece; agreed across ranks before anything is copied."""
-    mine = strict and bool(lacks or unused)
+def _refuse(path: str, lacks: list[str], unused: list[str], strict: bool, moved: str | None = None) -> None:
+    """One refusal naming every piece (or the device change); agreed across ranks before
+    anything is copied."""
+    mine = strict and bool(lacks or unused) or moved is not None
     if not any_rank(mine)[0]:
         return
     if not mine:
         raise IncompleteResumeStateError(path, "cannot resume: another rank's pieces are missing from the "
                                                "checkpoint (its error names them)")
+    if moved is not None:
+        raise DeviceChangeError(path, moved)
     said = ([f"the checkpoint lacks {', '.join(lacks)}"] if lacks else []) + \
         ([f"the checkpoint has {', '.join(unused)}, which this loop does not restore"] if unused else [])
     raise IncompleteResumeStateError(path, "cannot resume: " + "; ".join(said)
@@ -148,10 +158,10 @@ def _missing_rng(mgr: "CheckpointManager", plan: Plan) -> tuple[list[str], list[
     a generator saved as another kind (numpy vs torch) is refused here, not half-way through."""
     saved = plan.rng or {}
     keys = list(RNG_KEYS) + [f"generators.{g}" for g in mgr.generators]
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    if rng.cuda_device() is not None:
         keys.append("torch_cuda")
     missing = []
-    for key in keys:
+    for key in [k for k in keys if k not in {piece for piece, _, _ in plan.moved}]:
         name = key.split(".", 1)[1] if key.startswith("generators.") else None
         if (key not in saved) if name is None else (name not in saved.get("generators", {})):
             missing.append(f"rng.{key}")
@@ -163,6 +173,29 @@ def _missing_rng(mgr: "CheckpointManager", plan: Plan) -> tuple[list[str], list[
                                                             f"{saved['generators'][name]['kind']} generator, "
                                                             f"the loop gives a {kind} one")
     return missing, [f"rng.generators.{g}" for g in saved.get("generators", {}) if g not in mgr.generators]
+
+
+def _moved(mgr: "CheckpointManager", saved_rng: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+    """The RNG pieces a change of device type leaves behind (``rng.device_changes``)."""
+    if saved_rng is None:
+        return []
+    here = {name: str(g.device) for name, g in mgr.generators.items() if isinstance(g, torch.Generator)}
+    return rng.device_changes(saved_rng, rng.cuda_device(), here)
+
+
+def _device_changed(mgr: "CheckpointManager", doc: dict[str, Any], plan: Plan) -> None:
+    """An accepted device change: its RNG pieces are skipped, listed in ``fresh``, said in the
+    log and recorded in the history as a ``device_change`` event."""
+    pieces = [f"rng.{piece}" for piece, _, _ in plan.moved]
+    saved = next((there for piece, there, _ in plan.moved if piece == "torch_cuda"), plan.moved[0][1])
+    now = next((here for piece, _, here in plan.moved if piece == "torch_cuda"), plan.moved[0][2])
+    if plan.rng is not None:
+        plan.rng_skip.update(piece for piece, _, _ in plan.moved)
+        plan.fresh += [f"{p} (device change)" for p in pieces]
+    mgr.log(f"device changed from {saved} to {now}: weights, m, v, optimizer, scheduler and loop state "
+            f"resume; not restored (this process's own state goes on; not bit-exact): {', '.join(pieces)}")
+    if mgr.rank == 0:
+        mgr.run.history.event("device_change", doc.get("step", 0), saved=saved, now=now, not_restored=pieces)
 
 
 def _world_size_changed(mgr: "CheckpointManager", doc: dict[str, Any], change: dict[str, Any]) -> None:

@@ -15,7 +15,8 @@ import torch
 
 from ..errors import IncompleteResumeStateError
 
-__all__ = ["rng_state", "restore_rng", "next_draws", "capture", "restore_all"]
+__all__ = ["rng_state", "restore_rng", "next_draws", "capture", "restore_all", "device_changes",
+           "device_change_problem"]
 
 
 def rng_state(numpy_generators: dict[str, np.random.Generator] | None = None) -> dict[str, Any]:
@@ -152,3 +153,53 @@ def restore_all(doc: dict[str, Any], generators: "dict[str, Any] | None" = None,
             gen.bit_generator.state = saved[name]["state"]
         else:
             gen.set_state(_unb64(saved[name]["state"]))
+
+
+def device_changes(saved: dict[str, Any], live_cuda: int | None,
+                   live_generators: "dict[str, str] | None" = None) -> list[tuple[str, str, str]]:
+    """(rng piece, device it was saved on, device here) of each RNG state that a change of
+    device type leaves without a counterpart; empty when the types agree (cuda:0 -> cuda:1 is
+    no change: the state goes to the device in use).
+
+    ``saved`` is a manifest's ``rng`` (as ``capture`` wrote it), ``live_cuda`` the CUDA device in
+    use here (``cuda_device()``), ``live_generators`` each torch generator's device here.
+
+    >>> device_changes({"torch_cuda": {"device": 0, "state": ""}}, None)
+    [('torch_cuda', 'cuda:0', 'cpu')]
+    >>> device_changes({"generators": {"g": {"kind": "torch", "device": "cpu"}}}, 1, {"g": "cuda:1"})
+    [('torch_cuda', 'cpu', 'cuda:1'), ('generators.g', 'cpu', 'cuda:1')]
+    """
+    moved = []
+    cuda = saved.get("torch_cuda")
+    if cuda is not None and live_cuda is None:
+        index = cuda.get("device") if isinstance(cuda, dict) else None
+        moved.append(("torch_cuda", "cuda" if index is None else f"cuda:{index}", "cpu"))
+    elif cuda is None and live_cuda is not None:
+        moved.append(("torch_cuda", "cpu", f"cuda:{live_cuda}"))
+    for name, here in (live_generators or {}).items():
+        entry = (saved.get("generators") or {}).get(name) or {}
+        there = entry.get("device", "cpu")
+        if entry.get("kind") == "torch" and there.split(":")[0] != here.split(":")[0]:
+            moved.append((f"generators.{name}", there, here))
+    return moved
+
+
+def device_change_problem(moved: list[tuple[str, str, str]]) -> str:
+    """One line naming what a device change leaves behind, and the option that accepts it.
+
+    >>> device_change_problem([("torch_cuda", "cpu", "cuda:0")])  # doctest: +ELLIPSIS
+    'cannot resume on another device type: the checkpoint was saved without CUDA (it has no rng.torch_cuda) and this process uses cuda:0 (...)'
+    """
+    said = []
+    for piece, there, here in moved:
+        if piece == "torch_cuda" and here == "cpu":
+            said.append(f"it was saved on {there} and this process uses no CUDA device, so its "
+                        "rng.torch_cuda cannot be restored")
+        elif piece == "torch_cuda":
+            said.append(f"the checkpoint was saved without CUDA (it has no rng.torch_cuda) and this "
+                        f"process uses {here}")
+        else:
+            said.append(f"rng.{piece} was saved on {there}, the loop gives it on {here}")
+    return ("cannot resume on another device type: " + "; ".join(said)
+            + " (restore(allow_device_change=True) goes on with those RNGs as this process has them;"
+              " the run then does not continue bit-exactly)")

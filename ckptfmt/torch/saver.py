@@ -22,7 +22,7 @@ import torch
 from .. import companion, shards
 from .. import format as fmt
 from ..run import Run
-from . import adapter, optim
+from . import adapter, optim, staging
 from .distributed import rank_world, save_sharded
 
 
@@ -58,7 +58,8 @@ class Saver:
                                             args=(step, regions, n, manifest, extra))
             self._thread.start()
         else:
-            regions = [adapter.chunks([t.detach().float() for t in ts]) for ts in (params, ms, vs)]
+            stager = staging.Stager()   # this save's staging pair (spec/FORMAT.md §5.7.2)
+            regions = [adapter.chunks((t.detach().float() for t in ts), stager) for ts in (params, ms, vs)]
             self._commit(step, regions, n, manifest, extra)
         self.last_stall_s = time.perf_counter() - started
 

@@ -60,6 +60,25 @@ class BanditState:
             self.trainer.bandit.load_state(state)
 
 
+def device_refusal(saved: str | None, here: str) -> str | None:
+    """Why a resume on ``here`` of a run that trained on ``saved`` (manifest ``run.device``) is
+    refused, naming the flags that resolve it; None when the device type is the same (or the
+    manifest does not say: the manager still checks the RNGs).
+
+    >>> device_refusal("cuda:0", "cpu")  # doctest: +ELLIPSIS
+    'the run trained on cuda:0, this start runs on cpu: resume it where CUDA is available (--device cuda), or pass --allow-device-change to go on on cpu (...)'
+    >>> device_refusal("cuda:0", "cuda:1") is None
+    True
+    """
+    if saved is None or saved.split(":")[0] == here.split(":")[0]:
+        return None
+    where = "resume it where CUDA is available (--device cuda)" if saved.startswith("cuda") \
+        else f"pass --device {saved.split(':')[0]}"
+    return (f"the run trained on {saved}, this start runs on {here}: {where}, or pass "
+            f"--allow-device-change to go on on {here} (not bit-exact: the RNG state of {saved} "
+            "cannot be restored there)")
+
+
 def sidecar_state(step: int, manifest: dict[str, Any]) -> dict[str, Any]:
     """``.state.json`` after a commit: the bandit's state with its RNG (what a pivot archives)."""
     bandit_rng = ((manifest.get("rng") or {}).get("generators") or {}).get("bandit") or {}

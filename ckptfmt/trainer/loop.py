@@ -25,7 +25,8 @@ import torch
 from .. import fingerprint
 from .. import manifest as mf
 from .. import torch as ct
-from ..errors import CheckpointError, ConfigMismatchError, DeviceUnavailableError, IncompleteResumeStateError
+from ..errors import (CheckpointError, ConfigMismatchError, DeviceChangeError, DeviceUnavailableError,
+                      IncompleteResumeStateError)
 from ..run import PIVOT, SAMPLES, STATE, Run, RunLock
 from ..run.history import encode_float
 from ..torch import CheckpointManager, ranks
@@ -70,12 +71,14 @@ class Trainer:
                  keep_every: int | None = None, async_save: bool = False, amp: str = "auto",
                  omit_rng_restore: bool = False, log_every: int = 50, flags: Flags = FLAGS,
                  parallel: str = "ddp", mirror: str | None = None, allow_nonfinite: bool = False,
-                 force_nonfinite_at: int | None = None, log: Callable[[str], None] | None = None):
+                 force_nonfinite_at: int | None = None, log: Callable[[str], None] | None = None,
+                 allow_device_change: bool = False):
         self.cfg, self.flags = cfg, flags
         self.checkpoint_every, self.sample_every = checkpoint_every, sample_every
         self.keep_last, self.keep_every = keep_last, keep_every
         self.omit_rng_restore, self.log_every = omit_rng_restore, log_every
         self.allow_nonfinite = allow_nonfinite              # resume a diverged generation too
+        self.allow_device_change = allow_device_change      # resume a run of another device type
         self.force_nonfinite_at = force_nonfinite_at        # test hook (trainer/protocol.py)
         self.log = log or (lambda msg: print(f"[train] {msg}", file=sys.stderr, flush=True))
         self.run = Run(run_dir, create=True)
@@ -136,7 +139,8 @@ class Trainer:
         the diverged generations it passes over; ``allow_nonfinite`` resumes the newest valid
         one, diverged or not); 0 for a fresh run."""
         step = self.mgr.restore(restore_rng=not self.omit_rng_restore,   # a fresh run: its start event
-                                allow_nonfinite=self.allow_nonfinite)
+                                allow_nonfinite=self.allow_nonfinite,
+                                allow_device_change=self.allow_device_change)
         if not step:
             return 0
         if self.pivot:                   # after the RNGs: neither change consumes a draw
@@ -154,6 +158,9 @@ class Trainer:
         self.pivot = self._pivot_applies(doc.get("step"))
         cfgmod.check_compatible(path, doc["config"], self.cfg, pivot=self.pivot)
         self._check_data(path, doc["state"]["data"], self.pivot)
+        moved = checkpointing.device_refusal((doc.get("run") or {}).get("device"), str(self.device))
+        if moved and not self.allow_device_change:
+            raise DeviceChangeError(path, moved)
         saved_amp = (doc.get("run") or {}).get("amp", self.amp)
         if saved_amp != self.amp:
             raise ConfigMismatchError(path, f"the run trained with --amp {saved_amp}, this start asks for "
