@@ -15,6 +15,7 @@ removed at the end.
 
     python benchmarks/history_scale.py                     # 20k/50k/100k/200k steps, ~10 min
     python benchmarks/history_scale.py --trees main,. --out benchmarks/results/history_scale.json
+    python benchmarks/history_scale.py --table benchmarks/results/history_scale.json   # README's tables
 """
 from __future__ import annotations
 
@@ -223,6 +224,23 @@ def _revision(name: str) -> str:
     return rev + (" + uncommitted changes" if dirty else "")
 
 
+def table(doc: dict[str, Any]) -> str:
+    """The results as two markdown tables (seconds, peak RSS), each cell "tree -> tree"."""
+    names = list(doc["trees"])
+    commands = list(doc["results"][0]["measured"][names[0]])
+    out = []
+    for metric, unit, fmt in (("seconds", "s", "{:.2f}"), ("peak_rss_mb", "MB", "{:.0f}")):
+        out.append("| steps (lines, MB), load | " + " | ".join(f"{c} ({unit})" for c in commands) + " |")
+        out.append("|---" * (len(commands) + 1) + "|")
+        for r in doc["results"]:
+            cells = [" -> ".join(fmt.format(r["measured"][n][c][metric]["median"]) for n in names) for c in commands]
+            load = "-".join(str(x) for x in r.get("load_avg_1min", []))
+            out.append(f"| {r['steps']:,} ({r['history_lines']:,}, {r['history_bytes'] / 1e6:.1f}), {load} | "
+                       + " | ".join(cells) + " |")
+        out.append("")
+    return "\n".join(out)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lengths", default="20000,50000,100000,200000", help="history lengths in steps")
@@ -234,7 +252,11 @@ def main() -> None:
     ap.add_argument("--scratch", default="/work/bench" if os.path.isdir("/work/bench") else None,
                     help="where the scratch directory goes (removed at the end)")
     ap.add_argument("--out", help="write the results as JSON here")
+    ap.add_argument("--table", metavar="JSON", help="only print the tables of results written before")
     args = ap.parse_args()
+    if args.table:
+        print(table(json.loads(Path(args.table).read_text())))
+        return
     scratch = Path(tempfile.mkdtemp(prefix="history_scale.", dir=args.scratch))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # so that the scratch goes too
     try:
@@ -261,7 +283,9 @@ def run_all(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         built["build_s"] = round(time.perf_counter() - t, 1)
         twin(run, other, change_step=int(steps * 0.9))
         print(f"built {built}", file=sys.stderr)
-        results.append({**built, "measured": measure(trees, run, other, scratch, args.reps, commands)})
+        load = [round(os.getloadavg()[0], 2)]
+        measured = measure(trees, run, other, scratch, args.reps, commands)
+        results.append({**built, "load_avg_1min": load + [round(os.getloadavg()[0], 2)], "measured": measured})
         shutil.rmtree(run)
         shutil.rmtree(other)
     return {"command": "python " + " ".join(sys.argv), "trees": {k: str(v) for k, v in trees.items()},

@@ -204,6 +204,27 @@ def test_first_loss_difference_is_the_one_found_in_memory(tmp_path_factory, a, b
     assert first_loss_difference(ia, ia) == old_first_difference(*[old_canonical(old_read(pa)[0])] * 2)
 
 
+SMALL = st.sampled_from([1.0, 2.0, -0.0, 0.0, 0, 1, True, "nan", "inf", math.nan, None, [1], "no loss"])
+
+
+@settings(max_examples=300, deadline=None)
+@given(steps=st.lists(st.integers(0, 30), unique=True, max_size=30), data=st.data())
+def test_first_loss_difference_of_histories_with_the_same_steps(tmp_path_factory, steps, data):
+    """The same steps on both sides (the arrays are compared at once) with losses of every
+    kind: floats, -0.0, ints, bools, strings, a NaN literal, null, a list, no loss at all."""
+    d = tmp_path_factory.mktemp("s")
+    paths = []
+    for name in ("a", "b"):
+        lines = []
+        for s in steps:
+            loss = data.draw(SMALL, label=f"{name}{s}")
+            lines.append(json.dumps({"step": s} if loss == "no loss" else {"step": s, "loss": loss}))
+        paths.append(d / f"{name}.json")
+        paths[-1].write_text("".join(line + "\n" for line in lines))
+    expected = old_first_difference(*[old_canonical(old_read(p)[0]) for p in paths])
+    assert first_loss_difference(*[hist.index(p, fields=("loss",)) for p in paths]) == expected
+
+
 def test_bisect_of_runs_without_generations(tmp_path):
     for name, losses in (("a", [1.0, 2.0, "nan"]), ("b", [1.0, 2.0, "nan", 4.0])):
         (tmp_path / name).mkdir()

@@ -208,20 +208,33 @@ class Column:
         self.lookup: dict[tuple[type, Any], int] = {}
         self.odd: dict[int, Any] = {}
 
-    def encode(self, step: int, rec: dict[str, Any]) -> tuple[int, float]:
+    def append(self, step: int, rec: dict[str, Any]) -> None:
+        """The field of the record that is now the last canonical step."""
         value = rec.get(self.name, MISSING)
         if type(value) is float:
-            return -1, value
+            self.codes.append(-1)
+            self.numbers.append(value)
+        else:
+            self.codes.append(self.encode(step, value))
+            self.numbers.append(0.0)
+
+    def set(self, i: int, step: int, rec: dict[str, Any]) -> None:
+        """The field of the record that is now canonical step ``i``."""
+        value = rec.get(self.name, MISSING)
+        self.codes[i], self.numbers[i] = (-1, value) if type(value) is float else (self.encode(step, value), 0.0)
+
+    def encode(self, step: int, value: Any) -> int:
+        """The code of a value that is not a float."""
         try:
             key = (type(value), value)
             code = self.lookup.get(key)
         except TypeError:                  # a list or an object: kept as it is
             self.odd[step] = value
-            return -2, 0.0
+            return -2
         if code is None:
             code = self.lookup[key] = len(self.table)
             self.table.append(value)
-        return code, 0.0
+        return code
 
     def value(self, i: int, step: int) -> Any:
         """The value of the ``i``-th canonical record (at ``step``); ``MISSING`` if it has none."""
@@ -246,37 +259,35 @@ class HistoryIndex(Survey):
 
     def put(self, step: int, offset: int, rec: dict[str, Any]) -> None:
         """A step record: the last record of a step wins (appending, the common case, is O(1))."""
-        try:
-            self._put(step, offset, rec)
-        except OverflowError:              # a step beyond 64 bits (no trainer writes one): the
-            self.steps = list(self.steps)  # steps are kept as Python ints from here on
-            self._put(step, offset, rec)
-
-    def _put(self, step: int, offset: int, rec: dict[str, Any]) -> None:
         steps = self.steps
-        if not steps or step > steps[-1]:
-            steps.append(step)
-            self.offsets.append(offset)
-            for col in self.columns.values():
-                code, number = col.encode(step, rec)
-                col.codes.append(code)
-                col.numbers.append(number)
-        else:
+        if steps and step <= steps[-1]:
             self._put_back(step, offset, rec)
+            return
+        try:
+            steps.append(step)
+        except OverflowError:              # a step beyond 64 bits (no trainer writes one): the
+            self.steps = list(steps)       # steps are kept as Python ints from here on
+            self.steps.append(step)
+        self.offsets.append(offset)
+        for col in self.columns.values():
+            col.append(step, rec)
 
     def _put_back(self, step: int, offset: int, rec: dict[str, Any]) -> None:
         """A step at or before the newest one: it replaces that step's record, or goes in between."""
-        steps, cols = self.steps, self.columns.values()
-        i = bisect.bisect_left(steps, step)
-        if steps[i] != step:                   # a step older than the newest, never seen yet
-            steps.insert(i, step)
+        i = bisect.bisect_left(self.steps, step)
+        if self.steps[i] != step:              # a step older than the newest, never seen yet
+            try:
+                self.steps.insert(i, step)
+            except OverflowError:              # as in put
+                self.steps = list(self.steps)
+                self.steps.insert(i, step)
             self.offsets.insert(i, offset)
-            for col in cols:
+            for col in self.columns.values():
                 col.codes.insert(i, 0)
                 col.numbers.insert(i, 0.0)
         self.offsets[i] = offset
-        for col in cols:
-            col.codes[i], col.numbers[i] = col.encode(step, rec)
+        for col in self.columns.values():
+            col.set(i, step, rec)
 
     def cut(self, step: int) -> None:
         """A ``resume`` or ``fork`` at ``step``: records of later steps belong to a lost timeline."""

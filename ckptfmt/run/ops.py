@@ -7,6 +7,8 @@ from bisect import bisect_right
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from .. import atomic, companion, fsio
 from .. import format as fmt
 from .. import manifest as mf
@@ -184,14 +186,37 @@ def bisect(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]") -
 def first_loss_difference(a: hist.HistoryIndex, b: hist.HistoryIndex) -> int | None:
     """The first step at which two canonical histories' losses differ (indexes with the field
     ``loss``), a step that only one of them has included; a record without a loss has None, as
-    ``record.get("loss")`` gives. Walks both in step order, holding nothing more."""
+    ``record.get("loss")`` gives, and a NaN float differs from everything, as it always did."""
+    if a.steps == b.steps:                 # the same steps (the usual case): compared as arrays
+        return _first_aligned(a, b)
     walks = [a.values("loss"), b.values("loss")]
     heads = [next(w, None) for w in walks]
     while heads[0] is not None or heads[1] is not None:
         step = min(h[0] for h in heads if h is not None)
         here = [h is not None and h[0] == step for h in heads]
-        losses = [(None if h[1] is hist.MISSING else h[1]) if at else "missing" for h, at in zip(heads, here)]
+        losses = [_loss(h[1]) if at else "missing" for h, at in zip(heads, here)]
         if losses[0] != losses[1]:
             return step
         heads = [next(w, None) if at else h for w, h, at in zip(walks, heads, here)]
     return None
+
+
+def _loss(value: object) -> object:
+    return None if value is hist.MISSING else value
+
+
+def _first_aligned(a: hist.HistoryIndex, b: hist.HistoryIndex) -> int | None:
+    """``first_loss_difference`` of two histories with the same steps: where both losses are
+    floats, numpy compares them (NaN != NaN, as in Python); elsewhere, rare (a "nan" string, an
+    int, no loss), the values are compared one by one, up to the first float difference."""
+    ca, cb = (np.frombuffer(h.columns["loss"].codes, dtype=f"i{h.columns['loss'].codes.itemsize}") for h in (a, b))
+    na, nb = (np.frombuffer(h.columns["loss"].numbers, dtype=np.float64) for h in (a, b))
+    floats = (ca == -1) & (cb == -1)
+    differ = floats & (na != nb)
+    first = int(np.argmax(differ)) if differ.any() else len(a)
+    col_a, col_b = a.columns["loss"], b.columns["loss"]
+    for i in np.flatnonzero(~floats[:first]).tolist():
+        step = a.steps[i]
+        if _loss(col_a.value(i, step)) != _loss(col_b.value(i, step)):
+            return step
+    return a.steps[first] if first < len(a) else None
