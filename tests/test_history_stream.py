@@ -136,6 +136,9 @@ def test_streamed_history_is_the_history_read_whole(tmp_path_factory, history, d
         assert list(canon.records()) == old_canonical(records) == got.canonical()
         assert list(canon.steps) == [r["step"] for r in old_canonical(records)]
         assert canon.events == [(r["event"], r["step"]) for r in records if r.get("event") in ("resume", "pivot")]
+        lean = hist.index(path, length, fields=("loss",), offsets=False)
+        assert list(lean.steps) == list(canon.steps) and lean.offsets is None
+        assert same([v for _, v in lean.values("loss")], [r.get("loss", hist.MISSING) for r in old_canonical(records)])
         assert (canon.warnings, canon.problems) == (warnings, problems)
 
 
@@ -180,6 +183,8 @@ def test_the_index_holds_positions_not_records(tmp_path):
     canon = hist.index(tmp_path / ".loss.json")
     assert canon.steps.itemsize == canon.offsets.itemsize == 8 and len(canon) == 1000
     assert next(canon.records(999))["step"] == 1000
+    with pytest.raises(ValueError, match="without offsets"):
+        next(hist.index(tmp_path / ".loss.json", offsets=False).records())
     missing = hist.index(tmp_path / "missing.json")
     assert len(missing) == 0 and list(missing.records()) == [] and hist.survey(tmp_path / "missing.json").record_count == 0
 

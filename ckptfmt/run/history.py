@@ -244,13 +244,13 @@ class Column:
 
 @dataclass
 class HistoryIndex(Survey):
-    """The canonical history (spec/RUN.md §3.4) without its records: the steps, ascending, the
-    byte offset of each one's line (16 bytes a step; ``records`` reads them back one at a time),
-    and the ``columns`` asked for (12 bytes a step each). ``events``: (kind, step) of the events
-    of the kinds asked for, in file order."""
+    """The canonical history (spec/RUN.md §3.4) without its records: the steps, ascending (8
+    bytes a step), the byte offset of each one's line unless not asked for (8 bytes a step;
+    ``records`` reads them back one at a time), and the ``columns`` asked for (12 bytes a step
+    each). ``events``: (kind, step) of the events of the kinds asked for, in file order."""
     length: int | None = None
     steps: array | list = field(default_factory=lambda: array("q"))
-    offsets: array = field(default_factory=lambda: array("q"))
+    offsets: array | None = field(default_factory=lambda: array("q"))     # None: not kept
     columns: dict[str, Column] = field(default_factory=dict)
     events: list[tuple[str, int]] = field(default_factory=list)
 
@@ -268,7 +268,8 @@ class HistoryIndex(Survey):
         except OverflowError:              # a step beyond 64 bits (no trainer writes one): the
             self.steps = list(steps)       # steps are kept as Python ints from here on
             self.steps.append(step)
-        self.offsets.append(offset)
+        if self.offsets is not None:
+            self.offsets.append(offset)
         for col in self.columns.values():
             col.append(step, rec)
 
@@ -281,11 +282,13 @@ class HistoryIndex(Survey):
             except OverflowError:              # as in put
                 self.steps = list(self.steps)
                 self.steps.insert(i, step)
-            self.offsets.insert(i, offset)
+            if self.offsets is not None:
+                self.offsets.insert(i, offset)
             for col in self.columns.values():
                 col.codes.insert(i, 0)
                 col.numbers.insert(i, 0.0)
-        self.offsets[i] = offset
+        if self.offsets is not None:
+            self.offsets[i] = offset
         for col in self.columns.values():
             col.set(i, step, rec)
 
@@ -293,7 +296,8 @@ class HistoryIndex(Survey):
         """A ``resume`` or ``fork`` at ``step``: records of later steps belong to a lost timeline."""
         i = bisect.bisect_right(self.steps, step)
         for arr in (self.steps, self.offsets, *(a for c in self.columns.values() for a in (c.codes, c.numbers))):
-            del arr[i:]
+            if arr is not None:
+                del arr[i:]
 
     def values(self, name: str) -> Iterator[tuple[int, Any]]:
         """(step, value of field ``name``) of every canonical record, in step order."""
@@ -304,6 +308,8 @@ class HistoryIndex(Survey):
     def records(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
         """The canonical records ``start:stop`` in step order, read back from their lines one at
         a time (the history is append-only, so the lines indexed are still there)."""
+        if self.offsets is None:
+            raise ValueError(f"{self.path}: indexed without offsets (index(..., offsets=False))")
         offsets = self.offsets[start:stop]
         if not offsets:                     # nothing to read (the history may not exist at all)
             return
@@ -318,10 +324,12 @@ class HistoryIndex(Survey):
 
 
 def index(path: "str | os.PathLike[str]", length: int | None = None, *, fields: tuple[str, ...] = (),
-          events: tuple[str, ...] = ()) -> HistoryIndex:
+          events: tuple[str, ...] = (), offsets: bool = True) -> HistoryIndex:
     """The canonical history of ``path`` in one pass, holding one line at a time: the same steps
-    in the same order as ``read(path).canonical()``, with the values of ``fields`` of each."""
-    found = HistoryIndex(os.fspath(path), length=length, columns={name: Column(name) for name in fields})
+    in the same order as ``read(path).canonical()``, with the values of ``fields`` of each, and
+    (``offsets``) where each one's line is, for ``records``."""
+    found = HistoryIndex(os.fspath(path), length=length, columns={name: Column(name) for name in fields},
+                         offsets=array("q") if offsets else None)
     for offset, rec in stream(path, length, found):
         if "event" not in rec:
             found.put(rec["step"], offset, rec)

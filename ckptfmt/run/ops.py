@@ -175,7 +175,7 @@ def bisect(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]") -
     common = sorted(set(digests[0]) & set(digests[1]))
     first_gen = next((s for s in common if digests[0][s] != digests[1][s]), None)
     last_same = max((s for s in common if first_gen is None or s < first_gen), default=None)
-    histories = [hist.index(Path(p) / hist.NAME, fields=("loss",)) for p in (path_a, path_b)]
+    histories = [hist.index(Path(p) / hist.NAME, fields=("loss",), offsets=False) for p in (path_a, path_b)]
     first_hist = first_loss_difference(*histories)
     return {"a": str(path_a), "b": str(path_b), "common_generations": common,
             "first_generation_difference": first_gen, "last_identical_generation": last_same,

@@ -28,11 +28,12 @@ def series(run_dir: str, ema: float | None = None, window: int | None = None,
     share window scale with the run length unless given: ~1/50 of the run, within sane bounds.
 
     The history is read once, a line at a time, into its canonical steps with their loss and
-    source (``history.index``: a few dozen bytes a step, no records). With ``points``, a history
+    source (``history.index``: 32 bytes a step, no records). With ``points``, a history
     of more steps is summed up in ``points`` buckets of steps (narrower than a pixel): ``low``
     and ``high``, the lowest and highest finite loss of each, ``loss`` their mean, ``ema`` at
     the bucket's last step, in ``steps``. ``history_steps``: the length of the history."""
-    read = hist.index(Path(run_dir) / hist.NAME, fields=("loss", "source"), events=tuple(EVENT_STYLE))
+    read = hist.index(Path(run_dir) / hist.NAME, fields=("loss", "source"), events=tuple(EVENT_STYLE),
+                      offsets=False)
     span = max(5, min(len(read) // 50, 500))
     ema = 1 - 1 / span if ema is None else ema
     window = max(10, span * 2) if window is None else window
