@@ -4,6 +4,8 @@ Why JSON lines: an append is one ``write`` of one line, O(1) at 200,000 entries,
 append damages only the last line. The file is never archived and never rewritten. After a
 crash the trainer appends a ``resume`` event; records of steps past the resumed step are kept
 (nothing is deleted) but leave the canonical history, where the last record of a step wins.
+Readers go through it a line at a time (``stream``, ``survey``, ``index``) and never hold its
+records: as dicts, 200,000 of them took a quarter of a gigabyte (spec/RUN.md §3.6).
 """
 from __future__ import annotations
 
