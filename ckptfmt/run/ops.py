@@ -3,8 +3,11 @@ from __future__ import annotations
 
 import os
 import time
+from bisect import bisect_right
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from .. import atomic, companion, fsio
 from .. import format as fmt
@@ -145,14 +148,15 @@ def _fork_from(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
     doc["provenance"] = {"parent_run": str(run.path.resolve()), "parent_step": step,
                          "parent_blake3": doc["blake3"], "forked_at": time.time()}
     mf.write(dest / gen.manifest.name, doc)
-    canonical = [r for r in hist.read(run.history.path).canonical() if r["step"] <= step]
+    canonical = hist.index(run.history.path)
+    upto = bisect_right(canonical.steps, step)             # the canonical records of steps <= step
     child = hist.History(dest / hist.NAME)
-    for rec in canonical:
+    for rec in canonical.records(0, upto):
         child.append(rec)
     child.event("fork", step, parent_run=str(run.path.resolve()))
     child.sync()
     child.close()
-    return {"dest": str(dest), "step": step, "blake3": doc["blake3"], "history_records": len(canonical)}
+    return {"dest": str(dest), "step": step, "blake3": doc["blake3"], "history_records": upto}
 
 
 def bisect(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]") -> dict[str, Any]:
@@ -171,11 +175,48 @@ def bisect(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]") -
     common = sorted(set(digests[0]) & set(digests[1]))
     first_gen = next((s for s in common if digests[0][s] != digests[1][s]), None)
     last_same = max((s for s in common if first_gen is None or s < first_gen), default=None)
-    losses = [{r["step"]: r.get("loss") for r in hist.read(Path(p) / hist.NAME).canonical()}
-              for p in (path_a, path_b)]
-    steps = sorted(set(losses[0]) | set(losses[1]))
-    first_hist = next((s for s in steps if losses[0].get(s, "missing") != losses[1].get(s, "missing")), None)
+    histories = [hist.index(Path(p) / hist.NAME, fields=("loss",), offsets=False) for p in (path_a, path_b)]
+    first_hist = first_loss_difference(*histories)
     return {"a": str(path_a), "b": str(path_b), "common_generations": common,
             "first_generation_difference": first_gen, "last_identical_generation": last_same,
-            "first_history_difference": first_hist, "history_steps": [len(losses[0]), len(losses[1])],
+            "first_history_difference": first_hist, "history_steps": [len(h) for h in histories],
             "identical": first_gen is None and first_hist is None}
+
+
+def first_loss_difference(a: hist.HistoryIndex, b: hist.HistoryIndex) -> int | None:
+    """The first step at which two canonical histories' losses differ (indexes with the field
+    ``loss``), a step that only one of them has included; a record without a loss has None, as
+    ``record.get("loss")`` gives, and a NaN float differs from everything, as it always did."""
+    if a.steps == b.steps:                 # the same steps (the usual case): compared as arrays
+        return _first_aligned(a, b)
+    walks = [a.values("loss"), b.values("loss")]
+    heads = [next(w, None) for w in walks]
+    while heads[0] is not None or heads[1] is not None:
+        step = min(h[0] for h in heads if h is not None)
+        here = [h is not None and h[0] == step for h in heads]
+        losses = [_loss(h[1]) if at else "missing" for h, at in zip(heads, here)]
+        if losses[0] != losses[1]:
+            return step
+        heads = [next(w, None) if at else h for w, h, at in zip(walks, heads, here)]
+    return None
+
+
+def _loss(value: object) -> object:
+    return None if value is hist.MISSING else value
+
+
+def _first_aligned(a: hist.HistoryIndex, b: hist.HistoryIndex) -> int | None:
+    """``first_loss_difference`` of two histories with the same steps: where both losses are
+    floats, numpy compares them (NaN != NaN, as in Python); elsewhere, rare (a "nan" string, an
+    int, no loss), the values are compared one by one, up to the first float difference."""
+    ca, cb = (np.frombuffer(h.columns["loss"].codes, dtype=f"i{h.columns['loss'].codes.itemsize}") for h in (a, b))
+    na, nb = (np.frombuffer(h.columns["loss"].numbers, dtype=np.float64) for h in (a, b))
+    floats = (ca == -1) & (cb == -1)
+    differ = floats & (na != nb)
+    first = int(np.argmax(differ)) if differ.any() else len(a)
+    col_a, col_b = a.columns["loss"], b.columns["loss"]
+    for i in np.flatnonzero(~floats[:first]).tolist():
+        step = a.steps[i]
+        if _loss(col_a.value(i, step)) != _loss(col_b.value(i, step)):
+            return step
+    return a.steps[first] if first < len(a) else None

@@ -168,8 +168,8 @@ def _describe(run: Run, out: Path, gens: list, files: list, checks: dict, second
     newest = gens[-1]
     doc = mf.read(newest.manifest) if newest.manifest else {}
     copied = out / hist.NAME        # the history as exported, not as the live run has it now
-    canon = hist.read(copied if copied.exists() else run.path / hist.NAME).canonical()
-    losses = [hist.decode_float(r["loss"]) for r in canon[-100:] if "loss" in r]
+    canon = hist.index(copied if copied.exists() else run.path / hist.NAME)
+    losses = [hist.decode_float(r["loss"]) for r in canon.records(max(0, len(canon) - 100)) if "loss" in r]
     return {"exported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "source_run": str(run.path.resolve()), "steps": [g.step for g in gens], "files": files,
             "config": doc.get("config"), "versions": doc.get("versions"), "data": _data_identity(doc),

@@ -86,7 +86,7 @@ def inspect_run(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dic
 
 def _why_empty(path: "str | os.PathLike[str]") -> str:
     """A run without any generation: stopped before its first checkpoint, or not a run yet."""
-    steps = len(hist.read(os.path.join(path, hist.NAME)).canonical())
+    steps = len(hist.index(os.path.join(path, hist.NAME), offsets=False))
     if steps:
         return (f"{path}: stopped before its first checkpoint: the history holds {steps} steps but "
                 "no generation was committed; nothing to resume, a restart begins at step 0")

@@ -3,6 +3,7 @@ committed generations, pivots, resumes after crashes and fork points marked, and
 curriculum's source shares over time below. Needs matplotlib (the ``plot`` extra)."""
 from __future__ import annotations
 
+import math
 import os
 from collections import Counter
 from pathlib import Path
@@ -18,33 +19,115 @@ __all__ = ["plot", "series"]
 EVENT_STYLE = {"pivot": ("tab:red", "--"), "resume": ("tab:orange", ":"), "fork": ("tab:purple", "-.")}
 
 
-def series(run_dir: str, ema: float | None = None, window: int | None = None) -> dict[str, Any]:
+POINTS = 2000      # step buckets per run: more than the chart is pixels wide (11 in at 110 dpi)
+
+
+def series(run_dir: str, ema: float | None = None, window: int | None = None,
+           points: int | None = None) -> dict[str, Any]:
     """The data the chart draws, as plain lists (tested without matplotlib). The EMA and the
-    share window scale with the run length unless given: ~1/50 of the run, within sane bounds."""
-    read = hist.read(Path(run_dir) / hist.NAME)
-    canon = read.canonical()
-    span = max(5, min(len(canon) // 50, 500))
+    share window scale with the run length unless given: ~1/50 of the run, within sane bounds.
+
+    The history is read once, a line at a time, into its canonical steps with their loss and
+    source (``history.index``: 32 bytes a step, no records). With ``points``, a history
+    of more steps is summed up in ``points`` buckets of steps (narrower than a pixel): ``low``
+    and ``high``, the lowest and highest finite loss of each, ``loss`` their mean, ``ema`` at
+    the bucket's last step, in ``steps``. ``history_steps``: the length of the history."""
+    read = hist.index(Path(run_dir) / hist.NAME, fields=("loss", "source"), events=tuple(EVENT_STYLE),
+                      offsets=False)
+    span = max(5, min(len(read) // 50, 500))
     ema = 1 - 1 / span if ema is None else ema
     window = max(10, span * 2) if window is None else window
-    steps = [r["step"] for r in canon]
-    loss = [hist.decode_float(r["loss"]) for r in canon]
-    smooth, acc = [], None
-    for x in loss:
-        acc = x if acc is None or acc != acc else ema * acc + (1 - ema) * x
-        smooth.append(acc)
-    sources = sorted({r.get("source") for r in canon if r.get("source")})
-    shares: dict[str, list[float]] = {s: [] for s in sources}
-    share_steps = []
-    for start in range(0, len(canon), window):
-        block = Counter(r.get("source") for r in canon[start:start + window])
-        chunk = canon[start:start + window]
-        share_steps.append((chunk[0]["step"] + chunk[-1]["step"]) / 2)
-        for s in sources:
-            shares[s].append(block[s] / sum(block.values()))
     gens = [g.step for g in Run(run_dir).generations() if g.committed]
-    events = [{"event": e["event"], "step": e["step"]} for e in read.events() if e["event"] in EVENT_STYLE]
-    return {"run": run_dir, "steps": steps, "loss": loss, "ema": smooth, "generations": gens,
-            "events": events, "share_steps": share_steps, "shares": shares}
+    buckets = points if points and len(read) > points else None
+    curve = Curve(ema, buckets, (read.steps[0], read.steps[-1]) if read.steps else (0, 0), set(gens))
+    shares = Shares(window)
+    for (step, loss), (_, source) in zip(read.values("loss"), read.values("source")):
+        if loss is hist.MISSING:
+            raise KeyError("loss")             # as a record without one always did here
+        curve.add(step, hist.decode_float(loss))
+        shares.add(step, None if source is hist.MISSING else source)
+    events = [{"event": kind, "step": step} for kind, step in read.events]
+    return {"run": run_dir, **curve.drawn(), "generations": gens, "events": events,
+            **shares.drawn(), "history_steps": len(read)}
+
+
+class Curve:
+    """The loss and its EMA (over every step), step by step: every point, or with ``buckets``
+    each bucket's lowest, highest and mean finite loss, so that a chart of 200,000 steps draws
+    a band over a few thousand buckets that covers the pixels the 200,000 points would, at a
+    fraction of the memory and time (a bucket of only NaN or inf losses is a gap, as those
+    points were). ``at_generations``: the EMA at each generation's step."""
+
+    def __init__(self, ema: float, buckets: int | None, first_last: tuple[int, int], generations: set[int]):
+        self.ema, self.buckets, self.generations = ema, buckets, generations
+        self.first, self.width = first_last[0], first_last[1] - first_last[0] + 1
+        self.acc: float | None = None
+        self.points: list[tuple[float, ...]] = []     # (step, loss, ema) or (step, mean, ema, low, high)
+        self.bucket: int | None = None
+        self.start = self.last = (0, math.nan)         # (step, ema) of the bucket's first and last step
+        self.low, self.high, self.total, self.finite = math.inf, -math.inf, 0.0, 0
+        self.at_generations: dict[int, float] = {}
+
+    def add(self, step: int, loss: float) -> None:
+        acc = self.acc
+        acc = loss if acc is None or acc != acc else self.ema * acc + (1 - self.ema) * loss
+        self.acc = acc
+        if step in self.generations:
+            self.at_generations[step] = acc
+        if self.buckets is None:
+            self.points.append((step, loss, acc))
+            return
+        bucket = (step - self.first) * self.buckets // self.width
+        if bucket != self.bucket:
+            self._flush()
+            self.bucket, self.start = bucket, (step, acc)
+            self.low, self.high, self.total, self.finite = math.inf, -math.inf, 0.0, 0
+        self.last = (step, acc)
+        if math.isfinite(loss):
+            self.low, self.high = min(self.low, loss), max(self.high, loss)
+            self.total += loss
+            self.finite += 1
+
+    def _flush(self) -> None:
+        """The bucket as two points, at its first and its last step: the band covers the steps
+        of the bucket, and the EMA line passes through its value at both."""
+        if self.bucket is None:
+            return
+        summary = (self.total / self.finite, self.low, self.high) if self.finite else (math.nan,) * 3
+        for step, acc in (self.start, self.last):
+            self.points.append((step, summary[0], acc, summary[1], summary[2]))
+
+    def drawn(self) -> dict[str, list]:
+        """``steps``, ``loss`` and ``ema`` (and with buckets ``low`` and ``high``) of the points
+        to draw, and ``generation_ema``: (step, EMA) of each generation in the history."""
+        self._flush()
+        self.bucket = None
+        names = ("steps", "loss", "ema") + (("low", "high") if self.buckets else ())
+        return {**{name: [p[k] for p in self.points] for k, name in enumerate(names)},
+                "generation_ema": sorted(self.at_generations.items())}
+
+
+class Shares:
+    """Each source's share of the steps in consecutive windows of ``window`` canonical steps."""
+
+    def __init__(self, window: int):
+        self.window, self.filled = window, window
+        self.blocks: list[tuple[int, int, Counter]] = []    # (first step, last step, sources)
+
+    def add(self, step: int, source: Any) -> None:
+        if self.filled == self.window:
+            self.blocks.append((step, step, Counter()))
+            self.filled = 0
+        first, _, counts = self.blocks[-1]
+        counts[source] += 1
+        self.filled += 1
+        self.blocks[-1] = (first, step, counts)
+
+    def drawn(self) -> dict[str, Any]:
+        """``share_steps`` (each window's middle) and ``shares`` (source -> share per window)."""
+        sources = sorted({s for _, _, counts in self.blocks for s in counts if s})
+        return {"share_steps": [(first + last) / 2 for first, last, _ in self.blocks],
+                "shares": {s: [counts[s] / sum(counts.values()) for _, _, counts in self.blocks] for s in sources}}
 
 
 def plot(run_dirs: list[str], out: str) -> dict[str, Any]:
@@ -57,9 +140,9 @@ def plot(run_dirs: list[str], out: str) -> dict[str, Any]:
     """
     if os.path.lexists(out):
         raise DestinationExistsError(out, "exists already; refusing to overwrite (choose a new --out)")
-    data = [series(r) for r in run_dirs]
+    data = [series(r, points=POINTS) for r in run_dirs]
     for d in data:
-        if not d["steps"]:
+        if not d["history_steps"]:
             raise EmptyRunError(d["run"], f"no loss history to plot ({hist.NAME} is missing or empty)")
     try:
         import matplotlib  # lazy: the optional plot extra, here only
@@ -68,30 +151,35 @@ def plot(run_dirs: list[str], out: str) -> dict[str, Any]:
     except ImportError:
         raise MissingDependencyError(out, "plot needs matplotlib: pip install 'ckptfmt[plot]'") from None
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, height_ratios=[3, 1])
-    for d in data:
-        name = Path(d["run"]).name
-        line, = top.plot(d["steps"], d["loss"], alpha=0.25, lw=0.8)
-        top.plot(d["steps"], d["ema"], color=line.get_color(), lw=1.8, label=f"{name} (EMA)")
-        by_step = dict(zip(d["steps"], d["ema"]))
-        gx = [s for s in d["generations"] if s in by_step]
-        top.scatter(gx, [by_step[s] for s in gx], color=line.get_color(), marker="|", s=120, zorder=3)
+    for i, d in enumerate(data):
+        name, color = Path(d["run"]).name, f"C{i % 10}"     # the colour cycle's, as plot() picks them
+        if "low" in d:                                     # a band: cheap to draw, same pixels
+            top.fill_between(d["steps"], d["low"], d["high"], color=color, alpha=0.25, lw=0)
+        else:
+            top.plot(d["steps"], d["loss"], color=color, alpha=0.25, lw=0.8)
+        top.plot(d["steps"], d["ema"], color=color, lw=1.8, label=f"{name} (EMA)")
+        gx, gy = zip(*d["generation_ema"]) if d["generation_ema"] else ((), ())
+        top.scatter(gx, gy, color=color, marker="|", s=120, zorder=3)
         for e in d["events"]:
-            color, style = EVENT_STYLE[e["event"]]
-            top.axvline(e["step"], color=color, ls=style, lw=1, alpha=0.8)
+            marker_color, style = EVENT_STYLE[e["event"]]
+            top.axvline(e["step"], color=marker_color, ls=style, lw=1, alpha=0.8)
         for s, values in d["shares"].items():
             bottom.plot(d["share_steps"], values, label=f"{name}: {s}" if len(data) > 1 else s)
     for kind, (color, style) in EVENT_STYLE.items():
         top.plot([], [], color=color, ls=style, label=kind)
     top.scatter([], [], marker="|", color="gray", label="committed generation")
     top.set_ylabel("loss")
-    top.legend(fontsize=8)
+    # "best" looks for few data points and no lines: a band has points only on its outline, so
+    # it would sit the legend inside; over a dense curve "best" chose the upper right, its first
+    top.legend(fontsize=8, loc="upper right" if any("low" in d for d in data) else "best")
     top.set_title("ckptfmt: loss history")
     bottom.set_ylabel("source share")
     bottom.set_xlabel("step")
     bottom.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     _save_figure(plt, fig, out)
-    return {"out": out, "runs": [{"run": d["run"], "steps": len(d["steps"]), "events": len(d["events"])} for d in data]}
+    return {"out": out, "runs": [{"run": d["run"], "steps": d["history_steps"], "events": len(d["events"])}
+                                 for d in data]}
 
 
 def _save_figure(plt: Any, fig: Any, out: str) -> None:

@@ -349,12 +349,12 @@ def _validate_sidecars(report: Report, run: Run, live: bool = False) -> None:
     """The history (``live``: up to its last complete line; the writer may be appending the
     next), the samples and bandit sidecars, and zombie arms."""
     path = run.path / hist.NAME
-    loss = hist.read(path, hist.complete_length(path) if live and path.exists() else None)
+    loss = hist.survey(path, hist.complete_length(path) if live and path.exists() else None)
     for w in loss.warnings:
         report.warn("history_torn", w)
     for p in loss.problems:
         report.defect("history_corrupt", p)
-    report.details["history_records"] = len(loss.records)
+    report.details["history_records"] = loss.record_count
     for name in (SAMPLES, STATE):
         try:
             run.read_sidecar(name)
