@@ -50,7 +50,11 @@ def build_state(config: str, seed: int = 0) -> tuple[torch.nn.Module, torch.opti
     """A model and AdamW whose values look trained: weights ~ N(0, 0.02) plus LayerNorm ones,
     m ~ N(0, 1e-3), v ~ (N(0, 1e-3))^2, step 1000 (not zeros, which compress and hash oddly)."""
     torch.manual_seed(seed)
-    model = GPT(CONFIGS[config])
+    return trained_looking(GPT(CONFIGS[config]), seed)
+
+
+def trained_looking(model: torch.nn.Module, seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
+    """``model`` with an AdamW state, both filled with trained-looking values (see build_state)."""
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     g = torch.Generator().manual_seed(seed)
     with torch.no_grad():
@@ -340,6 +344,14 @@ def bench_train(d: Path, steps: int = 8) -> dict[str, Any]:
         per_step = (walls[-1] - walls[0]) / (len(walls) - 1)
         out["steps_per_s"][config] = {"steps_per_s": 1 / per_step, "s_per_step": per_step, "steps": n}
         shutil.rmtree(run, ignore_errors=True)
+    out["stall"] = bench_stall(d, steps, out["steps_per_s"]["andrea-12m"]["s_per_step"])
+    return out
+
+
+def bench_stall(d: Path, steps: int, s_per_step: float) -> dict[str, Any]:
+    """The trainer's checkpoint stall of andrea-12m, sync vs async (a checkpoint every 2 steps)."""
+    out: dict[str, Any] = {}
+    ck = [sys.executable, "-m", "ckptfmt.cli", "train", "--sample-every", "0", "--log-every", "100000"]
     for mode in ("sync", "async"):
         run = d / f"stall-{mode}"
         shutil.rmtree(run, ignore_errors=True)
@@ -348,10 +360,10 @@ def bench_train(d: Path, steps: int = 8) -> dict[str, Any]:
                              "--checkpoint-every", "2"] + extra, check=True, capture_output=True)
         events = [json.loads(x) for x in (run / ".loss.json").read_text().splitlines() if '"checkpoint"' in x]
         stalls = [e["stall_ms"] for e in events]
-        out["stall"][mode] = {**summary(stalls), "ms": summary(stalls)["median"],
-                              "fraction_of_step": summary(stalls)["median"] / 1e3 / out["steps_per_s"]["andrea-12m"]["s_per_step"]}
+        out[mode] = {**summary(stalls), "ms": summary(stalls)["median"],
+                     "fraction_of_step": summary(stalls)["median"] / 1e3 / s_per_step}
         shutil.rmtree(run, ignore_errors=True)
-    out["stall"]["async_over_sync"] = out["stall"]["async"]["ms"] / out["stall"]["sync"]["ms"]
+    out["async_over_sync"] = out["async"]["ms"] / out["sync"]["ms"]
     return out
 
 
@@ -426,10 +438,22 @@ def main() -> int:
     ap.add_argument("--dir", default="/work/bench" if os.path.isdir("/work") else None)
     ap.add_argument("--skip-train", action="store_true")
     ap.add_argument("--out", default=str(HERE / "results" / "latest.json"))
+    ap.add_argument("--stall-only", action="store_true",
+                    help="Only the trainer's sync vs async checkpoint stall (andrea-12m), into --out.")
     args = ap.parse_args()
     torch.set_num_threads(2)
     if args.dir:
         Path(args.dir).mkdir(parents=True, exist_ok=True)
+    if args.stall_only:
+        with tempfile.TemporaryDirectory(dir=args.dir) as tmp:
+            stall = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
+                     "command": " ".join([".venv/bin/python", "benchmarks/run.py"] + sys.argv[1:]),
+                     "stall": bench_stall(Path(tmp), 8, 1.0)}
+        for mode in ("sync", "async"):
+            del stall["stall"][mode]["fraction_of_step"]      # no step time measured here
+        Path(args.out).write_text(json.dumps(stall, indent=1) + "\n")
+        print(json.dumps(stall["stall"], indent=1))
+        return 0
     d = Path(tempfile.mkdtemp(prefix="ckptfmt-bench-", dir=args.dir))   # ours alone: emptied per size
     res: dict[str, Any] = {"date": datetime.datetime.now().isoformat(timespec="seconds"),
                            "command": " ".join([".venv/bin/python", "benchmarks/run.py"] + sys.argv[1:]),

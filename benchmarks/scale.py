@@ -1,6 +1,6 @@
 """Save, open, validate, verified load and diff from 12.8M to 1B parameters (issue 17 part 4).
 
-    .venv/bin/python benchmarks/scale.py                          # 12.8M,120M,350M,1B; ~15 min
+    .venv/bin/python benchmarks/scale.py                          # 12.8M,120M,350M,1B; ~8 min
     .venv/bin/python benchmarks/scale.py --sizes 12.8M,120M --reps 1   # a quick look
     .venv/bin/python benchmarks/scale.py --table benchmarks/results/scale.json
 
@@ -31,6 +31,7 @@ from typing import Any, Callable
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import drop_cache, measure, summary  # noqa: E402
+from run import trained_looking  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -56,16 +57,7 @@ class Flat(torch.nn.Module):
 
 def build(n: int, seed: int = 0) -> tuple[torch.nn.Module, torch.optim.Optimizer]:
     """Weights ~ N(0, 0.02), m ~ N(0, 1e-3), v = m'^2, step 1000: trained-looking values."""
-    model = Flat(n)
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.normal_(0, 0.02, generator=g)
-            opt.state[p] = {"step": torch.tensor(1000.0),
-                            "exp_avg": torch.empty_like(p).normal_(0, 1e-3, generator=g),
-                            "exp_avg_sq": torch.empty_like(p).normal_(0, 1e-3, generator=g).square_()}
-    return model, opt
+    return trained_looking(Flat(n), seed)
 
 
 def fresh_save(path: str, model, opt) -> Callable[[], None]:

@@ -216,3 +216,30 @@ def test_views_of_a_read_only_map_are_never_writable_aliases(tmp_path):
     assert proc.returncode == 0 and proc.stdout.strip() == "ok", (proc.returncode, proc.stderr[-2000:])
     assert open(r.path, "rb").read() == before
     ckptfmt.open(r.path, verify=True).close()
+
+
+def test_a_large_tensor_is_loaded_in_slices_with_its_pages_released_between_them(tmp_path, monkeypatch):
+    """A tensor larger than ``SLICE`` is copied slice by slice (so a 256 MB embedding does not
+    map 256 MB at once: benchmarks/README.md "Scale"), and every value still arrives."""
+    from ckptfmt import reader
+    from ckptfmt.torch import adapter
+    monkeypatch.setattr(adapter, "SLICE", 100)
+    torch.manual_seed(0)
+    model = torch.nn.Linear(30, 33)                       # 990 + 33 elements: 10 slices + 1
+    opt = torch.optim.AdamW(model.parameters())
+    model(torch.randn(4, 30)).sum().backward()
+    opt.step()
+    path = str(tmp_path / "step_000001.bin")
+    ct.save(path, model, opt)
+    released = []
+    real = reader.Checkpoint.release
+    monkeypatch.setattr(reader.Checkpoint, "release", lambda self, o, n: (released.append(n), real(self, o, n)))
+    monkeypatch.setattr(reader.ReleaseBehind, "BATCH", 1)
+    other = torch.nn.Linear(30, 33)
+    other_opt = torch.optim.AdamW(other.parameters())
+    ct.load(path, other, other_opt).close()
+    for a, b in zip(model.parameters(), other.parameters()):
+        assert torch.equal(a, b)
+        assert torch.equal(opt.state[a]["exp_avg_sq"], other_opt.state[b]["exp_avg_sq"])
+    assert len(released) >= 3 * 11          # at least one release per slice of each region
+    assert list(adapter._copy_in_slices(torch.empty(250), torch.ones(250))) == [100, 200, 250]

@@ -24,6 +24,7 @@ from ..errors import (CheckpointError, IncompleteResumeStateError, LayoutMismatc
 from . import staging
 
 STAGING = staging.STAGING   # bytes per pinned staging buffer on the CUDA path
+SLICE = 8 << 20     # elements a load copies between two releases of mapped pages (32 MiB)
 
 
 def layout_of(model: torch.nn.Module) -> list[dict[str, Any]]:
@@ -190,12 +191,27 @@ def _copy_regions(ck: Any, targets: list[tuple[str, list[torch.Tensor]]]) -> Non
     with torch.no_grad():
         for region, tensors in targets:
             for entry, t in zip(ck.layout, tensors):
-                t.copy_(_view(getattr(ck, region), entry))
-                if behind is not None:
-                    offset = fmt.region_offset(region, ck.n_params) + (entry["offset"] + t.numel()) * fmt.ITEM
-                    behind.advance(lane, offset)
+                start = fmt.region_offset(region, ck.n_params) + entry["offset"] * fmt.ITEM
+                for done in _copy_in_slices(t, _view(getattr(ck, region), entry)):
+                    if behind is not None:
+                        behind.advance(lane, start + done * fmt.ITEM)
     if behind is not None:
         behind.advance(lane, ck.size)
+
+
+def _copy_in_slices(target: torch.Tensor, source: torch.Tensor) -> Iterator[int]:
+    """Copy ``source`` into ``target``, yielding the elements done after each slice of at most
+    ``SLICE`` elements, so the pages behind a large tensor (a 256 MB embedding) are released
+    while it is copied: a load's peak RSS is bounded by the slice, not by the largest tensor."""
+    n = target.numel()
+    if n <= SLICE or not target.is_contiguous():
+        target.copy_(source)
+        yield n
+        return
+    flat_target, flat_source = target.view(-1), source.reshape(-1)
+    for begin in range(0, n, SLICE):
+        flat_target[begin:begin + SLICE].copy_(flat_source[begin:begin + SLICE])
+        yield min(n, begin + SLICE)
 
 
 def _view(region: np.ndarray, entry: dict[str, Any]) -> torch.Tensor:
