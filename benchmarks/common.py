@@ -1,6 +1,7 @@
 """Measurement helpers: timing with alternation, peak RSS per operation, page-cache control."""
 from __future__ import annotations
 
+import argparse
 import gc
 import os
 import statistics
@@ -87,3 +88,15 @@ def durable(write: Callable[[str], None], final: str) -> None:
         os.close(fd)
     os.replace(tmp, final)
     fsync_dir(final)
+
+
+def size_arguments(doc: str, sizes: str, reps: int, out: str) -> argparse.ArgumentParser:
+    """The options every sized benchmark takes: --sizes, --reps, --dir (scratch, default
+    /work/bench), --out (results JSON) and --table (print the README table of a results file)."""
+    ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
+    ap.add_argument("--sizes", default=sizes)
+    ap.add_argument("--reps", type=int, default=reps)
+    ap.add_argument("--dir", default="/work/bench" if os.path.isdir("/work") else None)
+    ap.add_argument("--out", default=out)
+    ap.add_argument("--table", metavar="JSON", help="Only print the README table of a results file.")
+    return ap

@@ -20,7 +20,6 @@ benchmarks/results/facts.json; the table in benchmarks/README.md comes from it.
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -31,7 +30,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import measure, summary  # noqa: E402
+from common import size_arguments, measure, summary  # noqa: E402
 from run import CHUNK, SIZES, build_state, flat_bytes  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -150,12 +149,7 @@ def table(result: dict) -> str:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default="12.8M,120M")
-    ap.add_argument("--reps", type=int, default=5)
-    ap.add_argument("--dir", default="/work/bench" if os.path.isdir("/work") else None)
-    ap.add_argument("--out", default=str(HERE / "results" / "facts.json"))
-    ap.add_argument("--table", metavar="JSON", help="Only print the README table of a results file.")
+    ap = size_arguments(__doc__, "12.8M,120M", 5, str(HERE / "results" / "facts.json"))
     args = ap.parse_args()
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))

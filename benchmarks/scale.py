@@ -17,7 +17,6 @@ Writes benchmarks/results/scale.json and scale.png; the README table comes from 
 """
 from __future__ import annotations
 
-import argparse
 import datetime
 import json
 import os
@@ -30,7 +29,7 @@ from typing import Any, Callable
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import drop_cache, measure, summary  # noqa: E402
+from common import size_arguments, drop_cache, measure, summary  # noqa: E402
 from run import trained_looking  # noqa: E402
 
 import torch  # noqa: E402
@@ -163,12 +162,7 @@ def draw(result: dict[str, Any], out: str) -> None:
 
 
 def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--sizes", default=",".join(SIZES))
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--dir", default="/work/bench" if os.path.isdir("/work") else None)
-    ap.add_argument("--out", default=str(HERE / "results" / "scale.json"))
-    ap.add_argument("--table", metavar="JSON", help="Only print the README table of a results file.")
+    ap = size_arguments(__doc__, ",".join(SIZES), 2, str(HERE / "results" / "scale.json"))
     args = ap.parse_args()
     if args.table:
         print(table(json.loads(Path(args.table).read_text())))

@@ -19,7 +19,7 @@ import pytest
 import ckptfmt
 from ckptfmt import fingerprint, manifest as mf, writer
 
-PIECE = 2 << 20           # floats per staging buffer (8 MiB, the adapter's STAGING)
+PIECE = 2 << 20           # floats per staging buffer (8 MiB, staging.STAGING)
 
 
 def staged(source: np.ndarray, n_buffers: int):

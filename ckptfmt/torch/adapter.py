@@ -23,7 +23,6 @@ from ..errors import (CheckpointError, IncompleteResumeStateError, LayoutMismatc
                       OptimizerMismatchError)
 from . import staging
 
-STAGING = staging.STAGING   # bytes per pinned staging buffer on the CUDA path
 SLICE = 8 << 20     # elements a load copies between two releases of mapped pages (32 MiB)
 
 
@@ -129,18 +128,23 @@ def differing_tensors(source: "str | reader.Checkpoint", model: torch.nn.Module,
     A check independent of the writer's own digest: a staging buffer refilled too early gives a
     file whose blake3 matches its manifest yet whose bytes are not the tensors' (the CPU tests,
     and the GPU check against ``tensor.cpu()``)."""
-    ck = reader.open(source) if isinstance(source, (str, bytes)) or not hasattr(source, "layout") else source
-    if ck.layout is None:
-        raise IncompleteResumeStateError(ck.path, "cannot compare with a model: manifest lacks layout")
-    ms, vs, _ = moments(model, optimizer)
-    differ = []
-    for region, tensors in (("weights", list(model.parameters())), ("m", ms), ("v", vs)):
-        saved = getattr(ck, region)
-        for entry, t in zip(ck.layout, tensors):
-            live = t.detach().float().cpu().contiguous().view(-1).numpy()   # bf16/fp16: widened, exactly
-            if saved[entry["offset"]:entry["offset"] + live.size].tobytes() != live.tobytes():
-                differ.append(f"{region}:{entry['name']}")
-    return differ
+    opened = isinstance(source, (str, bytes)) or not hasattr(source, "layout")
+    ck = reader.open(source) if opened else source
+    try:
+        if ck.layout is None:
+            raise IncompleteResumeStateError(ck.path, "cannot compare with a model: manifest lacks layout")
+        ms, vs, _ = moments(model, optimizer)
+        differ = []
+        for region, tensors in (("weights", list(model.parameters())), ("m", ms), ("v", vs)):
+            saved = getattr(ck, region)
+            for entry, t in zip(ck.layout, tensors):
+                live = t.detach().float().cpu().contiguous().view(-1).numpy()   # bf16/fp16: widened, exactly
+                if saved[entry["offset"]:entry["offset"] + live.size].tobytes() != live.tobytes():
+                    differ.append(f"{region}:{entry['name']}")
+        return differ
+    finally:
+        if opened:                  # ours to close; a caller's Checkpoint stays open
+            ck.close()
 
 
 def load(source: "str | reader.Checkpoint", model: torch.nn.Module,

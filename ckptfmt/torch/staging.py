@@ -19,7 +19,9 @@ from typing import Any, Iterable, Iterator, Protocol
 import numpy as np
 import torch
 
-STAGING = 8 << 20          # bytes per staging buffer (one writer chunk, writer.CHUNK)
+from .. import writer
+
+STAGING = writer.CHUNK     # bytes per staging buffer: one writer chunk, so a piece is one chunk
 CAPACITY = STAGING // 4    # floats per staging buffer
 
 Piece = Any    # np.ndarray (a zero-copy host view) or list[torch.Tensor] (segments to stage)
