@@ -19,6 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from ckptfmt.run import history as hist
+from ckptfmt.run import timeline
 from ckptfmt.run.ops import bisect, first_loss_difference
 from ckptfmt.tools.plot import Curve, series
 
@@ -136,10 +137,72 @@ def test_streamed_history_is_the_history_read_whole(tmp_path_factory, history, d
         assert list(canon.records()) == old_canonical(records) == got.canonical()
         assert list(canon.steps) == [r["step"] for r in old_canonical(records)]
         assert canon.events == [(r["event"], r["step"]) for r in records if r.get("event") in ("resume", "pivot")]
-        lean = hist.index(path, length, fields=("loss",), offsets=False)
+        lean = hist.index(path, length, offsets=False)
         assert list(lean.steps) == list(canon.steps) and lean.offsets is None
-        assert same([v for _, v in lean.values("loss")], [r.get("loss", hist.MISSING) for r in old_canonical(records)])
         assert (canon.warnings, canon.problems) == (warnings, problems)
+        plan = timeline.plan(path, length, events=("resume", "pivot"))
+        assert list(plan.records()) == old_canonical(records)
+        assert plan.events == canon.events
+        assert (plan.survey.record_count, plan.survey.warnings, plan.survey.problems) == (len(records), warnings, problems)
+        assert_last_step(plan, old_canonical(records))
+
+
+def assert_last_step(plan: timeline.Timeline, canon: list) -> None:
+    """The plan's last step is the last canonical step, or a bound above it where the history
+    ends in a resume that cuts between two steps of its last segment."""
+    if not canon:
+        assert plan.last_step is None or plan.forward
+        return
+    assert plan.last_step >= canon[-1]["step"]
+    if not plan.forward:
+        assert plan.last_step == canon[-1]["step"]
+
+
+# A trainer's history: steps go forward; a crash loses the steps after the last generation and
+# the run resumes from it (or a fork starts from an earlier one), sometimes after a torn append.
+TRAINER_LINE = st.one_of(
+    st.tuples(st.just("steps"), st.integers(1, 12), st.integers(1, 3)),       # how many, stride
+    st.tuples(st.just("back"), st.sampled_from(["resume", "fork"]), st.integers(0, 20)),
+    st.tuples(st.just("event"), st.sampled_from(["checkpoint", "pivot", "start"])),
+    st.tuples(st.just("torn"), st.sampled_from([b'{"step": 4, "lo', b"\0\0\0", b"XXXX"])),
+)
+
+
+def trainer_history(path, plan) -> None:
+    """Render a trainer-like plan: every record's step above the last one kept (forward only)."""
+    out, step = [], 0
+    for item in plan:
+        if item[0] == "steps":
+            for _ in range(item[1]):
+                step += item[2]
+                out.append(json.dumps({"step": step, "loss": step / 7 if step % 5 else "nan"}).encode())
+        elif item[0] == "back":
+            step = max(0, step - item[2])
+            out.append(json.dumps({"event": item[1], "step": step}).encode())
+        elif item[0] == "event":
+            out.append(json.dumps({"event": item[1], "step": step}).encode())
+        else:
+            out.append(item[1])
+    path.write_bytes(b"".join(line + b"\n" for line in out))
+
+
+@settings(max_examples=300, deadline=None)
+@given(plan=st.lists(TRAINER_LINE, max_size=40), data=st.data())
+def test_a_trainers_history_is_read_in_segments(tmp_path_factory, plan, data):
+    """Forward-only histories (what the trainer and the manager write) take the two-pass path,
+    and give the canonical records read whole; a prefix (a live run) too."""
+    path = tmp_path_factory.mktemp("t") / ".loss.json"
+    trainer_history(path, plan)
+    size = path.stat().st_size
+    for length in (None, data.draw(st.integers(0, size), label="length")):
+        records, warnings, problems = old_read(path, length)
+        got = timeline.plan(path, length, events=("resume", "fork"))
+        assert got.forward
+        assert list(got.records()) == old_canonical(records)
+        assert got.events == [(r["event"], r["step"]) for r in records if r.get("event") in ("resume", "fork")]
+        assert (got.survey.warnings, got.survey.problems) == (warnings, problems)
+        assert len(got.segments) <= 1 + sum(1 for item in plan if item[0] == "back")
+        assert_last_step(got, old_canonical(records))
 
 
 def test_a_run_with_resumes_and_redone_steps(tmp_path):
@@ -189,6 +252,42 @@ def test_the_index_holds_positions_not_records(tmp_path):
     assert len(missing) == 0 and list(missing.records()) == [] and hist.survey(tmp_path / "missing.json").record_count == 0
 
 
+def test_a_trainers_history_is_streamed_in_a_few_numbers_per_resume(tmp_path):
+    """60,000 steps and three crashes: four segments, and reading the canonical history back
+    holds no more than a few lines (the index of the same history holds 16 bytes a step)."""
+    import tracemalloc
+    h = hist.History(tmp_path / ".loss.json")
+    step = 0
+    for crash in (20_000, 40_000, 60_000, None):
+        while step < (crash or 60_000):
+            step += 1
+            h.append({"step": step, "loss": 2.5, "lr": 3e-4, "source": "code"})
+        if crash:
+            h.event("resume", step - 50)
+            step -= 50
+    h.close()
+    tracemalloc.start()
+    try:
+        plan = timeline.plan(tmp_path / ".loss.json")
+        steps = [0, 0]
+        for rec in plan.records():
+            steps = [steps[1], rec["step"]] if rec["step"] == steps[1] + 1 else [-1, -1]
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert plan.forward and len(plan.segments) == 4 and steps[1] == 60_000
+    assert [(s.first, s.last) for s in plan.segments] == [(1, 19_950), (19_951, 39_950), (39_951, 59_950),
+                                                          (59_951, 60_000)]
+    assert peak < 256 << 10, peak
+    tracemalloc.start()
+    try:
+        hist.index(tmp_path / ".loss.json")
+        _, index_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert index_peak > 16 * 60_000
+
+
 def test_a_step_beyond_64_bits_is_kept(tmp_path):
     path = tmp_path / ".loss.json"
     path.write_bytes(b'{"step": 1}\n{"step": 9223372036854775808}\n{"step": -9223372036854775809}\n{"step": 2}\n')
@@ -204,9 +303,10 @@ def test_first_loss_difference_is_the_one_found_in_memory(tmp_path_factory, a, b
     pa = write(d, "a.json", (shared + a[0], a[1]))
     pb = write(d, "b.json", (shared + b[0], b[1]))
     expected = old_first_difference(old_canonical(old_read(pa)[0]), old_canonical(old_read(pb)[0]))
-    ia, ib = hist.index(pa, fields=("loss",)), hist.index(pb, fields=("loss",))
-    assert first_loss_difference(ia, ib) == expected
-    assert first_loss_difference(ia, ia) == old_first_difference(*[old_canonical(old_read(pa)[0])] * 2)
+    ca, cb = (old_canonical(old_read(p)[0]) for p in (pa, pb))
+    assert first_loss_difference(timeline.canonical(pa), timeline.canonical(pb)) == (expected, [len(ca), len(cb)])
+    assert first_loss_difference(timeline.canonical(pa), timeline.canonical(pa)) == \
+        (old_first_difference(ca, ca), [len(ca)] * 2)
 
 
 SMALL = st.sampled_from([1.0, 2.0, -0.0, 0.0, 0, 1, True, "nan", "inf", math.nan, None, [1], "no loss"])
@@ -215,7 +315,7 @@ SMALL = st.sampled_from([1.0, 2.0, -0.0, 0.0, 0, 1, True, "nan", "inf", math.nan
 @settings(max_examples=300, deadline=None)
 @given(steps=st.lists(st.integers(0, 30), unique=True, max_size=30), data=st.data())
 def test_first_loss_difference_of_histories_with_the_same_steps(tmp_path_factory, steps, data):
-    """The same steps on both sides (the arrays are compared at once) with losses of every
+    """The same steps on both sides (the common case, walked in step) with losses of every
     kind: floats, -0.0, ints, bools, strings, a NaN literal, null, a list, no loss at all."""
     d = tmp_path_factory.mktemp("s")
     paths = []
@@ -227,7 +327,7 @@ def test_first_loss_difference_of_histories_with_the_same_steps(tmp_path_factory
         paths.append(d / f"{name}.json")
         paths[-1].write_text("".join(line + "\n" for line in lines))
     expected = old_first_difference(*[old_canonical(old_read(p)[0]) for p in paths])
-    assert first_loss_difference(*[hist.index(p, fields=("loss",)) for p in paths]) == expected
+    assert first_loss_difference(*[timeline.canonical(p) for p in paths]) == (expected, [len(steps)] * 2)
 
 
 def test_bisect_of_runs_without_generations(tmp_path):

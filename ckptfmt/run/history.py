@@ -4,7 +4,7 @@ Why JSON lines: an append is one ``write`` of one line, O(1) at 200,000 entries,
 append damages only the last line. The file is never archived and never rewritten. After a
 crash the trainer appends a ``resume`` event; records of steps past the resumed step are kept
 (nothing is deleted) but leave the canonical history, where the last record of a step wins.
-Readers go through it a line at a time (``stream``, ``survey``, ``index``) and never hold its
+Readers go through it a line at a time (``stream``, ``survey``, ``timeline``, ``index``) and never hold its
 records: as dicts, 200,000 of them took a quarter of a gigabyte (spec/RUN.md §3.6).
 """
 from __future__ import annotations
@@ -126,16 +126,17 @@ def _parse(line: bytes) -> dict[str, Any] | None:
     return rec
 
 
-def _lines(f: BinaryIO, length: int | None) -> Iterator[tuple[int, bytes]]:
-    """(byte offset, line without its newline) of each line of the first ``length`` bytes (all
-    of them if None), one at a time: what ``data.split(b"\\n")`` gives, less a final empty piece."""
+def _lines(f: BinaryIO, length: int | None) -> Iterator[tuple[int, int, bytes]]:
+    """(byte offset, offset of the next line, line without its newline) of each line of the
+    first ``length`` bytes from where ``f`` stands (all of them if None), one at a time: what
+    ``data.split(b"\\n")`` gives, less a final empty piece."""
     pos = 0
     for raw in f:
         if length is not None and pos + len(raw) > length:
             if length > pos:
-                yield pos, raw[:length - pos]
+                yield pos, length, raw[:length - pos]
             return
-        yield pos, raw[:-1] if raw.endswith(b"\n") else raw
+        yield pos, pos + len(raw), raw[:-1] if raw.endswith(b"\n") else raw
         pos += len(raw)
 
 
@@ -155,13 +156,20 @@ def stream(path: "str | os.PathLike[str]", length: int | None = None,
     time; a torn or NUL-filled tail is a warning, damage mid-file a problem, both added to
     ``survey`` as the lines go by (its last-line warning once the stream is exhausted).
     ``length``: read only that prefix (``complete_length`` while a writer appends)."""
+    for offset, _, rec in positioned(path, length, survey):
+        yield offset, rec
+
+
+def positioned(path: "str | os.PathLike[str]", length: int | None = None,
+               survey: Survey | None = None) -> Iterator[tuple[int, int, dict[str, Any]]]:
+    """``stream`` with the byte offset after each record's line: (offset, end, record)."""
     path = os.fspath(path)
     survey = Survey(path) if survey is None else survey
     if not os.path.exists(path):
         return
     last_bad, count = None, 0
     with open(path, "rb") as f:
-        for i, (offset, raw) in enumerate(_lines(f, length)):
+        for i, (offset, end, raw) in enumerate(_lines(f, length)):
             count = i + 1
             rec = _parse(raw) if raw.strip(b"\0 \r") else None
             if rec is None:
@@ -172,7 +180,7 @@ def stream(path: "str | os.PathLike[str]", length: int | None = None,
             elif last_bad == i - 1:
                 survey.problems.append(f"{path}: line {last_bad + 1}: corrupt record in the middle of the history")
             survey.record_count += 1
-            yield offset, rec
+            yield offset, end, rec
     if last_bad is not None and last_bad == count - 1:
         survey.warnings.append(f"{path}: line {count}: torn last line ignored")
 
@@ -193,67 +201,16 @@ def survey(path: "str | os.PathLike[str]", length: int | None = None) -> Survey:
     return found
 
 
-MISSING = object()          # a column's value for a record without the field
-
-
-class Column:
-    """One field of the canonical records, 12 bytes a step: a float as itself, any other value
-    (a string such as "nan", an int, None, ``MISSING``) as a code into a table of the distinct
-    values, which for a loss or a source stays a handful; an unhashable value by its step (a
-    later record of that step overwrites it, or has a code that never looks there)."""
-
-    def __init__(self, name: str):
-        self.name = name
-        self.codes = array("i")            # -1: the float in numbers; -2: in odd by step; else table
-        self.numbers = array("d")
-        self.table: list[Any] = []
-        self.lookup: dict[tuple[type, Any], int] = {}
-        self.odd: dict[int, Any] = {}
-
-    def append(self, step: int, rec: dict[str, Any]) -> None:
-        """The field of the record that is now the last canonical step."""
-        value = rec.get(self.name, MISSING)
-        if type(value) is float:
-            self.codes.append(-1)
-            self.numbers.append(value)
-        else:
-            self.codes.append(self.encode(step, value))
-            self.numbers.append(0.0)
-
-    def set(self, i: int, step: int, rec: dict[str, Any]) -> None:
-        """The field of the record that is now canonical step ``i``."""
-        value = rec.get(self.name, MISSING)
-        self.codes[i], self.numbers[i] = (-1, value) if type(value) is float else (self.encode(step, value), 0.0)
-
-    def encode(self, step: int, value: Any) -> int:
-        """The code of a value that is not a float."""
-        try:
-            key = (type(value), value)
-            code = self.lookup.get(key)
-        except TypeError:                  # a list or an object: kept as it is
-            self.odd[step] = value
-            return -2
-        if code is None:
-            code = self.lookup[key] = len(self.table)
-            self.table.append(value)
-        return code
-
-    def value(self, i: int, step: int) -> Any:
-        """The value of the ``i``-th canonical record (at ``step``); ``MISSING`` if it has none."""
-        code = self.codes[i]
-        return self.numbers[i] if code == -1 else self.odd[step] if code == -2 else self.table[code]
-
-
 @dataclass
 class HistoryIndex(Survey):
-    """The canonical history (spec/RUN.md §3.4) without its records: the steps, ascending (8
-    bytes a step), the byte offset of each one's line unless not asked for (8 bytes a step;
-    ``records`` reads them back one at a time), and the ``columns`` asked for (12 bytes a step
-    each). ``events``: (kind, step) of the events of the kinds asked for, in file order."""
+    """The canonical history (spec/RUN.md §3.4) without its records, for a history in any order
+    (``timeline`` reads a forward-only one with less): the steps, ascending (8 bytes a step),
+    the byte offset of each one's line unless not asked for (8 bytes a step; ``records`` reads
+    them back one at a time). ``events``: (kind, step) of the events of the kinds asked for, in
+    file order."""
     length: int | None = None
     steps: array | list = field(default_factory=lambda: array("q"))
     offsets: array | None = field(default_factory=lambda: array("q"))     # None: not kept
-    columns: dict[str, Column] = field(default_factory=dict)
     events: list[tuple[str, int]] = field(default_factory=list)
 
     def __len__(self) -> int:
@@ -272,8 +229,6 @@ class HistoryIndex(Survey):
             self.steps.append(step)
         if self.offsets is not None:
             self.offsets.append(offset)
-        for col in self.columns.values():
-            col.append(step, rec)
 
     def _put_back(self, step: int, offset: int, rec: dict[str, Any]) -> None:
         """A step at or before the newest one: it replaces that step's record, or goes in between."""
@@ -286,26 +241,15 @@ class HistoryIndex(Survey):
                 self.steps.insert(i, step)
             if self.offsets is not None:
                 self.offsets.insert(i, offset)
-            for col in self.columns.values():
-                col.codes.insert(i, 0)
-                col.numbers.insert(i, 0.0)
         if self.offsets is not None:
             self.offsets[i] = offset
-        for col in self.columns.values():
-            col.set(i, step, rec)
 
     def cut(self, step: int) -> None:
         """A ``resume`` or ``fork`` at ``step``: records of later steps belong to a lost timeline."""
         i = bisect.bisect_right(self.steps, step)
-        for arr in (self.steps, self.offsets, *(a for c in self.columns.values() for a in (c.codes, c.numbers))):
-            if arr is not None:
-                del arr[i:]
-
-    def values(self, name: str) -> Iterator[tuple[int, Any]]:
-        """(step, value of field ``name``) of every canonical record, in step order."""
-        col = self.columns[name]
-        for i, step in enumerate(self.steps):
-            yield step, col.value(i, step)
+        del self.steps[i:]
+        if self.offsets is not None:
+            del self.offsets[i:]
 
     def records(self, start: int = 0, stop: int | None = None) -> Iterator[dict[str, Any]]:
         """The canonical records ``start:stop`` in step order, read back from their lines one at
@@ -325,13 +269,12 @@ class HistoryIndex(Survey):
                 yield rec
 
 
-def index(path: "str | os.PathLike[str]", length: int | None = None, *, fields: tuple[str, ...] = (),
+def index(path: "str | os.PathLike[str]", length: int | None = None, *,
           events: tuple[str, ...] = (), offsets: bool = True) -> HistoryIndex:
     """The canonical history of ``path`` in one pass, holding one line at a time: the same steps
-    in the same order as ``read(path).canonical()``, with the values of ``fields`` of each, and
-    (``offsets``) where each one's line is, for ``records``."""
-    found = HistoryIndex(os.fspath(path), length=length, columns={name: Column(name) for name in fields},
-                         offsets=array("q") if offsets else None)
+    in the same order as ``read(path).canonical()``, and (``offsets``) where each one's line
+    is, for ``records``."""
+    found = HistoryIndex(os.fspath(path), length=length, offsets=array("q") if offsets else None)
     for offset, rec in stream(path, length, found):
         if "event" not in rec:
             found.put(rec["step"], offset, rec)

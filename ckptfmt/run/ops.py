@@ -3,11 +3,8 @@ from __future__ import annotations
 
 import os
 import time
-from bisect import bisect_right
 from pathlib import Path
-from typing import Any
-
-import numpy as np
+from typing import Any, Iterable
 
 from .. import atomic, companion, fsio
 from .. import format as fmt
@@ -15,7 +12,7 @@ from .. import manifest as mf
 from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoundError,
                       NoValidGenerationError)
 from . import history as hist
-from . import mirrors
+from . import mirrors, timeline
 from .directory import Run
 from .generations import Generation, check_generation, non_finite
 from .lease import ReadLease, active_leases
@@ -148,11 +145,13 @@ def _fork_from(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
     doc["provenance"] = {"parent_run": str(run.path.resolve()), "parent_step": step,
                          "parent_blake3": doc["blake3"], "forked_at": time.time()}
     mf.write(dest / gen.manifest.name, doc)
-    canonical = hist.index(run.history.path)
-    upto = bisect_right(canonical.steps, step)             # the canonical records of steps <= step
+    upto = 0                                                # the canonical records of steps <= step
     child = hist.History(dest / hist.NAME)
-    for rec in canonical.records(0, upto):
+    for rec in timeline.canonical(run.history.path):
+        if rec["step"] > step:
+            break
         child.append(rec)
+        upto += 1
     child.event("fork", step, parent_run=str(run.path.resolve()))
     child.sync()
     child.close()
@@ -175,48 +174,37 @@ def bisect(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]") -
     common = sorted(set(digests[0]) & set(digests[1]))
     first_gen = next((s for s in common if digests[0][s] != digests[1][s]), None)
     last_same = max((s for s in common if first_gen is None or s < first_gen), default=None)
-    histories = [hist.index(Path(p) / hist.NAME, fields=("loss",), offsets=False) for p in (path_a, path_b)]
-    first_hist = first_loss_difference(*histories)
+    first_hist, lengths = first_loss_difference(*(timeline.canonical(Path(p) / hist.NAME) for p in (path_a, path_b)))
     return {"a": str(path_a), "b": str(path_b), "common_generations": common,
             "first_generation_difference": first_gen, "last_identical_generation": last_same,
-            "first_history_difference": first_hist, "history_steps": [len(h) for h in histories],
+            "first_history_difference": first_hist, "history_steps": lengths,
             "identical": first_gen is None and first_hist is None}
 
 
-def first_loss_difference(a: hist.HistoryIndex, b: hist.HistoryIndex) -> int | None:
-    """The first step at which two canonical histories' losses differ (indexes with the field
-    ``loss``), a step that only one of them has included; a record without a loss has None, as
-    ``record.get("loss")`` gives, and a NaN float differs from everything, as it always did."""
-    if a.steps == b.steps:                 # the same steps (the usual case): compared as arrays
-        return _first_aligned(a, b)
-    walks = [a.values("loss"), b.values("loss")]
-    heads = [next(w, None) for w in walks]
-    while heads[0] is not None or heads[1] is not None:
-        step = min(h[0] for h in heads if h is not None)
-        here = [h is not None and h[0] == step for h in heads]
-        losses = [_loss(h[1]) if at else "missing" for h, at in zip(heads, here)]
-        if losses[0] != losses[1]:
-            return step
-        heads = [next(w, None) if at else h for w, h, at in zip(walks, heads, here)]
-    return None
-
-
-def _loss(value: object) -> object:
-    return None if value is hist.MISSING else value
-
-
-def _first_aligned(a: hist.HistoryIndex, b: hist.HistoryIndex) -> int | None:
-    """``first_loss_difference`` of two histories with the same steps: where both losses are
-    floats, numpy compares them (NaN != NaN, as in Python); elsewhere, rare (a "nan" string, an
-    int, no loss), the values are compared one by one, up to the first float difference."""
-    ca, cb = (np.frombuffer(h.columns["loss"].codes, dtype=f"i{h.columns['loss'].codes.itemsize}") for h in (a, b))
-    na, nb = (np.frombuffer(h.columns["loss"].numbers, dtype=np.float64) for h in (a, b))
-    floats = (ca == -1) & (cb == -1)
-    differ = floats & (na != nb)
-    first = int(np.argmax(differ)) if differ.any() else len(a)
-    col_a, col_b = a.columns["loss"], b.columns["loss"]
-    for i in np.flatnonzero(~floats[:first]).tolist():
-        step = a.steps[i]
-        if _loss(col_a.value(i, step)) != _loss(col_b.value(i, step)):
-            return step
-    return a.steps[first] if first < len(a) else None
+def first_loss_difference(a: Iterable[dict[str, Any]], b: Iterable[dict[str, Any]]) -> tuple[int | None, list[int]]:
+    """The first step at which two canonical histories (records in step order) differ in their
+    loss, and the number of steps of each. A step that only one of them has differs; a record
+    without a loss has None, as ``record.get("loss")`` gives; a NaN differs from everything.
+    Both are walked to their end, holding one record of each."""
+    ia, ib = iter(a), iter(b)
+    ra, rb = next(ia, None), next(ib, None)
+    first, na, nb = None, 0, 0
+    while ra is not None and rb is not None:
+        sa, sb = ra["step"], rb["step"]
+        if sa == sb:                       # the usual case: both runs logged the step
+            if first is None and ra.get("loss") != rb.get("loss"):
+                first = sa
+            na, nb = na + 1, nb + 1
+            ra, rb = next(ia, None), next(ib, None)
+        elif sa < sb:
+            first = sa if first is None else first
+            na, ra = na + 1, next(ia, None)
+        else:
+            first = sb if first is None else first
+            nb, rb = nb + 1, next(ib, None)
+    rest = ra if ra is not None else rb
+    if rest is not None and first is None:
+        first = rest["step"]
+    na += 0 if ra is None else 1 + sum(1 for _ in ia)
+    nb += 0 if rb is None else 1 + sum(1 for _ in ib)
+    return first, [na, nb]

@@ -5,6 +5,7 @@ an ``EXPORT-INCOMPLETE`` marker, so a half export is never mistaken for a good o
 """
 from __future__ import annotations
 
+import collections
 import datetime
 import errno
 import json
@@ -24,6 +25,7 @@ from .. import manifest as mf
 from ..errors import DestinationExistsError, ExportError
 from ..run import SAMPLES, STATE, Listing, ReadLease, Run, lock_holder
 from ..run import history as hist
+from ..run import timeline
 from . import b3sums
 from .convert import convert
 from .validate import INCOMPLETE, validate_file
@@ -168,15 +170,18 @@ def _describe(run: Run, out: Path, gens: list, files: list, checks: dict, second
     newest = gens[-1]
     doc = mf.read(newest.manifest) if newest.manifest else {}
     copied = out / hist.NAME        # the history as exported, not as the live run has it now
-    canon = hist.index(copied if copied.exists() else run.path / hist.NAME)
-    losses = [hist.decode_float(r["loss"]) for r in canon.records(max(0, len(canon) - 100)) if "loss" in r]
+    tail, steps = collections.deque(maxlen=100), 0          # the last 100 canonical records
+    for rec in timeline.canonical(copied if copied.exists() else run.path / hist.NAME):
+        tail.append(rec)
+        steps += 1
+    losses = [hist.decode_float(r["loss"]) for r in tail if "loss" in r]
     return {"exported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
             "source_run": str(run.path.resolve()), "steps": [g.step for g in gens], "files": files,
             "config": doc.get("config"), "versions": doc.get("versions"), "data": _data_identity(doc),
             "code": doc.get("code"), "verified": checks, "seconds": round(seconds, 3),
             "final_loss": {"last": losses[-1] if losses else None,
                            "mean_last_100": sum(losses) / len(losses) if losses else None,
-                           "history_steps": len(canon)},
+                           "history_steps": steps},
             "bare": not bool(doc)}
 
 

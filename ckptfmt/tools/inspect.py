@@ -12,6 +12,7 @@ from .. import reader
 from ..errors import CheckpointError, NoValidGenerationError
 from ..run import ReadLease, Run, ls_run
 from ..run import history as hist
+from ..run import timeline
 from .stats import region_stats
 
 __all__ = ["inspect_file", "inspect_run"]
@@ -86,7 +87,7 @@ def inspect_run(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dic
 
 def _why_empty(path: "str | os.PathLike[str]") -> str:
     """A run without any generation: stopped before its first checkpoint, or not a run yet."""
-    steps = len(hist.index(os.path.join(path, hist.NAME), offsets=False))
+    steps = sum(1 for _ in timeline.canonical(os.path.join(path, hist.NAME)))
     if steps:
         return (f"{path}: stopped before its first checkpoint: the history holds {steps} steps but "
                 "no generation was committed; nothing to resume, a restart begins at step 0")

@@ -6,11 +6,13 @@ from __future__ import annotations
 import math
 import os
 from collections import Counter
+from itertools import chain, islice
 from pathlib import Path
 from typing import Any
 
 from .. import atomic
 from ..run import history as hist
+from ..run import timeline
 from ..errors import DestinationExistsError, EmptyRunError, MissingDependencyError
 from ..run import Run
 
@@ -27,28 +29,37 @@ def series(run_dir: str, ema: float | None = None, window: int | None = None,
     """The data the chart draws, as plain lists (tested without matplotlib). The EMA and the
     share window scale with the run length unless given: ~1/50 of the run, within sane bounds.
 
-    The history is read once, a line at a time, into its canonical steps with their loss and
-    source (``history.index``: 32 bytes a step, no records). With ``points``, a history
-    of more steps is summed up in ``points`` buckets of steps (narrower than a pixel): ``low``
-    and ``high``, the lowest and highest finite loss of each, ``loss`` their mean, ``ema`` at
-    the bucket's last step, in ``steps``. ``history_steps``: the length of the history."""
-    read = hist.index(Path(run_dir) / hist.NAME, fields=("loss", "source"), events=tuple(EVENT_STYLE),
-                      offsets=False)
-    span = max(5, min(len(read) // 50, 500))
+    The canonical history is streamed in step order (``run.timeline``: a few numbers per
+    resume, no index), and only its first ``LONG`` steps are held, to learn the length where
+    the EMA span depends on it. With ``points``, a history of more steps is summed up in
+    ``points`` buckets of steps (narrower than a pixel): ``low`` and ``high``, the lowest and
+    highest finite loss of each, ``loss`` their mean, ``ema`` at the bucket's first and last
+    step, in ``steps``. ``history_steps``: the length of the history."""
+    plan = timeline.plan(Path(run_dir) / hist.NAME, events=tuple(EVENT_STYLE))
+    walk = (_point(rec) for rec in plan.records())
+    head = list(islice(walk, max(LONG, points or 0) + 1))        # all of it, if not longer
+    span = max(5, min(len(head) // 50, 500))
     ema = 1 - 1 / span if ema is None else ema
     window = max(10, span * 2) if window is None else window
     gens = [g.step for g in Run(run_dir).generations() if g.committed]
-    buckets = points if points and len(read) > points else None
-    curve = Curve(ema, buckets, (read.steps[0], read.steps[-1]) if read.steps else (0, 0), set(gens))
-    shares = Shares(window)
-    for (step, loss), (_, source) in zip(read.values("loss"), read.values("source")):
-        if loss is hist.MISSING:
-            raise KeyError("loss")             # as a record without one always did here
-        curve.add(step, hist.decode_float(loss))
-        shares.add(step, None if source is hist.MISSING else source)
-    events = [{"event": kind, "step": step} for kind, step in read.events]
+    buckets = points if points and len(head) > points else None
+    curve = Curve(ema, buckets, (head[0][0], plan.last_step) if head else (0, 0), set(gens))
+    shares, steps = Shares(window), 0
+    for step, loss, source in chain(head, walk):
+        curve.add(step, loss)
+        shares.add(step, source)
+        steps += 1
+    events = [{"event": kind, "step": step} for kind, step in plan.events]
     return {"run": run_dir, **curve.drawn(), "generations": gens, "events": events,
-            **shares.drawn(), "history_steps": len(read)}
+            **shares.drawn(), "history_steps": steps}
+
+
+LONG = 25_000       # steps from which the EMA span is its longest (500 = LONG // 50)
+
+
+def _point(rec: dict[str, Any]) -> tuple[int, float, Any]:
+    """(step, loss, source) of a canonical record; a record without a loss is refused."""
+    return rec["step"], hist.decode_float(rec["loss"]), rec.get("source")
 
 
 class Curve:
