@@ -290,7 +290,7 @@ def run_all(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:
         shutil.rmtree(other)
     return {"command": "python " + " ".join(sys.argv), "trees": {k: str(v) for k, v in trees.items()},
             "revisions": {name: _revision(name) for name in trees}, "reps": args.reps, "python": sys.version.split()[0],
-            "machine": f"{os.cpu_count()} cores, shared with two other sessions' work",
+            "machine": f"{os.cpu_count()} cores",
             "baseline_rss": {name: baselines(tree, scratch) for name, tree in trees.items()},
             "results": results}
 

@@ -1,22 +1,25 @@
 """The canonical history (spec/RUN.md §3.4) in step order, holding a few numbers per resume.
 
-Why: ``history.index`` keeps every canonical step (8 bytes a step and more per field), which at
-a few million steps passes 100 MB for two runs. A trainer's history has a simpler shape: between
-two ``resume`` (or ``fork``) events its steps only go forward. Such a history is a stack of
-*segments*, byte ranges of the file whose records are canonical up to a last step, so one pass
-finds the segments (a resume at S drops the segments that start after S and lowers the last step
-of the one it cuts into) and a second pass reads the records back, segment by segment, already in
-step order. Memory is a few numbers per resume, at any length; the time is two passes.
+Why: ``history.index`` keeps every canonical step (8 bytes a step, and 8 more for where its line
+is), which at a few million steps passes 100 MB for two runs. A trainer's history has a simpler
+shape: between two ``resume`` (or ``fork``) events its steps only go forward. Such a history is
+a stack of *segments*, byte ranges of the file whose records are canonical up to a last step, so
+one pass finds the segments (a resume at S drops the segments that start after S and lowers the
+last step of the one it cuts into) and a second pass reads the records back, segment by segment,
+already in step order. Memory is a few numbers per resume, at any length.
 
-A history that steps back without a resume (a step written twice, or out of order: not what a
-trainer writes, but legal, §3.4: the last record of a step wins) is read through
-``history.index`` instead, which sorts any order, at its cost per step.
+The first pass reads the step of a line as the trainer writes it (``{"step":N,...``) without
+parsing the line (a third of the cost); every other line is parsed. The second pass parses the
+lines it yields, so a line the first pass took for a record and is not one (a torn append, a
+damaged line) is found there if it matters, and the history is then planned again, parsing every
+line. A history that steps back without a resume (a step written twice, or out of order: not
+what a trainer writes, but legal, §3.4) is read through ``history.index``, which sorts any order.
 """
 from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any, BinaryIO, Iterator
 
 from . import history as hist
 
@@ -33,15 +36,19 @@ class Segment:
 @dataclass
 class Timeline:
     """The plan of one pass: the segments in step order (None: the history steps back without a
-    resume and is read through ``index``), the events of the kinds asked for, and what the pass
-    found wrong (``survey``: torn tail, damage in the middle)."""
+    resume and is read through ``index``) and the events of the kinds asked for, in file order.
+    ``parsed``: every line was parsed in the first pass (no line's step was taken unparsed)."""
     path: str
     length: int | None
     segments: list[Segment] | None
     events: list[tuple[str, int]] = field(default_factory=list)
-    survey: hist.Survey | None = None
-
+    parsed: bool = False
     stepped_back_last: int | None = None      # the last step, for a history read through index
+
+    @property
+    def forward(self) -> bool:
+        """Whether the steps only go forward between resumes (read in two passes, no index)."""
+        return self.segments is not None
 
     @property
     def last_step(self) -> int | None:
@@ -51,30 +58,61 @@ class Timeline:
             return self.stepped_back_last
         return self.segments[-1].last if self.segments else None
 
-    @property
-    def forward(self) -> bool:
-        """Whether the steps only go forward between resumes (read in two passes, no index)."""
-        return self.segments is not None
-
     def records(self) -> Iterator[dict[str, Any]]:
         """The canonical records in step order, one line in memory at a time."""
         if self.segments is None:
             yield from hist.index(self.path, self.length).records()
             return
-        if not self.segments:
+        if not self.segments:                  # no records (or no history at all)
             return
-        with open(self.path, "rb") as f:
-            for seg in self.segments:
-                yield from _segment_records(f, seg)
+        last = None
+        try:
+            with open(self.path, "rb") as f:
+                for seg in self.segments:
+                    for rec in _segment_records(f, seg, self.parsed):
+                        last = rec["step"]
+                        yield rec
+        except _Misread:                       # a line taken for a record is none: parse them all
+            for rec in plan(self.path, self.length, parse=True).records():
+                if last is None or rec["step"] > last:
+                    yield rec
 
 
-def _segment_records(f: Any, seg: Segment) -> Iterator[dict[str, Any]]:
-    """The step records of one segment up to its last canonical step (events and damaged lines,
-    already reported by the first pass, are passed over)."""
+class _Misread(Exception):
+    """The first pass took a line for a step record and the second found it is not one."""
+
+
+_RECORD = b'{"step":'
+
+
+def _step_of(raw: bytes) -> int | None:
+    """The step of a line as a writer appends a record (``{"step":N,...}``: one ``"step"`` key,
+    first, no ``"event"`` key, no escapes, a closing brace), read without parsing the line; None
+    for any other line. That the rest is well-formed is not checked here (``_segment_records``
+    does, where it matters)."""
+    if (not raw.startswith(_RECORD) or not raw.endswith(b"}") or b"\\" in raw or b'"event"' in raw
+            or raw.count(b'"step"') != 1):
+        return None                            # a torn append rarely ends in a brace
+    comma = raw.find(b",", 8)
+    try:
+        return int(raw[8:comma]) if comma > 0 else None
+    except ValueError:
+        return None
+
+
+def _segment_records(f: BinaryIO, seg: Segment, parsed: bool) -> Iterator[dict[str, Any]]:
+    """The step records of one segment up to its last canonical step (events and damaged lines
+    are passed over); ``_Misread`` where a line the first pass took for a record unparsed (not
+    ``parsed``) is none. (A line that parses as a record has the step ``_step_of`` reads.)"""
     f.seek(seg.start)
     for _, _, raw in hist._lines(f, seg.end - seg.start):
         rec = hist._parse(raw) if raw.strip(b"\0 \r") else None
-        if rec is None or "event" in rec:
+        if rec is None:
+            taken = None if parsed else _step_of(raw)
+            if taken is not None and taken <= seg.last:
+                raise _Misread
+            continue
+        if "event" in rec:
             continue
         if rec["step"] > seg.last:
             return
@@ -82,38 +120,47 @@ def _segment_records(f: Any, seg: Segment) -> Iterator[dict[str, Any]]:
 
 
 def plan(path: "str | os.PathLike[str]", length: int | None = None, *,
-         events: tuple[str, ...] = ()) -> Timeline:
-    """One pass over the history: its segments, the events of the kinds in ``events`` as
-    (kind, step) in file order, and the survey. A history that steps back without a resume gets
-    no segments (``forward`` is False) and is read through ``history.index``."""
+         events: tuple[str, ...] = (), parse: bool = False) -> Timeline:
+    """One pass over the history: its segments and the events of the kinds in ``events`` as
+    (kind, step) in file order. A history that steps back without a resume gets no segments
+    (``forward`` is False) and is read through ``history.index``. ``parse``: parse every line
+    (what ``records`` falls back to when a line's step was misread)."""
     path = os.fspath(path)
-    found = hist.Survey(path)
-    timeline = Timeline(path, length, [], survey=found)
+    timeline = Timeline(path, length, [], parsed=parse)
     segments: list[Segment] = []
     open_seg: Segment | None = None            # the segment records are appended to
-    for offset, end, rec in hist.positioned(path, length, found):
-        if "event" not in rec:
-            step = rec["step"]
+    if not os.path.exists(path):
+        return timeline
+    with open(path, "rb") as f:
+        for offset, end, raw in hist._lines(f, length):
+            step = None if parse else _step_of(raw)
+            if step is None:
+                rec = hist._parse(raw) if raw.strip(b"\0 \r") else None
+                if rec is None:
+                    continue
+                if "event" in rec:
+                    _event(timeline, segments, rec, events)
+                    open_seg = None if rec["event"] in ("resume", "fork") else open_seg
+                    continue
+                step = rec["step"]
             if segments and step <= segments[-1].last:
                 return _stepping_back(path, length, events)
             if open_seg is None:
                 open_seg = Segment(offset, end, step, step)
                 segments.append(open_seg)
             open_seg.end, open_seg.last = end, step
-            continue
-        kind, step = rec["event"], rec["step"]
-        if kind in events:
-            timeline.events.append((kind, step))
-        if kind in ("resume", "fork"):
-            _cut(segments, step)
-            open_seg = None
     timeline.segments = segments
     return timeline
 
 
-def _cut(segments: list[Segment], step: int) -> None:
-    """A resume or fork at ``step``: segments that start after it are lost, the one it cuts into
-    ends at it (its records after ``step`` stay in the file, outside the canonical history)."""
+def _event(timeline: Timeline, segments: list[Segment], rec: dict[str, Any], events: tuple[str, ...]) -> None:
+    """An event line: noted if asked for; a resume or fork at S cuts the segments at S (those
+    that start after S are lost, the one it cuts into ends at S; their lines stay in the file)."""
+    kind, step = rec["event"], rec["step"]
+    if kind in events:
+        timeline.events.append((kind, step))
+    if kind not in ("resume", "fork"):
+        return
     while segments and segments[-1].first > step:
         segments.pop()
     if segments and segments[-1].last > step:
@@ -121,11 +168,10 @@ def _cut(segments: list[Segment], step: int) -> None:
 
 
 def _stepping_back(path: str, length: int | None, events: tuple[str, ...]) -> Timeline:
-    """The plan of a history that is not forward-only: no segments; the events and survey of
-    a pass of ``history.index`` (which ``records`` then does again, with offsets)."""
+    """The plan of a history that is not forward-only: no segments; the events of a pass of
+    ``history.index`` (which ``records`` then does again, with offsets)."""
     found = hist.index(path, length, events=events, offsets=False)
-    survey = hist.Survey(path, found.record_count, found.warnings, found.problems)
-    return Timeline(path, length, None, events=found.events, survey=survey,
+    return Timeline(path, length, None, events=found.events, parsed=True,
                     stepped_back_last=found.steps[-1] if len(found) else None)
 
 

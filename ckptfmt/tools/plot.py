@@ -119,20 +119,31 @@ class Curve:
 
 
 class Shares:
-    """Each source's share of the steps in consecutive windows of ``window`` canonical steps."""
+    """Each source's share of the steps in consecutive windows of ``window`` canonical steps.
+    A history of more than ``POINTS`` windows has its windows merged in pairs (the window
+    doubles) whenever they would pass ``POINTS``, so the chart holds at most ``POINTS`` of them,
+    still narrower than a pixel, at any length."""
 
-    def __init__(self, window: int):
-        self.window, self.filled = window, window
+    def __init__(self, window: int, most: int = POINTS):
+        self.window, self.filled, self.most = window, window, max(2, most - most % 2)
         self.blocks: list[tuple[int, int, Counter]] = []    # (first step, last step, sources)
 
     def add(self, step: int, source: Any) -> None:
         if self.filled == self.window:
+            if len(self.blocks) == self.most:
+                self._merge_pairs()
             self.blocks.append((step, step, Counter()))
             self.filled = 0
         first, _, counts = self.blocks[-1]
         counts[source] += 1
         self.filled += 1
         self.blocks[-1] = (first, step, counts)
+
+    def _merge_pairs(self) -> None:
+        """Every two full windows become one of twice the width (``most`` is even)."""
+        pairs = zip(self.blocks[0::2], self.blocks[1::2])
+        self.blocks = [(a[0], b[1], a[2] + b[2]) for a, b in pairs]
+        self.window *= 2
 
     def drawn(self) -> dict[str, Any]:
         """``share_steps`` (each window's middle) and ``shares`` (source -> share per window)."""
