@@ -239,7 +239,7 @@ FILE_INPUTS = {   # name -> (path, exit code of inspect and validate, a word the
     "manifest_unknown_version": (f"mf_version/{B}", 2, "newer than this ckptfmt"),
     "manifest_bad_layout": (f"mf_layout/{B}", 1, "layout covers"),
     "directory_without_generations": ("existing_dir", 1, "no generation"),
-    "dangling_symlink": (f"links/dangling.bin", 2, "no such file"),
+    "dangling_symlink": ("links/dangling.bin", 2, "no such file"),
 }
 OK_FILES = {"spaces_non_ascii": f"spaced ü run/{B}", "symlink": "links/link.bin"}
 

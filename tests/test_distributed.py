@@ -6,7 +6,6 @@ import subprocess
 import sys
 import time
 import uuid
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,7 +15,6 @@ torch = pytest.importorskip("torch")
 # torchrun jobs run 2 ranks each: keep them on one xdist worker so two never oversubscribe 2 cores
 pytestmark = pytest.mark.xdist_group("torchrun")
 
-import ckptfmt  # noqa: E402
 from ckptfmt.run import history as hist  # noqa: E402
 from ckptfmt import shards  # noqa: E402
 from ckptfmt.tools.convert import convert  # noqa: E402
@@ -128,7 +126,6 @@ def test_save_with_2_ranks_load_with_1_2_and_3(tmp_path):
         step, n = np.frombuffer(data[:8], "<i4")
         assert step == 2 and len(data) == 8 + 12 * int(n)
     ref = torch.load(run / "ref2-rank0.pt", weights_only=True)
-    import ckptfmt.torch as ct
     from ckptfmt.torch.distributed import load_range, load_sharded
     m = torch.nn.Sequential(torch.nn.Linear(64, 33), torch.nn.Linear(33, 7))
     opt = torch.optim.AdamW(m.parameters(), lr=0.5)

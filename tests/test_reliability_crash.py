@@ -7,13 +7,12 @@ import shutil
 import signal
 import subprocess
 
-import numpy as np
 import pytest
 
 import ckptfmt
 from ckptfmt import fsio
 from ckptfmt.run import history as hist
-from ckptfmt.errors import CheckpointError, SaveError
+from ckptfmt.errors import SaveError
 from ckptfmt.run import Run
 from faults import arrays, base_run, clone, expected_digest, scale, writer_argv
 
@@ -153,7 +152,6 @@ def test_strace_injected_sigkill_at_rename_leaves_old_or_new(tmp_path, when):
     """strace kills the writer at its first (the .bin) or second (the manifest) rename."""
     if not shutil.which("strace"):
         pytest.skip("strace is not installed")
-    import sys
     run = base_run(tmp_path / "run", N)
     argv = ["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=rename,renameat,renameat2",
             "-e", f"inject=rename,renameat,renameat2:signal=SIGKILL:when={when}"] + writer_argv(run, 2, 1, N)

@@ -14,7 +14,6 @@ import os
 import shutil
 from pathlib import Path
 
-import numpy as np
 
 import ckptfmt
 from ckptfmt import fsio

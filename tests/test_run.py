@@ -12,7 +12,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 import ckptfmt
 from ckptfmt.run import history as hist
 from ckptfmt.errors import NoValidGenerationError, RunLockedError, SaveError
-from ckptfmt.run import Run, RunLock, check_generation, plan_retention
+from ckptfmt.run import Run, RunLock, plan_retention
 from ckptfmt.run.ops import bisect, fork, ls_run, pivot
 from ckptfmt.tools.validate import validate_run
 from ckptfmt.run import zombie_arms

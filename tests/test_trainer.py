@@ -1,6 +1,5 @@
 """The reference trainer in fresh processes with real signals (issue 5)."""
 import json
-import os
 import random
 import signal
 import subprocess

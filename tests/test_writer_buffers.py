@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 import ckptfmt
-from ckptfmt import fingerprint, manifest as mf, writer
+from ckptfmt import fingerprint, manifest as mf
 
 PIECE = 2 << 20           # floats per staging buffer (8 MiB, staging.STAGING)
 
