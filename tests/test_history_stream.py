@@ -12,12 +12,14 @@ from __future__ import annotations
 import json
 import math
 from collections import Counter
+from pathlib import Path
 from typing import Any
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from ckptfmt.errors import HistoryCorruptError
 from ckptfmt.run import history as hist
 from ckptfmt.run import timeline
 from ckptfmt.run.ops import bisect, first_loss_difference
@@ -473,3 +475,49 @@ def test_a_run_without_a_history_has_an_empty_timeline(tmp_path):
     plan = timeline.plan(tmp_path / ".loss.json", events=("resume",))
     assert plan.forward and plan.segments == [] and plan.last_step is None and list(plan.records()) == []
     assert first_loss_difference(timeline.canonical(tmp_path / "a"), timeline.canonical(tmp_path / "b")) == (None, [0, 0])
+
+
+# ---------------------------------------------------------------- review findings
+def _run_with(tmp_path, name: str, lines: list[bytes]) -> str:
+    run = tmp_path / name
+    run.mkdir()
+    (run / ".loss.json").write_bytes(b"".join(line + b"\n" for line in lines))
+    return str(run)
+
+
+def test_a_damaged_last_line_shaped_like_a_record_does_not_stretch_the_chart(tmp_path):
+    """The last line looks like a writer's record of a far step and is none (a trailing comma):
+    the plan's last step is the last canonical one, and the chart is the chart without that
+    line (it was drawn in one bucket from step 1 to 10^8)."""
+    steps = [b'{"step":%d,"loss":%d.0}' % (s, s % 7) for s in range(1, 3001)]
+    damaged = _run_with(tmp_path, "damaged", steps + [b'{"step":100000000,"loss":1,}'])
+    plan = timeline.plan(Path(damaged) / ".loss.json")
+    assert plan.last_step == 3000 and [r["step"] for r in plan.records()] == list(range(1, 3001))
+    got, want = series(damaged, points=2000), series(_run_with(tmp_path, "clean", steps), points=2000)
+    assert got.pop("run") != want.pop("run") and got == want and len(got["steps"]) == 4000
+
+
+def test_a_short_history_ending_in_a_resume_between_steps_is_charted_as_before(tmp_path):
+    """A resume at a step no record has (a step logged every 10, or a jump) makes the plan's
+    last step a bound above the last canonical step; a history the chart holds whole (up to
+    ``LONG`` steps) is bucketed over its real steps, as before (it was six buckets of 2,000)."""
+    steps = [b'{"step":%d,"loss":%d.0}' % (s, s % 7) for s in range(1, 3001)]
+    cut = _run_with(tmp_path, "cut", steps + [b'{"step":1000000,"loss":1.0}', b'{"event":"resume","step":999999}'])
+    got, want = series(cut, points=2000), series(_run_with(tmp_path, "clean", steps), points=2000)
+    assert got.pop("events") == [{"event": "resume", "step": 999999}]
+    assert got.pop("run") != want.pop("run") and want.pop("events") == [] and got == want
+
+
+def test_a_history_cut_short_between_the_two_passes_is_an_error(tmp_path):
+    """Planned, then truncated before its records are read back: an error naming the history
+    (the index's "changed while it was read"), not a shorter history (fork would copy it)."""
+    path = tmp_path / ".loss.json"
+    lines = [b'{"step":%d,"loss":1.0}' % s for s in range(1, 11)] + [b'{"event":"resume","step":5}'] \
+        + [b'{"step":%d,"loss":2.0}' % s for s in range(6, 11)]
+    data = b"".join(line + b"\n" for line in lines)
+    for after in (data[:len(data) // 3], b""):
+        path.write_bytes(data)
+        plan = timeline.plan(path)
+        path.write_bytes(after)
+        with pytest.raises(HistoryCorruptError, match="changed while it was read"):
+            list(plan.records())

@@ -21,6 +21,7 @@ import os
 from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterator
 
+from ..errors import HistoryCorruptError
 from . import history as hist
 
 
@@ -103,9 +104,12 @@ def _step_of(raw: bytes) -> int | None:
 def _segment_records(f: BinaryIO, seg: Segment, parsed: bool) -> Iterator[dict[str, Any]]:
     """The step records of one segment up to its last canonical step (events and damaged lines
     are passed over); ``_Misread`` where a line the first pass took for a record unparsed (not
-    ``parsed``) is none. (A line that parses as a record has the step ``_step_of`` reads.)"""
+    ``parsed``) is none. (A line that parses as a record has the step ``_step_of`` reads.)
+    ``HistoryCorruptError`` where the segment's bytes are no longer all there (the history is
+    append-only: a shorter file was cut or replaced, and its records would be lost silently)."""
     f.seek(seg.start)
-    for _, _, raw in hist._lines(f, seg.end - seg.start):
+    end = 0
+    for _, end, raw in hist._lines(f, seg.end - seg.start):
         rec = hist._parse(raw) if raw.strip(b"\0 \r") else None
         if rec is None:
             taken = None if parsed else _step_of(raw)
@@ -117,6 +121,9 @@ def _segment_records(f: BinaryIO, seg: Segment, parsed: bool) -> Iterator[dict[s
         if rec["step"] > seg.last:
             return
         yield rec
+    if end != seg.end - seg.start:         # shorter than planned: not appended to, cut or replaced
+        raise HistoryCorruptError(f.name, f"the history changed while it was read (bytes {seg.start}:{seg.end} "
+                                  f"of its plan end at byte {seg.start + end})")
 
 
 def plan(path: "str | os.PathLike[str]", length: int | None = None, *,
@@ -124,7 +131,8 @@ def plan(path: "str | os.PathLike[str]", length: int | None = None, *,
     """One pass over the history: its segments and the events of the kinds in ``events`` as
     (kind, step) in file order. A history that steps back without a resume gets no segments
     (``forward`` is False) and is read through ``history.index``. ``parse``: parse every line
-    (what ``records`` falls back to when a line's step was misread)."""
+    (what ``records`` falls back to when a line's step was misread, and ``plan`` itself when the
+    line that ends the last segment, whose step is ``last_step``, was: see ``_misread``)."""
     path = os.fspath(path)
     timeline = Timeline(path, length, [], parsed=parse)
     segments: list[Segment] = []
@@ -132,8 +140,10 @@ def plan(path: "str | os.PathLike[str]", length: int | None = None, *,
     if not os.path.exists(path):
         return timeline
     with open(path, "rb") as f:
+        unparsed = None                        # where the last record line taken unparsed is
         for offset, end, raw in hist._lines(f, length):
             step = None if parse else _step_of(raw)
+            taken = step is not None
             if step is None:
                 rec = hist._parse(raw) if raw.strip(b"\0 \r") else None
                 if rec is None:
@@ -149,8 +159,21 @@ def plan(path: "str | os.PathLike[str]", length: int | None = None, *,
                 open_seg = Segment(offset, end, step, step)
                 segments.append(open_seg)
             open_seg.end, open_seg.last = end, step
+            unparsed = (offset, end) if taken else None
+        if unparsed and segments and segments[-1].end == unparsed[1] and _misread(f, *unparsed):
+            return plan(path, length, events=events, parse=True)
     timeline.segments = segments
     return timeline
+
+
+def _misread(f: BinaryIO, offset: int, end: int) -> bool:
+    """Whether the line at ``offset:end``, whose step the first pass took unparsed, is no step
+    record. Why: where it ends the last segment, its step is the plan's ``last_step``, which a
+    chart buckets by before the second pass can find the misread (a damaged last line of step
+    10^8 drew the whole history in one bucket); one line is parsed, every other is left."""
+    f.seek(offset)
+    raw = f.read(end - offset)
+    return hist._parse(raw[:-1] if raw.endswith(b"\n") else raw) is None
 
 
 def _event(timeline: Timeline, segments: list[Segment], rec: dict[str, Any], events: tuple[str, ...]) -> None:
