@@ -32,6 +32,7 @@ class Segment:
     end: int
     first: int
     last: int
+    cut: bool = False          # a resume lowered ``last`` to its step, maybe between two records'
 
 
 @dataclass
@@ -53,8 +54,8 @@ class Timeline:
 
     @property
     def last_step(self) -> int | None:
-        """The last canonical step (None: no records), or above it where the history ends in a
-        resume that cut its last segment between two records' steps (a bound, as for a chart)."""
+        """The last canonical step (None: no records), known before the records are read (a
+        chart buckets by it)."""
         if self.segments is None:
             return self.stepped_back_last
         return self.segments[-1].last if self.segments else None
@@ -162,6 +163,8 @@ def plan(path: "str | os.PathLike[str]", length: int | None = None, *,
             unparsed = (offset, end) if taken else None
         if unparsed and segments and segments[-1].end == unparsed[1] and _misread(f, *unparsed):
             return plan(path, length, events=events, parse=True)
+        if segments and segments[-1].cut and not _settle_last(f, segments[-1], parse):
+            return plan(path, length, events=events, parse=True)
     timeline.segments = segments
     return timeline
 
@@ -176,6 +179,21 @@ def _misread(f: BinaryIO, offset: int, end: int) -> bool:
     return hist._parse(raw[:-1] if raw.endswith(b"\n") else raw) is None
 
 
+def _settle_last(f: BinaryIO, seg: Segment, parsed: bool) -> bool:
+    """The step of the last record of a segment that a resume cut, where the history ends in
+    that resume: ``last`` was the resume's step, which may lie above every record left (a chart
+    buckets by it), and is now the last record's. The segment is read once more, which only a
+    history ending in a resume costs. False where a line of it was misread (plan again)."""
+    last = seg.last
+    try:
+        for rec in _segment_records(f, seg, parsed):
+            last = rec["step"]
+    except _Misread:
+        return False
+    seg.last, seg.cut = last, False
+    return True
+
+
 def _event(timeline: Timeline, segments: list[Segment], rec: dict[str, Any], events: tuple[str, ...]) -> None:
     """An event line: noted if asked for; a resume or fork at S cuts the segments at S (those
     that start after S are lost, the one it cuts into ends at S; their lines stay in the file)."""
@@ -187,7 +205,7 @@ def _event(timeline: Timeline, segments: list[Segment], rec: dict[str, Any], eve
     while segments and segments[-1].first > step:
         segments.pop()
     if segments and segments[-1].last > step:
-        segments[-1].last = step
+        segments[-1].last, segments[-1].cut = step, True
 
 
 def _stepping_back(path: str, length: int | None, events: tuple[str, ...]) -> Timeline:

@@ -43,9 +43,7 @@ def series(run_dir: str, ema: float | None = None, window: int | None = None,
     window = max(10, span * 2) if window is None else window
     gens = [g.step for g in Run(run_dir).generations() if g.committed]
     buckets = points if points and len(head) > points else None
-    whole = len(head) <= max(LONG, points or 0)                  # else the plan's bound (a resume
-    last = head[-1][0] if whole and head else plan.last_step     # between two steps lies above)
-    curve = Curve(ema, buckets, (head[0][0], last) if head else (0, 0), set(gens))
+    curve = Curve(ema, buckets, (head[0][0], plan.last_step) if head else (0, 0), set(gens))
     shares, steps = Shares(window), 0
     for step, loss, source in chain(head, walk):
         curve.add(step, loss)
