@@ -444,6 +444,7 @@ def test_plot_of_a_long_history_draws_buckets_and_reports_every_step(tmp_path):
     assert drawn["events"] == [{"event": "resume", "step": 2500}]
     out = plot([str(run)], str(tmp_path / "p.png"))
     assert out["runs"][0]["steps"] == 5000 and out["runs"][0]["events"] == 1
+    assert out["legend"] == ["run (EMA)", "resume", "committed generation"]     # no pivot, no fork
     assert (tmp_path / "p.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 

@@ -172,6 +172,15 @@ def plot(run_dirs: list[str], out: str) -> dict[str, Any]:
         import matplotlib.pyplot as plt  # lazy: as matplotlib
     except ImportError:
         raise MissingDependencyError(out, "plot needs matplotlib: pip install 'ckptfmt[plot]'") from None
+    fig, legend = _draw(plt, data)
+    _save_figure(plt, fig, out)
+    return {"out": out, "legend": legend,
+            "runs": [{"run": d["run"], "steps": d["history_steps"], "events": len(d["events"])} for d in data]}
+
+
+def _draw(plt: Any, data: list[dict[str, Any]]) -> tuple[Any, list[str]]:
+    """The figure of the runs' series: loss and EMA above, source shares below; and the labels
+    of its legend (an event kind only where one is drawn)."""
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(11, 7), sharex=True, height_ratios=[3, 1])
     for i, d in enumerate(data):
         name, color = Path(d["run"]).name, f"C{i % 10}"     # the colour cycle's, as plot() picks them
@@ -187,8 +196,10 @@ def plot(run_dirs: list[str], out: str) -> dict[str, Any]:
             top.axvline(e["step"], color=marker_color, ls=style, lw=1, alpha=0.8)
         for s, values in d["shares"].items():
             bottom.plot(d["share_steps"], values, label=f"{name}: {s}" if len(data) > 1 else s)
+    shown = {e["event"] for d in data for e in d["events"]}          # a key only for what is drawn
     for kind, (color, style) in EVENT_STYLE.items():
-        top.plot([], [], color=color, ls=style, label=kind)
+        if kind in shown:
+            top.plot([], [], color=color, ls=style, label=kind)
     top.scatter([], [], marker="|", color="gray", label="committed generation")
     top.set_ylabel("loss")
     # "best" looks for few data points and no lines: a band has points only on its outline, so
@@ -199,9 +210,7 @@ def plot(run_dirs: list[str], out: str) -> dict[str, Any]:
     bottom.set_xlabel("step")
     bottom.legend(fontsize=7, ncol=3)
     fig.tight_layout()
-    _save_figure(plt, fig, out)
-    return {"out": out, "runs": [{"run": d["run"], "steps": d["history_steps"], "events": len(d["events"])}
-                                 for d in data]}
+    return fig, top.get_legend_handles_labels()[1]
 
 
 def _save_figure(plt: Any, fig: Any, out: str) -> None:
