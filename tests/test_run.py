@@ -196,8 +196,6 @@ def test_corruption_in_the_middle_is_reported(tmp_path):
     path.write_bytes(b'{"step": 1, "loss": 1.0}\nXXXX\n{"step": 3, "loss": 3.0}\n')
     r = hist.read(path)
     assert r.problems and "line 2" in r.problems[0]
-    with pytest.raises(ckptfmt.errors.HistoryCorruptError):
-        hist.require_intact(str(path))
 
 
 def test_nan_is_written_in_a_defined_way(tmp_path):

@@ -287,13 +287,6 @@ def index(path: "str | os.PathLike[str]", length: int | None = None, *,
     return found
 
 
-def require_intact(path: str) -> HistoryRead:
-    result = read(path)
-    if result.problems:
-        raise HistoryCorruptError(path, result.problems[0].split(": ", 1)[1])
-    return result
-
-
 def complete_length(path: "str | os.PathLike[str]") -> int:
     """Bytes of the history up to and including its last newline: the prefix a reader copies
     while a writer appends (what follows may be an append in progress, spec/RUN.md §5.3)."""
