@@ -521,3 +521,14 @@ def test_a_history_cut_short_between_the_two_passes_is_an_error(tmp_path):
         path.write_bytes(after)
         with pytest.raises(HistoryCorruptError, match="changed while it was read"):
             list(plan.records())
+
+
+def test_a_damaged_line_that_opened_the_last_segment_is_not_its_last_step(tmp_path):
+    """A damaged line shaped like a record (invalid UTF-8) opens a segment that later resumes
+    leave on top: the canonical history is empty and so is its last step (it was the damaged
+    line's step, 2)."""
+    path = tmp_path / ".loss.json"
+    path.write_bytes(b'{"step": 2, "a": "\xff"}\n{"event": "resume", "step": 2}\n{"step": 3, "source": "code"}\n'
+                     b'{"event": "resume", "step": 2}\n')
+    plan = timeline.plan(path)
+    assert plan.last_step is None and list(plan.records()) == [] == hist.read(path).canonical()

@@ -33,6 +33,7 @@ class Segment:
     first: int
     last: int
     cut: bool = False          # a resume lowered ``last`` to its step, maybe between two records'
+    unparsed: int | None = None   # where the line of step ``last`` starts, if its step was read unparsed
 
 
 @dataclass
@@ -133,7 +134,7 @@ def plan(path: "str | os.PathLike[str]", length: int | None = None, *,
     (kind, step) in file order. A history that steps back without a resume gets no segments
     (``forward`` is False) and is read through ``history.index``. ``parse``: parse every line
     (what ``records`` falls back to when a line's step was misread, and ``plan`` itself when the
-    line that ends the last segment, whose step is ``last_step``, was: see ``_misread``)."""
+    last segment's last step cannot be known exactly otherwise: see ``_last_is_exact``)."""
     path = os.fspath(path)
     timeline = Timeline(path, length, [], parsed=parse)
     segments: list[Segment] = []
@@ -141,7 +142,6 @@ def plan(path: "str | os.PathLike[str]", length: int | None = None, *,
     if not os.path.exists(path):
         return timeline
     with open(path, "rb") as f:
-        unparsed = None                        # where the last record line taken unparsed is
         for offset, end, raw in hist._lines(f, length):
             step = None if parse else _step_of(raw)
             taken = step is not None
@@ -159,39 +159,36 @@ def plan(path: "str | os.PathLike[str]", length: int | None = None, *,
             if open_seg is None:
                 open_seg = Segment(offset, end, step, step)
                 segments.append(open_seg)
-            open_seg.end, open_seg.last = end, step
-            unparsed = (offset, end) if taken else None
-        if unparsed and segments and segments[-1].end == unparsed[1] and _misread(f, *unparsed):
-            return plan(path, length, events=events, parse=True)
-        if segments and segments[-1].cut and not _settle_last(f, segments[-1], parse):
+            open_seg.end, open_seg.last, open_seg.unparsed = end, step, offset if taken else None
+        if segments and not _last_is_exact(f, segments[-1], parse):
             return plan(path, length, events=events, parse=True)
     timeline.segments = segments
     return timeline
 
 
-def _misread(f: BinaryIO, offset: int, end: int) -> bool:
-    """Whether the line at ``offset:end``, whose step the first pass took unparsed, is no step
-    record. Why: where it ends the last segment, its step is the plan's ``last_step``, which a
-    chart buckets by before the second pass can find the misread (a damaged last line of step
-    10^8 drew the whole history in one bucket); one line is parsed, every other is left."""
-    f.seek(offset)
-    raw = f.read(end - offset)
-    return hist._parse(raw[:-1] if raw.endswith(b"\n") else raw) is None
+def _last_is_exact(f: BinaryIO, seg: Segment, parsed: bool) -> bool:
+    """Make the last segment's ``last`` the last canonical step, known before any record is read
+    back (a chart buckets by it); False where a line was misread (plan again, parsing all).
 
-
-def _settle_last(f: BinaryIO, seg: Segment, parsed: bool) -> bool:
-    """The step of the last record of a segment that a resume cut, where the history ends in
-    that resume: ``last`` was the resume's step, which may lie above every record left (a chart
-    buckets by it), and is now the last record's. The segment is read once more, which only a
-    history ending in a resume costs. False where a line of it was misread (plan again)."""
-    last = seg.last
-    try:
-        for rec in _segment_records(f, seg, parsed):
-            last = rec["step"]
-    except _Misread:
-        return False
-    seg.last, seg.cut = last, False
-    return True
+    Where a resume cut the segment (the history ends in it), ``last`` is the resume's step, which
+    may lie above every record left: the segment is read once more for its last record's step.
+    Else ``last`` is the step of the segment's last line, which is parsed if its step was read
+    unparsed (a damaged last line of step 10^8 drew the whole history in one bucket)."""
+    if seg.cut:
+        last = seg.last
+        try:
+            for rec in _segment_records(f, seg, parsed):
+                last = rec["step"]
+        except _Misread:
+            return False
+        seg.last, seg.cut = last, False
+        return True
+    if seg.unparsed is None:
+        return True
+    f.seek(seg.unparsed)
+    raw = f.read(seg.end - seg.unparsed)
+    rec = hist._parse(raw[:-1] if raw.endswith(b"\n") else raw)
+    return rec is not None and "event" not in rec and rec["step"] == seg.last
 
 
 def _event(timeline: Timeline, segments: list[Segment], rec: dict[str, Any], events: tuple[str, ...]) -> None:
