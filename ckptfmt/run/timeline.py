@@ -8,11 +8,12 @@ one pass finds the segments (a resume at S drops the segments that start after S
 last step of the one it cuts into) and a second pass reads the records back, segment by segment,
 already in step order. Memory is a few numbers per resume, at any length.
 
-The first pass reads the step of a line as the trainer writes it (``{"step":N,...``) without
-parsing the line (a third of the cost); every other line is parsed. The second pass parses the
-lines it yields, so a line the first pass took for a record and is not one (a torn append, a
+The first pass reads the step of a line as the trainer writes it (``{"step":N,...}``) without
+parsing the line (half the cost of that pass); every other line is parsed. The second pass parses
+the lines it yields, so a line the first pass took for a record and is not one (a torn append, a
 damaged line) is found there if it matters, and the history is then planned again, parsing every
-line. A history that steps back without a resume (a step written twice, or out of order: not
+line; the line that gives the last step is checked in the first pass already (``last_step`` is
+exact before any record is read). A history that steps back without a resume (a step written twice, or out of order: not
 what a trainer writes, but legal, §3.4) is read through ``history.index``, which sorts any order.
 """
 from __future__ import annotations
