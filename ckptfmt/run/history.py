@@ -4,8 +4,8 @@ Why JSON lines: an append is one ``write`` of one line, O(1) at 200,000 entries,
 append damages only the last line. The file is never archived and never rewritten. After a
 crash the trainer appends a ``resume`` event; records of steps past the resumed step are kept
 (nothing is deleted) but leave the canonical history, where the last record of a step wins.
-Readers go through it a line at a time (``stream``, ``survey``, ``timeline``, ``index``) and never hold its
-records: as dicts, 200,000 of them took a quarter of a gigabyte (spec/RUN.md §3.6).
+Readers go through it a line at a time (``stream``, ``survey``, ``timeline``, ``index``) and
+never hold its records: as dicts, 200,000 of them took a quarter of a gigabyte (spec/RUN.md §3.6).
 """
 from __future__ import annotations
 
@@ -126,6 +126,12 @@ def _parse(line: bytes) -> dict[str, Any] | None:
     return rec
 
 
+def record_of(line: bytes) -> dict[str, Any] | None:
+    """The record a line (without its newline) holds; None for a damaged line, or a blank or
+    NUL-filled one (a torn tail)."""
+    return _parse(line) if line.strip(b"\0 \r") else None
+
+
 def _lines(f: BinaryIO, length: int | None) -> Iterator[tuple[int, int, bytes]]:
     """(byte offset, offset of the next line, line without its newline) of each line of the
     first ``length`` bytes from where ``f`` stands (all of them if None), one at a time: what
@@ -156,22 +162,15 @@ def stream(path: "str | os.PathLike[str]", length: int | None = None,
     time; a torn or NUL-filled tail is a warning, damage mid-file a problem, both added to
     ``survey`` as the lines go by (its last-line warning once the stream is exhausted).
     ``length``: read only that prefix (``complete_length`` while a writer appends)."""
-    for offset, _, rec in positioned(path, length, survey):
-        yield offset, rec
-
-
-def positioned(path: "str | os.PathLike[str]", length: int | None = None,
-               survey: Survey | None = None) -> Iterator[tuple[int, int, dict[str, Any]]]:
-    """``stream`` with the byte offset after each record's line: (offset, end, record)."""
     path = os.fspath(path)
     survey = Survey(path) if survey is None else survey
     if not os.path.exists(path):
         return
     last_bad, count = None, 0
     with open(path, "rb") as f:
-        for i, (offset, end, raw) in enumerate(_lines(f, length)):
+        for i, (offset, _, raw) in enumerate(_lines(f, length)):
             count = i + 1
-            rec = _parse(raw) if raw.strip(b"\0 \r") else None
+            rec = record_of(raw)
             if rec is None:
                 last_bad = i
                 continue
@@ -180,7 +179,7 @@ def positioned(path: "str | os.PathLike[str]", length: int | None = None,
             elif last_bad == i - 1:
                 survey.problems.append(f"{path}: line {last_bad + 1}: corrupt record in the middle of the history")
             survey.record_count += 1
-            yield offset, end, rec
+            yield offset, rec
     if last_bad is not None and last_bad == count - 1:
         survey.warnings.append(f"{path}: line {count}: torn last line ignored")
 
@@ -216,11 +215,11 @@ class HistoryIndex(Survey):
     def __len__(self) -> int:
         return len(self.steps)
 
-    def put(self, step: int, offset: int, rec: dict[str, Any]) -> None:
+    def put(self, step: int, offset: int) -> None:
         """A step record: the last record of a step wins (appending, the common case, is O(1))."""
         steps = self.steps
         if steps and step <= steps[-1]:
-            self._put_back(step, offset, rec)
+            self._put_back(step, offset)
             return
         try:
             steps.append(step)
@@ -230,7 +229,7 @@ class HistoryIndex(Survey):
         if self.offsets is not None:
             self.offsets.append(offset)
 
-    def _put_back(self, step: int, offset: int, rec: dict[str, Any]) -> None:
+    def _put_back(self, step: int, offset: int) -> None:
         """A step at or before the newest one: it replaces that step's record, or goes in between."""
         i = bisect.bisect_left(self.steps, step)
         if self.steps[i] != step:              # a step older than the newest, never seen yet
@@ -277,7 +276,7 @@ def index(path: "str | os.PathLike[str]", length: int | None = None, *,
     found = HistoryIndex(os.fspath(path), length=length, offsets=array("q") if offsets else None)
     for offset, rec in stream(path, length, found):
         if "event" not in rec:
-            found.put(rec["step"], offset, rec)
+            found.put(rec["step"], offset)
             continue
         kind = rec["event"]
         if kind in events:

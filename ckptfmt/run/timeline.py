@@ -47,7 +47,7 @@ class Timeline:
     segments: list[Segment] | None
     events: list[tuple[str, int]] = field(default_factory=list)
     parsed: bool = False
-    stepped_back_last: int | None = None      # the last step, for a history read through index
+    index: hist.HistoryIndex | None = None     # a history that steps back: its steps and lines
 
     @property
     def forward(self) -> bool:
@@ -59,13 +59,13 @@ class Timeline:
         """The last canonical step (None: no records), known before the records are read (a
         chart buckets by it)."""
         if self.segments is None:
-            return self.stepped_back_last
+            return self.index.steps[-1] if len(self.index) else None
         return self.segments[-1].last if self.segments else None
 
     def records(self) -> Iterator[dict[str, Any]]:
         """The canonical records in step order, one line in memory at a time."""
         if self.segments is None:
-            yield from hist.index(self.path, self.length).records()
+            yield from self.index.records()
             return
         if not self.segments:                  # no records (or no history at all)
             return
@@ -113,7 +113,7 @@ def _segment_records(f: BinaryIO, seg: Segment, parsed: bool) -> Iterator[dict[s
     f.seek(seg.start)
     end = 0
     for _, end, raw in hist._lines(f, seg.end - seg.start):
-        rec = hist._parse(raw) if raw.strip(b"\0 \r") else None
+        rec = hist.record_of(raw)
         if rec is None:
             taken = None if parsed else _step_of(raw)
             if taken is not None and taken <= seg.last:
@@ -147,7 +147,7 @@ def plan(path: "str | os.PathLike[str]", length: int | None = None, *,
             step = None if parse else _step_of(raw)
             taken = step is not None
             if step is None:
-                rec = hist._parse(raw) if raw.strip(b"\0 \r") else None
+                rec = hist.record_of(raw)
                 if rec is None:
                     continue
                 if "event" in rec:
@@ -188,7 +188,7 @@ def _last_is_exact(f: BinaryIO, seg: Segment, parsed: bool) -> bool:
         return True
     f.seek(seg.unparsed)
     raw = f.read(seg.end - seg.unparsed)
-    rec = hist._parse(raw[:-1] if raw.endswith(b"\n") else raw)
+    rec = hist.record_of(raw[:-1] if raw.endswith(b"\n") else raw)
     return rec is not None and "event" not in rec and rec["step"] == seg.last
 
 
@@ -207,11 +207,10 @@ def _event(timeline: Timeline, segments: list[Segment], rec: dict[str, Any], eve
 
 
 def _stepping_back(path: str, length: int | None, events: tuple[str, ...]) -> Timeline:
-    """The plan of a history that is not forward-only: no segments; the events of a pass of
-    ``history.index`` (which ``records`` then does again, with offsets)."""
-    found = hist.index(path, length, events=events, offsets=False)
-    return Timeline(path, length, None, events=found.events, parsed=True,
-                    stepped_back_last=found.steps[-1] if len(found) else None)
+    """The plan of a history that is not forward-only: no segments; its index (16 bytes a
+    step: ``records`` reads the lines back by their offsets) and the events of that pass."""
+    found = hist.index(path, length, events=events)
+    return Timeline(path, length, None, events=found.events, parsed=True, index=found)
 
 
 def canonical(path: "str | os.PathLike[str]", length: int | None = None) -> Iterator[dict[str, Any]]:
