@@ -46,7 +46,7 @@ def bad(tmp_path):
 def test_help_lists_every_command(runner):
     code, out = run(runner, "--help")
     for cmd in ("inspect", "validate", "diff", "convert", "ls", "gc", "pin", "pivot", "fork", "bisect",
-                "plot", "train", "verify-resume", "export", "import"):
+                "plot", "train", "verify-resume", "export", "import", "mirror"):
         assert cmd in out
     assert code == 0
 
@@ -193,3 +193,20 @@ def test_non_finite_values_produce_no_numpy_warnings(tmp_path):
     for args in (["validate", "step_000001.bin"], ["inspect", "step_000001.bin"], ["diff", "step_000001.bin", "b.bin"]):
         proc = cli(*args, cwd=tmp_path)
         assert proc.returncode in (0, 1) and "Warning" not in proc.stderr and "warning" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("value, says", [
+    ('caps={"code":0.5}', "sources ['topics', 'docstrings'] need caps and floors"),   # the help's example, cut short
+    ('ctx="x"', "--set ctx: expected a positive integer"),
+    ("betas=1", "--set betas: expected two numbers"),
+    ("lr=-1", "--set lr: expected a positive number"),
+    ('caps={"code":0.2,"topics":0.2,"docstrings":0.2}', "caps to at least 1"),
+])
+def test_train_refuses_a_bad_set_in_one_line_before_the_run_exists(tmp_path, value, says):
+    """A --set value of the wrong type or one the bandit cannot use was a traceback (exit 1) from
+    deep in the trainer, after the run directory and its lock were made."""
+    proc = cli("train", "--run", str(tmp_path / "run"), "--steps", "2", "--set", value)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("ckptfmt: ") and says in proc.stderr
+    assert not (tmp_path / "run").exists()
+

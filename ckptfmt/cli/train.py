@@ -13,11 +13,15 @@ from .output import EXIT_CANNOT, EXIT_DEFECT, Fail, emit, guarded, json_option
 # ---------------------------------------------------------------- verify-resume
 @main.command("verify-resume")
 @click.option("--output", required=True, type=click.Path(), help="New directory for the four runs and verification.json.")
-@click.option("--trainer", type=click.Choice(["mini", "andrea", "command"]), default="mini", show_default=True)
-@click.option("--steps", type=click.IntRange(min=2), default=10, show_default=True)
-@click.option("--cut", type=click.IntRange(min=1), default=5, show_default=True)
-@click.option("--atol", type=float, default=1e-12, show_default=True)
-@click.option("--rtol", type=float, default=0.0, show_default=True)
+@click.option("--trainer", type=click.Choice(["mini", "andrea", "command"]), default="mini", show_default=True,
+              help="mini: the seed's 33-parameter exercise; andrea: the reference trainer (tiny); "
+                   "command: your own, see --command.")
+@click.option("--steps", type=click.IntRange(min=2), default=10, show_default=True,
+              help="Updates of the continuous run.")
+@click.option("--cut", type=click.IntRange(min=1), default=5, show_default=True,
+              help="Step at which the cut run saves and stops (smaller than --steps).")
+@click.option("--atol", type=float, default=1e-12, show_default=True, help="Absolute tolerance of each comparison.")
+@click.option("--rtol", type=float, default=0.0, show_default=True, help="Relative tolerance of each comparison.")
 @click.option("--command", "command", help="With --trainer command: template with {steps} {output} {resume} {omit_rng}.")
 @click.option("--fault", type=click.Choice(["optimizer", "scheduler", "cursor", "rng-python", "rng-numpy", "rng-torch"]),
               hidden=True, help="mini only: break one piece of the resume (to test the verifier).")
@@ -60,20 +64,25 @@ def _print_verification(r: dict) -> None:
 @click.option("--config", "config_name", default="tiny", show_default=True,
               type=click.Choice(["tiny", "andrea-12m", "andrea-120m"]), help="Named model/training config.")
 @click.option("--steps", type=click.IntRange(min=0), required=True, help="Train until global step N.")
-@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True)
-@click.option("--checkpoint-every", type=click.IntRange(min=1), default=100, show_default=True)
-@click.option("--sample-every", type=click.IntRange(min=0), default=100, show_default=True)
+@click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
+              help="auto: CUDA when available, else the CPU.")
+@click.option("--checkpoint-every", type=click.IntRange(min=1), default=100, show_default=True,
+              help="Commit a generation every N steps.")
+@click.option("--sample-every", type=click.IntRange(min=0), default=100, show_default=True,
+              help="Write a generated sample to .samples.json every N steps (0: never).")
 @click.option("--keep-last", type=click.IntRange(min=1), help="Retention: newest generations kept.")
 @click.option("--keep-every", type=click.IntRange(min=1), help="Retention: milestone interval.")
 @click.option("--seed", type=int, help="Config seed (default 0; part of the config).")
-@click.option("--threads", type=click.IntRange(min=1), help="torch threads (part of the config: bit-exact "
-              "resume needs the same count).")
+@click.option("--threads", type=click.IntRange(min=1), help="torch threads (default 1; part of the config: "
+              "bit-exact resume needs the same count).")
 @click.option("--async-save", is_flag=True, help="Write checkpoints in the background.")
 @click.option("--amp", type=click.Choice(["auto", "none", "bf16", "fp16"]), default="auto", show_default=True,
               help="Mixed precision on CUDA (auto: bf16 on CUDA, none on CPU).")
-@click.option("--log-every", type=click.IntRange(min=1), default=50, show_default=True)
+@click.option("--log-every", type=click.IntRange(min=1), default=50, show_default=True,
+              help="Print the loss every N steps.")
 @click.option("--set", "sets", multiple=True, metavar="KEY=JSON",
-              help="Override a config field, e.g. --set lr=1e-3 --set 'caps={\"code\":0.5,...}'. A run's "
+              help="Override a config field, e.g. --set lr=1e-3 --set 'caps={\"code\":0.5,\"topics\":0.7,"
+                   "\"docstrings\":0.7}' (caps and floors name every source). A run's "
                    "config can only change in caps, floors, sources and the lr schedule, after `ckptfmt pivot`.")
 @click.option("--parallel", type=click.Choice(["ddp", "fsdp"]), default="ddp", show_default=True,
               help="Under torchrun: DDP replicas or FSDP2 sharding (the checkpoint format is the same).")
@@ -121,9 +130,10 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1   # launched by torchrun
     if distributed and (summary or pause_at):
         raise click.UsageError("--summary and --pause-at-step are single-process only (not under torchrun)")
-    from ..trainer.config import parse_sets  # lazy: keeps `ckptfmt --help` fast
+    from ..trainer.config import check, parse_sets  # lazy: keeps `ckptfmt --help` fast
     try:
         overrides = parse_sets(sets)
+        check(config_name, overrides)          # a bad value is one line, before the run is touched
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     from ..trainer.loop import train as run_train  # lazy: imports torch

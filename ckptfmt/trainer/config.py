@@ -85,6 +85,56 @@ def parse_sets(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
     return out
 
 
+def check(name: str, overrides: dict[str, Any]) -> TrainConfig:
+    """The config ``--set`` asks for, refused in one line (``ValueError``) before anything runs
+    when a value has the wrong type or cannot work (caps and floors must name every source).
+
+    >>> check("tiny", {"caps": {"code": 0.5}})
+    Traceback (most recent call last):
+    ValueError: --set: sources ['topics', 'docstrings'] need caps and floors
+    >>> check("tiny", {"lr": "fast"})
+    Traceback (most recent call last):
+    ValueError: --set lr: expected a positive number, got 'fast'
+    """
+    for key, value in overrides.items():
+        problem = _type_problem(key, value, getattr(CONFIGS[name], key))
+        if problem:
+            raise ValueError(f"--set {key}: {problem}, got {value!r}")
+    try:
+        cfg = get(name, **overrides)
+    except ValueError as exc:
+        raise ValueError(f"--set: {exc}") from None
+    if not set(cfg.sources) <= set(SOURCES) or not cfg.sources:
+        raise ValueError(f"--set sources: each one of {', '.join(SOURCES)}, got {list(cfg.sources)!r}")
+    if sum(cfg.floors[s] for s in cfg.sources) > 1 + 1e-9 or sum(cfg.caps[s] for s in cfg.sources) < 1 - 1e-9:
+        raise ValueError("--set: the floors must sum to at most 1 and the caps to at least 1")
+    return cfg
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def _type_problem(key: str, value: Any, default: Any) -> str | None:
+    """Why ``value`` cannot stand for a field whose default is ``default`` (None: it can)."""
+    if isinstance(default, int) and not isinstance(default, bool):
+        ok = isinstance(value, int) and not isinstance(value, bool) and value >= (0 if key in ("seed", "warmup") else 1)
+        return None if ok else "expected a " + ("non-negative" if key in ("seed", "warmup") else "positive") + " integer"
+    if isinstance(default, float):
+        positive = key in ("lr", "eps")
+        ok = _number(value) and (value > 0 if positive else value >= 0)
+        return None if ok else "expected a " + ("positive" if positive else "non-negative") + " number"
+    if key == "betas":
+        ok = isinstance(value, tuple) and len(value) == 2 and all(_number(b) for b in value)
+        return None if ok else "expected two numbers"
+    if key == "sources":
+        return None if isinstance(value, tuple) and all(isinstance(s, str) for s in value) else "expected a list of source names"
+    if isinstance(default, dict):
+        ok = isinstance(value, dict) and all(_number(v) for v in value.values())
+        return None if ok else "expected an object of numbers by source"
+    return None
+
+
 def from_dict(d: dict[str, Any]) -> TrainConfig:
     d = dict(d)
     d["betas"], d["sources"] = tuple(d["betas"]), tuple(d["sources"])
