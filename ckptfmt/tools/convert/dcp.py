@@ -9,9 +9,11 @@ trust. The .bin side never unpickles anything.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import warnings
 from typing import Any
 
 import numpy as np
@@ -29,6 +31,15 @@ def _torch_dcp(path: str) -> tuple[Any, Any]:
     torch = require_torch(path)
     import torch.distributed.checkpoint as dcp  # lazy: torch is the optional extra
     return torch, dcp
+
+
+@contextlib.contextmanager
+def _one_process():
+    """DCP warns on every save and load that torch.distributed is not initialised and it assumes
+    one process: a conversion is one process by design, so the warning says nothing to its user."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="torch.distributed is disabled, unavailable or uninitialized")
+        yield
 
 
 def _layout(ck) -> list[dict[str, Any]]:
@@ -62,7 +73,8 @@ def to_dcp(src: str, dst: str) -> None:
                                      for name in weights},
                            "param_groups": [dict(g, params=list(weights)) for g in opt.get("hyperparams", [{}])]},
                  "ckptfmt": {"step": torch.tensor(ck.step, dtype=torch.int64), "manifest": manifest_bytes}}
-        dcp.save(state, checkpoint_id=dst)
+        with _one_process():
+            dcp.save(state, checkpoint_id=dst)
 
 
 def from_dcp(src: str, dst: str) -> writer.SaveResult:
@@ -74,14 +86,16 @@ def from_dcp(src: str, dst: str) -> writer.SaveResult:
         raise ConvertError(src, "not written by ckptfmt: no ckptfmt.manifest entry (its layout is needed)")
     head = {"ckptfmt": {"step": torch.tensor(0, dtype=torch.int64),
                         "manifest": torch.zeros(meta["ckptfmt.manifest"].size, dtype=torch.uint8)}}
-    dcp.load(head, checkpoint_id=src)
+    with _one_process():
+        dcp.load(head, checkpoint_id=src)
     extra = json.loads(bytes(head["ckptfmt"]["manifest"].tolist()).decode())
     layout = extra["layout"]
     n = sum(math.prod(e["shape"]) for e in layout)
     regions = {r: np.empty(n, dtype=fmt.DTYPE) for r in fmt.REGIONS}
     w, m, v = (_tensors(torch, regions[r], layout) for r in fmt.REGIONS)
     state = {"model": w, "optim": {"state": {k: {"exp_avg": m[k], "exp_avg_sq": v[k]} for k in w}}}
-    dcp.load(state, checkpoint_id=src)
+    with _one_process():
+        dcp.load(state, checkpoint_id=src)
     if extra.get("layout") == [{"name": "flat", "shape": [n], "offset": 0}]:
         extra.pop("layout")
     return writer.save(dst, int(head["ckptfmt"]["step"]), regions["weights"], regions["m"], regions["v"],
