@@ -108,6 +108,21 @@ def test_ls_reports_the_lag_from_local_records_only(s3, bucket, tmp_path):
     assert ls_run(run)["mirrors"][0]["behind"] == []
 
 
+def test_what_the_destination_retention_keeps_out_is_not_lag(s3, bucket, tmp_path):
+    """Generations the destination's retention would delete at once are never uploaded (RUN.md
+    §10.5); ls used to count them as behind for ever, so the README's mirror with --keep-last
+    never said "up to date"."""
+    run = make_run(tmp_path / "run", steps=(10, 20, 30))
+    url = f"s3://{bucket}/keptout"
+    assert cli("mirror", str(run), url, "--keep-last", "1").returncode == 0
+    assert ls_run(run)["mirrors"][0]["behind"] == []
+    assert f"mirror {url}: up to date" in cli("ls", str(run)).stdout
+    ckptfmt.save_generation(run, 40, *arrays(1000, 40))
+    assert ls_run(run)["mirrors"][0]["behind"] == [40]          # a new one is lag until mirrored
+    assert cli("mirror", str(run), url).returncode == 0          # no retention there now: all go up
+    assert ls_run(run)["mirrors"][0]["behind"] == []
+
+
 def test_retention_at_the_destination_keeps_last_milestones_and_pins(s3, bucket, tmp_path):
     run = make_run(tmp_path / "run", steps=(100, 200, 300, 400, 500))
     (run / ".pins.json").write_text("[100]\n")

@@ -25,29 +25,38 @@ def read(run_path: "str | os.PathLike[str]") -> dict[str, Any]:
 
 
 def record(run_path: "str | os.PathLike[str]", url: str, *, confirmed: dict[int, str] | None = None,
-           deleted: list[int] | None = None) -> dict[str, Any]:
-    """Add confirmed uploads (step -> blake3) and destination deletions for ``url``, durably."""
+           deleted: list[int] | None = None, kept_out: list[int] | None = None) -> dict[str, Any]:
+    """Add confirmed uploads (step -> blake3) and destination deletions for ``url``, durably;
+    ``kept_out`` (replaced, not added to): the steps the last pass did not upload because the
+    destination's retention would delete them at once."""
     doc = read(run_path)
     dest = doc["destinations"].setdefault(url, {"confirmed": {}, "deleted": []})
     for step, digest in (confirmed or {}).items():
         dest["confirmed"][str(step)] = digest
     dest["deleted"] = sorted(set(dest.get("deleted", [])) | set(deleted or []))
+    if kept_out is not None:
+        dest["kept_out"] = sorted(kept_out)
     dest["updated"] = round(time.time(), 3)
     atomic.write_json(Path(run_path) / NAME, doc)
     return doc
 
 
 def lag(run_path: "str | os.PathLike[str]", committed: list[int]) -> list[dict[str, Any]]:
-    """Per destination: the local committed ``steps`` not yet confirmed there, newest confirmed.
+    """Per destination: the local committed ``steps`` not yet confirmed there (less those its
+    retention keeps out of it), newest confirmed.
 
     >>> import tempfile; d = tempfile.mkdtemp()
     >>> _ = record(d, "s3://b/r", confirmed={20: "ab"})
     >>> lag(d, [20, 40])[0]["behind"]
     [40]
+    >>> _ = record(d, "s3://b/r", confirmed={40: "cd"}, kept_out=[10])
+    >>> lag(d, [10, 20, 40])[0]["behind"]
+    []
     """
     rows = []
     for url, dest in sorted(read(run_path)["destinations"].items()):
         confirmed = {int(s) for s in dest.get("confirmed", {})}
-        rows.append({"url": url, "behind": sorted(s for s in committed if s not in confirmed),
+        done = confirmed | set(dest.get("kept_out", []))
+        rows.append({"url": url, "behind": sorted(s for s in committed if s not in done),
                      "newest_confirmed": max(confirmed, default=None), "updated": dest.get("updated")})
     return rows

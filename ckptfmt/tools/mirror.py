@@ -49,6 +49,9 @@ def mirror(run_dir: "str | os.PathLike[str]", url: str, *, keep_last: int | None
         skip = _doomed(set(local) | {s for s, g in there.items() if g.committed}, keep_last, keep_every,
                        run.pins(), max(local, default=None))
         lease.narrow(s for s in local if s not in skip)
+        kept_out = sorted(s for s in local if s in skip)           # not lag, for ls (RUN.md §10.6)
+        if mirrors.read(run.path)["destinations"].get(remote.url, {}).get("kept_out", []) != kept_out:
+            mirrors.record(run.path, remote.url, kept_out=kept_out)
         result = _upload_missing(run, remote, {s: g for s, g in local.items() if s not in skip}, there,
                                  recheck, progress, lease)
     sidecars = _upload_sidecars(run, remote, recheck)
