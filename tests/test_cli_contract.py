@@ -1,6 +1,6 @@
 """The CLI contract, for every command on every hostile input (issue 18, deliverable 1).
 
-One table: each row runs one of the 15 commands against one input of a corpus of hostile
+One table: each row runs one of the 16 commands against one input of a corpus of hostile
 inputs (missing paths, directories for files, empty and 7-byte files, impossible headers,
 torn files, text renamed .bin, broken manifests, foreign files with partial metadata,
 non-archives, read-only, missing and existing destinations, spaces and non-ASCII names,

@@ -77,7 +77,7 @@ def _print_run_inspect(d: dict) -> None:
 @click.option("--fast", is_flag=True, help="Skip hashing and value scans (structure and manifest only).")
 @click.option("--scan", is_flag=True, help="Scan every value even where the manifest records value facts "
               "(by default a committed generation whose blake3 matches is checked by its recorded facts).")
-@click.option("--b3sums", "b3sums_out", type=click.Path(),
+@click.option("--b3sums", "b3sums_out", type=click.Path(), metavar="FILE",
               help="When everything validates, write FILE for `b3sum --check`: every committed generation's "
                    "files, paths relative to FILE's directory (spec/FORMAT.md §6.3).")
 @guarded
