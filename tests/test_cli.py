@@ -108,6 +108,29 @@ def test_one_line_errors_in_a_real_process(tmp_path):
     assert proc.returncode == 2 and proc.stderr.strip().count("\n") == 0 and "nope.bin" in proc.stderr
 
 
+@pytest.mark.parametrize("args", [["inspect", "{file}", "--tensors"], ["validate", "{file}", "--json"]])
+def test_a_reader_that_closes_stdout_ends_the_command_quietly(tmp_path, args):
+    """`ckptfmt inspect RUN --tensors | head`: stdout's pipe is closed before the command writes;
+    no "[Errno 32] Broken pipe" naming no file, no traceback, no "Exception ignored" at exit."""
+    import os
+    import subprocess
+    from conftest import PY
+    f = make(tmp_path, 1)
+    read_end, write_end = os.pipe()
+    os.close(read_end)                                  # the reader is gone before the first write
+    try:
+        proc = subprocess.run([PY, "-m", "ckptfmt.cli", *[a.format(file=f) for a in args]], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 2 and proc.stderr == ""
+
+
+def test_a_usage_error_names_the_command_once(tmp_path):
+    proc = cli("gc", str(tmp_path))
+    assert proc.returncode == 2 and proc.stderr == "ckptfmt: gc: Missing option '--keep-last'. (see --help)\n"
+
+
 def test_validate_many_and_json(runner, tmp_path, bad):
     good = make(tmp_path, 2)
     code, out = run(runner, "validate", good, "--json")

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 
 from ckptfmt.errors import HistoryCorruptError
@@ -395,6 +395,7 @@ def test_series_at_full_resolution_is_the_series_of_before(tmp_path_factory, lin
 @settings(max_examples=200, deadline=None)
 @given(losses=st.lists(st.one_of(st.floats(-5, 5), st.just(math.nan), st.just(math.inf)), min_size=1, max_size=300),
        buckets=st.integers(1, 20), stride=st.integers(1, 3))
+@example(losses=[1.0, 1.2, 0.2], buckets=1, stride=1)      # 0.8000000000000002 against 3.12's sum()
 def test_downsampled_curve_keeps_each_buckets_lowest_and_highest_loss(losses, buckets, stride):
     """Each bucket is two points (its first and last step) with the bucket's lowest, highest and
     mean finite loss (NaN: a gap) and the EMA, over every step, at both steps."""
@@ -418,7 +419,8 @@ def test_downsampled_curve_keeps_each_buckets_lowest_and_highest_loss(losses, bu
         for k in at:
             got = (drawn["low"][k], drawn["high"][k], drawn["loss"][k])
             want = (min(finite), max(finite), sum(finite) / len(finite)) if finite else (math.nan,) * 3
-            assert same(got, want)
+            # the mean to 1e-12: Python 3.12's sum() compensates, the curve's running total does not
+            assert same(got[:2], want[:2]) and (same(got[2:], want[2:]) or math.isclose(got[2], want[2], rel_tol=1e-12))
         shown += 2
     assert shown == len(drawn["steps"])
     assert same(drawn["ema"], [ema_at[s] for s in drawn["steps"]])

@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from . import output  # noqa: F401  (installs the one-line warning format)
-from .output import EXIT_CANNOT, Fail
+from .output import EXIT_CANNOT, Fail, quiet_after_closed_stdout, stdout_is_pipe
 
 
 class Group(click.Group):
@@ -16,9 +16,23 @@ class Group(click.Group):
         try:
             return super().invoke(ctx)
         except click.UsageError as exc:
-            where = exc.ctx.command_path if exc.ctx is not None else "ckptfmt"
-            raise Fail(f"{where}: {exc.format_message()} (see --help)", EXIT_CANNOT,
+            # "ckptfmt: gc: Missing option ..." (Fail.show puts the program's name in front)
+            where = _subcommand(exc.ctx)
+            raise Fail(f"{where + ': ' if where else ''}{exc.format_message()} (see --help)", EXIT_CANNOT,
                        as_json=wants_json) from None
+        except BrokenPipeError as exc:
+            if exc.filename is not None or not stdout_is_pipe():
+                raise Fail(str(exc), EXIT_CANNOT, kind=type(exc).__name__, as_json=wants_json) from None
+            quiet_after_closed_stdout()
+
+
+def _subcommand(ctx: "click.Context | None") -> str:
+    """The command's path below the program ("gc"), whatever the program was called as."""
+    names = []
+    while ctx is not None and ctx.parent is not None:
+        names.append(ctx.info_name or "")
+        ctx = ctx.parent
+    return " ".join(reversed(names))
 
 
 @click.group(cls=Group, context_settings={"help_option_names": ["-h", "--help"]})

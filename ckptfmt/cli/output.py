@@ -11,6 +11,7 @@ import functools
 import json
 import math
 import os
+import stat
 import warnings
 from typing import Any, Callable
 
@@ -58,12 +59,33 @@ def guarded(fn: Callable) -> Callable:
         except CheckpointError as exc:
             raise Fail(str(exc), _exit_code(exc), kind=type(exc).__name__, path=exc.path,
                        as_json=as_json) from None
+        except BrokenPipeError as exc:
+            if exc.filename is None and stdout_is_pipe():
+                raise                                 # `| head` closed stdout: the group ends quietly
+            raise Fail(str(exc), EXIT_CANNOT, kind=type(exc).__name__, as_json=as_json) from None
         except OSError as exc:
             where = exc.filename or ""
             message = f"{where}: {exc.strerror or exc}" if where else str(exc)
             raise Fail(message, EXIT_CANNOT, kind=type(exc).__name__, path=where or None,
                        as_json=as_json) from None
     return wrapper
+
+
+def stdout_is_pipe() -> bool:
+    try:
+        return stat.S_ISFIFO(os.fstat(1).st_mode) or stat.S_ISSOCK(os.fstat(1).st_mode)
+    except OSError:
+        return False
+
+
+def quiet_after_closed_stdout() -> None:
+    """The reader of stdout went away (``ckptfmt inspect RUN --tensors | head``): there is nobody
+    to tell, so no message; stdout goes to /dev/null so the interpreter's last flush cannot raise
+    again, and the command ends with 2 (it could not deliver its whole output)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.close(devnull)
+    raise SystemExit(EXIT_CANNOT)
 
 
 def _exit_code(exc: CheckpointError) -> int:
