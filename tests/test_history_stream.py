@@ -534,3 +534,23 @@ def test_a_damaged_line_that_opened_the_last_segment_is_not_its_last_step(tmp_pa
                      b'{"event": "resume", "step": 2}\n')
     plan = timeline.plan(path)
     assert plan.last_step is None and list(plan.records()) == [] == hist.read(path).canonical()
+
+
+def test_runs_on_one_chart_are_smoothed_alike(tmp_path):
+    """A run and its 300-step fork: each alone would get its own EMA span and share window (1/50
+    of its length), so their common first 300 steps would be drawn differently; on one chart
+    both take the longest run's, and the fork's curve is the run's over those steps."""
+    from ckptfmt.tools.plot import plot
+    for name, last in (("run", 2000), ("fork", 300)):
+        (tmp_path / name).mkdir()
+        h = hist.History(tmp_path / name / ".loss.json")
+        for s in range(1, last + 1):
+            h.append({"step": s, "loss": 1.0 + (s * 7919 % 13) / 10, "source": "code" if s % 3 else "topics"})
+        h.close()
+    alone = [series(str(tmp_path / name))["smoothing"] for name in ("run", "fork")]
+    assert alone[0] != alone[1]
+    out = plot([str(tmp_path / "run"), str(tmp_path / "fork")], str(tmp_path / "p.png"))
+    assert [r["smoothing"] for r in out["runs"]] == [alone[0], alone[0]]
+    run, fork = (series(str(tmp_path / name), **alone[0]) for name in ("run", "fork"))
+    full = len(fork["shares"]["code"]) - 1                    # the fork's last window ends early
+    assert fork["ema"] == run["ema"][:300] and fork["shares"]["code"][:full] == run["shares"]["code"][:full]

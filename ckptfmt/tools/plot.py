@@ -51,7 +51,7 @@ def series(run_dir: str, ema: float | None = None, window: int | None = None,
         steps += 1
     events = [{"event": kind, "step": step} for kind, step in plan.events]
     return {"run": run_dir, **curve.drawn(), "generations": gens, "events": events,
-            **shares.drawn(), "history_steps": steps}
+            **shares.drawn(), "history_steps": steps, "smoothing": {"ema": ema, "window": window}}
 
 
 LONG = 25_000       # steps from which the EMA span is its longest (500 = LONG // 50)
@@ -166,6 +166,9 @@ def plot(run_dirs: list[str], out: str) -> dict[str, Any]:
     for d in data:
         if not d["history_steps"]:
             raise EmptyRunError(d["run"], f"no loss history to plot ({hist.NAME} is missing or empty)")
+    longest = max(data, key=lambda d: d["history_steps"])["smoothing"]
+    data = [d if d["smoothing"] == longest else series(d["run"], points=POINTS, **longest)
+            for d in data]                              # runs compared smooth alike (a fork, a retry)
     try:
         import matplotlib  # lazy: the optional plot extra, here only
         matplotlib.use("Agg")
@@ -175,7 +178,8 @@ def plot(run_dirs: list[str], out: str) -> dict[str, Any]:
     fig, legend = _draw(plt, data)
     _save_figure(plt, fig, out)
     return {"out": out, "legend": legend,
-            "runs": [{"run": d["run"], "steps": d["history_steps"], "events": len(d["events"])} for d in data]}
+            "runs": [{"run": d["run"], "steps": d["history_steps"], "events": len(d["events"]),
+                      "smoothing": d["smoothing"]} for d in data]}
 
 
 def _draw(plt: Any, data: list[dict[str, Any]]) -> tuple[Any, list[str]]:
