@@ -52,6 +52,8 @@ def main() -> None:
     ap.add_argument("--fsdp", action="store_true", help="FSDP2 shards instead of DDP replicas")
     ap.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="cuda: GPU LOCAL_RANK per rank")
     args = ap.parse_args()
+    if (args.steps is None) == (args.updates is None):
+        ap.error("give one of --steps N or --updates N")
     device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if args.device == "cuda" else torch.device("cpu")
     if device.type == "cuda":
         torch.cuda.set_device(device)                # before the group: NCCL uses the current device

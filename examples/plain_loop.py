@@ -44,6 +44,8 @@ def main() -> None:
     ap.add_argument("--resume", help="start from this checkpoint instead of the run's newest")
     ap.add_argument("--omit-rng-restore", action="store_true", help="negative control")
     args = ap.parse_args()
+    if (args.steps is None) == (args.updates is None):
+        ap.error("give one of --steps N or --updates N")
     random.seed(0), np.random.seed(0), torch.manual_seed(0)   # every RNG: a run is reproducible
     torch.use_deterministic_algorithms(True)
     x = torch.randn(256, 8)

@@ -126,6 +126,14 @@ def test_verify_resume_passes_on_the_plain_loop(tmp_path):
     assert all(c["max_deviation"] == 0 for c in doc["checks"]["resume"].values())
 
 
+@pytest.mark.parametrize("length", [[], ["--steps", "5", "--updates", "5"]])
+def test_the_plain_loop_asks_for_its_length_in_one_line(tmp_path, length):
+    proc = subprocess.run([PY, str(PLAIN), "--output", str(tmp_path / "r"), *length], capture_output=True,
+                          text=True, timeout=120)
+    assert proc.returncode == 2 and "give one of --steps N or --updates N" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "r").exists()
+
+
 # ---------------------------------------------------------------- the library, in process
 def small(dtype=torch.float32):
     torch.manual_seed(0)
