@@ -166,6 +166,7 @@ def test_config_change_is_refused_without_a_pivot(tmp_path):
     assert train(run, 20).returncode == 0
     proc = train(run, 40, "--seed", "3")
     assert proc.returncode == 1 and "config differs" in proc.stderr and "seed: run has 0, asked 3" in proc.stderr
+    assert "pivot" not in proc.stderr              # a pivot cannot change the seed: no hint that it could
     proc = train(run, 40, "--set", 'caps={"code":0.5,"topics":0.5,"docstrings":0.5}')
     assert proc.returncode == 1 and "ckptfmt pivot" in proc.stderr
     assert Run(run).latest().step == 20

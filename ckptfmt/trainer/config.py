@@ -148,6 +148,7 @@ def check_compatible(path: str, stored: dict[str, Any], wanted: TrainConfig, *, 
     forbidden = [k for k in changed if not (pivot and k in POLICY_FIELDS)]
     if forbidden:
         detail = ", ".join(f"{k}: run has {stored.get(k)!r}, asked {new.get(k)!r}" for k in forbidden)
-        hint = ("" if pivot else " (caps, floors and the lr schedule may change after "
+        policy_only = all(k in POLICY_FIELDS for k in forbidden)     # then a pivot would allow it
+        hint = ("" if pivot or not policy_only else " (caps, floors and the lr schedule may change after "
                 "`ckptfmt pivot RUN`)")
         raise ConfigMismatchError(path, f"config differs from the run's: {detail}{hint}")
