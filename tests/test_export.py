@@ -36,6 +36,9 @@ def test_export_then_resume_gives_the_same_bytes(trained, tmp_path):
     assert doc["steps"] == [40] and doc["verified"]["validated"]["status"] == "verified"
     assert "loaded into a fresh tiny model" in doc["verified"]["loaded"]
     assert not (dest / INCOMPLETE).exists() and (dest / "EXPORT.md").exists()
+    said = next(line for line in (dest / "EXPORT.md").read_text().splitlines() if "verified at this" in line)
+    assert f"{doc['verified']['files_rehashed']} files rehashed; step_000040.bin verified; loaded into" in said
+    assert "{" not in said                         # words for a person, not the JSON of export.json
     assert json.loads((dest / "export.json").read_text())["final_loss"]["history_steps"] == 40
     assert (dest / ".loss.json").read_bytes() == (trained / "run" / ".loss.json").read_bytes()
     assert cli("validate", str(dest)).returncode == 0

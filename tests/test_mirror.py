@@ -103,7 +103,7 @@ def test_ls_reports_the_lag_from_local_records_only(s3, bucket, tmp_path):
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["mirrors"] == [
         {"url": url, "behind": [30], "newest_confirmed": 20, "updated": json.loads(proc.stdout)["mirrors"][0]["updated"]}]
-    assert "1 generations behind [30]" in cli("ls", str(run), env=dead).stdout
+    assert "1 generation behind [30]" in cli("ls", str(run), env=dead).stdout
     assert cli("mirror", str(run), url).returncode == 0
     assert ls_run(run)["mirrors"][0]["behind"] == []
 

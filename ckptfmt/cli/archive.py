@@ -5,7 +5,6 @@ Library imports stay inside the commands: ``ckptfmt.tools.export`` costs millise
 """
 from __future__ import annotations
 
-import json
 import os
 
 import click
@@ -29,7 +28,7 @@ def export_cmd(run: str, dest: str, latest: bool, steps: str | None, with_histor
                weights_only: bool, archive: bool, as_json: bool) -> None:
     """Export generations, history and sidecars to DEST, verified at DEST (and loaded there).
     Safe while the run trains: the chosen generations are leased, so retention keeps them."""
-    from ..tools.export import archive as run_archive, export as run_export  # lazy: keeps `ckptfmt --help` fast
+    from ..tools.export import archive as run_archive, checks_in_words, export as run_export  # lazy: `--help` fast
     chosen = _parse_steps(steps)
     if latest and chosen:
         raise click.UsageError("--latest and --steps exclude each other")
@@ -39,7 +38,8 @@ def export_cmd(run: str, dest: str, latest: bool, steps: str | None, with_histor
                  check=_model_check(), progress=bar)
     emit(doc, as_json, lambda d: click.echo(
         f"exported steps {d['steps']} to {dest}: {len(d['files'])} files, verified at the destination: "
-        f"{json.dumps(d['verified'])}" + (" (UNVERIFIED bare files)" if d["bare"] else "")))
+        + checks_in_words(d["verified"]) + (" (UNVERIFIED bare files)" if d["bare"] else "")))
+
 
 
 def _model_check():

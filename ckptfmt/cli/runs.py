@@ -60,7 +60,7 @@ def print_ls(d: dict) -> None:
     for f in d["foreign"]:
         click.echo(f"  skipped: {f}")
     for m in d.get("mirrors", []):
-        click.echo(f"  mirror {m['url']}: " + (f"{len(m['behind'])} generations behind {m['behind']}"
+        click.echo(f"  mirror {m['url']}: " + (f"{len(m['behind'])} generation{'s' * (len(m['behind']) > 1)} behind {m['behind']}"
                                                 if m["behind"] else "up to date")
                    + f" (newest confirmed there: {m['newest_confirmed']})"
                    + (f"; checked there now: {m['at_destination']}" if "at_destination" in m else ""))

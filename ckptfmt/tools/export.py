@@ -30,7 +30,7 @@ from . import b3sums
 from .convert import convert
 from .validate import INCOMPLETE, validate_file
 
-__all__ = ["INCOMPLETE", "archive", "export", "import_archive"]
+__all__ = ["INCOMPLETE", "archive", "checks_in_words", "export", "import_archive"]
 
 SIDECARS = (hist.NAME, SAMPLES, STATE)
 ARCHIVE_MANIFEST = "export.json"
@@ -185,12 +185,28 @@ def _describe(run: Run, out: Path, gens: list, files: list, checks: dict, second
             "bare": not bool(doc)}
 
 
+def checks_in_words(checks: dict[str, Any]) -> str:
+    """What ``verified`` holds, for a person: "5 files rehashed; step_000400.bin verified;
+    loaded into a fresh tiny model + AdamW at step 400".
+
+    >>> checks_in_words({"files_rehashed": 2, "validated": {"file": "step_000010.bin", "status": "verified"}})
+    '2 files rehashed; step_000010.bin verified'
+    """
+    parts = [f"{checks.get('files_rehashed', 0)} files rehashed"]
+    validated = checks.get("validated")
+    if validated:
+        parts.append(f"{validated.get('file')} {validated.get('status')}")
+    parts += [v if isinstance(v, str) else f"{k}: {json.dumps(v)}" for k, v in checks.items()
+              if k not in ("files_rehashed", "validated")]
+    return "; ".join(parts)
+
+
 def _export_md(doc: dict[str, Any]) -> str:
     step = doc["steps"][-1]
     name = fmt.checkpoint_name(step)
     lines = [f"# ckptfmt export of {doc['source_run']}", "",
              f"Exported {doc['exported_at']}: steps {doc['steps']}; verified at this destination: "
-             f"{json.dumps(doc['verified'])}.", ""]
+             f"{checks_in_words(doc['verified'])}.", ""]
     if doc["bare"]:
         lines += ["These are bare .bin files without manifests: their contents are UNVERIFIED.", ""]
     lines += ["| file | size | blake3 |", "|---|---|---|"]
