@@ -34,8 +34,11 @@ class RunLock:
         except BlockingIOError:
             holder = _read_holder(fd)
             os.close(fd)
+            mine = holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname()
             raise RunLockedError(str(self.path.parent), f"locked by {holder.get('purpose', 'a writer')} "
-                                 f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}",
+                                 f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
+                                 + (" (this process: close() the writer that holds it first, e.g. an "
+                                    "earlier CheckpointManager)" if mine else ""),
                                  got=holder) from None
         previous = _read_holder(fd)
         if previous.get("pid") and previous.get("pid") != os.getpid():

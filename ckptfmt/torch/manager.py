@@ -26,7 +26,7 @@ import numpy as np
 import torch
 
 from .. import manifest as mf
-from ..errors import UnsupportedSetupError
+from ..errors import ConfigMismatchError, UnsupportedSetupError
 from ..run import Run, RunLock
 from ..run.history import encode_float
 from . import adapter, optim, ranks, rng
@@ -90,6 +90,9 @@ class CheckpointManager:
         self.skipped_diverged: str | None = None   # why restore passed newer generations over
         self.fresh: list[str] = []
         self.closed = False
+        self._last_step: int | None = None    # the newest step restored or given to step()
+        self._resumed_at: int | None = None
+        self._checked = False                 # the run's generations looked at (restore, first step)
 
     # ------------------------------------------------------------ driving
     def request_save(self) -> None:
@@ -104,6 +107,7 @@ class CheckpointManager:
         """Record step ``step`` in ``.loss.json``; save on cadence or on request. True once a
         stop was requested: the generation is committed and the loop should exit."""
         self._require_open()
+        self._check_order(step)
         record: dict[str, Any] = {"step": step, "time": time.time()}
         values = {**({"loss": loss} if loss is not None else {}), **metrics}
         for key, value in values.items():
@@ -121,6 +125,24 @@ class CheckpointManager:
         if reason and self.committed != step:
             self.save(step, reason)
         return stop
+
+    def _check_order(self, step: int) -> None:
+        """Steps go forward from where the run is: a loop that restarts at 1 after ``restore()``,
+        or never called it on a run with generations, would replace the history's records of
+        those steps and collide with committed generations. Refused before anything is written."""
+        last = self._last_step
+        if last is not None and step <= last:
+            where = "where this run resumed" if last == self._resumed_at else "the last one given to step()"
+            raise ConfigMismatchError(str(self.run.path), f"step {step} is not after step {last}, {where}: "
+                                      "the loop goes on from restore()'s return (range(start + 1, ...))")
+        if not self._checked:
+            self._checked = True
+            done = [g.step for g in self.run.generations() if g.committed]
+            if done and max(done) >= step:
+                raise ConfigMismatchError(str(self.run.path), f"step {step}: the run has generations up to "
+                                          f"step {max(done)}; call restore() before the loop and go on "
+                                          "from the step it returns")
+        self._last_step = step
 
     def save(self, step: int, reason: str = "requested") -> None:
         """Commit generation ``step`` now (asynchronously with ``async_save``); the history's
@@ -197,6 +219,8 @@ class CheckpointManager:
                 doc[doc_key] = tree
             else:
                 doc.setdefault(doc_key, {})[name] = tree
+        if self.scheduler is not None:
+            doc["scheduler_type"] = type(self.scheduler).__name__    # a resume refuses another class
         if self.config is not None:
             doc["config"] = self.config
         ranks.add_ranks(doc, extra)
@@ -249,6 +273,8 @@ class CheckpointManager:
         self.fresh = []
         self.restored_from = self.skipped_diverged = None
         step = restoring.restore(self, source, strict, restore_rng, allow_nonfinite, allow_device_change)
+        self._checked, self._last_step = True, step
+        self._resumed_at = step
         if step is None:
             self._event("start", 0, world_size=self.world)
             return 0

@@ -28,8 +28,8 @@ from .. import facts as valfacts
 from .. import format as fmt
 from .. import manifest as mf
 from .. import reader
-from ..errors import (DeviceChangeError, IncompleteResumeStateError, LayoutMismatchError, NoValidGenerationError,
-                      RankDisagreementError, UnsupportedSetupError)
+from ..errors import (ConfigMismatchError, DeviceChangeError, IncompleteResumeStateError, LayoutMismatchError,
+                      NoValidGenerationError, RankDisagreementError, UnsupportedSetupError)
 from ..shards import ShardedCheckpoint
 from . import adapter, optim, ranks, rng
 from .distributed import any_rank, is_sharded_model, load_into
@@ -109,6 +109,7 @@ def make_plan(mgr: "CheckpointManager", ck: Any, doc: dict[str, Any], strict: bo
     check_layout(doc, mgr.model, path)
     mf.require(path, doc, ("layout", "optimizer"))
     optim.check(mgr.optimizer, doc["optimizer"], path)
+    swapped = _scheduler_swapped(mgr, doc, path, strict)
     extra = ck.companion()
     get = extra.tensor if extra is not None else _no_companion(path)
     own_rng, own_state, change = ranks.own_pieces(doc)
@@ -130,10 +131,26 @@ def make_plan(mgr: "CheckpointManager", ck: Any, doc: dict[str, Any], strict: bo
     _refuse(path, lacks, unused, strict, moved)
     for piece in lacks + unused:
         warnings.warn(f"{path}: {piece} starts fresh (strict=False)", stacklevel=4)
-    plan.fresh += lacks + [f"{p} (in the checkpoint, not restored)" for p in unused]
+    plan.fresh += lacks + [f"{p} (in the checkpoint, not restored)" for p in unused] + swapped
     plan.buffers = join(doc.get("buffers", {}), get)
-    plan.trees = {p: join(_lookup(plan, p), get) for p, _ in mgr.pieces() if _lookup(plan, p) is not None}
+    plan.trees = {p: join(_lookup(plan, p), get) for p, _ in mgr.pieces()
+                  if _lookup(plan, p) is not None and not (swapped and p == "scheduler")}
     return plan
+
+
+def _scheduler_swapped(mgr: "CheckpointManager", doc: dict[str, Any], path: str, strict: bool) -> list[str]:
+    """A scheduler of another class than the one saved (``scheduler_type``) is refused: its
+    ``load_state_dict`` would fail half-way through a restore or, worse, graft the saved class's
+    fields onto it. ``strict=False`` starts it fresh (the returned ``fresh`` entry)."""
+    saved = doc.get("scheduler_type")
+    here = type(mgr.scheduler).__name__ if mgr.scheduler is not None else None
+    if saved is None or here is None or doc.get("scheduler") is None or saved == here:
+        return []
+    said = f"scheduler: the checkpoint holds {saved} state, the loop uses {here}"
+    if strict:
+        raise ConfigMismatchError(path, f"{said} (CheckpointManager.restore(strict=False) starts it fresh)")
+    warnings.warn(f"{path}: {said}; it starts fresh (strict=False)", stacklevel=5)
+    return [f"scheduler ({saved} in the checkpoint, {here} in the loop)"]
 
 
 def _refuse(path: str, lacks: list[str], unused: list[str], strict: bool, moved: str | None = None) -> None:
@@ -243,8 +260,14 @@ def check_layout(doc: dict[str, Any], model: torch.nn.Module, path: str) -> None
     mf.require(path, doc, ("layout",))
     layout = doc["layout"]
     named = list(model.named_parameters())
-    if [e["name"] for e in layout] != [n for n, _ in named]:
-        raise LayoutMismatchError(path, "parameter names/order differ from the model's")
+    saved, live = [e["name"] for e in layout], [n for n, _ in named]
+    if saved != live:
+        i = next((i for i, (a, b) in enumerate(zip(saved, live)) if a != b), min(len(saved), len(live)))
+        said = [f"{where} {names[i]!r}" if i < len(names) else f"{where} nothing"
+                for where, names in (("the checkpoint has", saved), ("the model", live))]
+        raise LayoutMismatchError(path, f"parameter names/order differ from the model's ({len(saved)} "
+                                        f"parameters in the checkpoint, {len(live)} in the model; at #{i} "
+                                        f"{said[0]}, {said[1]})")
     for entry, (name, p) in zip(layout, named):
         if list(p.shape) != entry["shape"] or entry.get("dtype", "float32") != dtype_name(p.dtype):
             raise LayoutMismatchError(path, f"{name}: {entry.get('dtype', 'float32')} {entry['shape']} "

@@ -1,0 +1,132 @@
+"""CheckpointManager against what users commonly get wrong (review-user): each is one line, a
+``CheckpointError``, before anything is written or copied."""
+from __future__ import annotations
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from ckptfmt.errors import ConfigMismatchError, LayoutMismatchError, RunLockedError  # noqa: E402
+from ckptfmt.torch import CheckpointManager  # noqa: E402
+
+
+def mgr(path, model, opt, **kw):
+    return CheckpointManager(path, model, opt, handle_signals=False, **kw)
+
+
+def setup(sched=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 3)):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(3, 2)
+    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    return model, opt, sched(opt)
+
+
+def train(model, opt, sched, m, first, last):
+    for step in range(first, last + 1):
+        loss = model(torch.randn(4, 3)).square().mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        sched.step()
+        m.step(step, loss=loss.item())
+
+
+def saved_run(path, steps=5, every=5):
+    model, opt, sched = setup()
+    with mgr(path, model, opt, scheduler=sched, every=every) as m:
+        m.restore()
+        train(model, opt, sched, m, 1, steps)
+        m.close(steps)
+
+
+@pytest.mark.parametrize("other", [
+    lambda opt: torch.optim.lr_scheduler.LambdaLR(opt, lambda s: 1.0),    # failed half-way (KeyError)
+    lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10)])    # took StepLR's fields silently
+def test_a_scheduler_of_another_class_is_refused_before_anything_is_copied(tmp_path, other):
+    saved_run(tmp_path / "r")
+    model, opt, sched = setup(other)
+    name = type(sched).__name__
+    params, state = [p.detach().clone() for p in model.parameters()], dict(sched.state_dict())
+    with mgr(tmp_path / "r", model, opt, scheduler=sched) as m:
+        with pytest.raises(ConfigMismatchError, match=f"step_000005.bin: scheduler: the checkpoint holds "
+                                                      f"StepLR state, the loop uses {name} "):
+            m.restore()
+    assert all(torch.equal(a, b) for a, b in zip(params, model.parameters()))
+    assert not opt.state and sched.state_dict().keys() == state.keys()
+    assert sched.last_epoch == state["last_epoch"] == 0
+
+
+def test_strict_false_starts_a_scheduler_of_another_class_fresh(tmp_path):
+    saved_run(tmp_path / "r")
+    model, opt, sched = setup(lambda opt: torch.optim.lr_scheduler.CosineAnnealingLR(opt, 10))
+    with mgr(tmp_path / "r", model, opt, scheduler=sched) as m:
+        with pytest.warns(UserWarning, match="CosineAnnealingLR; it starts fresh"):
+            assert m.restore(strict=False) == 5
+        assert m.fresh == ["scheduler (StepLR in the checkpoint, CosineAnnealingLR in the loop)"]
+    assert opt.state and sched.last_epoch == 0 and not hasattr(sched, "step_size")
+
+
+def test_the_same_scheduler_class_resumes(tmp_path):
+    saved_run(tmp_path / "r")
+    model, opt, sched = setup()
+    with mgr(tmp_path / "r", model, opt, scheduler=sched) as m:
+        assert m.restore() == 5 and m.fresh == []
+    assert sched.last_epoch == 5
+
+
+def test_a_loop_that_restarts_at_1_after_restore_is_refused_before_the_history_changes(tmp_path):
+    saved_run(tmp_path / "r", steps=10)
+    model, opt, sched = setup()
+    with mgr(tmp_path / "r", model, opt, scheduler=sched, every=5) as m:
+        assert m.restore() == 10
+        history = (tmp_path / "r" / ".loss.json").read_bytes()
+        with pytest.raises(ConfigMismatchError, match="step 1 is not after step 10, where this run resumed"):
+            m.step(1, loss=0.5)
+        assert (tmp_path / "r" / ".loss.json").read_bytes() == history
+        m.step(11, loss=0.5)                                     # going on from the return is fine
+        with pytest.raises(ConfigMismatchError, match="step 11 is not after step 11, the last one given"):
+            m.step(11, loss=0.5)
+    assert sorted(p.name for p in (tmp_path / "r").glob("step_*.bin")) == ["step_000005.bin", "step_000010.bin"]
+
+
+def test_a_loop_that_never_called_restore_on_a_run_with_generations_is_refused(tmp_path):
+    saved_run(tmp_path / "r", steps=10)
+    history = (tmp_path / "r" / ".loss.json").read_bytes()
+    model, opt, sched = setup()
+    with mgr(tmp_path / "r", model, opt, scheduler=sched, every=5) as m:
+        with pytest.raises(ConfigMismatchError, match="step 1: the run has generations up to step 10; "
+                                                      "call restore"):
+            m.step(1, loss=0.5)
+        m.step(12, loss=0.5)                     # past the run's generations: the loop's choice
+    assert (tmp_path / "r" / ".loss.json").read_bytes().startswith(history)
+
+
+def test_a_fresh_run_may_count_from_0(tmp_path):
+    model, opt, sched = setup()
+    with mgr(tmp_path / "r", model, opt, scheduler=sched, every=2) as m:
+        assert m.restore() == 0
+        train(model, opt, sched, m, 0, 4)
+        m.close(4)
+    assert sorted(p.name for p in (tmp_path / "r").glob("step_*.bin"))[-1] == "step_000004.bin"
+
+
+def test_a_second_manager_in_the_same_process_says_so(tmp_path):
+    model, opt, sched = setup()
+    first = mgr(tmp_path / "r", model, opt)
+    with pytest.raises(RunLockedError, match=r"checkpoint manager pid \d+ on .* \(this process: close\(\) "):
+        mgr(tmp_path / "r", model, opt)
+    first.close()
+    mgr(tmp_path / "r", model, opt).close()
+
+
+def test_a_model_with_other_parameter_names_is_refused_naming_the_first_difference(tmp_path):
+    torch.manual_seed(0)
+    saved = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
+    with mgr(tmp_path / "r", saved, torch.optim.AdamW(saved.parameters())) as m:
+        m.save(1)
+    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))     # the ReLU left out
+    with mgr(tmp_path / "r", model, torch.optim.AdamW(model.parameters())) as m:
+        with pytest.raises(LayoutMismatchError, match=r"step_000001.bin: parameter names/order differ from the "
+                                                      r"model's \(4 parameters in the checkpoint, 4 in the model; "
+                                                      r"at #2 the checkpoint has '2.weight', the model '1.weight'\)$"):
+            m.restore()
