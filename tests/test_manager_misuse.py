@@ -6,7 +6,8 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ckptfmt.errors import ConfigMismatchError, LayoutMismatchError, RunLockedError  # noqa: E402
+from ckptfmt.errors import (ConfigMismatchError, LayoutMismatchError, OptimizerMismatchError,  # noqa: E402
+                            RunLockedError)
 from ckptfmt.torch import CheckpointManager  # noqa: E402
 
 
@@ -130,3 +131,18 @@ def test_a_model_with_other_parameter_names_is_refused_naming_the_first_differen
                                                       r"model's \(4 parameters in the checkpoint, 4 in the model; "
                                                       r"at #2 the checkpoint has '2.weight', the model '1.weight'\)$"):
             m.restore()
+
+
+def test_ct_save_of_a_frozen_parameter_in_the_optimizer_names_it(tmp_path):
+    import ckptfmt.torch as ct
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 2))
+    model[0].weight.requires_grad_(False)                    # frozen, but given to the optimizer
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(2, 4)).sum().backward()
+    opt.step()
+    with pytest.raises(OptimizerMismatchError, match=r"^parameters disagree on the optimizer step \(no state "
+                                                     r"\(frozen or not updated yet\): 0.weight; step 1: 0.bias, "
+                                                     r"1.weight, 1.bias\): .* CheckpointManager keeps"):
+        ct.save(str(tmp_path / "step_000001.bin"), model, opt, step=1)
+    assert list(tmp_path.iterdir()) == []

@@ -47,20 +47,24 @@ def moments(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[l
     """(exp_avg tensors, exp_avg_sq tensors, optimizer step) in parameter order; zeros before
     the first update, so a step-0 checkpoint is still a complete file."""
     _check_optimizer(optimizer)
-    ms, vs, steps = [], [], set()
-    for p in model.parameters():
+    ms, vs, steps = [], [], {}
+    for name, p in model.named_parameters():
         state = optimizer.state.get(p, {})
         if "exp_avg" in state:
             ms.append(state["exp_avg"])
             vs.append(state["exp_avg_sq"])
-            steps.add(int(state["step"]))
+            steps.setdefault(int(state["step"]), []).append(name)
         else:
             ms.append(torch.zeros_like(p))
             vs.append(torch.zeros_like(p))
-            steps.add(0)
+            steps.setdefault(0, []).append(name)
     if len(steps) > 1:
-        raise ValueError(f"parameters disagree on the optimizer step: {sorted(steps)}")
-    return ms, vs, steps.pop() if steps else 0
+        said = "; ".join(f"{f'step {s}' if s else 'no state (frozen or not updated yet)'}: "
+                         f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
+                         for s, names in sorted(steps.items()))
+        raise OptimizerMismatchError(None, f"parameters disagree on the optimizer step ({said}): this file "
+                                           "holds one step; CheckpointManager keeps each parameter's own")
+    return ms, vs, next(iter(steps)) if steps else 0
 
 
 def hyperparams(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
