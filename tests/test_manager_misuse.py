@@ -146,3 +146,25 @@ def test_ct_save_of_a_frozen_parameter_in_the_optimizer_names_it(tmp_path):
                                                      r"1.weight, 1.bias\): .* CheckpointManager keeps"):
         ct.save(str(tmp_path / "step_000001.bin"), model, opt, step=1)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("saved,now", [(False, True), (True, False)])
+def test_a_grad_scaler_enabled_where_the_saved_one_was_not_is_refused_before_anything_is_copied(tmp_path, saved, now):
+    model, opt, sched = setup()
+    with mgr(tmp_path / "r", model, opt, scaler=torch.amp.GradScaler("cpu", enabled=saved)) as m:
+        m.restore()
+        train(model, opt, sched, m, 1, 2)
+        m.close(2)
+    model, opt, sched = setup()
+    scaler = torch.amp.GradScaler("cpu", enabled=now, init_scale=8.0)
+    params = [p.detach().clone() for p in model.parameters()]
+    was, then = ("enabled", "disabled") if now else ("disabled", "enabled")
+    with mgr(tmp_path / "r", model, opt, scaler=scaler) as m:
+        with pytest.raises(ConfigMismatchError, match=f"step_000002.bin: amp.scaler: the checkpoint's GradScaler "
+                                                      f"was {then}, the loop's is {was} "):
+            m.restore()       # was: RuntimeError 'The source state dict is empty' after the copy
+        assert all(torch.equal(a, b) for a, b in zip(params, model.parameters())) and not opt.state
+        with pytest.warns(UserWarning, match="amp.scaler: .* it starts fresh"):
+            assert m.restore(strict=False) == 2
+        assert m.fresh == [f"amp.scaler ({then} in the checkpoint, {was} in the loop)"]
+    assert opt.state and scaler.get_scale() == (8.0 if now else 1.0)

@@ -109,7 +109,7 @@ def make_plan(mgr: "CheckpointManager", ck: Any, doc: dict[str, Any], strict: bo
     check_layout(doc, mgr.model, path)
     mf.require(path, doc, ("layout", "optimizer"))
     optim.check(mgr.optimizer, doc["optimizer"], path)
-    swapped = _scheduler_swapped(mgr, doc, path, strict)
+    unfit = _unfit(mgr, doc, path, strict)
     extra = ck.companion()
     get = extra.tensor if extra is not None else _no_companion(path)
     own_rng, own_state, change = ranks.own_pieces(doc)
@@ -131,26 +131,36 @@ def make_plan(mgr: "CheckpointManager", ck: Any, doc: dict[str, Any], strict: bo
     _refuse(path, lacks, unused, strict, moved)
     for piece in lacks + unused:
         warnings.warn(f"{path}: {piece} starts fresh (strict=False)", stacklevel=4)
-    plan.fresh += lacks + [f"{p} (in the checkpoint, not restored)" for p in unused] + swapped
+    plan.fresh += lacks + [f"{p} (in the checkpoint, not restored)" for p in unused] + list(unfit.values())
     plan.buffers = join(doc.get("buffers", {}), get)
     plan.trees = {p: join(_lookup(plan, p), get) for p, _ in mgr.pieces()
-                  if _lookup(plan, p) is not None and not (swapped and p == "scheduler")}
+                  if _lookup(plan, p) is not None and p not in unfit}
     return plan
 
 
-def _scheduler_swapped(mgr: "CheckpointManager", doc: dict[str, Any], path: str, strict: bool) -> list[str]:
-    """A scheduler of another class than the one saved (``scheduler_type``) is refused: its
-    ``load_state_dict`` would fail half-way through a restore or, worse, graft the saved class's
-    fields onto it. ``strict=False`` starts it fresh (the returned ``fresh`` entry)."""
-    saved = doc.get("scheduler_type")
-    here = type(mgr.scheduler).__name__ if mgr.scheduler is not None else None
-    if saved is None or here is None or doc.get("scheduler") is None or saved == here:
-        return []
-    said = f"scheduler: the checkpoint holds {saved} state, the loop uses {here}"
-    if strict:
-        raise ConfigMismatchError(path, f"{said} (CheckpointManager.restore(strict=False) starts it fresh)")
-    warnings.warn(f"{path}: {said}; it starts fresh (strict=False)", stacklevel=5)
-    return [f"scheduler ({saved} in the checkpoint, {here} in the loop)"]
+def _unfit(mgr: "CheckpointManager", doc: dict[str, Any], path: str, strict: bool) -> dict[str, str]:
+    """Pieces whose ``load_state_dict`` would fail half-way through a restore (after the values
+    were copied) or silently take state that is not theirs: a scheduler of another class than the
+    one saved (``scheduler_type``), a GradScaler enabled where the saved one was disabled (its
+    state is empty) or the reverse (its scale would be dropped). Refused; ``strict=False`` starts
+    them fresh (piece -> its ``fresh`` entry)."""
+    out = {}
+    saved, here = doc.get("scheduler_type"), type(mgr.scheduler).__name__
+    if mgr.scheduler is not None and doc.get("scheduler") is not None and saved not in (None, here):
+        out["scheduler"] = (f"the checkpoint holds {saved} state, the loop uses {here}",
+                            f"{saved} in the checkpoint, {here} in the loop")
+    scaler, tree = mgr.scaler, (doc.get("amp") or {}).get("scaler")
+    if scaler is not None and tree is not None and callable(getattr(scaler, "is_enabled", None)) \
+            and scaler.is_enabled() != bool(tree):
+        now, then = ("enabled", "disabled") if scaler.is_enabled() else ("disabled", "enabled")
+        out["amp.scaler"] = (f"the checkpoint's GradScaler was {then}, the loop's is {now}",
+                             f"{then} in the checkpoint, {now} in the loop")
+    if out and strict:
+        raise ConfigMismatchError(path, "; ".join(f"{p}: {why}" for p, (why, _) in out.items())
+                                  + " (CheckpointManager.restore(strict=False) starts it fresh)")
+    for piece, (why, _) in out.items():
+        warnings.warn(f"{path}: {piece}: {why}; it starts fresh (strict=False)", stacklevel=5)
+    return {piece: f"{piece} ({short})" for piece, (_, short) in out.items()}
 
 
 def _refuse(path: str, lacks: list[str], unused: list[str], strict: bool, moved: str | None = None) -> None:
