@@ -75,6 +75,17 @@ def test_the_same_scheduler_class_resumes(tmp_path):
     assert sched.last_epoch == 5
 
 
+@pytest.mark.parametrize("name", ["step_000005.json", "step_000005.bin"])
+def test_restore_from_a_single_file_generation_by_its_manifest_or_its_bin(tmp_path, name):
+    """``restore(source="step_N.json")`` of a one-file generation took the manifest for a sharded
+    generation's ("not a sharded generation (no 'shards' list)"): it names the .bin beside it."""
+    saved_run(tmp_path / "r")
+    model, opt, sched = setup()
+    with mgr(tmp_path / "r", model, opt, scheduler=sched) as m:
+        assert m.restore(str(tmp_path / "r" / name)) == 5
+    assert sched.last_epoch == 5
+
+
 def test_a_loop_that_restarts_at_1_after_restore_is_refused_before_the_history_changes(tmp_path):
     saved_run(tmp_path / "r", steps=10)
     model, opt, sched = setup()

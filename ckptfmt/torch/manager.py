@@ -251,7 +251,8 @@ class CheckpointManager:
     def restore(self, source: Any = None, *, strict: bool = True, restore_rng: bool = True,
                 allow_nonfinite: bool = False, allow_device_change: bool = False) -> int:
         """Restore everything from the newest valid generation of the run (or from the
-        generation ``source``, a ``step_NNNNNN.bin`` anywhere: verified first); its step, or 0
+        generation ``source``, a ``step_NNNNNN.bin`` anywhere or its ``.json`` manifest, a sharded
+        generation's manifest: verified first); its step, or 0
         on a fresh run (the order and the checks: ``ckptfmt.torch.restore``).
 
         Newer generations that diverged (their values, recorded at save, hold NaN or inf) are

@@ -16,6 +16,7 @@ The order, and why:
 """
 from __future__ import annotations
 
+import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -30,7 +31,7 @@ from .. import manifest as mf
 from .. import reader
 from ..errors import (ConfigMismatchError, DeviceChangeError, IncompleteResumeStateError, LayoutMismatchError,
                       NoValidGenerationError, RankDisagreementError, UnsupportedSetupError)
-from ..shards import ShardedCheckpoint
+from ..shards import ShardedCheckpoint, is_sharded
 from . import adapter, optim, ranks, rng
 from .distributed import any_rank, is_sharded_model, load_into
 from .state import dtype_name, join, persistent_buffers
@@ -334,5 +335,7 @@ def _no_companion(path: str) -> Callable[[str], Any]:
 def _open(path: Any, verify: bool) -> Any:
     """A generation to restore from: a ``.bin`` or a sharded generation's manifest."""
     if str(path).endswith(".json"):
-        return ShardedCheckpoint(path, verify=verify)
+        if not os.path.exists(path) or is_sharded(mf.read(path)):
+            return ShardedCheckpoint(path, verify=verify)
+        path = str(path)[:-len(".json")] + ".bin"   # one file's manifest names its .bin
     return reader.open(path, manifest="require", verify=verify)
