@@ -8,11 +8,13 @@ retry that could report success after the kernel dropped the data, PostgreSQL "f
 """
 from __future__ import annotations
 
+import contextlib
+import io
 import json
 import os
 import secrets
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, BinaryIO, Iterable, Iterator
 
 from . import fingerprint, fsio
 from .errors import SaveError
@@ -20,6 +22,18 @@ from .format import TEMP_PREFIX
 
 WRITEBACK_EVERY = 64 << 20   # start writeback every 64 MiB (spec §5: speed-up only)
 COPY_CHUNK = 8 << 20         # bytes per read/write in copy_verified
+
+
+class _RecordingFile(io.FileIO):
+    """A file that keeps the first OS error of a write, for ``AtomicWriter.fileobj``."""
+    error: OSError | None = None
+
+    def write(self, data: Any) -> int | None:
+        try:
+            return super().write(data)
+        except OSError as exc:
+            self.error = self.error or exc
+            raise
 
 
 def temp_path_for(final: "str | os.PathLike[str]") -> str:
@@ -64,10 +78,22 @@ class AtomicWriter:
             fsio.writeback(self.fd, self._flushed, self.offset - self._flushed)
             self._flushed = self.offset
 
-    def fileobj(self):
-        """A seekable file object over the temp file (for writers that need one, e.g. zipfile)."""
+    @contextlib.contextmanager
+    def fileobj(self) -> Iterator[BinaryIO]:
+        """A seekable file object over the temp file (for writers that need one, e.g. zipfile).
+        A write that the OS refused (a full disk) is a ``SaveError`` naming the final path,
+        whatever the writer made of it (the file object's errors name no file; torch.save turns
+        them into a RuntimeError)."""
         assert self.fd is not None
-        return os.fdopen(self.fd, "wb", closefd=False)
+        raw = _RecordingFile(self.fd, "w", closefd=False)
+        try:
+            with io.BufferedWriter(raw) as f:
+                yield f
+        except Exception as exc:
+            cause = raw.error or (exc if isinstance(exc, OSError) and exc.filename is None else None)
+            if cause is None:                 # not a write of ours (a source read names its file)
+                raise
+            raise SaveError(self.final, f"write failed: {cause.strerror or cause}") from cause
 
     def commit(self) -> None:
         """fsync, close, rename over the final name, fsync the directory."""

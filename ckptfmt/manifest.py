@@ -51,9 +51,12 @@ def read(path: "str | os.PathLike[str]") -> dict[str, Any]:
     if len(data) > MAX_MANIFEST_BYTES:
         raise ManifestError(path, f"manifest larger than {MAX_MANIFEST_BYTES} bytes")
     try:
-        doc = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant)
+        doc = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant,
+                         object_pairs_hook=_unique_keys)
     except (UnicodeDecodeError, ValueError) as exc:
         raise ManifestError(path, f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise ManifestError(path, "not valid JSON: nested too deeply") from None
     if not isinstance(doc, dict):
         raise ManifestError(path, f"expected a JSON object, got {type(doc).__name__}")
     check_schema(path, doc)
@@ -62,6 +65,17 @@ def read(path: "str | os.PathLike[str]") -> dict[str, Any]:
 
 def _refuse_constant(name: str) -> None:
     raise ValueError(f"{name} is not JSON")
+
+
+def _unique_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    """An object whose names repeat is refused: parsers disagree on which value counts (the
+    first, the last), so such a manifest would commit different facts to different readers."""
+    doc = dict(pairs)
+    if len(doc) != len(pairs):
+        seen: set[str] = set()
+        twice = next(k for k, _ in pairs if k in seen or seen.add(k))
+        raise ValueError(f"duplicate name {twice!r} in one object")
+    return doc
 
 
 def check_schema(path: str, doc: dict[str, Any]) -> None:
@@ -151,6 +165,18 @@ def get_dotted(doc: dict[str, Any], dotted: str) -> Any:
             raise KeyError(dotted)
         node = node[part]
     return node
+
+
+RESUME_OBJECTS = ("optimizer", "scheduler", "rng", "amp", "state", "config", "buffers")
+
+
+def require_objects(path: "str | os.PathLike[str]", doc: dict[str, Any],
+                    fields: tuple[str, ...] = RESUME_OBJECTS) -> None:
+    """Refuse a manifest where one of ``fields`` is present but not a JSON object (null is
+    absent): a resume reads into them, and would fail far from the cause."""
+    for name in fields:
+        if doc.get(name) is not None and not isinstance(doc[name], dict):
+            raise ManifestError(os.fspath(path), f"field '{name}': expected an object, got {doc[name]!r:.40}")
 
 
 def require(path: "str | os.PathLike[str]", doc: dict[str, Any], components: tuple[str, ...]) -> None:

@@ -220,9 +220,10 @@ def test_non_finite_values_produce_no_numpy_warnings(tmp_path):
 
 @pytest.mark.parametrize("value, says", [
     ('caps={"code":0.5}', "sources ['topics', 'docstrings'] need caps and floors"),   # the help's example, cut short
-    ('ctx="x"', "--set ctx: expected a positive integer"),
-    ("betas=1", "--set betas: expected two numbers"),
-    ("lr=-1", "--set lr: expected a positive number"),
+    ('ctx="x"', "--set: ctx must be an integer >= 1, got 'x'"),
+    ("betas=1", "--set: betas must be two numbers in [0, 1), got 1"),
+    ("lr=-1", "--set: lr must be a finite number >= 0, got -1"),
+    ('sources=["code","pictures"]', "sources must be a non-empty list of code, topics, docstrings"),
     ('caps={"code":0.2,"topics":0.2,"docstrings":0.2}', "caps to at least 1"),
 ])
 def test_train_refuses_a_bad_set_in_one_line_before_the_run_exists(tmp_path, value, says):

@@ -133,6 +133,26 @@ def _files(root):
             f.write(data)
 
 
+def _hostile_histories(root):
+    """Runs whose loss history holds what no writer writes: a line nested too deeply to parse,
+    a step record without a loss, a NaN literal; a history that is a directory; a symlink loop
+    named like a generation."""
+    for name, middle in (("hist_deep", '{"step": 2, "x": ' + "[" * 100_000 + "]" * 100_000 + "}"),
+                         ("hist_noloss", '{"step": 2}'), ("hist_nanlit", '{"step": 2, "loss": NaN}')):
+        d = os.path.join(root, name)
+        for step in (1, 3):
+            _save(d, step, seed=step, manifest={"layout": LAYOUT})
+        with open(os.path.join(d, ".loss.json"), "w") as f:
+            f.write('{"step": 1, "loss": 5.0}\n' + middle + '\n{"step": 3, "loss": 4.0}\n')
+    _save(os.path.join(root, "hist_dir"), 1, manifest={"layout": LAYOUT})
+    os.makedirs(os.path.join(root, "hist_dir", ".loss.json"))
+    _save(os.path.join(root, "loop_run"), 1, manifest={"layout": LAYOUT})
+    os.symlink("step_000002.bin", os.path.join(root, "loop_run", "step_000002.bin"))
+    _save(os.path.join(root, "bad_pins"), 1, manifest={"layout": LAYOUT})
+    with open(os.path.join(root, "bad_pins", ".pins.json"), "w") as f:
+        f.write('{"pins": [1]}')                       # valid JSON, not a list of steps
+
+
 def build_corpus(root):
     """Every hostile input, in one directory tree (copied afresh for each case)."""
     _files(root)
@@ -153,6 +173,13 @@ def build_corpus(root):
     _manifest_variant(root, "mf_digest", lambda d: d.update(blake3="0" * 64))
     _manifest_variant(root, "mf_version", lambda d: d.update(format_version=99))
     _manifest_variant(root, "mf_layout", lambda d: d.update(layout=[{"name": "a", "shape": [3], "offset": 0}]))
+    _manifest_variant(root, "mf_dupkey", lambda d: json.dumps(d)[:-1] + ', "step": 2}')   # which step?
+    _manifest_variant(root, "mf_deep", lambda d: json.dumps(d)[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
+    for field, value in (("rng", "x"), ("config", []), ("state", 7), ("buffers", [1])):   # not objects
+        _manifest_variant(root, f"mf_{field}", lambda d, kv=(field, value): d.update([kv]))
+    with open(os.path.join(root, "mf_config", ".state.json"), "w") as f:
+        json.dump({"arms": {"code": {"pulls": 1}}}, f)          # the zombie-arm check reads config
+    _hostile_histories(root)
     _foreign(root)
     _archives(root)
     _save(os.path.join(root, "spaced ü run"), 1, manifest={"layout": LAYOUT})
@@ -238,6 +265,8 @@ FILE_INPUTS = {   # name -> (path, exit code of inspect and validate, a word the
     "manifest_wrong_digest": (f"mf_digest/{B}", 1, "mismatch"),
     "manifest_unknown_version": (f"mf_version/{B}", 2, "newer than this ckptfmt"),
     "manifest_bad_layout": (f"mf_layout/{B}", 1, "layout covers"),
+    "manifest_duplicate_name": (f"mf_dupkey/{B}", 1, "duplicate name 'step'"),
+    "manifest_nested_too_deeply": (f"mf_deep/{B}", 1, "nested too deeply"),
     "directory_without_generations": ("existing_dir", 1, "no generation"),
     "dangling_symlink": ("links/dangling.bin", 2, "no such file"),
 }
@@ -369,7 +398,49 @@ def _run_cases():
         ("verify-resume-existing-output", ["verify-resume", "--output", "{w}/existing_dir"], 2, "exists", []),
         ("verify-resume-output-is-file", ["verify-resume", "--output", "{w}/existing.png"], 2, "exists", []),
     ]
-    return cases
+    return cases + _hostile_run_cases()
+
+
+def _hostile_run_cases():
+    """Histories no writer writes, a pins file that is not a list of steps, a symlink loop in a
+    run, a fork that fails half-way, option values out of range."""
+    good, good2 = f"{{w}}/good/{B}", f"{{w}}/good2/{B}"
+    return [
+        ("validate-history-nested-too-deeply", ["validate", "{w}/hist_deep"], 1, "line 2: corrupt record", []),
+        ("plot-history-nested-too-deeply", ["plot", "{w}/hist_deep", "--out", "{w}/p.png"], 0, "", []),
+        ("fork-history-nested-too-deeply", ["fork", "{w}/hist_deep", "{w}/forked", "--step", "3"], 0, "", []),
+        ("bisect-history-nested-too-deeply", ["bisect", "{w}/hist_deep", "{w}/hist_noloss"], 1, "", []),
+        ("plot-history-without-loss", ["plot", "{w}/hist_noloss", "--out", "{w}/p.png"], 1,
+         "step 2 has no loss", ["{w}/p.png"]),
+        ("fork-history-nan-literal", ["fork", "{w}/hist_nanlit", "{w}/forked", "--step", "3"], 0, "", []),
+        ("fork-history-is-a-directory", ["fork", "{w}/hist_dir", "{w}/forked", "--step", "1"], 2, ".loss.json",
+         ["{w}/forked"]),
+        ("fork-fails-into-missing-parents", ["fork", "{w}/hist_dir", "{w}/new/deep/forked", "--step", "1"], 2,
+         ".loss.json", ["{w}/new"]),
+        ("pin-pins-not-a-list", ["pin", "{w}/bad_pins", "1"], 1, "expected a list of steps", []),
+        ("gc-pins-not-a-list", ["gc", "{w}/bad_pins", "--keep-last", "1"], 1, "expected a list of steps", []),
+        ("ls-pins-not-a-list", ["ls", "{w}/bad_pins"], 1, "expected a list of steps", []),
+        ("train-manifest-rng-not-an-object", ["train", "--run", "{w}/mf_rng", "--steps", "3"], 1,
+         "field 'rng': expected an object", []),
+        ("validate-manifest-config-not-an-object", ["validate", "{w}/mf_config"], 0, "", []),
+        ("export-manifest-state-not-an-object", ["export", "{w}/mf_state", "{w}/exported"], 0, "", []),
+        ("convert-manifest-buffers-not-an-object", ["convert", f"{{w}}/mf_buffers/{B}", "{w}/x.pt", "--to", "torch"],
+         2, "buffers field is not an object", ["{w}/x.pt"]),
+        ("train-seed-negative", ["train", "--run", "{w}/newrun", "--steps", "3", "--seed", "-1"], 2, "--seed",
+         ["{w}/newrun"]),
+        ("train-set-sources-without-caps-sum", ["train", "--run", "{w}/newrun", "--steps", "3", "--set",
+                                                'sources=["code"]'], 2, "caps to at least 1", ["{w}/newrun"]),
+        ("validate-symlink-loop-in-run", ["validate", "{w}/loop_run"], 0, "skipped", []),
+        ("validate-symlink-loop", ["validate", "{w}/loop_run/step_000002.bin"], 2, "symbolic links", []),
+        ("diff-atol-nan", ["diff", good, good2, "--atol", "nan"], 2, "finite number >= 0", []),
+        ("diff-rtol-negative", ["diff", good, good2, "--rtol", "-1"], 2, "finite number >= 0", []),
+        ("train-set-lr-nan", ["train", "--run", "{w}/newrun", "--steps", "3", "--set", "lr=NaN"], 2, "lr must be",
+         ["{w}/newrun"]),
+        ("train-set-batch-float", ["train", "--run", "{w}/newrun", "--steps", "3", "--set", "batch=1.5"], 2,
+         "batch must be an integer", ["{w}/newrun"]),
+        ("train-steps-beyond-int32", ["train", "--run", "{w}/newrun", "--steps", str(2**31)], 2, "2147483647",
+         ["{w}/newrun"]),
+    ]
 
 
 def _archive_cases():
@@ -535,3 +606,45 @@ def test_a_failed_import_leaves_no_staging_directory(world):
     assert result.exit_code == 1
     assert not [p for p in os.listdir(world) if p.startswith(".ckptfmt-tmp.")]
     assert not (world / "imported").exists()
+
+
+def test_a_fork_copies_a_nan_literal_as_the_string_nan_and_a_failed_fork_leaves_nothing(world):
+    """A history line with a NaN literal (no writer writes one) is forked as "nan" (strict JSON,
+    spec/RUN.md §3.1); a fork whose history cannot be read leaves no DEST and no staging."""
+    assert _invoke(["fork", str(world / "hist_nanlit"), str(world / "forked"), "--step", "3"]).exit_code == 0
+    lines = [json.loads(line) for line in (world / "forked" / ".loss.json").read_text().splitlines()]
+    assert [rec.get("loss") for rec in lines if "event" not in rec] == [5.0, "nan", 4.0]
+    assert _invoke(["validate", str(world / "forked")]).exit_code == 0
+    result = _invoke(["fork", str(world / "hist_dir"), str(world / "forked2"), "--step", "1"])
+    assert result.exit_code == 2 and not (world / "forked2").exists()
+    assert not [p for p in os.listdir(world) if p.startswith(".ckptfmt-tmp.")]
+
+
+@pytest.fixture
+def full_disk(tmp_path):
+    """A 64 KiB tmpfs (root mounts it, as the read-only fixture does) and a 600 KB checkpoint."""
+    mnt = tmp_path / "full"
+    mnt.mkdir()
+    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)]).returncode == 0, \
+        "this test needs a full file system (root: mount -t tmpfs)"
+    src = _save(str(tmp_path / "big"), 1, n=50_000)
+    yield mnt, src
+    subprocess.run(["umount", str(mnt)], check=True)
+
+
+@pytest.mark.parametrize("name", ["x.npz", "x.pt", "x.zst", "x.ckz", "x.safetensors", B])
+def test_a_full_disk_is_named_and_leaves_nothing(full_disk, name):
+    """Writers that go through a file object (npz, torch.save, zstd) name the destination when
+    the disk is full (the file object's ENOSPC names no file; torch.save makes a RuntimeError
+    of it): exit 2, one line, nothing left behind."""
+    mnt, src = full_disk
+    for as_json in (False, True):
+        result = _invoke(["convert", src, str(mnt / name)] + (["--json"] if as_json else []))
+        assert result.exit_code == 2 and "Traceback" not in result.output, result.output
+        line, = result.stderr.splitlines()
+        assert line.startswith(f"ckptfmt: {mnt / name}") and "No space left on device" in line, line
+        if as_json:
+            assert _strict_json(result.stdout)["error"]["exit_code"] == 2
+        assert os.listdir(mnt) == []
+    result = _invoke(["fork", os.path.dirname(src), str(mnt / "forked"), "--step", "1"])
+    assert result.exit_code == 2 and os.listdir(mnt) == [], result.output

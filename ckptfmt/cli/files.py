@@ -11,7 +11,7 @@ import sys
 import click
 
 from .app import main
-from .output import EXIT_CANNOT, EXIT_DEFECT, Fail, emit, fmt, guarded, json_option, size
+from .output import EXIT_CANNOT, EXIT_DEFECT, TOLERANCE, Fail, emit, fmt, guarded, json_option, size
 from .progress import bytes_in, terminal_bar
 from .runs import print_ls
 
@@ -91,8 +91,10 @@ def validate(paths: tuple[str, ...], as_json: bool, fast: bool, scan: bool, b3su
         from .remote import validate_urls  # lazy: as above
         return validate_urls(paths, fast, as_json)
     for p in paths:
-        if not os.path.exists(p):
-            raise Fail(f"{p}: no such file or directory", EXIT_CANNOT, kind="FileNotFoundError", path=p)
+        try:
+            os.stat(p)          # a symlink loop says so, not "no such file"
+        except FileNotFoundError:
+            raise Fail(f"{p}: no such file or directory", EXIT_CANNOT, kind="FileNotFoundError", path=p) from None
     if b3sums_out and fast:
         raise click.UsageError("--b3sums needs the deep check: drop --fast")
     if scan and fast:
@@ -143,8 +145,8 @@ def _print_report(r) -> None:
 @click.argument("a", type=click.Path())
 @click.argument("b", type=click.Path())
 @json_option
-@click.option("--atol", type=float, default=0.0, show_default=True, help="Absolute tolerance.")
-@click.option("--rtol", type=float, default=0.0, show_default=True, help="Relative tolerance.")
+@click.option("--atol", type=TOLERANCE, default=0.0, show_default=True, help="Absolute tolerance.")
+@click.option("--rtol", type=TOLERANCE, default=0.0, show_default=True, help="Relative tolerance.")
 @click.option("--tensors", is_flag=True, help="List every differing parameter (needs a layout).")
 @guarded
 def diff(a: str, b: str, as_json: bool, atol: float, rtol: float, tensors: bool) -> None:

@@ -148,6 +148,22 @@ def size(n: int | None) -> str:
     return str(n)
 
 
+class Tolerance(click.ParamType):
+    """--atol / --rtol: a finite number >= 0 (a NaN tolerance would call any difference equal,
+    a negative one every equal value different)."""
+    name = "tolerance"
+
+    def convert(self, value: Any, param: Any, ctx: Any) -> float:
+        try:
+            x = float(value)
+        except (TypeError, ValueError):
+            x = math.nan
+        if not (math.isfinite(x) and x >= 0):
+            self.fail(f"{value!r} is not a finite number >= 0", param, ctx)
+        return x
+
+
+TOLERANCE = Tolerance()
 json_option = click.option("--json", "as_json", is_flag=True, help="Print machine-readable JSON.")
 
 

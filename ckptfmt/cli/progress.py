@@ -27,5 +27,6 @@ def terminal_bar(label: str, total: int, *, quiet: bool = False) -> Iterator[Cal
 def bytes_in(path: str) -> int:
     """Bytes a deep validation of PATH will hash (the .bin files in a run): the bar's total."""
     if os.path.isdir(path):
-        return sum(e.stat().st_size for e in os.scandir(path) if e.name.endswith(".bin") and e.is_file())
+        return sum(e.stat(follow_symlinks=False).st_size for e in os.scandir(path)   # as list_dir: a symlink
+                   if e.name.endswith(".bin") and e.is_file(follow_symlinks=False))     # (a loop too) is skipped
     return os.path.getsize(path)

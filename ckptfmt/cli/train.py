@@ -7,7 +7,7 @@ import sys
 import click
 
 from .app import main
-from .output import EXIT_CANNOT, EXIT_DEFECT, Fail, emit, guarded, json_option
+from .output import EXIT_CANNOT, EXIT_DEFECT, TOLERANCE, Fail, emit, guarded, json_option
 
 
 # ---------------------------------------------------------------- verify-resume
@@ -20,8 +20,8 @@ from .output import EXIT_CANNOT, EXIT_DEFECT, Fail, emit, guarded, json_option
               help="Updates of the continuous run.")
 @click.option("--cut", type=click.IntRange(min=1), default=5, show_default=True,
               help="Step at which the cut run saves and stops (smaller than --steps).")
-@click.option("--atol", type=float, default=1e-12, show_default=True, help="Absolute tolerance of each comparison.")
-@click.option("--rtol", type=float, default=0.0, show_default=True, help="Relative tolerance of each comparison.")
+@click.option("--atol", type=TOLERANCE, default=1e-12, show_default=True, help="Absolute tolerance of each comparison.")
+@click.option("--rtol", type=TOLERANCE, default=0.0, show_default=True, help="Relative tolerance of each comparison.")
 @click.option("--command", "command", help="With --trainer command: template with {steps} {output} {resume} {omit_rng}.")
 @click.option("--fault", type=click.Choice(["optimizer", "scheduler", "cursor", "rng-python", "rng-numpy", "rng-torch"]),
               hidden=True, help="mini only: break one piece of the resume (to test the verifier).")
@@ -63,7 +63,8 @@ def _print_verification(r: dict) -> None:
               help="Run directory (created if new). Under torchrun use --run-dir (torchrun claims --run).")
 @click.option("--config", "config_name", default="tiny", show_default=True,
               type=click.Choice(["tiny", "andrea-12m", "andrea-120m"]), help="Named model/training config.")
-@click.option("--steps", type=click.IntRange(min=0), required=True, help="Train until global step N.")
+@click.option("--steps", type=click.IntRange(min=0, max=2**31 - 1), required=True,
+              help="Train until global step N (a step is an int32 in the file).")
 @click.option("--device", type=click.Choice(["auto", "cpu", "cuda"]), default="auto", show_default=True,
               help="auto: CUDA when available, else the CPU.")
 @click.option("--checkpoint-every", type=click.IntRange(min=1), default=100, show_default=True,
@@ -72,7 +73,7 @@ def _print_verification(r: dict) -> None:
               help="Write a generated sample to .samples.json every N steps (0: never).")
 @click.option("--keep-last", type=click.IntRange(min=1), help="Retention: newest generations kept.")
 @click.option("--keep-every", type=click.IntRange(min=1), help="Retention: milestone interval.")
-@click.option("--seed", type=int, help="Config seed (default 0; part of the config).")
+@click.option("--seed", type=click.IntRange(min=0), help="Config seed (default 0; part of the config).")
 @click.option("--threads", type=click.IntRange(min=1), help="torch threads (default 1; part of the config: "
               "bit-exact resume needs the same count).")
 @click.option("--async-save", is_flag=True, help="Write checkpoints in the background.")
@@ -130,12 +131,15 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1   # launched by torchrun
     if distributed and (summary or pause_at):
         raise click.UsageError("--summary and --pause-at-step are single-process only (not under torchrun)")
-    from ..trainer.config import check, parse_sets  # lazy: keeps `ckptfmt --help` fast
+    from ..trainer.config import get, parse_sets  # lazy: keeps `ckptfmt --help` fast
     try:
         overrides = parse_sets(sets)
-        check(config_name, overrides)          # a bad value is one line, before the run is touched
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
+    try:                        # values the trainer cannot run with: refused here, not deep in torch
+        get(config_name, **{**overrides, **{k: v for k, v in (("seed", seed), ("threads", threads)) if v is not None}})
+    except ValueError as exc:
+        raise click.UsageError(f"--config {config_name} --set: {exc}") from None
     from ..trainer.loop import train as run_train  # lazy: imports torch
     code = run_train(run_dir, config_name, steps, seed=seed, threads=threads, sets=overrides, flags=flags,
                      device=device, checkpoint_every=checkpoint_every, sample_every=sample_every,

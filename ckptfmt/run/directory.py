@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import atomic, shards, writer
-from ..errors import GenerationNotFoundError, NoValidGenerationError, SaveError
+from ..errors import GenerationNotFoundError, NoValidGenerationError, SaveError, SidecarError
 from ..facts import describe
 from .generations import Generation, Listing, check_bare, check_generation, list_dir, non_finite
 from .history import History
@@ -134,8 +134,12 @@ class Run:
 
     # ------------------------------------------------------------ retention
     def pins(self) -> list[int]:
-        """Pinned steps: retention never deletes them."""
-        return read_json(self.path / PINS, default=[])
+        """Pinned steps: retention never deletes them. A pins file that is not a list of steps is
+        a ``SidecarError`` (retention must not guess what it protects)."""
+        pins = read_json(self.path / PINS, default=[])
+        if not isinstance(pins, list) or not all(type(s) is int for s in pins):
+            raise SidecarError(str(self.path / PINS), f"expected a list of steps, got {pins!r:.60}")
+        return pins
 
     def pin(self, step: int, on: bool = True) -> list[int]:
         """Pin (or with ``on=False`` unpin) ``step``; returns the pins after the change. Only a

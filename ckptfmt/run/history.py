@@ -33,6 +33,18 @@ def decode_float(x: float | str) -> float:
     return float(x)
 
 
+def strict(value: Any) -> Any:
+    """``value`` with every non-finite float, at any depth, as ``encode_float`` writes it: what
+    ``History.append`` takes for a record read back from a history that held a NaN literal."""
+    if isinstance(value, float):
+        return encode_float(value)
+    if isinstance(value, dict):
+        return {k: strict(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [strict(v) for v in value]
+    return value
+
+
 @dataclass
 class HistoryRead:
     records: list[dict[str, Any]] = field(default_factory=list)   # every parsed line, in order
@@ -119,7 +131,7 @@ def _load(line: bytes) -> Any:
 def _parse(line: bytes) -> dict[str, Any] | None:
     try:
         rec = _load(line)
-    except ValueError:
+    except (ValueError, RecursionError):    # RecursionError: nested too deeply to parse
         return None
     if not isinstance(rec, dict) or not isinstance(rec.get("step"), int):
         return None

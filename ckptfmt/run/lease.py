@@ -183,7 +183,7 @@ def _is_real_dir(path: Path) -> bool:
 def _read(fd: int) -> dict[str, Any]:
     try:
         record = json.loads(os.pread(fd, 1 << 20, 0) or b"{}")
-    except ValueError:
+    except (ValueError, RecursionError):
         record = {}
     return record if isinstance(record, dict) else {}
 

@@ -66,9 +66,10 @@ class RunLock:
 
 def _read_holder(fd: int) -> dict[str, Any]:
     try:
-        return json.loads(os.pread(fd, 4096, 0) or b"{}")
-    except ValueError:
+        holder = json.loads(os.pread(fd, 4096, 0) or b"{}")
+    except (ValueError, RecursionError):
         return {}
+    return holder if isinstance(holder, dict) else {}
 
 
 def lock_holder(run: "str | os.PathLike[str]") -> dict[str, Any] | None:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 import time
 from pathlib import Path
 from typing import Any, Iterable
@@ -132,13 +133,36 @@ def fork(path: "str | os.PathLike[str]", step: int, dest: "str | os.PathLike[str
 
 
 def _fork_from(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
-    step = gen.step
+    """Build the fork in a sibling staging directory and rename it to ``dest`` (missing or
+    empty) once complete: a fork that fails leaves nothing at ``dest`` (spec/RUN.md §6)."""
     reason = check_generation(gen, deep=True)
     if reason:
         raise NoValidGenerationError(str(gen.bin), f"cannot fork from it: {reason}")
-    if dest.exists() and any(dest.iterdir()):
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise DestinationExistsError(str(dest), "exists and is not empty; refusing to fork into it")
-    dest.mkdir(parents=True, exist_ok=True)
+    made = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
+    staging = dest.parent / f"{fmt.TEMP_PREFIX}fork.{dest.name}.{os.getpid()}"
+    try:
+        try:
+            staging.mkdir(parents=True)
+        except OSError as exc:          # name DEST, not the staging directory the user never chose
+            raise OSError(exc.errno, exc.strerror, str(dest)) from None
+        out = _fork_into(run, gen, staging)
+        os.replace(staging, dest)
+        atomic.sync_dir_of(str(dest))
+    except BaseException:
+        shutil.rmtree(staging, ignore_errors=True)
+        for parent in made:             # innermost first: only the ones this fork created
+            try:
+                parent.rmdir()
+            except OSError:
+                break
+        raise
+    return {**out, "dest": str(dest)}
+
+
+def _fork_into(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
+    step = gen.step
     doc = mf.read(gen.manifest)
     atomic.copy_verified(gen.bin, dest / gen.bin.name, doc["blake3"])
     companion.copy(gen.bin, dest / gen.bin.name, doc)
@@ -150,7 +174,7 @@ def _fork_from(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
     for rec in timeline.canonical(run.history.path):
         if rec["step"] > step:
             break
-        child.append(rec)
+        child.append(hist.strict(rec))     # a NaN literal read back is written as "nan"
         upto += 1
     child.event("fork", step, parent_run=str(run.path.resolve()))
     child.sync()

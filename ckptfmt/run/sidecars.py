@@ -32,6 +32,8 @@ def read_json(path: "str | os.PathLike[str]", default: Any = None) -> Any:
         return default
     except ValueError as exc:
         raise SidecarError(str(path), f"not valid JSON: {exc}") from None
+    except RecursionError:
+        raise SidecarError(str(path), "not valid JSON: nested too deeply") from None
 
 
 def zombie_arms(run: "Run") -> list[str]:
@@ -44,9 +46,10 @@ def zombie_arms(run: "Run") -> list[str]:
     if gen is None:
         return []
     try:
-        sources = mf.read(gen.manifest).get("config", {}).get("sources")
+        config = mf.read(gen.manifest).get("config")
     except CheckpointError:
         return []
-    if not sources:
+    sources = config.get("sources") if isinstance(config, dict) else None
+    if not isinstance(sources, list) or not sources:     # none, or not the trainer's config
         return []
     return sorted(set(state["arms"]) - set(sources))

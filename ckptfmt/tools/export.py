@@ -343,5 +343,6 @@ def _unpack_verified(source: Path, staging: Path) -> dict[str, Any]:
 
 def _data_identity(doc: dict[str, Any]) -> Any:
     """The reference trainer's data sources (``state.data``; ``data`` before it used the manager)."""
-    data = (doc.get("state") or {}).get("data") or doc.get("data") or {}
+    state = doc.get("state")
+    data = (state.get("data") if isinstance(state, dict) else None) or doc.get("data") or {}
     return data.get("identity") if isinstance(data, dict) else None

@@ -13,7 +13,7 @@ from typing import Any
 from .. import atomic
 from ..run import history as hist
 from ..run import timeline
-from ..errors import DestinationExistsError, EmptyRunError, MissingDependencyError
+from ..errors import DestinationExistsError, EmptyRunError, HistoryCorruptError, MissingDependencyError
 from ..run import Run
 
 __all__ = ["plot", "series"]
@@ -35,8 +35,9 @@ def series(run_dir: str, ema: float | None = None, window: int | None = None,
     ``points`` buckets of steps (narrower than a pixel): ``low`` and ``high``, the lowest and
     highest finite loss of each, ``loss`` their mean, ``ema`` at the bucket's first and last
     step, in ``steps``. ``history_steps``: the length of the history."""
-    plan = timeline.plan(Path(run_dir) / hist.NAME, events=tuple(EVENT_STYLE))
-    walk = (_point(rec) for rec in plan.records())
+    path = Path(run_dir) / hist.NAME
+    plan = timeline.plan(path, events=tuple(EVENT_STYLE))
+    walk = (_point(rec, path) for rec in plan.records())
     head = list(islice(walk, max(LONG, points or 0) + 1))        # all of it, if not longer
     span = max(5, min(len(head) // 50, 500))
     ema = 1 - 1 / span if ema is None else ema
@@ -57,9 +58,17 @@ def series(run_dir: str, ema: float | None = None, window: int | None = None,
 LONG = 25_000       # steps from which the EMA span is its longest (500 = LONG // 50)
 
 
-def _point(rec: dict[str, Any]) -> tuple[int, float, Any]:
-    """(step, loss, source) of a canonical record; a record without a loss is refused."""
-    return rec["step"], hist.decode_float(rec["loss"]), rec.get("source")
+def _point(rec: dict[str, Any], path: Path) -> tuple[int, float, Any]:
+    """(step, loss, source) of a canonical record; a record without a loss, or with one that
+    is not a number (or "nan", "inf", "-inf"), is refused (``HistoryCorruptError``)."""
+    loss = rec.get("loss")
+    try:
+        if not isinstance(loss, (int, float, str)):
+            raise ValueError
+        return rec["step"], hist.decode_float(loss), rec.get("source")
+    except (ValueError, OverflowError):
+        problem = "has no loss" if "loss" not in rec else f"has a loss that is not a number: {loss!r:.40}"
+        raise HistoryCorruptError(str(path), f"step {rec['step']} {problem}; plot needs one on every step record") from None
 
 
 class Curve:

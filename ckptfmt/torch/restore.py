@@ -107,6 +107,7 @@ def make_plan(mgr: "CheckpointManager", ck: Any, doc: dict[str, Any], strict: bo
     unless ``allow_device_change`` (or ``strict=False``).
     """
     path = ck.path
+    mf.require_objects(mf.path_for(path), doc)
     check_layout(doc, mgr.model, path)
     mf.require(path, doc, ("layout", "optimizer"))
     optim.check(mgr.optimizer, doc["optimizer"], path)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -63,10 +64,50 @@ def get(name: str, **overrides: Any) -> TrainConfig:
     if name not in CONFIGS:
         raise KeyError(f"unknown config {name!r}: choose one of {', '.join(CONFIGS)}")
     cfg = CONFIGS[name].replace(**{k: v for k, v in overrides.items() if v is not None})
+    check(cfg)
     missing = [s for s in cfg.sources if s not in cfg.caps or s not in cfg.floors]
     if missing:
         raise ValueError(f"sources {missing} need caps and floors")
+    if sum(cfg.floors[s] for s in cfg.sources) > 1 + 1e-9 or sum(cfg.caps[s] for s in cfg.sources) < 1 - 1e-9:
+        raise ValueError("the sources' floors must sum to at most 1 and their caps to at least 1")   # as Bandit
     return cfg
+
+
+INT_MIN = {"ctx": 1, "d_model": 1, "n_layer": 1, "n_head": 1, "batch": 1, "warmup": 0, "decay_steps": 1,
+           "corpus_bytes": 1, "seed": 0, "threads": 1}
+UNIT = (lambda x: 0 <= x <= 1, "in [0, 1]")
+FLOAT_OK = {"dropout": (lambda x: 0 <= x < 1, "in [0, 1)"), "lr": (lambda x: x >= 0, ">= 0"),
+            "min_lr_frac": UNIT, "weight_decay": (lambda x: x >= 0, ">= 0"), "eps": (lambda x: x >= 0, ">= 0"),
+            "grad_clip": (lambda x: x > 0, "> 0"), "bandit_ema": UNIT,
+            "bandit_temperature": (lambda x: x > 0, "> 0")}
+
+
+def _number(x: Any) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x)
+
+
+def check(cfg: TrainConfig) -> None:
+    """``ValueError`` naming the first field the trainer cannot run with (a ``--set`` typo would
+    otherwise fail deep inside torch or numpy, far from its cause)."""
+    for name, low in INT_MIN.items():
+        value = getattr(cfg, name)
+        if type(value) is not int or value < low:
+            raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+    for name, (ok, text) in FLOAT_OK.items():
+        value = getattr(cfg, name)
+        if not (_number(value) and ok(value)):
+            raise ValueError(f"{name} must be a finite number {text}, got {value!r}")
+    if cfg.d_model % cfg.n_head:
+        raise ValueError(f"d_model ({cfg.d_model}) must be a multiple of n_head ({cfg.n_head})")
+    betas, sources = cfg.betas, cfg.sources
+    if not isinstance(betas, tuple) or len(betas) != 2 or not all(_number(b) and 0 <= b < 1 for b in betas):
+        raise ValueError(f"betas must be two numbers in [0, 1), got {betas!r}")
+    if not isinstance(sources, tuple) or not sources or not all(s in SOURCES for s in sources):
+        raise ValueError(f"sources must be a non-empty list of {', '.join(SOURCES)}, got {sources!r}")
+    for name in ("caps", "floors"):
+        table = getattr(cfg, name)
+        if not isinstance(table, dict) or not all(_number(v) and UNIT[0](v) for v in table.values()):
+            raise ValueError(f"{name} must map source names to numbers in [0, 1], got {table!r}")
 
 
 def parse_sets(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
@@ -83,56 +124,6 @@ def parse_sets(items: tuple[str, ...] | list[str]) -> dict[str, Any]:
             value = raw
         out[key] = tuple(value) if key in ("betas", "sources") and isinstance(value, list) else value
     return out
-
-
-def check(name: str, overrides: dict[str, Any]) -> TrainConfig:
-    """The config ``--set`` asks for, refused in one line (``ValueError``) before anything runs
-    when a value has the wrong type or cannot work (caps and floors must name every source).
-
-    >>> check("tiny", {"caps": {"code": 0.5}})
-    Traceback (most recent call last):
-    ValueError: --set: sources ['topics', 'docstrings'] need caps and floors
-    >>> check("tiny", {"lr": "fast"})
-    Traceback (most recent call last):
-    ValueError: --set lr: expected a positive number, got 'fast'
-    """
-    for key, value in overrides.items():
-        problem = _type_problem(key, value, getattr(CONFIGS[name], key))
-        if problem:
-            raise ValueError(f"--set {key}: {problem}, got {value!r}")
-    try:
-        cfg = get(name, **overrides)
-    except ValueError as exc:
-        raise ValueError(f"--set: {exc}") from None
-    if not set(cfg.sources) <= set(SOURCES) or not cfg.sources:
-        raise ValueError(f"--set sources: each one of {', '.join(SOURCES)}, got {list(cfg.sources)!r}")
-    if sum(cfg.floors[s] for s in cfg.sources) > 1 + 1e-9 or sum(cfg.caps[s] for s in cfg.sources) < 1 - 1e-9:
-        raise ValueError("--set: the floors must sum to at most 1 and the caps to at least 1")
-    return cfg
-
-
-def _number(x: Any) -> bool:
-    return isinstance(x, (int, float)) and not isinstance(x, bool)
-
-
-def _type_problem(key: str, value: Any, default: Any) -> str | None:
-    """Why ``value`` cannot stand for a field whose default is ``default`` (None: it can)."""
-    if isinstance(default, int) and not isinstance(default, bool):
-        ok = isinstance(value, int) and not isinstance(value, bool) and value >= (0 if key in ("seed", "warmup") else 1)
-        return None if ok else "expected a " + ("non-negative" if key in ("seed", "warmup") else "positive") + " integer"
-    if isinstance(default, float):
-        positive = key in ("lr", "eps")
-        ok = _number(value) and (value > 0 if positive else value >= 0)
-        return None if ok else "expected a " + ("positive" if positive else "non-negative") + " number"
-    if key == "betas":
-        ok = isinstance(value, tuple) and len(value) == 2 and all(_number(b) for b in value)
-        return None if ok else "expected two numbers"
-    if key == "sources":
-        return None if isinstance(value, tuple) and all(isinstance(s, str) for s in value) else "expected a list of source names"
-    if isinstance(default, dict):
-        ok = isinstance(value, dict) and all(_number(v) for v in value.values())
-        return None if ok else "expected an object of numbers by source"
-    return None
 
 
 def from_dict(d: dict[str, Any]) -> TrainConfig:

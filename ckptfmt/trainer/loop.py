@@ -154,6 +154,7 @@ class Trainer:
     def _check_resume(self, doc: dict[str, Any], path: str) -> None:
         """The manager's ``on_restore``: before anything is restored, the config and the data
         sources must be the run's (or a pivot must allow the change)."""
+        mf.require_objects(mf.path_for(path), doc)
         mf.require(path, doc, ("config", "state.data.identity"))
         self.pivot = self._pivot_applies(doc.get("step"))
         cfgmod.check_compatible(path, doc["config"], self.cfg, pivot=self.pivot)

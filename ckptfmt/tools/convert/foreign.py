@@ -80,6 +80,8 @@ def _buffers(ck: reader.Checkpoint, doc: dict[str, Any], path: str) -> list[Entr
     tree = doc.get(BUFFERS) or {}
     if not tree:
         return []
+    if not isinstance(tree, dict):
+        raise UnsupportedConversionError(path, f"the manifest's {BUFFERS} field is not an object of tensors")
     extra = ck.companion()
     out = []
     for name, marker in tree.items():
