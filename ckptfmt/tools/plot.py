@@ -221,7 +221,8 @@ def _draw(plt: Any, data: list[dict[str, Any]]) -> tuple[Any, list[str]]:
     top.set_title("ckptfmt: loss history")
     bottom.set_ylabel("source share")
     bottom.set_xlabel("step")
-    bottom.legend(fontsize=7, ncol=3)
+    if bottom.get_legend_handles_labels()[1]:        # a history without sources draws no shares
+        bottom.legend(fontsize=7, ncol=3)
     fig.tight_layout()
     return fig, top.get_legend_handles_labels()[1]
 
