@@ -54,8 +54,22 @@ def test_a_byte_flipped_at_the_destination_is_caught(trained, tmp_path):
         data[1000] ^= 0x01
         path.write_bytes(bytes(data))
     with pytest.raises(ExportError, match="blake3 at destination"):
-        export(str(trained / "run"), str(tmp_path / "d"), tamper=flip)
-    assert (tmp_path / "d" / INCOMPLETE).exists()
+        export(str(trained / "run"), str(tmp_path / "d" / "new"), tamper=flip)
+    assert not (tmp_path / "d").exists()        # nothing left, the parent it made neither
+
+
+def test_an_export_stopped_in_an_empty_directory_leaves_it_empty(trained, tmp_path):
+    """A failure or an interrupt empties DEST again (it was empty: it may be a mount point, so it
+    stays); only a crash can leave the marker, which validate refuses (test_cli_contract)."""
+    (tmp_path / "d").mkdir()
+    seen = []
+
+    def crash(dest):
+        seen.extend(sorted(p.name for p in dest.iterdir()))
+        raise KeyboardInterrupt
+    with pytest.raises(KeyboardInterrupt):
+        export(str(trained / "run"), str(tmp_path / "d"), tamper=crash)
+    assert INCOMPLETE in seen and "step_000040.bin" in seen and list((tmp_path / "d").iterdir()) == []
 
 
 def test_non_empty_destination_is_refused(trained, tmp_path):

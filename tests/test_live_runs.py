@@ -102,8 +102,8 @@ def test_fork_of_a_live_run(live, tmp_path):
         dest = tmp_path / f"fork{i}"
         held = {}
 
-        def hold(op, path, dest=dest, step=step):    # first write into DEST: the copy begins
-            if not held and path.startswith(str(dest)):
+        def hold(op, path, dest=dest, step=step):    # first write of the fork (staged beside DEST)
+            if not held and f"fork.{dest.name}." in path:
                 held["steps"] = wait_for_commits(live, step)
         fsio.hook = hold
         try:

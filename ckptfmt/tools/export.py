@@ -53,11 +53,27 @@ def _choose(run: Run, listing: Listing, steps: list[int] | None) -> list:
     return [gen]
 
 
-def _prepare_dest(dest: Path) -> None:
+def _prepare_dest(dest: Path) -> Callable[[], None]:
+    """Make DEST (missing or an empty directory) carry the marker; return how to undo it. An
+    export that fails leaves DEST as it found it; one cut short by a crash leaves the marker."""
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise DestinationExistsError(str(dest), "exists and is not empty; choose a new destination")
+    made = [p for p in (dest, *dest.parents) if not p.exists()]      # innermost first
     dest.mkdir(parents=True, exist_ok=True)
+
+    def undo() -> None:
+        for entry in dest.iterdir():          # DEST was empty: everything in it is this export's
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry)
+            else:
+                entry.unlink()
+        for path in made:
+            try:
+                path.rmdir()
+            except OSError:
+                break
     atomic.write_bytes(dest / INCOMPLETE, b"export in progress or failed; do not use\n")
+    return undo
 
 
 def export(run_dir: str, dest: str, *, steps: list[int] | None = None,
@@ -78,23 +94,34 @@ def export(run_dir: str, dest: str, *, steps: list[int] | None = None,
     with ReadLease(run.path, purpose="export") as lease:    # retention keeps them (RUN.md §5.3)
         gens = _choose(run, lease.listing, steps)
         lease.narrow(g.step for g in gens)
-        _prepare_dest(out)
-        started = time.perf_counter()
-        files = []
-        for gen in gens:
-            files += _export_generation(gen, out, weights_only, progress)
-        live = lock_holder(run.path) is not None
-        for name in SIDECARS if with_history else SIDECARS[1:]:
-            files += _copy_sidecar(run.path / name, out / name, live)
-        if tamper:
-            tamper(out)
-        checks = _verify_at_dest(out, files, gens, weights_only, check)
-        doc = _describe(run, out, gens, files, checks, time.perf_counter() - started)
-    atomic.write_json(out / ARCHIVE_MANIFEST, doc)
-    (out / "EXPORT.md").write_text(_export_md(doc))
-    _write_b3sums(out, files)
+        undo = _prepare_dest(out)
+        try:
+            doc, files = _export_into(run, out, gens, with_history, weights_only, check, tamper, progress)
+            atomic.write_json(out / ARCHIVE_MANIFEST, doc)
+            (out / "EXPORT.md").write_text(_export_md(doc))
+            _write_b3sums(out, files)
+        except BaseException:
+            undo()
+            raise
     atomic.remove(out / INCOMPLETE)
     return doc
+
+
+def _export_into(run: Run, out: Path, gens: list, with_history: bool, weights_only: bool,
+                 check: Callable[[Path], str] | None, tamper: Callable[[Path], None] | None,
+                 progress: Any) -> tuple[dict[str, Any], list[dict[str, Any]]]:
+    """Copy the generations and sidecars to ``out`` and verify them there: (record, files)."""
+    started = time.perf_counter()
+    files = []
+    for gen in gens:
+        files += _export_generation(gen, out, weights_only, progress)
+    live = lock_holder(run.path) is not None
+    for name in SIDECARS if with_history else SIDECARS[1:]:
+        files += _copy_sidecar(run.path / name, out / name, live)
+    if tamper:
+        tamper(out)
+    checks = _verify_at_dest(out, files, gens, weights_only, check)
+    return _describe(run, out, gens, files, checks, time.perf_counter() - started), files
 
 
 def _write_b3sums(out: Path, files: list[dict[str, Any]]) -> None:
