@@ -135,10 +135,11 @@ def _files(root):
 
 def _hostile_histories(root):
     """Runs whose loss history holds what no writer writes: a line nested too deeply to parse,
-    a step record without a loss, a NaN literal; a history that is a directory; a symlink loop
+    a step record without a loss, a NaN literal, a loss that is an object; a history that is a directory; a symlink loop
     named like a generation."""
     for name, middle in (("hist_deep", '{"step": 2, "x": ' + "[" * 100_000 + "]" * 100_000 + "}"),
-                         ("hist_noloss", '{"step": 2}'), ("hist_nanlit", '{"step": 2, "loss": NaN}')):
+                         ("hist_noloss", '{"step": 2}'), ("hist_nanlit", '{"step": 2, "loss": NaN}'),
+                         ("hist_badloss", '{"step": 2, "loss": {"x": 1}}')):
         d = os.path.join(root, name)
         for step in (1, 3):
             _save(d, step, seed=step, manifest={"layout": LAYOUT})
@@ -410,8 +411,9 @@ def _hostile_run_cases():
         ("plot-history-nested-too-deeply", ["plot", "{w}/hist_deep", "--out", "{w}/p.png"], 0, "", []),
         ("fork-history-nested-too-deeply", ["fork", "{w}/hist_deep", "{w}/forked", "--step", "3"], 0, "", []),
         ("bisect-history-nested-too-deeply", ["bisect", "{w}/hist_deep", "{w}/hist_noloss"], 1, "", []),
-        ("plot-history-without-loss", ["plot", "{w}/hist_noloss", "--out", "{w}/p.png"], 1,
-         "step 2 has no loss", ["{w}/p.png"]),
+        ("plot-history-without-loss", ["plot", "{w}/hist_noloss", "--out", "{w}/p.png"], 0, "", []),   # a gap
+        ("plot-history-loss-not-a-number", ["plot", "{w}/hist_badloss", "--out", "{w}/p.png"], 1,
+         "step 2 has a loss that is not a number", ["{w}/p.png"]),
         ("fork-history-nan-literal", ["fork", "{w}/hist_nanlit", "{w}/forked", "--step", "3"], 0, "", []),
         ("fork-history-is-a-directory", ["fork", "{w}/hist_dir", "{w}/forked", "--step", "1"], 2, ".loss.json",
          ["{w}/forked"]),

@@ -59,16 +59,17 @@ LONG = 25_000       # steps from which the EMA span is its longest (500 = LONG /
 
 
 def _point(rec: dict[str, Any], path: Path) -> tuple[int, float, Any]:
-    """(step, loss, source) of a canonical record; a record without a loss, or with one that
-    is not a number (or "nan", "inf", "-inf"), is refused (``HistoryCorruptError``)."""
-    loss = rec.get("loss")
+    """(step, loss, source) of a canonical record. A record without a loss is a gap in the
+    curve (``CheckpointManager.step(step)`` logs none); one whose loss is not a number (or
+    "nan", "inf", "-inf") is refused (``HistoryCorruptError``)."""
+    loss = rec.get("loss", "nan")
     try:
         if not isinstance(loss, (int, float, str)):
             raise ValueError
         return rec["step"], hist.decode_float(loss), rec.get("source")
     except (ValueError, OverflowError):
-        problem = "has no loss" if "loss" not in rec else f"has a loss that is not a number: {loss!r:.40}"
-        raise HistoryCorruptError(str(path), f"step {rec['step']} {problem}; plot needs one on every step record") from None
+        raise HistoryCorruptError(str(path), f"step {rec['step']} has a loss that is not a number: "
+                                             f"{loss!r:.40}") from None
 
 
 class Curve:
