@@ -142,6 +142,27 @@ def test_sweep_removes_only_our_temp_files(tmp_path):
     assert sorted(os.listdir(tmp_path)) == [".other", "step_000001.bin", "step_000001.json"]
 
 
+def test_sweep_leaves_a_live_processs_sidecar_temp(tmp_path):
+    """A trainer restarting beside `mirror --watch` swept the mirror's temp file of .mirrors.json
+    between its write and its rename ('commit failed: No such file or directory', exit 2). A
+    sidecar's temp file of a live process stays; a dead one's goes, and a generation's goes
+    whatever pid its name holds (only the lock holder writes those; pids are reused)."""
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    try:
+        names = {f".ckptfmt-tmp..mirrors.json.{live.pid}.ab": True, f".ckptfmt-tmp..mirrors.json.{dead.pid}.cd": False,
+                 f".ckptfmt-tmp.step_000002.bin.{live.pid}.ef": False}
+        for name in names:
+            (tmp_path / name).write_bytes(b"x")
+        removed = {p.name for p in Run(tmp_path).sweep_temps()}
+    finally:
+        live.kill()
+        live.wait()
+    assert removed == {name for name, stays in names.items() if not stays}
+    assert sorted(os.listdir(tmp_path)) == [name for name, stays in names.items() if stays]
+
+
 # ---------------------------------------------------------------- lock
 def test_second_writer_is_refused_naming_the_holder(tmp_path):
     code = ("import sys, time; from ckptfmt.run import RunLock\n"

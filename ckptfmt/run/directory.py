@@ -17,6 +17,7 @@ from ..facts import describe
 from .generations import Generation, Listing, check_bare, check_generation, list_dir, non_finite
 from .history import History
 from .lease import honoured
+from .lock import sidecar_in_progress
 from .retention import plan_retention
 from .sidecars import PINS, read_json
 
@@ -181,10 +182,12 @@ class Run:
         return [g.step for g in doomed]
 
     def sweep_temps(self) -> list[Path]:
-        """Remove orphan temp files of our own pattern (killed saves); nothing else."""
+        """Remove orphan temp files of our own pattern (killed saves); nothing else: not a
+        sidecar's temp file of a process still alive (``mirror --watch`` replacing
+        ``.mirrors.json`` while the trainer restarts)."""
         removed = []
         for temp in self.listing().temps:
-            if temp.is_file() and not temp.is_symlink():
+            if temp.is_file() and not temp.is_symlink() and not sidecar_in_progress(temp):
                 atomic.remove(temp)
                 removed.append(temp)
         return removed

@@ -103,6 +103,25 @@ def save_in_progress(entry: Path, holder: dict[str, Any] | None) -> bool:
         return True             # renamed or committed while we looked: it was in progress
 
 
+def sidecar_in_progress(entry: Path) -> bool:
+    """True when ``entry`` is the temp file of a sidecar (not a generation's ``step_`` file)
+    named with the pid of another process alive on this machine (``atomic.temp_path_for``): a
+    ``mirror --watch`` or ``pin`` replacing ``.mirrors.json`` or ``.pins.json`` beside the
+    writer, which takes no run lock, so a sweep must leave it. A generation's temp files are
+    only ever written under the lock: the lock holder sweeps them whatever their pid (a pid in
+    a leftover's name may belong to another process after a restart)."""
+    pid = _temp_pid(entry.name)
+    if pid is None or pid == os.getpid() or entry.name[len(fmt.TEMP_PREFIX):].startswith("step_"):
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True                 # alive, another user's
+    return True
+
+
 def _temp_pid(name: str) -> int | None:
     """The writer's pid in a temp name ``.ckptfmt-tmp.FINAL.PID.TOKEN``; None for other names."""
     if not fmt.is_temp_name(name):
