@@ -36,6 +36,23 @@ class _RecordingFile(io.FileIO):
             raise
 
 
+def missing_dirs(path: "str | os.PathLike[str]") -> list[Path]:
+    """``path`` and those of its parents that do not exist yet, innermost first: what a command
+    is about to create, so that ``remove_dirs`` can take exactly those away again on failure."""
+    path = Path(path)
+    return [p for p in (path, *path.parents) if not p.exists()]
+
+
+def remove_dirs(dirs: list[Path]) -> None:
+    """Remove the (empty) directories ``missing_dirs`` listed, innermost first, stopping at the
+    first that is not empty or already gone."""
+    for path in dirs:
+        try:
+            path.rmdir()
+        except OSError:
+            break
+
+
 def temp_path_for(final: "str | os.PathLike[str]") -> str:
     final = Path(final)
     token = f"{os.getpid()}.{secrets.token_hex(4)}"

@@ -14,6 +14,7 @@ without any rank materialising the whole model.
 from __future__ import annotations
 
 import os
+import shutil
 from pathlib import Path
 from typing import Any, Iterator
 
@@ -23,7 +24,8 @@ from . import atomic, companion, fingerprint, fsio, reader, writer
 from . import facts as valfacts
 from . import format as fmt
 from . import manifest as mf
-from .errors import CheckpointError, FingerprintMismatchError, ManifestError, ManifestMismatchError
+from .errors import (CheckpointError, FingerprintMismatchError, ManifestError, ManifestMismatchError,
+                     UnsupportedConversionError)
 
 SUFFIX = ".shards"
 
@@ -222,16 +224,31 @@ def remove(manifest_path: Path, directory: Path) -> None:
 
 
 def split(src: "str | os.PathLike[str]", run_dir: "str | os.PathLike[str]", world: int) -> Path:
-    """Split one .bin into ``world`` shards plus a manifest in ``run_dir``."""
+    """Split one .bin into ``world`` shards plus a manifest in ``run_dir``; at most one shard
+    per parameter. A split that fails or is interrupted removes the shards it wrote (a crash
+    leaves them uncommitted: no manifest)."""
     ck = reader.open(src, check_name=False)
     with ck:
+        if world > max(ck.n_params, 1):
+            raise UnsupportedConversionError(str(src), f"{world} shards for {ck.n_params} parameters: at most "
+                                                       "one shard per parameter")
+        made = atomic.missing_dirs(run_dir)
         atomic.make_durable_dir(Path(run_dir))
-        rows = []
-        for rank in range(world):
-            lo, hi = partition(ck.n_params, world, rank)
-            rows.append(save_shard(run_dir, ck.step, rank, world, lo, hi, ck.weights[lo:hi], ck.m[lo:hi], ck.v[lo:hi]))
-        extra = {k: v for k, v in (ck.manifest or {}).items() if k not in mf.REQUIRED}
-        return commit(run_dir, ck.step, rows, extra)
+        directory = shards_dir(run_dir, ck.step)
+        existed = directory.exists()
+        try:
+            rows = []
+            for rank in range(world):
+                lo, hi = partition(ck.n_params, world, rank)
+                rows.append(save_shard(run_dir, ck.step, rank, world, lo, hi, ck.weights[lo:hi], ck.m[lo:hi],
+                                       ck.v[lo:hi]))
+            extra = {k: v for k, v in (ck.manifest or {}).items() if k not in mf.REQUIRED}
+            return commit(run_dir, ck.step, rows, extra)
+        except BaseException:
+            if not existed:
+                shutil.rmtree(directory, ignore_errors=True)
+            atomic.remove_dirs(made)
+            raise
 
 
 def consolidate(manifest_path: "str | os.PathLike[str]", dst: "str | os.PathLike[str]") -> writer.SaveResult:

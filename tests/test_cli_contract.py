@@ -390,6 +390,8 @@ def _run_cases():
         ("export-empty-run", ["export", "{w}/empty_run", "{w}/exported"], 1, "nothing to export", ["{w}/exported"]),
         ("export-damaged-run", ["export", "{w}/damaged_run", "{w}/exported"], 1, "truncated", ["{w}/exported"]),
         ("export-archive-existing", ["export", "{w}/run", "{w}/existing.tar.zst", "--archive"], 2, "exists", []),
+        ("export-steps-naming-none", ["export", "{w}/run", "{w}/exported", "--steps", ",,"], 2,
+         "--steps takes comma-separated integers", ["{w}/exported"]),
         ("export-archive-missing-dir", ["export", "{w}/run", "{w}/no/dir/e.tar.zst", "--archive"], 2, "no/dir",
          ["{w}/no"]),
         ("train-file-for-run", ["train", "--run", f"{{w}}/good/{B}", "--steps", "0"], 2, "not a run directory", []),
@@ -650,3 +652,4 @@ def test_a_full_disk_is_named_and_leaves_nothing(full_disk, name):
         assert os.listdir(mnt) == []
     result = _invoke(["fork", os.path.dirname(src), str(mnt / "forked"), "--step", "1"])
     assert result.exit_code == 2 and os.listdir(mnt) == [], result.output
+    assert result.stderr.startswith(f"ckptfmt: {mnt / 'forked'}/") and ".ckptfmt-tmp" not in result.stderr, result.stderr

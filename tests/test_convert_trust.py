@@ -114,3 +114,25 @@ def test_options_that_apply_still_work(runner, tmp_path, src):
     assert run(runner, "convert", src, tmp_path / "w.pth", "--to", "pt").exit_code == 0
     assert run(runner, "convert", src, tmp_path / "run", "--to", "shards", "--shards", "3").exit_code == 0
     assert ckptfmt.validate(tmp_path / "run").ok
+
+
+def test_more_shards_than_parameters_is_refused_and_a_failed_split_leaves_no_shards(runner, tmp_path, src, monkeypatch):
+    """--shards 200000 of a small checkpoint wrote 200,000 shard files for minutes; and a split
+    stopped half-way left its shards behind, uncommitted."""
+    from ckptfmt import shards
+    n = ckptfmt.open(src).n_params
+    result = run(runner, "convert", src, tmp_path / "run", "--to", "shards", "--shards", str(n + 1))
+    assert result.exit_code == 2 and f"{n + 1} shards for {n} parameters" in result.stderr
+    assert not (tmp_path / "run").exists() or not any((tmp_path / "run").iterdir())
+    written = []
+    real = shards.save_shard
+
+    def second_fails(*args, **kw):
+        if written:
+            raise KeyboardInterrupt
+        written.append(real(*args, **kw))
+        return written[-1]
+    monkeypatch.setattr(shards, "save_shard", second_fails)
+    with pytest.raises(KeyboardInterrupt):
+        shards.split(src, tmp_path / "run2", 3)
+    assert written and not (tmp_path / "run2").exists()

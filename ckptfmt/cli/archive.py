@@ -53,13 +53,17 @@ def _model_check():
 
 
 def _parse_steps(steps: str | None) -> list[int] | None:
-    """``--steps 100,200`` as a list of ints (None when not given)."""
-    if not steps:
+    """``--steps 100,200`` as a list of ints (None when not given; ",," names no step and is
+    refused rather than read as "the latest")."""
+    if steps is None:
         return None
     try:
-        return [int(s) for s in steps.split(",") if s.strip()]
+        chosen = [int(s) for s in steps.split(",") if s.strip()]
     except ValueError:
-        raise click.UsageError(f"--steps takes comma-separated integers, got {steps!r}") from None
+        chosen = []
+    if not chosen:
+        raise click.UsageError(f"--steps takes comma-separated integers, got {steps!r}")
+    return chosen
 
 
 @main.command("import")

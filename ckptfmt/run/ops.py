@@ -140,7 +140,7 @@ def _fork_from(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
         raise NoValidGenerationError(str(gen.bin), f"cannot fork from it: {reason}")
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise DestinationExistsError(str(dest), "exists and is not empty; refusing to fork into it")
-    made = [p for p in (dest.parent, *dest.parent.parents) if not p.exists()]
+    made = atomic.missing_dirs(dest.parent)
     staging = dest.parent / f"{fmt.TEMP_PREFIX}fork.{dest.name}.{os.getpid()}"
     try:
         try:
@@ -150,15 +150,24 @@ def _fork_from(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
         out = _fork_into(run, gen, staging)
         os.replace(staging, dest)
         atomic.sync_dir_of(str(dest))
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
-        for parent in made:             # innermost first: only the ones this fork created
-            try:
-                parent.rmdir()
-            except OSError:
-                break
+        atomic.remove_dirs(made)      # only the ones this fork created
+        _name_dest(exc, staging, dest)
         raise
     return {**out, "dest": str(dest)}
+
+
+def _name_dest(exc: BaseException, staging: Path, dest: Path) -> None:
+    """An error about a file in the staging directory names it at DEST, the path the user chose
+    (a full disk: "DEST/step_000100.bin: ..." rather than ".ckptfmt-tmp.fork.DEST.PID/...")."""
+    def moved(path: Any) -> Any:
+        return str(dest) + path[len(str(staging)):] if isinstance(path, str) and path.startswith(str(staging)) else path
+    if isinstance(exc, CheckpointError) and exc.path:
+        exc.path = moved(exc.path)
+        exc.args = (f"{exc.path}: {exc.problem}",)
+    elif isinstance(exc, OSError):
+        exc.filename = moved(exc.filename)
 
 
 def _fork_into(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:

@@ -58,7 +58,7 @@ def _prepare_dest(dest: Path) -> Callable[[], None]:
     export that fails leaves DEST as it found it; one cut short by a crash leaves the marker."""
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise DestinationExistsError(str(dest), "exists and is not empty; choose a new destination")
-    made = [p for p in (dest, *dest.parents) if not p.exists()]      # innermost first
+    made = atomic.missing_dirs(dest)
     dest.mkdir(parents=True, exist_ok=True)
 
     def undo() -> None:
@@ -67,11 +67,7 @@ def _prepare_dest(dest: Path) -> Callable[[], None]:
                 shutil.rmtree(entry)
             else:
                 entry.unlink()
-        for path in made:
-            try:
-                path.rmdir()
-            except OSError:
-                break
+        atomic.remove_dirs(made)
     atomic.write_bytes(dest / INCOMPLETE, b"export in progress or failed; do not use\n")
     return undo
 
