@@ -245,7 +245,8 @@ def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=
     elif bare:
         report.warn("bare_run", f"{path}: bare .bin files without manifests: structure only, unverified")
     if report.status != "no checkpoint":
-        report.status = "damaged" if not report.ok else ("verified" if deep and not bare else "committed")
+        report.status = ("damaged" if not report.ok else "unverified" if bare   # no manifest: not committed
+                         else "verified" if deep else "committed")
         _settle_diverged(report)
     return report
 
