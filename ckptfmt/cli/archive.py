@@ -41,7 +41,6 @@ def export_cmd(run: str, dest: str, latest: bool, steps: str | None, with_histor
         + checks_in_words(d["verified"]) + (" (UNVERIFIED bare files)" if d["bare"] else "")))
 
 
-
 def _model_check():
     """The reference trainer's load check (a fresh model + AdamW at DEST) when torch is
     installed; without torch the export is still validated fully and says so."""

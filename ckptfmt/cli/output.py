@@ -18,6 +18,7 @@ from typing import Any, Callable
 import click
 
 from ..errors import CheckpointError, NotACheckpointError
+from ..run.history import strict
 
 EXIT_OK, EXIT_DEFECT, EXIT_CANNOT = 0, 1, 2
 
@@ -59,11 +60,9 @@ def guarded(fn: Callable) -> Callable:
         except CheckpointError as exc:
             raise Fail(str(exc), _exit_code(exc), kind=type(exc).__name__, path=exc.path,
                        as_json=as_json) from None
-        except BrokenPipeError as exc:
-            if exc.filename is None and stdout_is_pipe():
-                raise                                 # `| head` closed stdout: the group ends quietly
-            raise Fail(str(exc), EXIT_CANNOT, kind=type(exc).__name__, as_json=as_json) from None
         except OSError as exc:
+            if isinstance(exc, BrokenPipeError) and exc.filename is None and stdout_is_pipe():
+                raise                                 # `| head` closed stdout: the group ends quietly
             where = exc.filename or ""
             message = f"{where}: {exc.strerror or exc}" if where else str(exc)
             raise Fail(message, EXIT_CANNOT, kind=type(exc).__name__, path=where or None,
@@ -101,19 +100,7 @@ def dumps(data: Any) -> str:
     >>> json.loads(dumps({"rel_l2": float("inf"), "n": [1.5, float("nan")]}))
     {'rel_l2': 'inf', 'n': [1.5, 'nan']}
     """
-    return json.dumps(_finite(data), indent=1, default=_jsonable, allow_nan=False)
-
-
-def _finite(obj: Any) -> Any:
-    if isinstance(obj, float) and not math.isfinite(obj):
-        return "nan" if math.isnan(obj) else ("inf" if obj > 0 else "-inf")
-    if isinstance(obj, dict):
-        return {k: _finite(v) for k, v in obj.items()}
-    if isinstance(obj, (list, tuple)):
-        return [_finite(v) for v in obj]
-    if hasattr(obj, "to_dict"):
-        return _finite(obj.to_dict())
-    return obj
+    return json.dumps(strict(data), indent=1, default=_jsonable, allow_nan=False)
 
 
 def emit(data: Any, as_json: bool, human: Callable[[Any], None]) -> None:

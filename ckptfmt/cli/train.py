@@ -131,13 +131,13 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1   # launched by torchrun
     if distributed and (summary or pause_at):
         raise click.UsageError("--summary and --pause-at-step are single-process only (not under torchrun)")
-    from ..trainer.config import get, parse_sets  # lazy: keeps `ckptfmt --help` fast
+    from ..trainer.config import for_run, parse_sets  # lazy: keeps `ckptfmt --help` fast
     try:
         overrides = parse_sets(sets)
     except ValueError as exc:
         raise click.UsageError(str(exc)) from None
     try:                        # values the trainer cannot run with: refused here, not deep in torch
-        get(config_name, **{**overrides, **{k: v for k, v in (("seed", seed), ("threads", threads)) if v is not None}})
+        for_run(config_name, overrides, seed, threads)
     except ValueError as exc:
         raise click.UsageError(f"--config {config_name} --set: {exc}") from None
     from ..trainer.loop import train as run_train  # lazy: imports torch

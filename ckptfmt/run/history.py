@@ -34,14 +34,22 @@ def decode_float(x: float | str) -> float:
 
 
 def strict(value: Any) -> Any:
-    """``value`` with every non-finite float, at any depth, as ``encode_float`` writes it: what
-    ``History.append`` takes for a record read back from a history that held a NaN literal."""
+    """``value`` with every non-finite float, at any depth, as ``encode_float`` writes it (and
+    an object with ``to_dict``, a report, as that dict): what strict JSON can hold. ``fork``
+    copies a record read back from a history that held a NaN literal through it; the CLI's
+    ``--json`` prints every document through it.
+
+    >>> strict({"loss": float("nan"), "x": (1.5, float("-inf"))})
+    {'loss': 'nan', 'x': [1.5, '-inf']}
+    """
     if isinstance(value, float):
         return encode_float(value)
     if isinstance(value, dict):
         return {k: strict(v) for k, v in value.items()}
-    if isinstance(value, list):
+    if isinstance(value, (list, tuple)):
         return [strict(v) for v in value]
+    if hasattr(value, "to_dict"):
+        return strict(value.to_dict())
     return value
 
 

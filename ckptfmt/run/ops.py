@@ -143,10 +143,7 @@ def _fork_from(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
     made = atomic.missing_dirs(dest.parent)
     staging = dest.parent / f"{fmt.TEMP_PREFIX}fork.{dest.name}.{os.getpid()}"
     try:
-        try:
-            staging.mkdir(parents=True)
-        except OSError as exc:          # name DEST, not the staging directory the user never chose
-            raise OSError(exc.errno, exc.strerror, str(dest)) from None
+        staging.mkdir(parents=True)
         out = _fork_into(run, gen, staging)
         os.replace(staging, dest)
         atomic.sync_dir_of(str(dest))

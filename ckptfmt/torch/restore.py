@@ -79,6 +79,7 @@ def restore(mgr: "CheckpointManager", source: Any, strict: bool, restore_rng: bo
         doc = dict(ck.manifest)
         if mgr.upgrade is not None:
             doc = mgr.upgrade(doc)
+        mf.require_objects(mf.path_for(ck.path), doc)     # before any hook reads into them
         if mgr.on_restore is not None:
             mgr.on_restore(doc, ck.path)
         plan = make_plan(mgr, ck, doc, strict, restore_rng, allow_device_change)
@@ -107,7 +108,6 @@ def make_plan(mgr: "CheckpointManager", ck: Any, doc: dict[str, Any], strict: bo
     unless ``allow_device_change`` (or ``strict=False``).
     """
     path = ck.path
-    mf.require_objects(mf.path_for(path), doc)
     check_layout(doc, mgr.model, path)
     mf.require(path, doc, ("layout", "optimizer"))
     optim.check(mgr.optimizer, doc["optimizer"], path)

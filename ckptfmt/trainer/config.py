@@ -73,6 +73,14 @@ def get(name: str, **overrides: Any) -> TrainConfig:
     return cfg
 
 
+def for_run(name: str, sets: dict[str, Any] | None = None, seed: int | None = None,
+             threads: int | None = None) -> TrainConfig:
+    """The config ``ckptfmt train --config NAME --set ... [--seed] [--threads]`` trains with
+    (``ValueError`` naming a field it cannot run with): the CLI checks it before the run
+    directory exists, the loop builds it."""
+    return get(name, **{**(sets or {}), **{k: v for k, v in (("seed", seed), ("threads", threads)) if v is not None}})
+
+
 INT_MIN = {"ctx": 1, "d_model": 1, "n_layer": 1, "n_head": 1, "batch": 1, "warmup": 0, "decay_steps": 1,
            "corpus_bytes": 1, "seed": 0, "threads": 1}
 UNIT = (lambda x: 0 <= x <= 1, "in [0, 1]")

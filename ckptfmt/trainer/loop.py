@@ -154,7 +154,6 @@ class Trainer:
     def _check_resume(self, doc: dict[str, Any], path: str) -> None:
         """The manager's ``on_restore``: before anything is restored, the config and the data
         sources must be the run's (or a pivot must allow the change)."""
-        mf.require_objects(mf.path_for(path), doc)
         mf.require(path, doc, ("config", "state.data.identity"))
         self.pivot = self._pivot_applies(doc.get("step"))
         cfgmod.check_compatible(path, doc["config"], self.cfg, pivot=self.pivot)
@@ -357,8 +356,7 @@ def train(run_dir: str, config_name: str, steps: int, *, seed: int | None = None
     for a signal. Under torchrun (``WORLD_SIZE`` > 1), ``dist_timeout`` seconds bound every
     collective.
     """
-    cfg = cfgmod.get(config_name, **{**(sets or {}), **{k: v for k, v in (("seed", seed), ("threads", threads))
-                                                        if v is not None}})
+    cfg = cfgmod.for_run(config_name, sets, seed, threads)
     Run(run_dir, create=True)
     if flags.stop:
         return 0
