@@ -17,7 +17,7 @@ import os
 __all__ = ["CheckpointError", "NotACheckpointError", "BadHeaderError", "TruncatedError",
            "TrailingDataError", "BadNameError", "ManifestError", "ManifestMismatchError",
            "UnsupportedVersionError", "FingerprintMismatchError", "IncompleteResumeStateError", "ConfigMismatchError",
-           "DeviceChangeError", "LayoutMismatchError", "OptimizerMismatchError", "UnsupportedOptimizerError", "NoValidGenerationError",
+           "StateRefusedError", "DeviceChangeError", "LayoutMismatchError", "OptimizerMismatchError", "UnsupportedOptimizerError", "NoValidGenerationError",
            "GenerationNotFoundError", "EmptyRunError", "RunLockedError", "HistoryCorruptError", "SidecarError",
            "RankDisagreementError", "SaveError", "ConvertError", "UnsupportedFormatError",
            "UnsupportedConversionError", "TensorFileError", "ExportError",
@@ -93,6 +93,12 @@ class IncompleteResumeStateError(CheckpointError):
 
 class ConfigMismatchError(CheckpointError):
     """A run was started with a config that differs from the one it was trained with."""
+
+
+class StateRefusedError(ConfigMismatchError):
+    """A loop object's ``load_state_dict`` raised on the state the checkpoint holds for it; the
+    restore put back every object it had loaded, and copied no tensor (a failed restore changes
+    nothing). The piece and the object's own error are named."""
 
 
 class DeviceChangeError(ConfigMismatchError):

@@ -7,7 +7,7 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from ckptfmt.errors import (ConfigMismatchError, LayoutMismatchError, OptimizerMismatchError,  # noqa: E402
-                            RunLockedError)
+                            RunLockedError, StateRefusedError)
 from ckptfmt.torch import CheckpointManager  # noqa: E402
 
 
@@ -179,3 +179,72 @@ def test_a_grad_scaler_enabled_where_the_saved_one_was_not_is_refused_before_any
             assert m.restore(strict=False) == 2
         assert m.fresh == [f"amp.scaler ({then} in the checkpoint, {was} in the loop)"]
     assert opt.state and scaler.get_scale() == (8.0 if now else 1.0)
+
+
+class Counter:
+    """A loop's state object. ``newer``: a later version of it, whose state has a ``shuffle_seed``
+    the saved one lacks; its load_state_dict changes itself, then raises. ``broken``: it raises
+    on any state, its own too."""
+
+    def __init__(self, newer=False, broken=False):
+        self.seen, self.newer, self.broken = {"pos": 0, "order": [1, 2]}, newer, broken
+        if newer:
+            self.seen["shuffle_seed"] = 0
+
+    def state_dict(self):
+        return self.seen                        # its live dict, as many loops hand out
+
+    def load_state_dict(self, tree):
+        self.seen["pos"] = tree["pos"]          # half-way: changed, then raises
+        self.seen["order"].append(99)
+        if self.broken:
+            raise RuntimeError("broken")
+        if self.newer:
+            self.seen["shuffle_seed"] = tree["shuffle_seed"]
+        self.seen["order"] = list(tree["order"])
+
+
+def saved_counters(path):
+    model, opt, sched = setup()
+    loader, sampler = Counter(), Counter()
+    with mgr(path, model, opt, scheduler=sched, every=5, state={"loader": loader, "sampler": sampler}) as m:
+        m.restore()
+        loader.seen["pos"], sampler.seen["pos"] = 7, 8
+        train(model, opt, sched, m, 1, 5)
+        m.close(5)
+
+
+def test_a_state_object_whose_load_state_dict_raises_leaves_everything_as_it_was(tmp_path):
+    saved_counters(tmp_path / "r")
+    model, opt, sched = setup()
+    loader, sampler = Counter(), Counter(newer=True)
+    params = [p.detach().clone() for p in model.parameters()]
+    torch.manual_seed(123)
+    with mgr(tmp_path / "r", model, opt, scheduler=sched, state={"loader": loader, "sampler": sampler}) as m:
+        with pytest.raises(StateRefusedError, match=r"step_000005.bin: cannot resume: state.sampler: "
+                                                    r"load_state_dict raised KeyError: 'shuffle_seed'; "
+                                                    r"nothing was restored \(the objects already loaded "
+                                                    r"and the one that raised were put back\)$"):
+            m.restore()
+        assert torch.rand(1).item() == torch.rand(1, generator=torch.Generator().manual_seed(123)).item()
+        assert all(torch.equal(a, b) for a, b in zip(params, model.parameters()))
+        assert not opt.state and sched.last_epoch == 0
+        assert loader.seen == {"pos": 0, "order": [1, 2]}
+        assert sampler.seen == {"pos": 0, "order": [1, 2], "shuffle_seed": 0}
+        sampler.newer = False                   # the loop mended: the same manager restores in full
+        assert m.restore() == 5
+    assert loader.seen["pos"] == 7 and sampler.seen["pos"] == 8 and sched.last_epoch == 5
+    assert all(not torch.equal(a, b) for a, b in zip(params, model.parameters()))
+
+
+def test_a_state_object_that_cannot_take_back_its_own_state_is_named(tmp_path):
+    saved_counters(tmp_path / "r")
+    model, opt, sched = setup()
+    params = [p.detach().clone() for p in model.parameters()]
+    with mgr(tmp_path / "r", model, opt, scheduler=sched,
+             state={"loader": Counter(), "sampler": Counter(broken=True)}) as m:
+        with pytest.raises(StateRefusedError, match=r"state.sampler: load_state_dict raised RuntimeError: "
+                                                    r"broken; state.sampler could not be put back \(the "
+                                                    r"other objects were; no tensor was copied\)$"):
+            m.restore()
+    assert all(torch.equal(a, b) for a, b in zip(params, model.parameters())) and sched.last_epoch == 0

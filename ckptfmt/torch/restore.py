@@ -11,11 +11,16 @@ The order, and why:
    read), and what is missing is refused together, by name, before a single value is copied:
    a refused restore leaves the model, optimizer, state objects and RNGs as they were, and under
    torchrun every rank refuses together. With ``strict=False`` those pieces start fresh.
-4. Parameters and moments, buffers, scheduler, scaler, state objects; the RNGs last, after every
-   object that consumes draws exists.
+4. The loop's objects (scheduler, scaler, state objects) take their state first, each kept as it
+   was until all have: the one step that runs the loop's own code, and the only one after the
+   checks that can still fail. If one raises, those already loaded are put back and no tensor has
+   been copied, so a failed restore changes nothing here either (under torchrun every rank puts
+   back together). Then parameters and moments, buffers; the RNGs last, after every object that
+   consumes draws exists.
 """
 from __future__ import annotations
 
+import copy
 import os
 import warnings
 from dataclasses import dataclass, field
@@ -30,7 +35,7 @@ from .. import format as fmt
 from .. import manifest as mf
 from .. import reader
 from ..errors import (ConfigMismatchError, DeviceChangeError, IncompleteResumeStateError, LayoutMismatchError,
-                      NoValidGenerationError, RankDisagreementError, UnsupportedSetupError)
+                      NoValidGenerationError, RankDisagreementError, StateRefusedError, UnsupportedSetupError)
 from ..shards import ShardedCheckpoint, is_sharded
 from . import adapter, optim, ranks, rng
 from .distributed import any_rank, is_sharded_model, load_into
@@ -87,10 +92,8 @@ def restore(mgr: "CheckpointManager", source: Any, strict: bool, restore_rng: bo
             _world_size_changed(mgr, doc, plan.change)
         if plan.moved:
             _device_changed(mgr, doc, plan)
+        load_pieces(mgr, plan)
         load_tensors(mgr, ck, plan)
-        for piece, obj in mgr.pieces():
-            if piece in plan.trees:
-                obj.load_state_dict(plan.trees[piece])
         if plan.rng is not None:
             rng.restore_all(plan.rng, mgr.generators, skip=plan.rng_skip, path=plan.path)
         mgr.fresh = plan.fresh
@@ -246,6 +249,42 @@ def _lookup(plan: Plan, piece: str) -> Any:
     if not name:
         return plan.doc.get(head)
     return (plan.doc.get(head) or {}).get(name)
+
+
+def load_pieces(mgr: "CheckpointManager", plan: Plan) -> None:
+    """The loop's objects take their saved state, all or none: each one's own ``state_dict`` is
+    kept (a deep copy: it may hand out its live containers) until every one has loaded, and if a
+    ``load_state_dict`` raises, the ones already loaded, and the one that raised, are given it
+    back, on every rank (a collective), before the refusal names the piece."""
+    kept: list[tuple[str, Any, Any]] = []
+    failed: tuple[str, BaseException] | None = None
+    for piece, obj in mgr.pieces():
+        if piece not in plan.trees:
+            continue
+        kept.append((piece, obj, copy.deepcopy(obj.state_dict())))
+        try:
+            obj.load_state_dict(plan.trees[piece])
+        except Exception as e:           # the loop's own code: any error it raises
+            failed = (piece, e)
+            break
+    if not any_rank(failed is not None)[0]:
+        return
+    unrestored = []
+    for piece, obj, before in reversed(kept):
+        try:
+            obj.load_state_dict(before)
+        except Exception:                # said below; the first error is the one to raise
+            unrestored.append(piece)
+    said = (f"{', '.join(unrestored)} could not be put back (the other objects were; no tensor was copied)"
+            if unrestored else "nothing was restored (the objects already loaded and the one that raised "
+                               "were put back)")
+    if failed is None:
+        raise StateRefusedError(plan.path, "cannot resume: another rank's load_state_dict raised (its error "
+                                           "names the piece); " + (said if unrestored else "this rank's "
+                                                                   "objects were put back"))
+    piece, err = failed
+    raise StateRefusedError(plan.path, f"cannot resume: {piece}: load_state_dict raised "
+                                       f"{type(err).__name__}: {err}; {said}") from err
 
 
 def load_tensors(mgr: "CheckpointManager", ck: Any, plan: Plan) -> None:
