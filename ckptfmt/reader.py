@@ -5,6 +5,7 @@ values are checked against the real size, as Python ints, before any view is mad
 """
 from __future__ import annotations
 
+import errno
 import math
 import mmap
 import os
@@ -76,7 +77,12 @@ def read_header(path: "str | os.PathLike[str]", fd: int | None = None) -> tuple[
 
 def _open_regular(path: str) -> int:
     """Open read-only without following into FIFOs or devices (they would hang or lie)."""
-    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0))
+    except OSError as e:                 # a socket cannot be opened at all (ENXIO): name what it is
+        if e.errno != errno.ENXIO or not stat.S_ISSOCK(os.stat(path).st_mode):
+            raise
+        raise NotACheckpointError(path, "not a regular file (a socket), expected a step_NNNNNN.bin file") from None
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)

@@ -59,6 +59,16 @@ def test_directory_and_fifo_are_not_checkpoints(tmp_path):
         ckptfmt.open(fifo)                                 # never hangs
 
 
+def test_a_socket_named_like_a_checkpoint_is_not_a_regular_file(tmp_path):
+    import socket
+    path = tmp_path / "step_000001.bin"
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path))                               # open(2) of it is ENXIO, "No such device"
+        with pytest.raises(E.NotACheckpointError, match=r"step_000001.bin: not a regular file \(a socket\), "
+                                                        r"expected a step_NNNNNN.bin file$"):
+            ckptfmt.open(path)
+
+
 def test_missing_file_stays_an_os_error(tmp_path):
     with pytest.raises(FileNotFoundError):
         ckptfmt.open(tmp_path / "nope.bin")
