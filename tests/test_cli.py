@@ -181,6 +181,8 @@ def test_ls_gc_pin(runner, tmp_path):
     d = json.loads(out)
     assert code == 0 and [g["step"] for g in d["generations"]] == [100, 200, 300, 400, 500]
     assert len(d["leftovers"]) == 1
+    lines = run(runner, "ls", tmp_path)[1].splitlines()
+    assert lines[1].split() == ["step", "size", "age", "status"] and lines[2].split()[0] == "100"
     assert run(runner, "pin", tmp_path, 100)[0] == 0
     rows = json.loads(run(runner, "ls", tmp_path, "--json", "--keep-every", "200")[1])["generations"]
     assert [r["step"] for r in rows if r["milestone"]] == [200, 400] and [r["step"] for r in rows if r["pinned"]] == [100]

@@ -294,7 +294,8 @@ def test_validate_ls_and_inspect_work_on_a_url(s3, bucket, tmp_path):
     proc = cli("validate", url, "--fast")
     assert proc.returncode == 1 and "expected" in proc.stdout
     s3.client().put_object(Bucket=bucket, Key="v/step_000030.bin", Body=b"partial")
-    assert "not committed" in cli("ls", url).stdout
+    listing = cli("ls", url).stdout.splitlines()
+    assert listing[1].split() == ["step", "size", "status"] and "not committed" in listing[-1]
 
 
 def test_a_connection_cut_mid_upload_commits_nothing_and_the_next_mirror_completes(s3, bucket, tmp_path):

@@ -42,6 +42,8 @@ def ls_cmd(run: str, as_json: bool, deep: bool, keep_every: int | None, remote: 
 
 def print_ls(d: dict) -> None:
     click.echo(f"{d['run']}" + (f"  (locked by pid {d['lock'].get('pid')})" if d.get("lock") else ""))
+    if d["generations"]:
+        click.echo(f"  {'step':>10}  {'size':>10}  {'age':>10}  status")
     for g in d["generations"]:
         marks = (" pinned" if g["pinned"] else "") + (" milestone" if g.get("milestone") else "")
         if g.get("diverged"):
