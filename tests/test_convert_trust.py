@@ -5,6 +5,7 @@ target, is refused (exit 2) before anything is read or written."""
 from __future__ import annotations
 
 import json
+import os
 
 import numpy as np
 import pytest
@@ -136,3 +137,15 @@ def test_more_shards_than_parameters_is_refused_and_a_failed_split_leaves_no_sha
     with pytest.raises(KeyboardInterrupt):
         shards.split(src, tmp_path / "run2", 3)
     assert written and not (tmp_path / "run2").exists()
+
+
+def test_a_sharded_generation_is_measured_by_its_shards_either_way(runner, tmp_path, src):
+    """The ratio compares data with data: a sharded source named by its manifest counts its
+    shards, as a sharded destination does (it compared a 1.6 MB .bin with a 35 kB manifest)."""
+    there = json.loads(run(runner, "convert", src, tmp_path / "run", "--to", "shards", "--shards", "3",
+                           "--json").stdout)
+    shards = sum(f.stat().st_size for f in (tmp_path / "run").glob("*.shards/*.bin"))
+    manifest = next((tmp_path / "run").glob("step_*.json"))
+    back = json.loads(run(runner, "convert", manifest, tmp_path / "back.bin", "--json").stdout)
+    assert there["dst_bytes"] == back["src_bytes"] == shards
+    assert back["dst_bytes"] == os.path.getsize(src) == there["src_bytes"]

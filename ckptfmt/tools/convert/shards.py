@@ -23,7 +23,11 @@ def _report(src: str, dst: str, src_kind: str, dst_kind: str, step: int, n: int,
             digest: str | None, checked: str):
 
     def size(p: str) -> int:
+        """The data's bytes, as a .bin's (its manifest not counted): a sharded generation's are its
+        shards', whether its manifest or its directory names it."""
         path = Path(p)
+        if path.suffix == ".json" and path.with_suffix(".shards").is_dir():
+            path = path.with_suffix(".shards")
         if path.is_dir():
             return sum(f.stat().st_size for f in path.rglob("*") if f.is_file())
         return path.stat().st_size
