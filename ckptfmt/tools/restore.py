@@ -4,7 +4,8 @@ one step), the loss history and every sidecar, into a new local run directory, v
 Everything lands in a sibling temp directory first (payload hashed while received, the manifest
 written last, the generation then checked fully) and the directory is renamed to DEST only when
 complete, so DEST is never half a run. A generation whose bytes do not match its manifest at the
-destination is skipped with a warning, and the one before it is tried (latest-valid, RUN §2).
+destination is skipped with a warning, and the one before it is tried (latest-valid, RUN §2); a diverged one is
+passed over while a finite one is valid (RUN §2.1).
 """
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import atomic, fsio
+from .. import facts as valfacts
 from .. import format as fmt
 from ..errors import (DestinationExistsError, FingerprintMismatchError, GenerationNotFoundError, ManifestError,
                       NoValidGenerationError, RemoteError)
@@ -42,7 +44,8 @@ def restore(url: str, dest: "str | os.PathLike[str]", *, step: int | None = None
     staging = out.parent / f"{fmt.TEMP_PREFIX}{out.name}.{os.getpid()}.{secrets.token_hex(4)}"
     atomic.make_durable_dir(staging)
     try:
-        chosen, skipped = _first_valid(remote, [step] if step is not None else committed, staging, progress)
+        chosen, skipped = _first_valid(remote, [step] if step is not None else committed, staging, progress,
+                                       finite_first=step is None)
         sidecars = _restore_sidecars(remote, staging)
         _publish(staging, out)
     except BaseException:
@@ -52,11 +55,21 @@ def restore(url: str, dest: "str | os.PathLike[str]", *, step: int | None = None
             "sidecars": sidecars, "verified": "blake3 of every file while received; generation checked fully"}
 
 
-def _first_valid(remote: Remote, steps: list[int], staging: Path, progress: Progress) -> tuple[int, list[dict]]:
-    """Download candidates newest first until one verifies; damaged ones are warned about."""
-    skipped = []
+def _first_valid(remote: Remote, steps: list[int], staging: Path, progress: Progress,
+                 finite_first: bool = False) -> tuple[int, list[dict]]:
+    """Download candidates newest first until one verifies; damaged ones are warned about.
+    ``finite_first``: pass over diverged generations (their manifest's facts count NaN or inf)
+    while a finite one is valid, as latest-valid resume does (RUN §2.1); the newest valid
+    diverged one is taken only when none is finite."""
+    skipped: list[dict] = []
+    diverged = []
     for step in steps:
         try:
+            if finite_first and (bad := valfacts.diverged(remote.read_manifest(step)[0])):
+                diverged.append(step)
+                warnings.warn(f"{remote.url}: passing over diverged generation {step} ({valfacts.describe(bad)}); "
+                              f"--step {step} restores it", stacklevel=2)
+                continue
             _download_generation(remote, step, staging, progress)
             return step, skipped
         except (FingerprintMismatchError, ManifestError, RemoteError) as exc:
@@ -66,6 +79,9 @@ def _first_valid(remote: Remote, steps: list[int], staging: Path, progress: Prog
             warnings.warn(f"{remote.url}: skipping generation {step}: {exc.problem}", stacklevel=2)
             for entry in list(staging.iterdir()):
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+    if diverged:                               # none finite is valid: the newest valid diverged one
+        chosen, more = _first_valid(remote, diverged, staging, progress)
+        return chosen, skipped + more
     raise NoValidGenerationError(remote.url, "no valid generation: "
                                  + "; ".join(f"step {s['step']}: {s['reason']}" for s in skipped))
 

@@ -1,0 +1,44 @@
+"""Edges of mirror / import / validate URL found in review: what a user meets from outside
+(diverged generations, odd URLs, an empty prefix, a destination that is the run itself), against
+the same real S3 server as test_mirror.py (moto_server over HTTP through s3fs)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+import ckptfmt
+from ckptfmt.run import Run
+from conftest import arrays, cli
+from test_mirror import bucket, make_run, s3  # noqa: F401 (fixtures)
+
+
+def nan_generation(run, step: int, n: int = 1000) -> None:
+    w, m, v = arrays(n, step)
+    w[3] = np.nan
+    ckptfmt.save_generation(run, step, w, m, v)
+
+
+def test_import_passes_over_a_diverged_newest_generation_as_resume_does(s3, bucket, tmp_path):
+    """The newest generation at the URL diverged (its facts count a NaN): import took it, and
+    a resume in DEST then refused ("no finite generation"), where the run that never left the
+    machine resumes from the newest finite one. Import takes that one and says what it passed
+    over; --step takes the diverged one; with none finite, the newest diverged one comes."""
+    run = make_run(tmp_path / "run", steps=(10, 20))
+    nan_generation(run, 30)
+    url = f"s3://{bucket}/div"
+    assert cli("mirror", str(run), url).returncode == 0
+    proc = cli("import", url, str(tmp_path / "a"))
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(p.name for p in (tmp_path / "a").glob("step_*.bin")) == ["step_000020.bin"]
+    assert (tmp_path / "a" / "step_000020.bin").read_bytes() == (run / "step_000020.bin").read_bytes()
+    assert "passing over diverged generation 30 (weights: 1 non-finite values)" in proc.stderr
+    assert Run(tmp_path / "a").latest().step == 20
+    proc = cli("import", url, str(tmp_path / "b"), "--step", "30", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["step"] == 30, proc.stderr
+    only = tmp_path / "only"
+    only.mkdir()
+    nan_generation(only, 40)
+    assert cli("mirror", str(only), f"s3://{bucket}/only").returncode == 0
+    proc = cli("import", f"s3://{bucket}/only", str(tmp_path / "c"), "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["step"] == 40, proc.stderr
