@@ -42,3 +42,17 @@ def test_import_passes_over_a_diverged_newest_generation_as_resume_does(s3, buck
     assert cli("mirror", str(only), f"s3://{bucket}/only").returncode == 0
     proc = cli("import", f"s3://{bucket}/only", str(tmp_path / "c"), "--json")
     assert proc.returncode == 0 and json.loads(proc.stdout)["step"] == 40, proc.stderr
+
+
+def test_validate_of_an_empty_or_mistyped_prefix_is_not_ok(s3, bucket, tmp_path):
+    """``validate s3://bucket/typo`` said OK (exit 0) where a local directory without a
+    generation says NO CHECKPOINT (exit 1): a mistyped backup check passed."""
+    url = f"s3://{bucket}/typo"
+    proc = cli("validate", url)
+    assert proc.returncode == 1, proc.stdout
+    assert proc.stdout.splitlines()[:2] == [f"{url}: NO CHECKPOINT",
+                                            "  defect: no committed generation at this URL (an empty or mistyped prefix?)"]
+    run = make_run(tmp_path / "run", steps=(10,))
+    assert cli("mirror", str(run), url).returncode == 0
+    doc = json.loads(cli("validate", url, "--json").stdout)
+    assert doc["ok"] is True and "problem" not in doc

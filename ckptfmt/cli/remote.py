@@ -119,7 +119,9 @@ def validate_urls(paths: tuple[str, ...], fast: bool, as_json: bool) -> None:
 
 
 def _print_validate(d: dict) -> None:
-    click.echo(f"{d['url']}: {'OK' if d['ok'] else 'DAMAGED'}")
+    click.echo(f"{d['url']}: {'OK' if d['ok'] else 'NO CHECKPOINT' if d.get('problem') else 'DAMAGED'}")
+    if d.get("problem"):
+        click.echo(f"  defect: {d['problem']}")
     for g in d["generations"]:
         click.echo(f"  {g['step']:>10}  {g['status']}" + ("" if g["ok"] else "  (defect)"))
     for s in d["sidecars"]:

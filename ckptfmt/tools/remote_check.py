@@ -43,7 +43,12 @@ def validate_url(url: str, *, deep: bool = True) -> dict[str, Any]:
                      "status": problem or ("verified" if deep else "committed")})
     sidecars = _check_sidecars(remote, deep)
     ok = all(g["ok"] for g in gens) and all(s["ok"] for s in sidecars)
-    return {"url": remote.url, "ok": ok, "deep": deep, "generations": gens, "sidecars": sidecars}
+    doc = {"url": remote.url, "ok": ok, "deep": deep, "generations": gens, "sidecars": sidecars}
+    if not any(g["status"] in ("verified", "committed") or not g["ok"] for g in gens):
+        # as a local directory without a generation (validate says NO CHECKPOINT, exit 1): an
+        # empty or mistyped prefix is not a valid mirror
+        doc.update(ok=False, problem="no committed generation at this URL (an empty or mistyped prefix?)")
+    return doc
 
 
 def _check_generation(remote: Remote, step: int, deep: bool) -> str | None:
