@@ -56,3 +56,19 @@ def test_validate_of_an_empty_or_mistyped_prefix_is_not_ok(s3, bucket, tmp_path)
     assert cli("mirror", str(run), url).returncode == 0
     doc = json.loads(cli("validate", url, "--json").stdout)
     assert doc["ok"] is True and "problem" not in doc
+
+
+def test_a_file_url_that_is_the_run_itself_is_refused_and_nothing_is_deleted(tmp_path):
+    """``mirror RUN file://RUN --keep-last 1`` applied the destination's retention to the run
+    itself: it deleted local generations, past the run's leases and lock."""
+    run = make_run(tmp_path / "run", steps=(10, 20, 30))
+    before = sorted(p.name for p in run.iterdir())
+    (tmp_path / "link").symlink_to(run)
+    for url in (f"file://{run}", f"file://{tmp_path}/link"):
+        proc = cli("mirror", str(run), url, "--keep-last", "1")
+        assert proc.returncode == 2, proc.stdout
+        assert proc.stderr.strip().splitlines() == [
+            f"ckptfmt: {url}: is the run directory {run} itself; mirror to another place"]
+        assert sorted(p.name for p in run.iterdir()) == before
+    assert cli("mirror", str(run), f"file://{tmp_path}/elsewhere", "--keep-last", "1").returncode == 0
+    assert sorted(p.name for p in run.iterdir()) == sorted(before + [".mirrors.json"])

@@ -42,6 +42,9 @@ def mirror(run_dir: "str | os.PathLike[str]", url: str, *, keep_last: int | None
     so local retention (``gc``, the trainer's, the manager's) keeps them until they are
     confirmed at the destination; each is released from the lease once it is."""
     run, remote = Run(run_dir), Remote(url)
+    if remote.local and os.path.realpath(remote.root or "/") == os.path.realpath(run.path):
+        # its retention would delete the run's own generations, past leases and the run lock
+        raise RemoteError(remote.url, f"is the run directory {run.path} itself; mirror to another place")
     started = time.perf_counter()
     with ReadLease(run.path, purpose=f"mirror to {remote.url}") as lease:
         local = {g.step: g for g in lease.listing.generations if g.committed and check_generation(g) is None}
