@@ -310,7 +310,8 @@ def test_a_connection_cut_mid_upload_commits_nothing_and_the_next_mirror_complet
         assert proxy.cut and proc.returncode == 2, (proc.returncode, proc.stderr)
         assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
         assert not [k for k in objects(s3, bucket, "cut/") if k.startswith("step_000010")]
-        assert cli("validate", url).returncode == 0                    # nothing committed, nothing damaged
+        check = cli("validate", url)                                   # nothing committed, nothing damaged:
+        assert check.returncode == 1 and "NO CHECKPOINT" in check.stdout and "(defect)" not in check.stdout
         proxy.heal()
         proc = cli("mirror", str(run), url, "--json", env={"AWS_ENDPOINT_URL": proxy.endpoint}, timeout=240)
         assert proc.returncode == 0, proc.stderr
