@@ -64,11 +64,37 @@ def test_a_file_url_that_is_the_run_itself_is_refused_and_nothing_is_deleted(tmp
     run = make_run(tmp_path / "run", steps=(10, 20, 30))
     before = sorted(p.name for p in run.iterdir())
     (tmp_path / "link").symlink_to(run)
-    for url in (f"file://{run}", f"file://{tmp_path}/link"):
+    for url in (f"file://{run}", f"file://{run}/", f"file://{tmp_path}/link"):
         proc = cli("mirror", str(run), url, "--keep-last", "1")
         assert proc.returncode == 2, proc.stdout
         assert proc.stderr.strip().splitlines() == [
-            f"ckptfmt: {url}: is the run directory {run} itself; mirror to another place"]
+            f"ckptfmt: {url.rstrip('/')}: is the run directory {run} itself; mirror to another place"]
         assert sorted(p.name for p in run.iterdir()) == before
     assert cli("mirror", str(run), f"file://{tmp_path}/elsewhere", "--keep-last", "1").returncode == 0
     assert sorted(p.name for p in run.iterdir()) == sorted(before + [".mirrors.json"])
+
+
+def test_a_trailing_slash_names_the_same_destination(s3, bucket, tmp_path):
+    """``s3://b/x/`` and ``s3://b/x`` were recorded as two destinations: after mirroring to
+    one, ls said the other was behind for ever."""
+    run = make_run(tmp_path / "run", steps=(10,))
+    assert cli("mirror", str(run), f"s3://{bucket}/x/").returncode == 0
+    ckptfmt.save_generation(run, 20, *arrays(1000, 20))
+    proc = cli("mirror", str(run), f"s3://{bucket}/x", "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["url"] == f"s3://{bucket}/x", proc.stderr
+    assert json.loads((run / ".mirrors.json").read_text())["destinations"].keys() == {f"s3://{bucket}/x"}
+    assert f"mirror s3://{bucket}/x: up to date" in cli("ls", str(run)).stdout
+
+
+def test_an_empty_path_segment_is_refused_before_anything_is_sent(s3, bucket, tmp_path):
+    """``s3://b//x`` stored its objects under the key prefix "/x/", which a listing of the URL
+    never finds: mirror said it uploaded every generation (recording them confirmed) while "at
+    the URL" stayed empty, and import then found nothing."""
+    run = make_run(tmp_path / "run", steps=(10,))
+    for url in (f"s3://{bucket}//x", f"s3://{bucket}/a//b"):
+        proc = cli("mirror", str(run), url)
+        assert proc.returncode == 2, proc.stdout
+        assert proc.stderr.splitlines() == [f"ckptfmt: {url}: empty path segment ('//') in the URL; "
+                                            "write it without one"]
+    assert s3.client().list_objects_v2(Bucket=bucket).get("KeyCount") == 0
+    assert not (run / ".mirrors.json").exists()

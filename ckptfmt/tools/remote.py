@@ -42,13 +42,16 @@ def is_url(text: str) -> bool:
 
 
 def redact(url: str) -> str:
-    """The URL without user:password, the form that is recorded and printed.
+    """The URL without user:password and without a trailing slash, the form that is recorded
+    and printed (``s3://b/runs/x/`` is the same destination as ``s3://b/runs/x``).
 
-    >>> redact("s3://key:secret@bucket/runs/x")
-    's3://bucket/runs/x'
+    >>> redact("s3://key:secret@bucket/runs/x/"), redact("file:///")
+    ('s3://bucket/runs/x', 'file:///')
     """
     parts = urlsplit(url)
-    return urlunsplit(parts._replace(netloc=parts.hostname or "")) if "@" in parts.netloc else url
+    url = urlunsplit(parts._replace(netloc=parts.hostname or "")) if "@" in parts.netloc else url
+    head, sep, rest = url.partition("://")
+    return f"{head}{sep}{rest.rstrip('/')}" if rest.rstrip("/") else url
 
 
 def open_fs(url: str) -> tuple[Any, str]:
@@ -155,6 +158,9 @@ class Remote:
         self.url = redact(url)
         self.fs, self.root = open_fs(url)
         self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
+        if not self.local and (self.root.startswith("/") or "//" in self.root):
+            # s3://b//x stores keys under "/x/" that a listing of the prefix never finds
+            raise RemoteError(self.url, "empty path segment ('//') in the URL; write it without one")
 
     def path(self, name: str) -> str:
         return f"{self.root}/{name}"
