@@ -202,3 +202,45 @@ def test_a_bin_saved_by_ckptfmt_torch_goes_out_as_a_torch_checkpoint(tmp_path):
     fresh.load_state_dict(obj["model"])
     fresh_opt.load_state_dict(obj["optimizer"])
     assert_same(fresh_opt.state_dict(), opt.state_dict())
+
+
+class _Shell:
+    """Pickles as a call of os.system: a .pt that is not weights_only-safe, from a blocked module."""
+
+    def __reduce__(self):
+        import os
+        return (os.system, ("true",))
+
+
+def test_a_pickle_calling_a_blocked_module_is_refused_by_name_not_with_torchs_advice(runner, tmp_path):
+    """torch words a blocked module ("unsupported GLOBAL posix.system whose module posix is
+    blocked") unlike a plain unsupported global; the message was torch's first line, which tells
+    the user to re-run with weights_only=False, and the exit code was 1 instead of 2."""
+    import pickle
+    torch.save({"model": {"w": torch.ones(2)}, "x": _Shell()}, tmp_path / "zip.pt")
+    with open(tmp_path / "plain.pt", "wb") as f:
+        pickle.dump({"model": _Shell()}, f)
+    result = run(runner, "convert", tmp_path / "zip.pt", tmp_path / "step_000000.bin")
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith(f"ckptfmt: {tmp_path / 'zip.pt'}: holds a pickled posix.system, which "
+                                    "torch.load(weights_only=True) refuses to run"), result.stderr
+    result = run(runner, "convert", tmp_path / "plain.pt", tmp_path / "step_000000.bin")   # not torch.save's
+    assert result.exit_code == 1 and result.stderr == (f"ckptfmt: {tmp_path / 'plain.pt'}: cannot load with "
+                                                       "torch.load(weights_only=True): Unsupported operand 149\n")
+    assert not list(tmp_path.glob("step_*"))
+
+
+def test_a_legacy_non_zip_torch_save_comes_in(runner, tmp_path):
+    """torch.save(..., _use_new_zipfile_serialization=False) loads with torch.load(weights_only=True),
+    but not with mmap=True: convert refused it with torch's advice to re-save it."""
+    model, opt = model_and_optimizer()
+    state = {"model": model.state_dict(), "optimizer": opt.state_dict()}
+    torch.save(state, tmp_path / "new.pt")
+    torch.save(state, tmp_path / "old.pt", _use_new_zipfile_serialization=False)
+    for name in ("new", "old"):
+        result = run(runner, "convert", tmp_path / f"{name}.pt", tmp_path / name / "step_000003.bin")
+        assert result.exit_code == 2 and "directory" in result.stderr   # the destination directory must exist
+        (tmp_path / name).mkdir()
+        result = run(runner, "convert", tmp_path / f"{name}.pt", tmp_path / name / "step_000003.bin")
+        assert result.exit_code == 0, result.stderr
+    assert (tmp_path / "old" / "step_000003.bin").read_bytes() == (tmp_path / "new" / "step_000003.bin").read_bytes()

@@ -19,15 +19,23 @@ def read(path: str) -> Any:
     tensors and plain containers)."""
     torch = require_torch(path)
     try:
-        return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+        except RuntimeError as exc:     # the legacy (pre-1.6, non-zip) format has no mmap
+            if "mmap can only be used with files saved with" not in str(exc):
+                raise
+            return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a bad file
         text = str(exc)
-        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", text)
+        # "Unsupported global: GLOBAL x.y", or "unsupported GLOBAL os.system whose module os is blocked"
+        found = re.search(r"unsupported(?: global:)? GLOBAL ([\w.]+)", text, re.IGNORECASE)
         if found:
             raise UnsupportedConversionError(path, f"holds a pickled {found.group(1)}, which "
                                                    "torch.load(weights_only=True) refuses to run: save "
                                                    "model.state_dict() (and optimizer.state_dict()) instead") from None
-        first = next((line.strip() for line in text.splitlines() if line.strip()), type(exc).__name__)
+        # torch's first line for a refused pickle advises weights_only=False: the specific line instead
+        lines = [line.strip() for line in text.splitlines() if line.strip()]
+        first = next((line for line in lines if line.startswith("Unsupported")), lines[0] if lines else type(exc).__name__)
         raise ConvertError(path, f"cannot load with torch.load(weights_only=True): {first}") from None
 
 
