@@ -98,3 +98,12 @@ def test_an_empty_path_segment_is_refused_before_anything_is_sent(s3, bucket, tm
                                             "write it without one"]
     assert s3.client().list_objects_v2(Bucket=bucket).get("KeyCount") == 0
     assert not (run / ".mirrors.json").exists()
+
+
+def test_keep_every_without_keep_last_is_a_usage_error(tmp_path):
+    """``mirror RUN URL --keep-every N`` alone applied no retention at all, silently (gc refuses
+    the same with exit 2)."""
+    run = make_run(tmp_path / "run", steps=(10,))
+    proc = cli("mirror", str(run), f"file://{tmp_path}/m", "--keep-every", "10")
+    assert proc.returncode == 2 and "--keep-every needs --keep-last" in proc.stderr, proc.stderr
+    assert not (tmp_path / "m").exists()

@@ -43,6 +43,9 @@ def mirror_cmd(source: str, dest: str, keep_last: int | None, keep_every: int | 
     if is_url(source) == is_url(dest):
         raise click.UsageError("give one local run directory and one URL: mirror RUN URL, or mirror URL DEST")
     if is_url(dest):
+        if keep_every and not keep_last:
+            raise click.UsageError("--keep-every needs --keep-last (retention at the URL keeps the newest K "
+                                   "and the steps divisible by N)")
         if step is not None:
             raise click.UsageError("--step applies to a restore (mirror URL DEST)")
         if watch:
