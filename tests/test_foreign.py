@@ -244,3 +244,19 @@ def test_a_legacy_non_zip_torch_save_comes_in(runner, tmp_path):
         result = run(runner, "convert", tmp_path / f"{name}.pt", tmp_path / name / "step_000003.bin")
         assert result.exit_code == 0, result.stderr
     assert (tmp_path / "old" / "step_000003.bin").read_bytes() == (tmp_path / "new" / "step_000003.bin").read_bytes()
+
+
+def test_a_state_dict_without_a_floating_parameter_is_refused_naming_the_source(runner, tmp_path):
+    """A safetensors file of int8 tensors only (or buffers only, or nothing) was written, then
+    refused while checking the result: the message named the destination ("the manifest has no
+    layout"), not the source and what it lacks."""
+    cases = {"i8": {"q": torch.zeros(4, dtype=torch.int8)}, "buffers": {"bn.running_mean": torch.zeros(3)},
+             "empty": {}}
+    holds = {"i8": "int8", "buffers": "float32", "empty": "none"}
+    for name, tensors in cases.items():
+        save_file(tensors, tmp_path / f"{name}.safetensors")
+        result = run(runner, "convert", tmp_path / f"{name}.safetensors", tmp_path / "step_000000.bin")
+        assert result.exit_code == 2 and result.stderr == (
+            f"ckptfmt: {tmp_path / name}.safetensors: no floating-point parameter tensor (it holds "
+            f"{holds[name]}): nothing to put in the weights\n"), result.stderr
+        assert not list(tmp_path.glob("step_*"))

@@ -83,6 +83,10 @@ def split(state: State, path: str) -> tuple[list[Entry], list[Entry]]:
             continue
         floating = e.dtype in FLOATING or e.dtype == "float64"
         (params if floating and not is_buffer_name(e.name) else buffers).append(e)
+    if not params:
+        kinds = sorted({e.dtype for e in buffers})
+        raise UnsupportedConversionError(path, f"no floating-point parameter tensor (it holds {', '.join(kinds) or 'none'}"
+                                               "): nothing to put in the weights")
     for e in params:
         if e.dtype == "float64":
             raise UnsupportedConversionError(path, f"{e.name}: a float64 parameter does not fit the float32 "
