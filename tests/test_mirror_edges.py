@@ -6,11 +6,29 @@ from __future__ import annotations
 import json
 
 import numpy as np
+import pytest
 
 import ckptfmt
 from ckptfmt.run import Run
 from conftest import arrays, cli
-from test_mirror import bucket, make_run, s3  # noqa: F401 (fixtures)
+from s3server import S3Server
+from test_mirror import make_run
+
+
+@pytest.fixture(scope="module")
+def s3():
+    with S3Server() as server, pytest.MonkeyPatch.context() as mp:
+        for key, value in server.env.items():
+            mp.setenv(key, value)
+        yield server
+
+
+_count = iter(range(10**6))
+
+
+@pytest.fixture
+def bucket(s3):
+    return s3.bucket(f"edge{next(_count)}")
 
 
 def nan_generation(run, step: int, n: int = 1000) -> None:
