@@ -10,6 +10,7 @@ import pytest
 
 import ckptfmt
 from ckptfmt.run import Run
+from ckptfmt.run.ops import ls_run
 from conftest import arrays, cli
 from s3server import S3Server
 from test_mirror import make_run
@@ -125,3 +126,28 @@ def test_keep_every_without_keep_last_is_a_usage_error(tmp_path):
     proc = cli("mirror", str(run), f"file://{tmp_path}/m", "--keep-every", "10")
     assert proc.returncode == 2 and "--keep-every needs --keep-last" in proc.stderr, proc.stderr
     assert not (tmp_path / "m").exists()
+
+
+def test_watch_started_before_the_run_directory_waits_for_it(s3, bucket, tmp_path):
+    """`mirror RUN URL --watch &` started just before the trainer (as the README puts it beside
+    one) exited 2 on the missing directory; it says once that it waits, and mirrors when it comes."""
+    import signal
+    import subprocess
+    import sys
+    import time
+    run, url = tmp_path / "run", f"s3://{bucket}/early"
+    proc = subprocess.Popen([sys.executable, "-m", "ckptfmt.cli", "mirror", str(run), url, "--watch",
+                             "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        time.sleep(1.5)
+        assert proc.poll() is None
+        make_run(run, steps=(10,))
+        deadline = time.monotonic() + 60
+        while time.monotonic() < deadline and [m["newest_confirmed"] for m in ls_run(run)["mirrors"]] != [10]:
+            time.sleep(0.1)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    assert err.splitlines() == [f"ckptfmt: {run}: no run directory yet; the first pass runs when it appears"]
+    assert "uploaded [10]" in out and cli("validate", url).returncode == 0

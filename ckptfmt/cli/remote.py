@@ -82,6 +82,8 @@ def _watch(run: str, url: str, interval: float, as_json: bool, **options) -> Non
             click.echo(json.dumps(doc, allow_nan=False))
         elif "error" in doc:
             click.echo(f"ckptfmt: warning: {doc['error']}; retrying in {interval:g} s", err=True)
+        elif "waiting" in doc:
+            click.echo(f"ckptfmt: {doc['waiting']}", err=True)
         elif doc["uploaded"] or doc["replaced"] or doc["deleted"] or doc["refused"]:
             _print_mirror(doc)
     try:

@@ -213,18 +213,24 @@ def watch(run_dir: "str | os.PathLike[str]", url: str, *, interval: float = 10.0
     The first pass reads back what the destination holds (``recheck``); later ones only look for
     new generations. A pass that fails on the network is reported and retried at the next
     interval (the trainer may restart, the endpoint may come back); the run directory is listed
-    afresh each pass, so the watch survives the trainer's restarts. ``report`` gets each pass's
-    result, or ``{"error": message}``."""
-    done, failed, first_recheck = 0, 0, options.pop("recheck", True)
+    afresh each pass, so the watch survives the trainer's restarts; one started before the run
+    directory exists waits for it (the README starts it beside the trainer). ``report`` gets each
+    pass's result, ``{"error": message}``, or once ``{"waiting": message}``."""
+    done, failed, first_recheck, waiting = 0, 0, options.pop("recheck", True), False
     while not should_stop():
-        try:
-            report(mirror(run_dir, url, recheck=first_recheck if done == 0 else False, **options))
-        except RemoteError as exc:
-            failed += 1
-            report({"error": str(exc)})
-        done += 1
-        if passes is not None and done >= passes:
-            break
+        if not os.path.lexists(run_dir):       # started before the trainer made it: wait for it
+            if not waiting:
+                report({"waiting": f"{run_dir}: no run directory yet; the first pass runs when it appears"})
+            waiting = True
+        else:
+            try:
+                report(mirror(run_dir, url, recheck=first_recheck if done == 0 else False, **options))
+            except RemoteError as exc:
+                failed += 1
+                report({"error": str(exc)})
+            done += 1
+            if passes is not None and done >= passes:
+                break
         deadline = time.monotonic() + interval
         while time.monotonic() < deadline and not should_stop():
             time.sleep(min(0.2, interval))
