@@ -90,7 +90,7 @@ def test_a_file_url_that_is_the_run_itself_is_refused_and_nothing_is_deleted(tmp
             f"ckptfmt: {url.rstrip('/')}: is the run directory {run} itself; mirror to another place"]
         assert sorted(p.name for p in run.iterdir()) == before
     assert cli("mirror", str(run), f"file://{tmp_path}/elsewhere", "--keep-last", "1").returncode == 0
-    assert sorted(p.name for p in run.iterdir()) == sorted(before + [".mirrors.json"])
+    assert sorted(p.name for p in run.iterdir()) == sorted(before + [".mirrors.json", ".mirrors.lock"])
 
 
 def test_a_trailing_slash_names_the_same_destination(s3, bucket, tmp_path):
@@ -151,3 +151,20 @@ def test_watch_started_before_the_run_directory_waits_for_it(s3, bucket, tmp_pat
     assert proc.returncode == 0, err
     assert err.splitlines() == [f"ckptfmt: {run}: no run directory yet; the first pass runs when it appears"]
     assert "uploaded [10]" in out and cli("validate", url).returncode == 0
+
+
+def test_two_mirrors_recording_at_once_keep_each_others_confirmations(tmp_path):
+    """Two mirrors of one run to two destinations (the trainer's --mirror and a --watch to
+    another tier) each read, change and replace .mirrors.json; without an order one replace
+    dropped the other's confirmations (ls then said that destination was behind for ever)."""
+    import subprocess
+    import sys
+    from ckptfmt.run import mirrors
+    code = ("import sys; from ckptfmt.run import mirrors\n"
+            "for step in range(1, 101): mirrors.record(sys.argv[1], sys.argv[2], confirmed={step: 'ab'})")
+    procs = [subprocess.Popen([sys.executable, "-c", code, str(tmp_path), url])
+             for url in ("s3://b/one", "file:///two")]
+    assert [p.wait(timeout=120) for p in procs] == [0, 0]
+    recorded = mirrors.read(tmp_path)["destinations"]
+    assert {url: len(d["confirmed"]) for url, d in recorded.items()} == {"s3://b/one": 100, "file:///two": 100}
+    assert (tmp_path / ".mirrors.lock").read_bytes() == b""

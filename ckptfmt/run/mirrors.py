@@ -7,15 +7,18 @@ writes it; the trainer, ``gc`` and ``pivot`` never do.
 """
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import os
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .. import atomic
 from .sidecars import read_json
 
 NAME = ".mirrors.json"
+LOCK = ".mirrors.lock"      # an empty file, kept: its flock orders the record's writers
 
 
 def read(run_path: "str | os.PathLike[str]") -> dict[str, Any]:
@@ -29,16 +32,31 @@ def record(run_path: "str | os.PathLike[str]", url: str, *, confirmed: dict[int,
     """Add confirmed uploads (step -> blake3) and destination deletions for ``url``, durably;
     ``kept_out`` (replaced, not added to): the steps the last pass did not upload because the
     destination's retention would delete them at once."""
-    doc = read(run_path)
-    dest = doc["destinations"].setdefault(url, {"confirmed": {}, "deleted": []})
-    for step, digest in (confirmed or {}).items():
-        dest["confirmed"][str(step)] = digest
-    dest["deleted"] = sorted(set(dest.get("deleted", [])) | set(deleted or []))
-    if kept_out is not None:
-        dest["kept_out"] = sorted(kept_out)
-    dest["updated"] = round(time.time(), 3)
-    atomic.write_json(Path(run_path) / NAME, doc)
+    with _one_writer(run_path):
+        doc = read(run_path)
+        dest = doc["destinations"].setdefault(url, {"confirmed": {}, "deleted": []})
+        for step, digest in (confirmed or {}).items():
+            dest["confirmed"][str(step)] = digest
+        dest["deleted"] = sorted(set(dest.get("deleted", [])) | set(deleted or []))
+        if kept_out is not None:
+            dest["kept_out"] = sorted(kept_out)
+        dest["updated"] = round(time.time(), 3)
+        atomic.write_json(Path(run_path) / NAME, doc)
     return doc
+
+
+@contextlib.contextmanager
+def _one_writer(run_path: "str | os.PathLike[str]") -> Iterator[None]:
+    """Two mirrors of one run (the trainer's ``--mirror`` and a ``--watch`` to another tier)
+    each read, change and replace the record; without an order the later replace drops the
+    other's confirmations, and ``ls`` reports that destination behind for ever. The flock is on
+    a file of its own: ``.mirrors.json`` itself is replaced, ``.lock`` is the trainer's."""
+    fd = os.open(Path(run_path) / LOCK, os.O_RDWR | os.O_CREAT | getattr(os, "O_CLOEXEC", 0), 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)                     # closing drops the flock
 
 
 def lag(run_path: "str | os.PathLike[str]", committed: list[int]) -> list[dict[str, Any]]:
