@@ -245,6 +245,19 @@ def test_pivot_archives_samples_and_state_but_keeps_history_and_generations(tmp_
     assert pivot(tmp_path)["archive"] == "archive/step_000100.2"
 
 
+def test_pivot_is_at_the_generation_the_trainer_resumes_from(tmp_path):
+    """A newest generation damaged after its commit is skipped by the trainer (latest, deep):
+    the pivot must be recorded at the one before it, or it never applies (review-seeds)."""
+    make(tmp_path, 100)
+    make(tmp_path, 200, seed=2)
+    corrupt(tmp_path, 200, "bit_flip")
+    (tmp_path / ".state.json").write_text('{"arms": {}}')
+    rec = pivot(tmp_path, note="new caps")
+    assert rec["step"] == 100 and rec["archive"] == "archive/step_000100"
+    assert json.loads((tmp_path / ".pivot.json").read_text())["step"] == 100
+    assert hist.read(tmp_path / ".loss.json").events()[-1]["step"] == 100
+
+
 def test_fork_copies_verified_with_provenance(tmp_path):
     parent = tmp_path / "parent"
     parent.mkdir()

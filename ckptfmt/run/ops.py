@@ -81,10 +81,11 @@ def gc(path: "str | os.PathLike[str]", *, keep_last: int, keep_every: int | None
 
 def pivot(path: "str | os.PathLike[str]", *, note: str | None = None) -> dict[str, Any]:
     """Polish pivot: archive samples and bandit state by step, keep weights, m, v and the loss
-    history, record the pivot. Refused while a writer holds the run."""
+    history, record the pivot. Refused while a writer holds the run. The step is the one the
+    trainer resumes from (deep: a newest generation damaged after its commit is skipped)."""
     run = Run(path)
     with RunLock(path, purpose="pivot"):
-        gen = run.latest()
+        gen = run.latest(deep=True)
         if gen is None:
             raise GenerationNotFoundError(str(path), "cannot pivot: the run has no committed generation")
         dest = _archive_dir(run, gen.step)
