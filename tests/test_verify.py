@@ -101,3 +101,37 @@ def test_mini_runs_standalone_with_the_seed_flags(tmp_path):
     proc = run("--steps", "5", "--resume", str(ckpt), "--output", str(tmp_path / "r2"))
     assert proc.returncode == 2 and "lacks scheduler" in proc.stderr
     assert run("--steps", "1", "--output", str(tmp_path / "r")).returncode == 2     # existing output refused
+
+
+MINI_TAMPER = [  # (change to the cut's manifest, what the refusal names)
+    ("d['code']['mini'] = '0' * 64", "code"),
+    ("d['data']['identity']['rows'] = 25", "data.identity"),
+    ("d['versions']['torch'] = '1.0'", "versions"),
+    ("d['config']['lr'] = 0.5", "config"),
+    ("d['progress']['step'] = 4", "progress"),
+    ("d['data']['cursor'] = d['progress']['cursor'] = 99", "cursor"),
+    ("d['data']['permutation'] = [0] * 24", "permutation"),
+    ("del d['code']", "lacks code"),
+    ("del d['versions']", "lacks versions"),
+]
+
+
+def test_mini_refuses_an_inconsistent_resume_by_name(tmp_path):
+    """Seed 001: the loader checks the progress, the versions and the identity of code and data,
+    and refuses an inconsistent state (it resumed all of these; a cursor past the data was a
+    traceback). A refused resume leaves no output directory behind."""
+    run = lambda *a: subprocess.run([sys.executable, "-B", "-m", "ckptfmt.trainer.mini", *a], capture_output=True, text=True)  # noqa: E731
+    assert run("--steps", "5", "--output", str(tmp_path / "cut")).returncode == 0
+    ckpt = tmp_path / "cut" / "step_000005.bin"
+    original = ckpt.with_suffix(".json").read_text()
+    for i, (change, named) in enumerate(MINI_TAMPER):
+        d = json.loads(original)
+        exec(change)
+        ckpt.with_suffix(".json").write_text(json.dumps(d))
+        out = tmp_path / f"r{i}"
+        proc = run("--steps", "5", "--resume", str(ckpt), "--output", str(out))
+        assert (proc.returncode, "Traceback" in proc.stderr) == (2, False), (change, proc.stderr)
+        assert named in proc.stderr and len(proc.stderr.splitlines()) == 1, (change, proc.stderr)
+        assert not out.exists(), change
+    ckpt.with_suffix(".json").write_text(original)
+    assert run("--steps", "5", "--resume", str(ckpt), "--output", str(tmp_path / "ok")).returncode == 0

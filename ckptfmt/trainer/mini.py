@@ -27,9 +27,12 @@ from .. import atomic, fingerprint, reader
 from .. import format as fmt
 from .. import manifest as mf
 from .. import torch as ct
-from ..errors import CheckpointError
+from ..errors import CheckpointError, ConfigMismatchError, ManifestError
 
 ROWS, BATCH, HIDDEN = 24, 4, 8
+DATA_IDENTITY = {"rows": ROWS, "seed": 20260924}
+CONFIG = {"trainer": "mini", "batch": BATCH, "hidden": HIDDEN, "dropout": 0.25, "lr": 0.03,
+          "step_size": 3, "gamma": 0.5, "dtype": "float32", "threads": 1}
 FAULTS = ("optimizer", "scheduler", "cursor", "rng-python", "rng-numpy", "rng-torch")
 
 
@@ -97,12 +100,11 @@ class Mini:
                               "hyperparams": ct.hyperparams(self.opt)},
                 "scheduler": mf.json_fields(self.sched.state_dict()),
                 "rng": ct.rng_state({"pcg64": self.np_rng}),
-                "data": {"identity": {"rows": ROWS, "seed": 20260924}, "epoch": self.epoch,
+                "data": {"identity": DATA_IDENTITY, "epoch": self.epoch,
                          "cursor": self.cursor, "permutation": self.perm.tolist()},
                 "progress": {"step": self.step, "epoch": self.epoch, "cursor": self.cursor},
                 "history": self.history,
-                "config": {"trainer": "mini", "batch": BATCH, "hidden": HIDDEN, "dropout": 0.25,
-                           "lr": 0.03, "step_size": 3, "gamma": 0.5, "dtype": "float32", "threads": 1},
+                "config": CONFIG,
                 "bandit": None, "versions": ct.versions(), "code": {"mini": _code_id()}}
 
     def save(self, output: str) -> str:
@@ -116,7 +118,10 @@ class Mini:
         ck = reader.open(path, manifest="require", verify=True, copy_on_write=True)
         doc = ck.manifest
         mf.require(path, doc, ("layout", "optimizer.step", "scheduler", "rng.python", "rng.numpy",
-                               "rng.torch_cpu", "data.permutation", "progress", "config", "history"))
+                               "rng.torch_cpu", "data.identity", "data.epoch", "data.cursor",
+                               "data.permutation", "progress", "config", "history", "versions", "code"))
+        check_identity(path, doc)
+        check_progress(path, ck.step, doc)
         ct.load(ck, self.model, None)
         if self.fault == "scheduler":   # built after the optimizer, state never restored
             self.sched = torch.optim.lr_scheduler.StepLR(self.opt, 3, 0.5)
@@ -155,6 +160,39 @@ class Mini:
                           "eval": {"mse": self.eval_mse()}}}
 
 
+def check_identity(path: str, doc: dict[str, Any]) -> None:
+    """Seed 001: the loader checks the versions and the identity of code and data (and the
+    config): a checkpoint of another experiment is refused by name, never resumed."""
+    for name, here in (("versions", ct.versions()), ("code", {"mini": _code_id()}),
+                       ("config", CONFIG)):
+        if doc[name] != here:
+            raise ConfigMismatchError(path, f"cannot resume: {name} differs: checkpoint {doc[name]}, here {here}")
+    if doc["data"]["identity"] != DATA_IDENTITY:
+        raise ConfigMismatchError(path, f"cannot resume: data.identity differs: checkpoint "
+                                        f"{doc['data']['identity']}, here {DATA_IDENTITY}")
+
+
+def check_progress(path: str, step: int, doc: dict[str, Any]) -> None:
+    """The progress must be one consistent point: the header's step, the data position after
+    ``step`` batches (epoch, cursor) and a permutation of the rows; else ``ManifestError``."""
+    data, progress, history = doc["data"], doc["progress"], doc["history"]
+    epoch, cursor, perm = data["epoch"], data["cursor"], data["permutation"]
+    whole = all(type(x) is int for x in (epoch, cursor, *(perm if isinstance(perm, list) else [None])))
+    problems = [p for p, bad in (
+        (f"progress {progress} is not the header's step {step} at epoch {epoch}, cursor {cursor}",
+         progress != {"step": step, "epoch": epoch, "cursor": cursor}),
+        (f"data cursor {cursor!r} at epoch {epoch!r} is not where {step} batches of {BATCH} end",
+         not whole or not 0 <= cursor <= ROWS or epoch * ROWS + cursor != step * BATCH),
+        (f"data permutation is not a permutation of the {ROWS} rows",
+         not whole or sorted(perm) != list(range(ROWS))),
+        (f"history does not hold steps 1..{step}",
+         not isinstance(history, list) or [r.get("step") if isinstance(r, dict) else None
+                                             for r in history] != list(range(1, step + 1))))
+        if bad]
+    if problems:
+        raise ManifestError(path, "cannot resume: inconsistent state: " + "; ".join(problems))
+
+
 def _code_id() -> str:
     return fingerprint.of_bytes(open(__file__, "rb").read())
 
@@ -170,14 +208,14 @@ def main(argv: list[str] | None = None) -> int:
     if os.path.exists(args.output):
         print(f"mini: {args.output}: exists already; choose a new output directory", file=sys.stderr)
         return 2
-    os.makedirs(args.output)
     mini = Mini(fault=args.fault if args.resume else None)
     try:
         if args.resume:
             mini.resume(args.resume, args.omit_rng_restore)
-    except CheckpointError as exc:
+    except CheckpointError as exc:              # refused before the output directory exists
         print(f"mini: {exc}", file=sys.stderr)
         return 2
+    os.makedirs(args.output)
     records = [mini.update() for _ in range(args.steps)]
     path = mini.save(args.output)
     with open(os.path.join(args.output, "summary.json"), "w") as f:
