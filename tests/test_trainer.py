@@ -345,3 +345,19 @@ def test_the_manifest_records_the_kernels_that_ran(tmp_path):
     facts = ckptfmt.open(run / "step_000020.bin").manifest["run"]
     assert facts["device"] == "cpu" and facts["deterministic"] is True
     assert facts["deterministic_mode"] == "warn" and facts["sdpa"] == "math"
+
+
+def test_every_field_a_pivot_may_change_is_named_where_the_pivot_is_explained():
+    """spec/RUN.md §6.2's list (config.POLICY_FIELDS) in `train --help`, `pivot --help` and the
+    refusal's hint; they named 'caps, floors and the lr schedule' (sources and bandit_temperature
+    left out) (review-seeds)."""
+    from ckptfmt.errors import ConfigMismatchError
+    from ckptfmt.trainer import config as cfgmod
+    helps = [subprocess.run([PY, "-m", "ckptfmt.cli", c, "--help"], capture_output=True, text=True).stdout
+             for c in ("train", "pivot")]
+    stored = cfgmod.get("tiny").to_dict()
+    with pytest.raises(ConfigMismatchError) as err:
+        cfgmod.check_compatible("r/step_000001.bin", {**stored, "bandit_temperature": 1.0}, cfgmod.get("tiny"),
+                                pivot=False)
+    for text in [" ".join(h.split()) for h in helps] + [str(err.value)]:
+        assert all(f in text for f in cfgmod.POLICY_FIELDS), (text, cfgmod.POLICY_FIELDS)

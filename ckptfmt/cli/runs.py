@@ -109,7 +109,8 @@ def pin(run: str, step: int, off: bool, as_json: bool) -> None:
 @guarded
 def pivot(run: str, note: str | None, as_json: bool) -> None:
     """Polish pivot: archive .samples.json and .state.json by step; keep weights, m, v, history.
-    The next `train` may change caps, floors and the lr schedule and starts a fresh bandit."""
+    The next `train` may change caps, floors, sources, bandit_temperature and the lr schedule (lr,
+    warmup, decay_steps, min_lr_frac) and starts a fresh bandit."""
     from ..run.ops import pivot as run_pivot  # lazy: keeps `ckptfmt --help` fast
     emit(run_pivot(run, note=note), as_json,
          lambda d: click.echo(f"pivot at step {d['step']}: archived {d['archived'] or 'nothing'} to {d['archive']}"))

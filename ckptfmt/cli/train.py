@@ -84,7 +84,8 @@ def _print_verification(r: dict) -> None:
 @click.option("--set", "sets", multiple=True, metavar="KEY=JSON",
               help="Override a config field, e.g. --set lr=1e-3 --set 'caps={\"code\":0.5,\"topics\":0.7,"
                    "\"docstrings\":0.7}' (caps and floors name every source). A run's "
-                   "config can only change in caps, floors, sources and the lr schedule, after `ckptfmt pivot`.")
+                   "config can only change in caps, floors, sources, bandit_temperature and the lr schedule "
+                   "(lr, warmup, decay_steps, min_lr_frac), after `ckptfmt pivot`.")
 @click.option("--parallel", type=click.Choice(["ddp", "fsdp"]), default="ddp", show_default=True,
               help="Under torchrun: DDP replicas or FSDP2 sharding (the checkpoint format is the same).")
 @click.option("--dist-timeout", type=click.IntRange(min=1), default=120, show_default=True, metavar="SECONDS",

@@ -14,6 +14,7 @@ SOURCES = ("code", "topics", "docstrings")
 
 # Fields a polish pivot may change (seed: new caps & floors; the issue: a new lr schedule).
 POLICY_FIELDS = ("caps", "floors", "sources", "lr", "warmup", "decay_steps", "min_lr_frac", "bandit_temperature")
+POLICY_TEXT = "caps, floors, sources, bandit_temperature and the lr schedule (lr, warmup, decay_steps, min_lr_frac)"
 
 
 @dataclass(frozen=True)
@@ -148,6 +149,5 @@ def check_compatible(path: str, stored: dict[str, Any], wanted: TrainConfig, *, 
     if forbidden:
         detail = ", ".join(f"{k}: run has {stored.get(k)!r}, asked {new.get(k)!r}" for k in forbidden)
         policy_only = all(k in POLICY_FIELDS for k in forbidden)     # then a pivot would allow it
-        hint = ("" if pivot or not policy_only else " (caps, floors and the lr schedule may change after "
-                "`ckptfmt pivot RUN`)")
+        hint = "" if pivot or not policy_only else f" ({POLICY_TEXT} may change after `ckptfmt pivot RUN`)"
         raise ConfigMismatchError(path, f"config differs from the run's: {detail}{hint}")
