@@ -342,6 +342,10 @@ def test_bare_run_is_valid_but_unverified(tmp_path):
     r = validate_run(tmp_path)
     assert r.ok and any(f.code == "bare_run" for f in r.findings) and r.status == "unverified"
     assert Run(tmp_path).latest(allow_bare=True).step == 2
+    rows = ls_run(tmp_path)["generations"]      # ls agrees with validate (FORMAT §4.4): bare, not uncommitted
+    assert [(g["step"], g["valid"], g["status"]) for g in rows] == [(1, True, "bare (unverified)"), (2, True, "bare (unverified)")]
+    seed_write(tmp_path / "step_000003.bin", 4, *arrays(5))     # name and header disagree: a defect still
+    assert ls_run(tmp_path)["generations"][-1]["status"] == "header step 4 is not the name's step 3"
 
 
 def test_plot_series_marks_events(tmp_path):

@@ -15,7 +15,7 @@ from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoun
 from . import history as hist
 from . import mirrors, timeline
 from .directory import Run
-from .generations import Generation, check_generation, non_finite
+from .generations import Generation, check_bare, check_generation, non_finite
 from .lease import ReadLease, active_leases
 from .lock import RunLock, lock_holder, save_in_progress
 from .sidecars import ARCHIVE, PIVOT, SAMPLES, STATE
@@ -33,7 +33,8 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
     with ReadLease(path, purpose="ls") as lease:
         listing = lease.listing
         pins = set(run.pins())
-        rows = [_ls_row(gen, deep, pins, keep_every, holder) for gen in listing.generations]
+        bare = bool(listing.generations) and all(g.manifest is None for g in listing.generations)
+        rows = [_ls_row(gen, deep, pins, keep_every, holder, bare) for gen in listing.generations]
         readers = active_leases(path, own=lease)
     in_progress = [t for t in listing.temps if save_in_progress(t, holder)]
     out = {"run": str(path), "generations": rows,
@@ -47,10 +48,12 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
 
 
 def _ls_row(gen: Generation, deep: bool, pins: set[int], keep_every: int | None,
-            holder: dict[str, Any] | None) -> dict[str, Any]:
+            holder: dict[str, Any] | None, bare: bool = False) -> dict[str, Any]:
     """One generation's row of ``ls``; a part without its manifest is the live writer's save in
-    progress when ``holder`` wrote it (``save_in_progress``)."""
-    reason = check_generation(gen, deep=deep)
+    progress when ``holder`` wrote it (``save_in_progress``). In a ``bare`` run (no manifest at
+    all: the original trainer's) a ``.bin`` is checked as ``validate`` does: valid, unverified."""
+    bare = bare and gen.bin is not None and holder is None
+    reason = check_bare(gen) if bare else check_generation(gen, deep=deep)
     bad = non_finite(gen) if reason is None else {}
     part = gen.bin or gen.shards or gen.companion
     if reason is not None and not gen.committed and part is not None and save_in_progress(part, holder):
@@ -63,7 +66,8 @@ def _ls_row(gen: Generation, deep: bool, pins: set[int], keep_every: int | None,
         size, age, reason = None, None, reason or "removed while listing"
     return {"step": gen.step, "file": name.name if name else None, "size": size, "age_s": age,
             "committed": gen.committed, "valid": reason is None,
-            "status": reason or ("diverged" if bad else "verified" if deep else "committed"),
+            "status": reason or ("bare (unverified)" if bare else "diverged" if bad
+                                 else "verified" if deep else "committed"),
             "diverged": bool(bad), "non_finite": bad,
             "pinned": gen.step in pins, "milestone": bool(keep_every) and gen.step % keep_every == 0}
 
