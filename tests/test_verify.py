@@ -135,3 +135,20 @@ def test_mini_refuses_an_inconsistent_resume_by_name(tmp_path):
         assert not out.exists(), change
     ckpt.with_suffix(".json").write_text(original)
     assert run("--steps", "5", "--resume", str(ckpt), "--output", str(tmp_path / "ok")).returncode == 0
+
+
+def test_the_console_says_why_a_check_with_no_deviation_failed(capsys):
+    """A non-finite value or a structural difference fails a check whose max deviation is 0: the
+    console line names it (it said 'resume FAIL (max dev 0)' and nothing more) (review-seeds)."""
+    from ckptfmt.cli.train import _print_verification
+    ok = {"max_deviation": 0.0, "ok": True, "structural": [], "non_finite": []}
+    r = {"trainer": "command", "steps": 10, "cut": 5, "atol": 1e-12, "rtol": 0.0, "positive": False,
+         "negative_divergence_detected": True, "all_checks_passed": False,
+         "failed_checks": ["resume.losses", "resume.steps"],
+         "checks": {"resume": {"losses": {**ok, "ok": False, "non_finite": ["losses[4]"]},
+                               "steps": {**ok, "ok": False, "structural": ["steps: length 5 != 6", "x"]}},
+                    "resume_without_rng": {"losses": ok, "steps": ok}}}
+    _print_verification(r)
+    out = capsys.readouterr().out
+    assert "resume FAIL (max dev 0; non-finite: losses[4])" in out
+    assert "resume FAIL (max dev 0; structural: steps: length 5 != 6 (+1 more))" in out

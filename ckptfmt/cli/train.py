@@ -49,12 +49,24 @@ def _print_verification(r: dict) -> None:
     click.echo(f"trainer {r['trainer']}: {r['steps']} steps, cut at {r['cut']}, atol {r['atol']}, rtol {r['rtol']}")
     for name, c in r["checks"]["resume"].items():
         neg = r["checks"]["resume_without_rng"].get(name, {})
-        click.echo(f"  {name:16} resume {'ok' if c['ok'] else 'FAIL'} (max dev {c['max_deviation']:.3g})"
-                   f"   without RNG: {'same' if neg.get('ok') else 'differs'} (max dev {neg.get('max_deviation', 0):.3g})")
+        click.echo(f"  {name:16} resume {'ok' if c['ok'] else 'FAIL'} (max dev {c['max_deviation']:.3g}{_why(c)})"
+                   f"   without RNG: {'same' if neg.get('ok') else 'differs'} (max dev {neg.get('max_deviation', 0):.3g}"
+                   f"{_why(neg)})")
     click.echo(f"positive: {r['positive']}  negative_divergence_detected: {r['negative_divergence_detected']}"
                f"  all_checks_passed: {r['all_checks_passed']}")
     for f in r["failed_checks"]:
         click.echo(f"  failed: {f}")
+
+
+def _why(check: dict) -> str:
+    """What a deviation alone does not say: the first structural difference or non-finite value
+    (seed 001: the comparison reports them rather than accept an unusable output)."""
+    for kind in ("structural", "non_finite"):
+        found = check.get(kind) or []
+        if found:
+            more = f" (+{len(found) - 1} more)" if len(found) > 1 else ""
+            return f"; {kind.replace('_', '-')}: {found[0]}{more}"
+    return ""
 
 
 # ---------------------------------------------------------------- train
