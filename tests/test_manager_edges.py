@@ -251,3 +251,32 @@ def test_history_keeps_integers_and_a_fresh_run_starts_once(tmp_path):
     assert record["source"] == "code" and record["nan"] == "nan"
     events = [e["event"] for e in hist.read(tmp_path / "r" / ".loss.json").events()]
     assert events == ["start"]
+
+
+def test_bare_checkpoints_that_no_ckptfmt_writer_held_are_never_replaced(tmp_path):
+    """Another trainer's step_N.bin files (no manifest, FORMAT §4.4) copied into a directory
+    were taken for leftovers of an interrupted first save: a fresh start replaced them at its
+    first save of the same step. A run whose .lock no writer created before is refused, and the
+    refusal (and gc or pivot there) leaves no .lock, so a retry is refused too."""
+    from ckptfmt.errors import NoValidGenerationError
+    from ckptfmt.run.ops import gc, pivot
+    from conftest import arrays
+    model = net()
+    opt = torch.optim.Adam(model.parameters())
+    run = tmp_path / "bare"
+    run.mkdir()
+    n = sum(p.numel() for p in model.parameters())
+    header = np.array([3, n], dtype="<i4").tobytes()                 # the original trainer's file
+    (run / "step_000003.bin").write_bytes(header + b"".join(a.astype("<f4").tobytes() for a in arrays(n)))
+    before = (run / "step_000003.bin").read_bytes()
+    for _ in range(2):
+        with mgr(run, model, opt) as m:
+            with pytest.raises(UnsupportedSetupError, match=r"bare: holds checkpoints without manifests "
+                                                            r"\(step_000003.bin\) and was never a ckptfmt run"):
+                m.restore()
+        assert sorted(p.name for p in run.iterdir()) == ["step_000003.bin"]
+    assert gc(run, keep_last=1)["deleted"] == []
+    with pytest.raises(NoValidGenerationError):
+        pivot(run)
+    assert sorted(p.name for p in run.iterdir()) == ["step_000003.bin"]
+    assert (run / "step_000003.bin").read_bytes() == before

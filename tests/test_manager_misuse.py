@@ -248,3 +248,27 @@ def test_a_state_object_that_cannot_take_back_its_own_state_is_named(tmp_path):
                                                     r"other objects were; no tensor was copied\)$"):
             m.restore()
     assert all(torch.equal(a, b) for a, b in zip(params, model.parameters())) and sched.last_epoch == 0
+
+
+def test_a_resume_under_other_versions_says_so_and_goes_on(tmp_path):
+    """The manifest records torch/numpy/Python/ckptfmt versions; a resume under others says
+    which changed (bit-identity with an unbroken run is not promised), and never refuses."""
+    import json
+    saved_run(tmp_path / "r")
+    manifest = tmp_path / "r" / "step_000005.json"
+    doc = json.loads(manifest.read_text())
+    doc["versions"]["torch"] = "1.13.1"
+    manifest.write_text(json.dumps(doc))                 # the blake3 covers the .bin, not this
+    model, opt, sched = setup()
+    said = []
+    with mgr(tmp_path / "r", model, opt, scheduler=sched, log=said.append) as m:
+        assert m.restore() == 5
+    assert [s for s in said if "versions" in s] == [
+        f"resuming under other versions than the checkpoint's (torch 1.13.1 -> {torch.__version__}): "
+        "the run goes on from the same values; bit-identity with an unbroken run is not promised"]
+    model, opt, sched = setup()
+    said = []
+    saved_run(tmp_path / "same")
+    with mgr(tmp_path / "same", model, opt, scheduler=sched, log=said.append) as m:
+        assert m.restore() == 5
+    assert not [s for s in said if "versions" in s]

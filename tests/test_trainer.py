@@ -128,6 +128,25 @@ def test_sigusr1_checkpoints_and_training_continues(tmp_path):
     assert reasons[0] == "SIGUSR1" and reasons[-1] == "SIGTERM"
 
 
+def test_a_sigusr1_checkpoint_under_retention_says_how_to_keep_it(tmp_path):
+    """Seed 000: SIGUSR1 captures a known good moment; retention counts it like any other
+    generation (a timer sending SIGUSR1 would otherwise fill the disk), so the log says how to
+    pin it."""
+    run = tmp_path / "run"
+    proc = start(run, 100000, "--checkpoint-every", "10", "--keep-last", "1")
+    try:
+        wait_for(lambda: last_step(run) >= 13, proc)
+        proc.send_signal(signal.SIGUSR1)
+        wait_for(lambda: any(e.get("reason") == "SIGUSR1" for e in hist.read(run / ".loss.json").events()), proc)
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 0, err
+    step = next(e["step"] for e in hist.read(run / ".loss.json").events() if e.get("reason") == "SIGUSR1")
+    assert f"step {step}: checkpoint (SIGUSR1)" in err
+    assert f"; retention counts it: to keep it, ckptfmt pin {run} {step}\n" in err
+
+
 def test_a_storm_of_sigusr1_leaves_only_valid_files(tmp_path):
     run = tmp_path / "run"
     proc = start(run, 100000, "--checkpoint-every", "100000", "--keep-last", "3")

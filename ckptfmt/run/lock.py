@@ -1,6 +1,7 @@
 """One writer per run: an flock on ``RUN/.lock`` naming its holder (spec/RUN.md §3)."""
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -13,22 +14,27 @@ from .. import format as fmt
 from ..errors import RunLockedError
 
 LOCK = ".lock"
+_NEW_RUNS: set[str] = set()     # run directories whose .lock a lock held in this process created
 
 
 class RunLock:
     """An flock on ``RUN/.lock`` for the life of a writer; it dies with its process, so a lock
     left by a dead process is stale by construction and is taken over (and reported)."""
 
-    def __init__(self, run: "str | os.PathLike[str]", purpose: str = "writer"):
+    def __init__(self, run: "str | os.PathLike[str]", purpose: str = "writer", *, leaves_trace: bool = True):
         self.path = Path(run) / LOCK
         self.purpose = purpose
+        self.leaves_trace = leaves_trace   # False (gc, pivot): a .lock it created goes with it
         self.fd: int | None = None
         self.stale: dict[str, Any] | None = None
 
     def acquire(self) -> "RunLock":
         """Take the lock or raise ``RunLockedError`` naming the live holder; a lock left by a
         dead process is taken over and recorded in ``stale``."""
-        fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+        try:
+            fd, created = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), True
+        except FileExistsError:
+            fd, created = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644), False
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -48,20 +54,43 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         self.fd = fd
+        if created:
+            _NEW_RUNS.add(os.path.realpath(self.path.parent))
         return self
 
     def release(self) -> None:
         """Give the lock up (also on process death, by the kernel)."""
         if self.fd is not None:
             os.ftruncate(self.fd, 0)
+            if not self.leaves_trace:
+                leave_no_trace(self.path.parent)
             os.close(self.fd)
             self.fd = None
+            _NEW_RUNS.discard(os.path.realpath(self.path.parent))
 
     def __enter__(self) -> "RunLock":
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def first_writer(run: "str | os.PathLike[str]") -> bool:
+    """Whether the lock this process holds on ``run`` created its ``.lock``: no ckptfmt writer
+    (trainer, manager, gc, pivot) ever held the run before. Its manifest-less ``.bin`` files
+    are then not leftovers of an interrupted save of ours (a crash keeps the ``.lock``, which
+    the save's directory fsync made durable) but bare checkpoints someone put there (RUN.md §2.2)."""
+    return os.path.realpath(run) in _NEW_RUNS
+
+
+def leave_no_trace(run: "str | os.PathLike[str]") -> None:
+    """A first writer that refuses the run, or only looked at it (gc, pivot), removes the
+    ``.lock`` it created, so that the next writer is still a first writer (it would otherwise
+    take bare ``.bin`` files for leftovers of ours)."""
+    if first_writer(run):
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(Path(run) / LOCK)
+        _NEW_RUNS.discard(os.path.realpath(run))
 
 
 def _read_holder(fd: int) -> dict[str, Any]:

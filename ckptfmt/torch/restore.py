@@ -36,8 +36,9 @@ from .. import manifest as mf
 from .. import reader
 from ..errors import (ConfigMismatchError, DeviceChangeError, IncompleteResumeStateError, LayoutMismatchError,
                       NoValidGenerationError, RankDisagreementError, StateRefusedError, UnsupportedSetupError)
+from ..run.lock import first_writer, leave_no_trace
 from ..shards import ShardedCheckpoint, is_sharded
-from . import adapter, optim, ranks, rng
+from . import adapter, notes, optim, ranks, rng
 from .distributed import any_rank, is_sharded_model, load_into
 from .state import dtype_name, join, persistent_buffers
 
@@ -89,9 +90,10 @@ def restore(mgr: "CheckpointManager", source: Any, strict: bool, restore_rng: bo
             mgr.on_restore(doc, ck.path)
         plan = make_plan(mgr, ck, doc, strict, restore_rng, allow_device_change)
         if plan.change is not None:
-            _world_size_changed(mgr, doc, plan.change)
+            notes.world_size_changed(mgr, doc, plan.change)
         if plan.moved:
-            _device_changed(mgr, doc, plan)
+            notes.device_changed(mgr, doc, plan)
+        notes.versions_changed(mgr, doc)
         load_pieces(mgr, plan)
         load_tensors(mgr, ck, plan)
         if plan.rng is not None:
@@ -215,32 +217,6 @@ def _moved(mgr: "CheckpointManager", saved_rng: dict[str, Any] | None) -> list[t
     return rng.device_changes(saved_rng, rng.cuda_device(), here)
 
 
-def _device_changed(mgr: "CheckpointManager", doc: dict[str, Any], plan: Plan) -> None:
-    """An accepted device change: its RNG pieces are skipped, listed in ``fresh``, said in the
-    log and recorded in the history as a ``device_change`` event."""
-    pieces = [f"rng.{piece}" for piece, _, _ in plan.moved]
-    saved = next((there for piece, there, _ in plan.moved if piece == "torch_cuda"), plan.moved[0][1])
-    now = next((here for piece, _, here in plan.moved if piece == "torch_cuda"), plan.moved[0][2])
-    if plan.rng is not None:
-        plan.rng_skip.update(piece for piece, _, _ in plan.moved)
-        plan.fresh += [f"{p} (device change)" for p in pieces]
-    mgr.log(f"device changed from {saved} to {now}: weights, m, v, optimizer, scheduler and loop state "
-            f"resume; not restored (this process's own state goes on; not bit-exact): {', '.join(pieces)}")
-    if mgr.rank == 0:
-        mgr.run.history.event("device_change", doc.get("step", 0), saved=saved, now=now, not_restored=pieces)
-
-
-def _world_size_changed(mgr: "CheckpointManager", doc: dict[str, Any], change: dict[str, Any]) -> None:
-    """Said once by rank 0 in the history, and by every rank in its log."""
-    saved, now = change["saved"], change["now"]
-    mgr.log(f"world size changed from {saved} to {now}: weights, m, v, optimizer and scheduler "
-            "resume exactly; per-rank RNGs and loop state "
-            + (f"of ranks < {saved} resume, the others start fresh" if now > saved
-               else "of the dropped ranks are discarded"))
-    if mgr.rank == 0:
-        mgr.run.history.event("world_size_change", doc.get("step", 0), **change)
-
-
 def _lookup(plan: Plan, piece: str) -> Any:
     """The saved tree of ``piece`` ('scheduler', 'amp.scaler', 'state.NAME'), or None."""
     head, _, name = piece.partition(".")
@@ -360,9 +336,25 @@ def newest(mgr: "CheckpointManager", allow_nonfinite: bool = False) -> Any:
     except (NoValidGenerationError, RankDisagreementError):
         if any(g.manifest is not None for g in mgr.run.generations()):
             raise                         # committed generations exist and all fail: refuse
+        _refuse_bare(mgr)
         warnings.warn(f"{mgr.run.path}: only uncommitted leftovers of an interrupted first save; "
                       "starting fresh", stacklevel=4)
         return None
+
+
+def _refuse_bare(mgr: "CheckpointManager") -> None:
+    """A directory of manifest-less ``.bin`` files that no ckptfmt writer ever held is bare
+    checkpoints (another trainer's, FORMAT §4.4), not our leftovers: a fresh start would replace
+    them at its first save of the same step, so it is refused (every rank together)."""
+    bare = [g.bin.name for g in mgr.run.generations() if g.bin is not None and g.manifest is None]
+    if not any_rank(bool(bare) and first_writer(mgr.run.path))[0]:
+        return
+    leave_no_trace(mgr.run.path)
+    raise UnsupportedSetupError(str(mgr.run.path), f"holds checkpoints without manifests ({', '.join(bare[:3])}"
+                                + (", ..." if len(bare) > 3 else "") + ") and was never a ckptfmt run: "
+                                "bare checkpoints (another trainer's), which a fresh start here would "
+                                "replace; train in a new run directory (ckptfmt inspect, validate and "
+                                "convert read them)")
 
 
 def _no_companion(path: str) -> Callable[[str], Any]:

@@ -295,8 +295,10 @@ class Trainer:
         if stop and not self.flags.stop:          # a signal delivered to another rank
             self.flags.stop, self.flags.stop_at = True, time.monotonic()
         if self.mgr.last_save and self.mgr.last_save[0] == step:
+            audit = self.mgr.last_save[1] == "SIGUSR1" and self.keep_last
             self.log(f"step {step}: checkpoint ({self.mgr.last_save[1]}), "
-                     f"training stalled {self.mgr.stall_s * 1e3:.1f} ms")
+                     f"training stalled {self.mgr.stall_s * 1e3:.1f} ms"
+                     + (f"; retention counts it: to keep it, ckptfmt pin {self.run.path} {step}" if audit else ""))
         return stop
 
     def _diverged(self, step: int, loss: Any) -> int:
