@@ -98,16 +98,19 @@ class TensorFile:
                 self.header = json.loads(f.read(hlen))
             except ValueError as exc:
                 raise TensorFileError(path, f"safetensors header is not JSON: {exc}") from None
+            except RecursionError:
+                raise TensorFileError(path, "safetensors header is not JSON: nested too deeply") from None
+            self.data_start = 8 + hlen
+            if not isinstance(self.header, dict):
+                raise TensorFileError(path, "safetensors header is not a JSON object")
+            self.metadata = self.header.pop("__metadata__", None) or {}
+            if not isinstance(self.metadata, dict):
+                raise TensorFileError(path, "safetensors __metadata__ is not an object")
+            for name, info in self.header.items():
+                _check_entry(path, name, info)
+            self._check_coverage(size)
+            # mapped last, once the header is accepted: a refused file leaves no map behind
             self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
-        self.data_start = 8 + hlen
-        if not isinstance(self.header, dict):
-            raise TensorFileError(path, "safetensors header is not a JSON object")
-        self.metadata = self.header.pop("__metadata__", None) or {}
-        if not isinstance(self.metadata, dict):
-            raise TensorFileError(path, "safetensors __metadata__ is not an object")
-        for name, info in self.header.items():
-            _check_entry(path, name, info)
-        self._check_coverage(size)
 
     def _check_coverage(self, size: int) -> None:
         spans = sorted(tuple(t["data_offsets"]) for t in self.header.values())

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 
 import ckptfmt
-from ckptfmt import companion
-from ckptfmt.errors import FingerprintMismatchError, ManifestMismatchError
+from ckptfmt import companion, tensorfile
+from ckptfmt.errors import FingerprintMismatchError, ManifestMismatchError, TensorFileError
 from ckptfmt.run import Run, check_generation
 from conftest import arrays, cli
 
@@ -91,3 +91,17 @@ def test_diff_and_inspect_see_the_companion(tmp_path):
 def test_big_endian_arrays_are_stored_as_their_values(tmp_path):
     entry = companion.write(tmp_path / "step_000001.bin", 1, {"be": np.arange(3, dtype=">f4")})
     assert companion.read(tmp_path / "step_000001.bin", entry).tensor("be").tolist() == [0.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize("header", [b"[" * 100_000 + b"]" * 100_000, b"{not json"])
+def test_a_safetensors_header_that_is_not_json_is_one_line_naming_the_file(tmp_path, header):
+    """A header nested too deeply for the parser was a RecursionError traceback out of the CLI;
+    it is refused like any header that is not JSON."""
+    path = tmp_path / "deep.safetensors"
+    path.write_bytes(len(header).to_bytes(8, "little") + header)
+    with pytest.raises(TensorFileError, match="safetensors header is not JSON"):
+        tensorfile.TensorFile(str(path))
+    proc = cli("convert", str(path), str(tmp_path / "step_000001.bin"))
+    assert proc.returncode == 1 and "Traceback" not in proc.stderr
+    assert proc.stderr.startswith(f"ckptfmt: {path}: safetensors header is not JSON")
+    assert not (tmp_path / "step_000001.bin").exists()
