@@ -92,10 +92,15 @@ def check_schema(path: str, doc: dict[str, Any]) -> None:
                                   f"ckptfmt understands ({FORMAT_VERSION})")
     if os.path.basename(doc["file"]) != doc["file"]:
         raise ManifestError(path, f"field 'file' must be a bare name, got {doc['file']!r}")
-    if len(doc["blake3"]) != 64 or any(c not in "0123456789abcdef" for c in doc["blake3"]):
+    if not is_digest(doc["blake3"]):
         raise ManifestError(path, f"field 'blake3' is not a 64-digit hex digest: {doc['blake3']!r}")
     if "layout" in doc:
         check_layout(path, doc["layout"], doc["n_params"])
+
+
+def is_digest(value: Any) -> bool:
+    """A blake3 digest as manifests hold it: 64 lower-case hex digits (what ``b3sum`` prints)."""
+    return isinstance(value, str) and len(value) == 64 and all(c in "0123456789abcdef" for c in value)
 
 
 def check_layout(path: str, layout: Any, n_params: int) -> None:

@@ -84,9 +84,20 @@ def commit(run_dir: "str | os.PathLike[str]", step: int, rows: list[dict[str, An
     return path
 
 
+ROW = {"file": str, "rank": int, "start": int, "stop": int, "size": int, "blake3": str}
+
+
 def _check_rows(where: str, rows: list[dict[str, Any]]) -> None:
+    """The shard list must tile 0..n in rank order. It comes from a manifest, so each row's
+    fields are checked to be there with their types before any is used."""
+    if not rows:
+        raise ManifestError(where, "the shard list is empty")
     cursor = 0
     for i, row in enumerate(rows):
+        if not (isinstance(row, dict) and all(isinstance(row.get(k), t) and not isinstance(row[k], bool)
+                                              for k, t in ROW.items()) and mf.is_digest(row["blake3"])):
+            raise ManifestError(where, f"shard {i}: expected an object with {', '.join(ROW)} "
+                                       "(blake3 a 64-digit hex digest)")
         if row["rank"] != i or row["start"] != cursor or row["stop"] < row["start"]:
             raise ManifestError(where, f"shard {i}: expected rank {i} starting at {cursor}, got "
                                        f"rank {row['rank']} at {row['start']}")

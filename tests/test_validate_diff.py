@@ -149,3 +149,25 @@ def test_terminal_bar_stays_silent_off_a_terminal(capsys):
     with terminal_bar("x", 10**12, quiet=True) as bar:
         assert bar is None
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("rows", [[], [1, 2], [{}], "ROWS_WITH_BAD_DIGEST"])
+def test_a_malformed_shard_list_makes_the_generation_invalid_not_a_traceback(tmp_path, rows):
+    """A manifest's ``shards`` rows were used unchecked: an empty list, a row that is not an
+    object or lacks a field, or a digest that is not hex escaped ``validate`` and ``ls`` as
+    IndexError / TypeError / KeyError / ValueError tracebacks."""
+    from ckptfmt import shards
+    from conftest import cli
+    run = tmp_path / "r"
+    w, m, v = arrays(10)
+    good = [shards.save_shard(run, 100, r, 2, *shards.partition(10, 2, r),
+                              *(x[slice(*shards.partition(10, 2, r))] for x in (w, m, v))) for r in range(2)]
+    path = shards.commit(run, 100, good)
+    doc = json.loads(path.read_text())
+    doc["shards"] = [{**good[0], "blake3": "z" * 64}, good[1]] if rows == "ROWS_WITH_BAD_DIGEST" else rows
+    path.write_text(json.dumps(doc))
+    assert "shard" in shards.check(path)
+    for command in ("validate", "ls"):
+        proc = cli(command, str(run))
+        assert proc.returncode == (1 if command == "validate" else 0) and "Traceback" not in proc.stderr
+    assert "no committed generation is valid" in cli("validate", str(run)).stdout
