@@ -87,15 +87,19 @@ def check_generation(gen: Generation, *, deep: bool = False) -> str | None:
         return "manifest without its .bin"
     if gen.manifest is None:
         return "not committed: no manifest"
+    return _opens(gen.bin, manifest="require", verify=deep)
+
+
+def _opens(path: Path, **how: object) -> str | None:
+    """None when ``reader.open`` accepts the file (its header, size, name and, as asked,
+    manifest and hash), else why not: the reader's own message, so a rule has one wording."""
     try:
-        with reader.open(gen.bin, manifest="require", verify=deep) as ck:
-            if ck.step != gen.step:
-                return f"header step {ck.step} is not the name's step {gen.step}"
+        with reader.open(path, **how):
+            return None
     except CheckpointError as exc:
         return exc.problem
     except OSError as exc:
         return f"unreadable: {exc.strerror or exc}"
-    return None
 
 
 def non_finite(gen: Generation) -> dict[str, int]:
@@ -113,10 +117,8 @@ def non_finite(gen: Generation) -> dict[str, int]:
 
 
 def check_bare(gen: Generation) -> str | None:
+    """``check_generation`` for a run of the original trainer, which wrote no manifests: the
+    header, the size law and the name are all there is to check."""
     if gen.bin is None:
         return "manifest without its .bin"
-    try:
-        step, _, _ = reader.read_header(gen.bin)
-    except CheckpointError as exc:
-        return exc.problem
-    return None if step == gen.step else f"header step {step} is not the name's step {gen.step}"
+    return _opens(gen.bin, manifest="ignore")
