@@ -18,7 +18,7 @@ from typing import Any, BinaryIO, Iterable, Iterator
 
 from . import fingerprint, fsio
 from .errors import SaveError
-from .format import TEMP_PREFIX
+from .format import TEMP_PREFIX, is_temp_name
 
 WRITEBACK_EVERY = 64 << 20   # start writeback every 64 MiB (spec §5: speed-up only)
 COPY_CHUNK = 8 << 20         # bytes per read/write in copy_verified
@@ -54,9 +54,19 @@ def remove_dirs(dirs: list[Path]) -> None:
 
 
 def temp_path_for(final: "str | os.PathLike[str]") -> str:
+    """``.ckptfmt-tmp.FINAL.PID.TOKEN`` beside ``final`` (spec §5.1): the pid says whose save it
+    is (``temp_pid`` reads it back), the random token keeps two saves of one process apart."""
     final = Path(final)
     token = f"{os.getpid()}.{secrets.token_hex(4)}"
     return str(final.parent / f"{TEMP_PREFIX}{final.name}.{token}")
+
+
+def temp_pid(name: str) -> int | None:
+    """The writer's pid in a name ``temp_path_for`` made; None for other names."""
+    if not is_temp_name(name):
+        return None
+    parts = name.rsplit(".", 2)
+    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
 
 
 class AtomicWriter:

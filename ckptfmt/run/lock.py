@@ -11,6 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import format as fmt
+from ..atomic import temp_pid
 from ..errors import RunLockedError
 
 LOCK = ".lock"
@@ -123,7 +124,7 @@ def save_in_progress(entry: Path, holder: dict[str, Any] | None) -> bool:
     (``atomic.temp_path_for``), or another entry written since the holder took the lock."""
     if holder is None:
         return False
-    pid = _temp_pid(entry.name)
+    pid = temp_pid(entry.name)
     if pid is not None:
         return pid == holder.get("pid")
     try:
@@ -139,7 +140,7 @@ def sidecar_in_progress(entry: Path) -> bool:
     writer, which takes no run lock, so a sweep must leave it. A generation's temp files are
     only ever written under the lock: the lock holder sweeps them whatever their pid (a pid in
     a leftover's name may belong to another process after a restart)."""
-    pid = _temp_pid(entry.name)
+    pid = temp_pid(entry.name)
     if pid is None or pid == os.getpid() or entry.name[len(fmt.TEMP_PREFIX):].startswith("step_"):
         return False
     try:
@@ -149,11 +150,3 @@ def sidecar_in_progress(entry: Path) -> bool:
     except PermissionError:
         return True                 # alive, another user's
     return True
-
-
-def _temp_pid(name: str) -> int | None:
-    """The writer's pid in a temp name ``.ckptfmt-tmp.FINAL.PID.TOKEN``; None for other names."""
-    if not fmt.is_temp_name(name):
-        return None
-    parts = name.rsplit(".", 2)
-    return int(parts[1]) if len(parts) == 3 and parts[1].isdigit() else None
