@@ -125,14 +125,21 @@ def fmt(x: Any) -> str:
     return str(x)
 
 
+SIZE_UNITS = ("B", "KB", "MB", "GB", "TB")
+
+
 def size(n: int | None) -> str:
+    """Decimal units, as ``ls -h --si`` and disk vendors count: '153.60 MB', '8 B'.
+
+    >>> size(153_600_008), size(8), size(None)
+    ('153.60 MB', '8 B', '-')
+    """
     if n is None:
         return "-"
-    for unit in ("B", "KB", "MB", "GB", "TB"):
-        if n < 1000 or unit == "TB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
-        n /= 1000
-    return str(n)
+    scaled, unit = float(n), 0
+    while scaled >= 1000 and unit < len(SIZE_UNITS) - 1:
+        scaled, unit = scaled / 1000, unit + 1
+    return f"{n:.0f} B" if unit == 0 else f"{scaled:.2f} {SIZE_UNITS[unit]}"
 
 
 class Tolerance(click.ParamType):
