@@ -70,37 +70,42 @@ def write(bin_path: "str | os.PathLike[str]", step: int,
 def check(bin_path: "str | os.PathLike[str]", entry: Mapping[str, Any], *, deep: bool) -> str | None:
     """None when the companion named by ``entry`` is there with its size (and, ``deep``, its
     blake3); else the reason the generation is not valid."""
-    path = path_for(bin_path)
-    if not isinstance(entry, Mapping) or entry.get("file") != path.name:
-        return f"manifest's companion entry does not name {path.name}"
-    try:
-        size = path.stat().st_size
-    except FileNotFoundError:
-        return f"companion {path.name} is missing"
-    if size != entry.get("size"):
-        return f"companion {path.name}: expected {entry.get('size')} bytes, got {size}"
-    if deep:
-        digest = fingerprint.of_file(path)
-        if digest != entry.get("blake3"):
-            return f"companion {path.name}: blake3 mismatch: manifest says {entry.get('blake3')}, file hashes to {digest}"
-    return None
+    problem = _problem(bin_path, entry, deep)
+    return None if problem is None else problem.problem
 
 
 def require(bin_path: "str | os.PathLike[str]", entry: Mapping[str, Any], *, deep: bool) -> None:
     """``check`` as an exception: ``FingerprintMismatchError`` for a hash mismatch,
     ``ManifestMismatchError`` for anything else."""
-    reason = check(bin_path, entry, deep=deep)
-    if reason is None:
-        return
-    error = FingerprintMismatchError if "blake3 mismatch" in reason else ManifestMismatchError
-    raise error(str(path_for(bin_path)), reason)
+    problem = _problem(bin_path, entry, deep)
+    if problem is not None:
+        raise problem
+
+
+def _problem(bin_path: "str | os.PathLike[str]", entry: Mapping[str, Any],
+             deep: bool) -> "FingerprintMismatchError | ManifestMismatchError | None":
+    """The error the companion's state amounts to, or None: the class is chosen where the
+    problem is found, never read back from the message's words."""
+    path = path_for(bin_path)
+    if not isinstance(entry, Mapping) or entry.get("file") != path.name:
+        return ManifestMismatchError(str(path), f"manifest's companion entry does not name {path.name}")
+    try:
+        size = path.stat().st_size
+    except FileNotFoundError:
+        return ManifestMismatchError(str(path), f"companion {path.name} is missing")
+    if size != entry.get("size"):
+        return ManifestMismatchError(str(path), f"companion {path.name}: expected {entry.get('size')} bytes, got {size}")
+    if deep:
+        digest = fingerprint.of_file(path)
+        if digest != entry.get("blake3"):
+            return FingerprintMismatchError(str(path), f"companion {path.name}: "
+                                            + fingerprint.mismatch(entry.get("blake3"), digest))
+    return None
 
 
 def read(bin_path: "str | os.PathLike[str]", entry: Mapping[str, Any]) -> tensorfile.TensorFile:
     """The companion's tensors (``tensor(name)`` views); its size is checked first."""
-    reason = check(bin_path, entry, deep=False)
-    if reason is not None:
-        raise ManifestMismatchError(str(path_for(bin_path)), reason)
+    require(bin_path, entry, deep=False)
     return tensorfile.TensorFile(str(path_for(bin_path)))
 
 

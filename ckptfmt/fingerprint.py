@@ -14,6 +14,16 @@ ALGORITHM = "blake3"
 CHUNK = 16 << 20
 
 
+def mismatch(claimed: str, digest: str, what: str = "file") -> str:
+    """The one wording of a hash that is not the committed one, wherever it is found (a file, a
+    shard, a companion): what was claimed first, then what the bytes hash to.
+
+    >>> mismatch("ab", "cd", "shard")
+    'blake3 mismatch: manifest says ab, shard hashes to cd'
+    """
+    return f"{ALGORITHM} mismatch: manifest says {claimed}, {what} hashes to {digest}"
+
+
 def hasher(threads: int = 1) -> "blake3.blake3":
     """A fresh hasher; ``threads=0`` lets blake3 use every core (large in-memory inputs)."""
     return blake3.blake3(max_threads=blake3.blake3.AUTO if threads == 0 else threads)

@@ -195,8 +195,7 @@ class Checkpoint:
             return
         digest = self.fingerprint()
         if digest != self.manifest["blake3"]:
-            raise FingerprintMismatchError(self.path, f"blake3 mismatch: manifest says "
-                                           f"{self.manifest['blake3']}, file hashes to {digest}",
+            raise FingerprintMismatchError(self.path, fingerprint.mismatch(self.manifest["blake3"], digest),
                                            expected=self.manifest["blake3"], got=digest)
         if companion.FIELD in self.manifest:
             companion.require(self.path, self.manifest[companion.FIELD], deep=True)

@@ -156,8 +156,8 @@ class ShardedCheckpoint:
             digest = ck.fingerprint()
             if digest != row["blake3"]:
                 ck.close()
-                raise FingerprintMismatchError(path, f"blake3 mismatch: manifest says {row['blake3']}, "
-                                                     f"shard hashes to {digest}")
+                raise FingerprintMismatchError(path, fingerprint.mismatch(row["blake3"], digest, "shard"),
+                                               expected=row["blake3"], got=digest)
         return ck
 
     @property

@@ -49,8 +49,8 @@ def _listed(path: Path, claimed: str | None, base: Path) -> tuple[str, str]:
     """(digest hashed now, path relative to ``base``); refused if it is not ``claimed``."""
     digest = fingerprint.of_file(path)
     if claimed is not None and digest != claimed:
-        raise FingerprintMismatchError(str(path), f"blake3 mismatch: manifest says {claimed}, file hashes to "
-                                                  f"{digest}; not listed", expected=claimed, got=digest)
+        raise FingerprintMismatchError(str(path), f"{fingerprint.mismatch(claimed, digest)}; not listed",
+                                       expected=claimed, got=digest)
     return digest, os.path.relpath(path, base)
 
 

@@ -14,7 +14,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import companion
+from .. import companion, fingerprint
 from .. import facts as valfacts
 from .. import format as fmt
 from .. import manifest as mf
@@ -128,8 +128,7 @@ def _check_digest(report: Report, ckpt: reader.Checkpoint, doc: dict, got: str) 
     """The file's blake3 (and its companion's) against the manifest; True when the .bin matches."""
     report.details["blake3"] = got
     if got != doc["blake3"]:
-        report.defect("fingerprint_mismatch", f"{ckpt.path}: blake3 mismatch: manifest says "
-                                              f"{doc['blake3']}, file hashes to {got}")
+        report.defect("fingerprint_mismatch", f"{ckpt.path}: {fingerprint.mismatch(doc['blake3'], got)}")
     reason = companion.check(ckpt.path, doc[companion.FIELD], deep=True) \
         if companion.FIELD in doc else None
     if reason is not None:
