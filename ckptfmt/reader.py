@@ -289,9 +289,13 @@ def open(path: "str | os.PathLike[str]", *, manifest: str = "auto", verify: bool
         os.close(fd)
     ckpt = Checkpoint(path, step, n, size, mm, doc, mm)
     if verify:
-        if doc is None:
-            raise mf.ManifestError(path, "cannot verify: no manifest beside the file (a bare, unverified file)")
-        ckpt.verify()
+        try:
+            if doc is None:
+                raise mf.ManifestError(path, "cannot verify: no manifest beside the file (a bare, unverified file)")
+            ckpt.verify()
+        except BaseException:
+            ckpt.close()      # the map is not left to whoever keeps the error (and its frames)
+            raise
     return ckpt
 
 

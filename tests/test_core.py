@@ -246,3 +246,20 @@ def test_a_reader_far_ahead_waits_for_the_slowest_and_a_finished_one_frees_it(mo
     assert not waiting.is_alive()
     behind.advance(fast, 1000)
     assert behind.released == 1000
+
+
+def test_open_with_verify_that_fails_leaves_no_map_behind(tmp_path):
+    """``open(verify=True)`` on a file whose hash is not the manifest's raised with the file
+    still mapped, for as long as anyone held the error (its traceback holds open's frame)."""
+    from ckptfmt.errors import FingerprintMismatchError
+    path = make(tmp_path, 1)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(data)
+
+    def mapped() -> bool:
+        with open("/proc/self/maps") as maps:
+            return str(path) in maps.read()
+    with pytest.raises(FingerprintMismatchError) as info:
+        ckptfmt.open(path, verify=True)
+    assert info.value.path == str(path) and not mapped()
