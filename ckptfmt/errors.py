@@ -205,7 +205,9 @@ class MissingDependencyError(CheckpointError):
 
 
 class UnsupportedSetupError(CheckpointError):
-    """What was asked is not supported in this setup yet (a CheckpointManager under torchrun)."""
+    """What was asked is not supported in this setup (CLI exit 2): a float64 parameter or an
+    optimizer tensor outside the model, a non-Adam optimizer or a non-float32 model under
+    torchrun, resuming a generation that newer ones of the same run follow."""
 
     could_not_run = True
 
