@@ -185,12 +185,7 @@ def remove(path: "str | os.PathLike[str]") -> None:
 def make_durable_dir(path: Path) -> None:
     """mkdir -p, fsyncing each parent whose entry was created, so a new run directory survives
     a power cut together with the first generation committed into it."""
-    missing = []
-    p = path
-    while not p.exists():
-        missing.append(p)
-        p = p.parent
-    for d in reversed(missing):
+    for d in reversed(missing_dirs(path)):
         try:
             d.mkdir()
         except FileExistsError:
