@@ -12,7 +12,9 @@ True
 """
 from __future__ import annotations
 
+import json
 import os
+from typing import Any
 
 __all__ = ["CheckpointError", "NotACheckpointError", "BadHeaderError", "TruncatedError",
            "TrailingDataError", "BadNameError", "ManifestError", "ManifestMismatchError",
@@ -224,3 +226,20 @@ class RemoteError(CheckpointError):
     not read back as they were sent. Nothing at the destination was committed by the failed step."""
 
     could_not_run = True
+
+
+def parse_json(data: "bytes | str", error: type, path: str, what: str = "not valid JSON", **options: Any) -> Any:
+    """JSON from a file that may be hostile: any parse failure, nesting too deep for the parser
+    (a RecursionError) included, is ``error(path, "WHAT: why")``, one line and never a traceback.
+    ``options`` go to ``json.loads`` (``parse_constant``, ``object_pairs_hook``).
+
+    >>> parse_json(b"[" * 100000 + b"]" * 100000, ManifestError, "m.json")
+    Traceback (most recent call last):
+    ckptfmt.errors.ManifestError: m.json: not valid JSON: nested too deeply
+    """
+    try:
+        return json.loads(data, **options)
+    except ValueError as exc:            # UnicodeDecodeError and JSONDecodeError too
+        raise error(path, f"{what}: {exc}") from None
+    except RecursionError:
+        raise error(path, f"{what}: nested too deeply") from None

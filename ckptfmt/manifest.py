@@ -11,7 +11,7 @@ from typing import Any
 
 from . import atomic, companion
 from .errors import (IncompleteResumeStateError, ManifestError, ManifestMismatchError,
-                     UnsupportedVersionError)
+                     UnsupportedVersionError, parse_json)
 
 FORMAT_ID = "ckptfmt"
 FORMAT_VERSION = 1
@@ -51,12 +51,10 @@ def read(path: "str | os.PathLike[str]") -> dict[str, Any]:
     if len(data) > MAX_MANIFEST_BYTES:
         raise ManifestError(path, f"manifest larger than {MAX_MANIFEST_BYTES} bytes")
     try:
-        doc = json.loads(data.decode("utf-8"), parse_constant=_refuse_constant,
-                         object_pairs_hook=_unique_keys)
-    except (UnicodeDecodeError, ValueError) as exc:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
         raise ManifestError(path, f"not valid JSON: {exc}") from None
-    except RecursionError:
-        raise ManifestError(path, "not valid JSON: nested too deeply") from None
+    doc = parse_json(text, ManifestError, path, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
     if not isinstance(doc, dict):
         raise ManifestError(path, f"expected a JSON object, got {type(doc).__name__}")
     check_schema(path, doc)

@@ -25,7 +25,7 @@ from typing import Any, Iterable
 import numpy as np
 
 from . import atomic, fingerprint
-from .errors import TensorFileError
+from .errors import TensorFileError, parse_json
 
 MAX_HEADER = 100 << 20
 DTYPES = {"F64": np.dtype("<f8"), "F32": np.dtype("<f4"), "F16": np.dtype("<f2"),
@@ -94,12 +94,7 @@ class TensorFile:
             if hlen > MAX_HEADER or 8 + hlen > size:
                 raise TensorFileError(path, f"safetensors header length {hlen} is impossible for a "
                                          f"{size}-byte file")
-            try:
-                self.header = json.loads(f.read(hlen))
-            except ValueError as exc:
-                raise TensorFileError(path, f"safetensors header is not JSON: {exc}") from None
-            except RecursionError:
-                raise TensorFileError(path, "safetensors header is not JSON: nested too deeply") from None
+            self.header = parse_json(f.read(hlen), TensorFileError, path, "safetensors header is not JSON")
             self.data_start = 8 + hlen
             if not isinstance(self.header, dict):
                 raise TensorFileError(path, "safetensors header is not a JSON object")

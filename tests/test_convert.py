@@ -121,3 +121,16 @@ def test_convert_progress_counts_check_write_and_verify(tmp_path, src, ext):
     seen = []
     convert(str(src), str(tmp_path / f"p.{ext}"), progress=seen.append)
     assert sum(seen) == 3 * src.stat().st_size
+
+
+@pytest.mark.parametrize("head", [
+    (0x184D2A5C).to_bytes(4, "little"),            # the .zst's metadata frame
+    b"CKPTZST\x01"])                               # the byte-plane form
+def test_a_metadata_header_nested_too_deeply_is_one_error_naming_the_file(tmp_path, head):
+    """A header nested too deeply for the JSON parser was a RecursionError traceback."""
+    deep = b"[" * 100_000 + b"]" * 100_000
+    path = tmp_path / "deep.bin.zst"
+    path.write_bytes(head + len(deep).to_bytes(4, "little") + deep)
+    with pytest.raises(ConvertError, match=r"deep.bin.zst: (metadata frame|byte-plane header) is not JSON: "
+                                           r"nested too deeply$"):
+        load(str(path))

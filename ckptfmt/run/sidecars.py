@@ -5,12 +5,11 @@ and restarts, while samples and bandit state may be archived and reset at a poli
 """
 from __future__ import annotations
 
-import json
 import os
 from typing import TYPE_CHECKING, Any
 
 from .. import manifest as mf
-from ..errors import CheckpointError, SidecarError
+from ..errors import CheckpointError, SidecarError, parse_json
 
 if TYPE_CHECKING:
     from .directory import Run
@@ -27,13 +26,10 @@ def read_json(path: "str | os.PathLike[str]", default: Any = None) -> Any:
     not valid JSON (a damaged sidecar is reported, never silently replaced)."""
     try:
         with open(path, "rb") as f:
-            return json.loads(f.read())
+            data = f.read()
     except FileNotFoundError:
         return default
-    except ValueError as exc:
-        raise SidecarError(str(path), f"not valid JSON: {exc}") from None
-    except RecursionError:
-        raise SidecarError(str(path), "not valid JSON: nested too deeply") from None
+    return parse_json(data, SidecarError, str(path))
 
 
 def zombie_arms(run: "Run") -> list[str]:

@@ -13,7 +13,7 @@ import zstandard
 
 from ... import atomic
 from ... import format as fmt
-from ...errors import ConvertError
+from ...errors import ConvertError, parse_json
 from .source import Source
 
 MAGIC = b"CKPTZST\x01"
@@ -78,10 +78,7 @@ def _head(f, path: str) -> dict:
     (hlen,) = struct.unpack("<I", raw) if len(raw) == 4 else (-1,)
     if not 0 <= hlen <= 16 << 20:
         raise ConvertError(path, f"byte-plane header length {hlen} is impossible")
-    try:
-        head = json.loads(f.read(hlen))
-    except ValueError as exc:
-        raise ConvertError(path, f"byte-plane header is not JSON: {exc}") from None
+    head = parse_json(f.read(hlen), ConvertError, path, "byte-plane header is not JSON")
     chunk = head.get("chunk") if isinstance(head, dict) else None
     if not isinstance(chunk, int) or isinstance(chunk, bool) or chunk <= 0:
         raise ConvertError(path, f"byte-plane header: chunk must be a positive integer, got {chunk!r}")

@@ -4,6 +4,7 @@ conversions work without it."""
 from __future__ import annotations
 
 import re
+import warnings
 from typing import Any
 
 import numpy as np
@@ -19,12 +20,14 @@ def read(path: str) -> Any:
     tensors and plain containers)."""
     torch = require_torch(path)
     try:
-        try:
-            return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
-        except RuntimeError as exc:     # the legacy (pre-1.6, non-zip) format has no mmap
-            if "mmap can only be used with files saved with" not in str(exc):
-                raise
-            return torch.load(path, map_location="cpu", weights_only=True)
+        with warnings.catch_warnings():   # torch's "Detected pickle protocol N ... please file an issue"
+            warnings.filterwarnings("ignore", message="Detected pickle protocol")
+            try:
+                return torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            except RuntimeError as exc:     # the legacy (pre-1.6, non-zip) format has no mmap
+                if "mmap can only be used with files saved with" not in str(exc):
+                    raise
+                return torch.load(path, map_location="cpu", weights_only=True)
     except Exception as exc:  # torch raises many types for a bad file
         text = str(exc)
         # "Unsupported global: GLOBAL x.y", or "unsupported GLOBAL os.system whose module os is blocked"

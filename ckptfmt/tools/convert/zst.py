@@ -21,7 +21,7 @@ import zstandard
 
 from ... import atomic, reader
 from ... import format as fmt
-from ...errors import CheckpointError, ConvertError
+from ...errors import CheckpointError, ConvertError, parse_json
 from . import planes
 from .source import Source
 
@@ -74,10 +74,7 @@ def _read_metadata(f: BinaryIO, path: str) -> dict[str, Any] | None:
     length = struct.unpack("<I", raw)[0] if len(raw) == 4 else -1
     if not 0 <= length <= MAX_METADATA:
         raise ConvertError(path, f"metadata frame length {length} is impossible")
-    try:
-        meta = json.loads(f.read(length))
-    except ValueError as exc:
-        raise ConvertError(path, f"metadata frame is not JSON: {exc}") from None
+    meta = parse_json(f.read(length), ConvertError, path, "metadata frame is not JSON")
     if not isinstance(meta, dict) or meta.get("format") != "ckptfmt":
         raise ConvertError(path, "metadata frame is not ckptfmt's (format != ckptfmt)")
     return meta
