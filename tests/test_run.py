@@ -345,7 +345,7 @@ def test_bare_run_is_valid_but_unverified(tmp_path):
     rows = ls_run(tmp_path)["generations"]      # ls agrees with validate (FORMAT §4.4): bare, not uncommitted
     assert [(g["step"], g["valid"], g["status"]) for g in rows] == [(1, True, "bare (unverified)"), (2, True, "bare (unverified)")]
     seed_write(tmp_path / "step_000003.bin", 4, *arrays(5))     # name and header disagree: a defect still
-    assert ls_run(tmp_path)["generations"][-1]["status"] == "header step 4 is not the name's step 3"
+    assert ls_run(tmp_path)["generations"][-1]["status"] == "name says step 3, header says step 4"
 
 
 def test_a_bare_file_under_another_steps_name_is_skipped_with_the_readers_message(tmp_path):

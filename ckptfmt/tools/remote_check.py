@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 from typing import Any
 
+from .. import fingerprint
 from .. import format as fmt
 from .. import shards
 from ..errors import CheckpointError, RemoteError
@@ -72,7 +73,7 @@ def _check_generation(remote: Remote, step: int, deep: bool) -> str | None:
             if deep:
                 got, _ = remote.digest(name)
                 if got != digest:
-                    return f"{name}: blake3 mismatch: manifest says {digest}, object hashes to {got}"
+                    return f"{name}: {fingerprint.mismatch(digest, got, 'object')}"
     except RemoteError:
         raise
     except CheckpointError as exc:
@@ -110,7 +111,7 @@ def _check_header(remote: Remote, name: str, step: int, size: int) -> str | None
     if fmt.file_size(n) != size:
         return f"{name}: size law: expected {fmt.file_size(n)} bytes for n_params {n}, got {size}"
     if "/" not in name and got_step != step:
-        return f"{name}: header step {got_step} is not the name's step {step}"
+        return f"{name}: name says step {step}, header says step {got_step}"    # as reader.open says
     return None
 
 

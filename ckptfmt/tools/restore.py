@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 import shutil
 import warnings
 from pathlib import Path
@@ -41,7 +40,7 @@ def restore(url: str, dest: "str | os.PathLike[str]", *, step: int | None = None
         raise GenerationNotFoundError(remote.url, f"no committed generation at step {step}")
     if not committed:
         raise GenerationNotFoundError(remote.url, "no committed generation at this URL")
-    staging = out.parent / f"{fmt.TEMP_PREFIX}{out.name}.{os.getpid()}.{secrets.token_hex(4)}"
+    staging = Path(atomic.temp_path_for(out))
     atomic.make_durable_dir(staging)
     try:
         chosen, skipped = _first_valid(remote, [step] if step is not None else committed, staging, progress,
