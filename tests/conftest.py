@@ -14,6 +14,9 @@ import ckptfmt
 
 ROOT = Path(__file__).resolve().parent.parent
 PY = sys.executable
+# An internal error keeps its traceback under test (cli/output.py): the CLI contract tests look
+# for tracebacks, and a defect must fail them rather than hide behind the one-line safety net.
+os.environ["CKPTFMT_DEBUG"] = "1"
 
 
 def seed_read(path):

@@ -506,9 +506,9 @@ def _strict_json(text):
     return json.loads(text, parse_constant=refuse)
 
 
-def _invoke(argv):
+def _invoke(argv, catch=True):
     from click.testing import CliRunner
-    return CliRunner().invoke(main, argv)
+    return CliRunner().invoke(main, argv, catch_exceptions=catch)
 
 
 RUNS = [(case, as_json) for case in CASES for as_json in (False, True)
@@ -653,3 +653,22 @@ def test_a_full_disk_is_named_and_leaves_nothing(full_disk, name):
     result = _invoke(["fork", os.path.dirname(src), str(mnt / "forked"), "--step", "1"])
     assert result.exit_code == 2 and os.listdir(mnt) == [], result.output
     assert result.stderr.startswith(f"ckptfmt: {mnt / 'forked'}/") and ".ckptfmt-tmp" not in result.stderr, result.stderr
+
+
+def test_an_error_no_check_anticipated_is_one_line_exit_2(tmp_path, monkeypatch):
+    """The last safety net: a defect of ours (here a KeyError planted in ls) is one line naming
+    it, exit 2, with --json one document; CKPTFMT_DEBUG=1 (set for the suite) shows the traceback."""
+    import ckptfmt.run.ops
+
+    def broken(*args, **kwargs):
+        raise KeyError("shards")
+    monkeypatch.setattr(ckptfmt.run.ops, "ls_run", broken)
+    with pytest.raises(KeyError):
+        _invoke(["ls", str(tmp_path)], catch=False)
+    monkeypatch.delenv("CKPTFMT_DEBUG")
+    result = _invoke(["ls", str(tmp_path)])
+    assert result.exit_code == 2 and result.stderr == (
+        "ckptfmt: internal error: KeyError: 'shards' (a defect of ckptfmt, please report it; "
+        "CKPTFMT_DEBUG=1 shows the traceback)\n") and "Traceback" not in result.output
+    doc = json.loads(_invoke(["ls", str(tmp_path), "--json"]).stdout)
+    assert doc["error"]["type"] == "InternalError" and doc["error"]["exit_code"] == 2

@@ -67,7 +67,27 @@ def guarded(fn: Callable) -> Callable:
             message = f"{where}: {exc.strerror or exc}" if where else str(exc)
             raise Fail(message, EXIT_CANNOT, kind=type(exc).__name__, path=where or None,
                        as_json=as_json) from None
+        except (click.exceptions.Exit, click.exceptions.Abort):
+            raise
+        except Exception as exc:              # a bug of ours: still one line, never a traceback
+            if os.environ.get(DEBUG):
+                raise
+            raise Fail(internal_error(exc), EXIT_CANNOT, kind="InternalError", as_json=as_json) from None
     return wrapper
+
+
+DEBUG = "CKPTFMT_DEBUG"      # set (the test suite sets it): an internal error keeps its traceback
+
+
+def internal_error(exc: Exception) -> str:
+    """The one line of an error no check anticipated: what it was, that it is ckptfmt's defect,
+    and how to see where it happened.
+
+    >>> internal_error(KeyError("shards"))
+    "internal error: KeyError: 'shards' (a defect of ckptfmt, please report it; CKPTFMT_DEBUG=1 shows the traceback)"
+    """
+    return (f"internal error: {type(exc).__name__}: {exc} (a defect of ckptfmt, please report it; "
+            f"{DEBUG}=1 shows the traceback)")
 
 
 def stdout_is_pipe() -> bool:
