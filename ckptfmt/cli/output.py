@@ -44,9 +44,11 @@ def error_doc(message: str, code: int, kind: str, path: str | None) -> dict[str,
     return {"error": {"type": kind, "message": message, "path": path, "exit_code": code}}
 
 
-def guarded(fn: Callable) -> Callable:
+def guarded(fn: Callable, *, net: bool = True) -> Callable:
     """Turn library errors into one-line messages with the right exit code, never a traceback;
-    with ``--json`` the failure is also one JSON document on stdout."""
+    with ``--json`` the failure is also one JSON document on stdout. ``net``: an error no check
+    anticipated is one line too (``train`` keeps its traceback instead: a weeks-long run that
+    dies of CUDA's out-of-memory or a NCCL error cannot be rerun just to see where)."""
     @functools.wraps(fn)
     def wrapper(*args: Any, **kwargs: Any) -> Any:
         as_json = bool(kwargs.get("as_json"))
@@ -70,13 +72,18 @@ def guarded(fn: Callable) -> Callable:
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as exc:              # a bug of ours: still one line, never a traceback
-            if os.environ.get(DEBUG):
+            if os.environ.get(DEBUG) or not net:
                 raise
             raise Fail(internal_error(exc), EXIT_CANNOT, kind="InternalError", as_json=as_json) from None
     return wrapper
 
 
 DEBUG = "CKPTFMT_DEBUG"      # set (the test suite sets it): an internal error keeps its traceback
+
+
+def guarded_keeping_tracebacks(fn: Callable) -> Callable:
+    """``guarded`` without the net (``train``)."""
+    return guarded(fn, net=False)
 
 
 def internal_error(exc: Exception) -> str:

@@ -7,7 +7,7 @@ import sys
 import click
 
 from .app import main
-from .output import EXIT_CANNOT, EXIT_DEFECT, TOLERANCE, Fail, emit, guarded, json_option
+from .output import EXIT_CANNOT, EXIT_DEFECT, TOLERANCE, Fail, emit, guarded, guarded_keeping_tracebacks, json_option
 
 
 # ---------------------------------------------------------------- verify-resume
@@ -116,7 +116,7 @@ def _why(check: dict) -> str:
 @click.option("--summary", type=click.Path(), hidden=True, help="verify-resume: write summary.json here at exit.")
 @click.option("--pause-at-step", "pause_at", nargs=2, type=(click.IntRange(min=1), click.Path()), hidden=True,
               metavar="N MARKER", help="verify-resume: after step N, create MARKER and wait for a signal.")
-@guarded
+@guarded_keeping_tracebacks
 def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_every: int,
           sample_every: int, keep_last: int | None, keep_every: int | None, seed: int | None,
           threads: int | None, async_save: bool, amp: str, log_every: int, sets: tuple[str, ...],
