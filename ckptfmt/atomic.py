@@ -9,6 +9,7 @@ retry that could report success after the kernel dropped the data, PostgreSQL "f
 from __future__ import annotations
 
 import contextlib
+import errno
 import io
 import json
 import os
@@ -78,8 +79,9 @@ class AtomicWriter:
     ...     w.commit()
     """
 
-    def __init__(self, final: "str | os.PathLike[str]"):
+    def __init__(self, final: "str | os.PathLike[str]", *, exclusive: bool = False):
         self.final = os.fspath(final)
+        self.exclusive = exclusive      # publish only where nothing is (a link, not a rename over)
         self.temp = temp_path_for(self.final)
         self.fd: int | None = None
         self.offset = 0
@@ -131,11 +133,29 @@ class AtomicWriter:
                 fsio.fsync(fd, self.temp)
             finally:
                 fsio.close(fd, self.temp)
-            fsio.replace(self.temp, self.final)
+            self._publish()
         except OSError as exc:
             raise SaveError(self.final, f"commit failed: {exc.strerror or exc}") from exc
         self.committed = True
         sync_dir_of(self.final)
+
+    def _publish(self) -> None:
+        """Rename over the final name; ``exclusive``: a hard link, which fails where a file
+        appeared since the caller looked (a rename would replace it), then the temp name goes.
+        A filesystem without hard links gets the rename after one more look."""
+        if not self.exclusive:
+            return fsio.replace(self.temp, self.final)
+        try:
+            fsio.link(self.temp, self.final)
+        except FileExistsError:
+            raise SaveError(self.final, "exists already; refusing to overwrite a checkpoint") from None
+        except OSError as exc:
+            if exc.errno not in (errno.EPERM, errno.EOPNOTSUPP, errno.ENOTSUP, errno.EMLINK):
+                raise
+            if os.path.lexists(self.final):
+                raise SaveError(self.final, "exists already; refusing to overwrite a checkpoint") from None
+            return fsio.replace(self.temp, self.final)
+        fsio.unlink(self.temp)
 
     def __exit__(self, exc_type, exc, tb) -> None:
         if self.committed:

@@ -99,7 +99,7 @@ def save(path: "str | os.PathLike[str]", step: int, weights: Region, m: Region, 
     if not overwrite and os.path.lexists(path):
         raise SaveError(path, "exists already; refusing to overwrite a checkpoint")
     facts = valfacts.ValueFacts() if value_facts else None
-    digest = _write_hashed(path, fmt.pack_header(step, n), sources, n, facts)
+    digest = _write_hashed(path, fmt.pack_header(step, n), sources, n, facts, exclusive=not overwrite)
     manifest = {k: v for k, v in (manifest or {}).items() if k != valfacts.FIELD}
     if facts is not None:
         manifest[valfacts.FIELD] = facts.to_dict()
@@ -198,7 +198,7 @@ def _agree_on_n(path: str, counts: tuple[int, ...], n_params: int | None) -> int
 
 
 def _write_hashed(path: str, header: bytes, sources: tuple, n: int,
-                  facts: valfacts.ValueFacts | None = None) -> str:
+                  facts: valfacts.ValueFacts | None = None, exclusive: bool = False) -> str:
     """Write every chunk while a second thread hashes it (and folds it into ``facts``), in order.
 
     Buffer contract (spec/FORMAT.md §5.7.1): a buffer a region iterator yields is read by the
@@ -213,7 +213,7 @@ def _write_hashed(path: str, header: bytes, sources: tuple, n: int,
     expected = fmt.file_size(n)
     if os.path.exists(path):  # overwrite: uncommit the old generation before replacing it
         atomic.remove(mf.path_for(path))
-    with atomic.AtomicWriter(path) as out, ThreadPoolExecutor(1, "ckptfmt-hash") as pool:
+    with atomic.AtomicWriter(path, exclusive=exclusive) as out, ThreadPoolExecutor(1, "ckptfmt-hash") as pool:
         pending: deque[Future] = deque()
 
         def drain(keep: int = 0) -> None:

@@ -128,3 +128,21 @@ def test_an_overwrite_refused_for_its_arguments_keeps_the_committed_generation(t
                      manifest={"loss": float("nan")})
     assert {p: (tmp_path / p).read_bytes() for p in os.listdir(tmp_path)} == before
     assert ckptfmt.open(first.path, verify=True).step == 1
+
+
+def test_a_file_that_appears_while_the_save_writes_is_never_replaced(tmp_path, monkeypatch):
+    """``save`` looks for the destination before it writes; a file created there while it
+    wrote (another process, another save) was then replaced by the rename. The .bin is now
+    published by a hard link, which fails where a file is."""
+    path = tmp_path / "step_000001.bin"
+
+    def someone_else(op, where):
+        if op == "link" and where == str(path):
+            path.write_bytes(b"theirs")
+    monkeypatch.setattr(fsio, "hook", someone_else)
+    with pytest.raises(E.SaveError, match=r"step_000001.bin: exists already; refusing to overwrite a checkpoint$"):
+        ckptfmt.save(path, 1, *arrays(10))
+    monkeypatch.setattr(fsio, "hook", None)
+    assert path.read_bytes() == b"theirs" and sorted(p.name for p in tmp_path.iterdir()) == ["step_000001.bin"]
+    ckptfmt.save(tmp_path / "step_000002.bin", 2, *arrays(10))            # the usual save is one file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000001.bin", "step_000002.bin", "step_000002.json"]
