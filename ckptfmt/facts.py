@@ -26,6 +26,7 @@ import numpy as np
 from . import format as fmt
 
 FIELD = "facts"            # the manifest field (spec §4.1)
+PASS = 1 << 22            # elements folded in at a time (16 MiB of float32): bounded temporaries
 INF_BITS = 0x7F800000      # a float32 bit pattern below this is +0.0, positive and finite
 
 
@@ -76,8 +77,8 @@ def of_regions(regions: Iterable[tuple[str, np.ndarray]]) -> dict[str, Any]:
     """Facts of whole regions already in memory or mapped: ``[(name, values), ...]``."""
     facts = ValueFacts()
     for name, values in regions:
-        for start in range(0, values.size, 1 << 22):
-            facts.add(name, values[start:start + (1 << 22)])
+        for start in range(0, values.size, PASS):
+            facts.add(name, values[start:start + PASS])
     return facts.to_dict()
 
 

@@ -166,6 +166,17 @@ def test_an_uncommitted_bin_written_under_the_live_lock_is_a_save_in_progress(tm
     assert rows == {1: "verified", 2: "uncommitted", 3: "uncommitted"}
 
 
+def test_a_lock_whose_since_is_not_a_number_is_read_as_saying_nothing(tmp_path):
+    """A hand-edited .lock ({"since": "yesterday"}) made ls and validate a TypeError traceback
+    while the lock was held: an entry is then a save in progress, as when it has no "since"."""
+    from ckptfmt.run.lock import save_in_progress
+    entry = tmp_path / "step_000003.bin"
+    entry.write_bytes(b"x")
+    for since in ("yesterday", None, True, [1]):
+        assert save_in_progress(entry, {"pid": 1, "since": since}) is True
+    assert save_in_progress(entry, {"pid": 1, "since": time.time() + 3600}) is False
+
+
 def test_a_first_save_in_progress_is_not_a_bare_run_nor_damage(tmp_path):
     with RunLock(tmp_path, purpose="trainer"):
         seed_write(tmp_path / "step_000003.bin", 3, *arrays(10))

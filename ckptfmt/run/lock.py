@@ -127,8 +127,11 @@ def save_in_progress(entry: Path, holder: dict[str, Any] | None) -> bool:
     pid = temp_pid(entry.name)
     if pid is not None:
         return pid == holder.get("pid")
+    since = holder.get("since")
+    if not isinstance(since, (int, float)) or isinstance(since, bool):
+        since = float("-inf")            # a hand-edited .lock: in progress, as when it says nothing
     try:
-        return entry.stat(follow_symlinks=False).st_mtime >= holder.get("since", float("-inf"))
+        return entry.stat(follow_symlinks=False).st_mtime >= since
     except FileNotFoundError:
         return True             # renamed or committed while we looked: it was in progress
 
