@@ -121,3 +121,25 @@ class CuttingProxy:
 
     def close(self) -> None:
         self.listener.close()
+
+
+def fixtures(prefix: str):
+    """``s3, bucket = fixtures("bkt")`` in a test module: one server per module (environment
+    pointed at it while the module runs), and a fresh bucket per test, so tests share the server
+    but not its contents."""
+    import itertools
+
+    import pytest
+    count = itertools.count()
+
+    @pytest.fixture(scope="module")
+    def s3():
+        with S3Server() as server, pytest.MonkeyPatch.context() as mp:
+            for key, value in server.env.items():
+                mp.setenv(key, value)
+            yield server
+
+    @pytest.fixture
+    def bucket(s3):
+        return s3.bucket(f"{prefix}{next(count)}")
+    return s3, bucket

@@ -19,26 +19,12 @@ import ckptfmt
 from ckptfmt import shards
 from ckptfmt.run.ops import ls_run
 from conftest import ROOT, arrays, cli
-from s3server import S3Server
+from s3server import S3Server, fixtures
 
 PY = sys.executable
 
 
-@pytest.fixture(scope="module")
-def s3():
-    with S3Server() as server, pytest.MonkeyPatch.context() as mp:
-        for key, value in server.env.items():
-            mp.setenv(key, value)
-        yield server
-
-
-_count = iter(range(10**6))
-
-
-@pytest.fixture
-def bucket(s3):
-    """A fresh bucket per test, so tests share the server but not its contents."""
-    return s3.bucket(f"bkt{next(_count)}")
+s3, bucket = fixtures("bkt")
 
 
 def objects(s3, bucket: str, prefix: str = "") -> dict[str, bytes]:

@@ -147,14 +147,15 @@ def test_strace_injected_errors_are_typed(tmp_path):
         assert "Traceback" not in proc.stderr
 
 
-@pytest.mark.parametrize("when", ["1", "2"])
-def test_strace_injected_sigkill_at_rename_leaves_old_or_new(tmp_path, when):
-    """strace kills the writer at its first (the .bin) or second (the manifest) rename."""
+@pytest.mark.parametrize("calls", ["link,linkat", "rename,renameat,renameat2"])
+def test_strace_injected_sigkill_at_rename_leaves_old_or_new(tmp_path, calls):
+    """strace kills the writer at the .bin's publish (a link: a save that may not overwrite
+    publishes by link, FORMAT §5.3) or at the manifest's (its first rename)."""
     if not shutil.which("strace"):
         pytest.skip("strace is not installed")
     run = base_run(tmp_path / "run", N)
-    argv = ["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=rename,renameat,renameat2",
-            "-e", f"inject=rename,renameat,renameat2:signal=SIGKILL:when={when}"] + writer_argv(run, 2, 1, N)
+    argv = ["strace", "-f", "-qq", "-o", "/dev/null", "-e", "trace=rename,renameat,renameat2,link,linkat",
+            "-e", f"inject={calls}:signal=SIGKILL:when=1"] + writer_argv(run, 2, 1, N)
     proc = subprocess.run(argv, capture_output=True, text=True)
     assert proc.returncode != 0
     assert_valid_old_or_new(run, 1, 2)
