@@ -27,7 +27,8 @@ logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 @click.option("--quick", is_flag=True, help="Trust generations already at the URL when manifest and sizes match "
                                             "(no read-back of their bytes).")
 @click.option("--watch", is_flag=True, help="Keep mirroring as new generations commit, until SIGTERM/SIGINT "
-                                            "(exit 0); network failures are reported and retried.")
+                                            "(exit 0); network failures are reported and retried; a RUN "
+                                            "that does not exist yet is waited for.")
 @click.option("--interval", type=click.FloatRange(min=0.1), default=10.0, show_default=True,
               help="With --watch: seconds between passes.")
 @json_option
