@@ -257,7 +257,8 @@ def test_bare_checkpoints_that_no_ckptfmt_writer_held_are_never_replaced(tmp_pat
     """Another trainer's step_N.bin files (no manifest, FORMAT §4.4) copied into a directory
     were taken for leftovers of an interrupted first save: a fresh start replaced them at its
     first save of the same step. A run whose .lock no writer created before is refused, and the
-    refusal (and gc or pivot there) leaves no .lock, so a retry is refused too."""
+    refusal (and gc or pivot there) leaves the .lock marked never written, so a retry is refused
+    too (it removed the .lock at first, which a writer waiting on it could hold open)."""
     from ckptfmt.errors import NoValidGenerationError
     from ckptfmt.run.ops import gc, pivot
     from conftest import arrays
@@ -274,9 +275,11 @@ def test_bare_checkpoints_that_no_ckptfmt_writer_held_are_never_replaced(tmp_pat
             with pytest.raises(UnsupportedSetupError, match=r"bare: holds checkpoints without manifests "
                                                             r"\(step_000003.bin\) and was never a ckptfmt run"):
                 m.restore()
-        assert sorted(p.name for p in run.iterdir()) == ["step_000003.bin"]
+        assert sorted(p.name for p in run.iterdir()) == [".lock", "step_000003.bin"]
+        assert json.loads((run / ".lock").read_text()) == {"never_written": True}
     assert gc(run, keep_last=1)["deleted"] == []
     with pytest.raises(NoValidGenerationError):
         pivot(run)
-    assert sorted(p.name for p in run.iterdir()) == ["step_000003.bin"]
+    with mgr(run, model, opt) as m, pytest.raises(UnsupportedSetupError, match="was never a ckptfmt run"):
+        m.restore()
     assert (run / "step_000003.bin").read_bytes() == before

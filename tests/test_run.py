@@ -444,3 +444,23 @@ class RunMachine(RuleBasedStateMachine):
 
 RunMachine.TestCase.settings = settings(max_examples=40, stateful_step_count=15, deadline=None)
 TestRunMachine = RunMachine.TestCase
+
+
+def test_a_lock_marked_never_written_is_still_the_one_lock(tmp_path):
+    """gc on a directory no writer held leaves .lock marked never written (RUN.md §2.2); it
+    once removed it, and a writer that had opened the old .lock and a later one on a new .lock
+    both held "the" lock."""
+    import fcntl
+    waiting = None
+    with RunLock(tmp_path, purpose="gc", writes_generations=False):
+        waiting = os.open(tmp_path / ".lock", os.O_RDWR)         # a writer opened it, not yet locked
+    fcntl.flock(waiting, fcntl.LOCK_EX | fcntl.LOCK_NB)            # it gets the lock after gc
+    try:
+        with pytest.raises(RunLockedError):
+            RunLock(tmp_path, purpose="trainer").acquire()         # and nobody else does
+    finally:
+        os.close(waiting)
+    assert json.loads((tmp_path / ".lock").read_text()) == {"never_written": True}
+    with RunLock(tmp_path, purpose="trainer"):                     # a writer that writes generations
+        pass
+    assert (tmp_path / ".lock").read_bytes() == b""                # ...leaves it empty, as before

@@ -1,7 +1,6 @@
 """One writer per run: an flock on ``RUN/.lock`` naming its holder (spec/RUN.md §3)."""
 from __future__ import annotations
 
-import contextlib
 import fcntl
 import json
 import os
@@ -15,17 +14,21 @@ from ..atomic import temp_pid
 from ..errors import RunLockedError
 
 LOCK = ".lock"
-_NEW_RUNS: set[str] = set()     # run directories whose .lock a lock held in this process created
+UNWRITTEN = {"never_written": True}   # what a released .lock holds while no writer has held the run
+_FIRST: dict[str, "RunLock"] = {}     # run directory -> the lock this process holds as its first writer
 
 
 class RunLock:
     """An flock on ``RUN/.lock`` for the life of a writer; it dies with its process, so a lock
     left by a dead process is stale by construction and is taken over (and reported)."""
 
-    def __init__(self, run: "str | os.PathLike[str]", purpose: str = "writer", *, leaves_trace: bool = True):
+    def __init__(self, run: "str | os.PathLike[str]", purpose: str = "writer", *, writes_generations: bool = True):
         self.path = Path(run) / LOCK
         self.purpose = purpose
-        self.leaves_trace = leaves_trace   # False (gc, pivot): a .lock it created goes with it
+        # False (gc, pivot): a first writer's lock leaves the run marked as never written
+        self.writes_generations = writes_generations
+        self.first = False              # no writer held the run before (``first_writer``)
+        self.keep_unwritten = not writes_generations
         self.fd: int | None = None
         self.stale: dict[str, Any] | None = None
 
@@ -55,19 +58,22 @@ class RunLock:
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(info).encode(), 0)
         self.fd = fd
-        if created:
-            _NEW_RUNS.add(os.path.realpath(self.path.parent))
+        self.first = created or previous == UNWRITTEN
+        if self.first:
+            _FIRST[os.path.realpath(self.path.parent)] = self
         return self
 
     def release(self) -> None:
-        """Give the lock up (also on process death, by the kernel)."""
+        """Give the lock up (also on process death, by the kernel). The ``.lock`` stays (a
+        writer waiting on it holds it open): empty, or ``UNWRITTEN`` when a first writer wrote
+        no generation on purpose (gc, pivot, a refused bare run), so the next one is first too."""
         if self.fd is not None:
             os.ftruncate(self.fd, 0)
-            if not self.leaves_trace:
-                leave_no_trace(self.path.parent)
+            if self.first and self.keep_unwritten:
+                os.pwrite(self.fd, json.dumps(UNWRITTEN).encode(), 0)
             os.close(self.fd)
             self.fd = None
-            _NEW_RUNS.discard(os.path.realpath(self.path.parent))
+            _FIRST.pop(os.path.realpath(self.path.parent), None)
 
     def __enter__(self) -> "RunLock":
         return self.acquire()
@@ -77,21 +83,20 @@ class RunLock:
 
 
 def first_writer(run: "str | os.PathLike[str]") -> bool:
-    """Whether the lock this process holds on ``run`` created its ``.lock``: no ckptfmt writer
-    (trainer, manager, gc, pivot) ever held the run before. Its manifest-less ``.bin`` files
-    are then not leftovers of an interrupted save of ours (a crash keeps the ``.lock``, which
-    the save's directory fsync made durable) but bare checkpoints someone put there (RUN.md §2.2)."""
-    return os.path.realpath(run) in _NEW_RUNS
+    """Whether the lock this process holds on ``run`` is its first writer's: it created the
+    ``.lock``, or found it ``UNWRITTEN``. The run's manifest-less ``.bin`` files are then not
+    leftovers of an interrupted save of ours (a crash keeps a ``.lock`` holding its holder, made
+    durable by the save's directory fsync) but bare checkpoints someone put there (RUN.md §2.2)."""
+    return os.path.realpath(run) in _FIRST
 
 
-def leave_no_trace(run: "str | os.PathLike[str]") -> None:
-    """A first writer that refuses the run, or only looked at it (gc, pivot), removes the
-    ``.lock`` it created, so that the next writer is still a first writer (it would otherwise
-    take bare ``.bin`` files for leftovers of ours)."""
-    if first_writer(run):
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(Path(run) / LOCK)
-        _NEW_RUNS.discard(os.path.realpath(run))
+def keep_unwritten(run: "str | os.PathLike[str]") -> None:
+    """The first writer of ``run`` refuses it: its ``.lock`` is left ``UNWRITTEN`` at release,
+    so a retry is a first writer too (it would otherwise take the bare ``.bin`` files for
+    leftovers of ours and replace them)."""
+    lock = _FIRST.get(os.path.realpath(run))
+    if lock is not None:
+        lock.keep_unwritten = True
 
 
 def _read_holder(fd: int) -> dict[str, Any]:

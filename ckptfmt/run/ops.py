@@ -77,7 +77,7 @@ def gc(path: "str | os.PathLike[str]", *, keep_last: int, keep_every: int | None
     """Under the run lock: sweep temp files of killed saves (unless ``dry_run``), then delete
     what the retention policy allows (verify-before-delete of the newest, spec/RUN.md §5)."""
     run = Run(path)
-    with RunLock(path, purpose="gc", leaves_trace=False):
+    with RunLock(path, purpose="gc", writes_generations=False):
         swept = [] if dry_run else [str(p) for p in run.sweep_temps()]
         deleted = run.gc(keep_last=keep_last, keep_every=keep_every, dry_run=dry_run)
     return {"run": str(path), "dry_run": dry_run, "deleted": deleted, "swept_temps": swept}
@@ -88,7 +88,7 @@ def pivot(path: "str | os.PathLike[str]", *, note: str | None = None) -> dict[st
     history, record the pivot. Refused while a writer holds the run. The step is the one the
     trainer resumes from (deep: a newest generation damaged after its commit is skipped)."""
     run = Run(path)
-    with RunLock(path, purpose="pivot", leaves_trace=False):
+    with RunLock(path, purpose="pivot", writes_generations=False):
         gen = run.latest(deep=True)
         if gen is None:
             raise GenerationNotFoundError(str(path), "cannot pivot: the run has no committed generation")

@@ -36,7 +36,7 @@ from .. import manifest as mf
 from .. import reader
 from ..errors import (ConfigMismatchError, DeviceChangeError, IncompleteResumeStateError, LayoutMismatchError,
                       NoValidGenerationError, RankDisagreementError, StateRefusedError, UnsupportedSetupError)
-from ..run.lock import first_writer, leave_no_trace
+from ..run.lock import first_writer, keep_unwritten
 from ..shards import ShardedCheckpoint, is_sharded
 from . import adapter, notes, optim, ranks, rng
 from .distributed import any_rank, is_sharded_model, load_into
@@ -349,7 +349,7 @@ def _refuse_bare(mgr: "CheckpointManager") -> None:
     bare = [g.bin.name for g in mgr.run.generations() if g.bin is not None and g.manifest is None]
     if not any_rank(bool(bare) and first_writer(mgr.run.path))[0]:
         return
-    leave_no_trace(mgr.run.path)
+    keep_unwritten(mgr.run.path)
     raise UnsupportedSetupError(str(mgr.run.path), f"holds checkpoints without manifests ({', '.join(bare[:3])}"
                                 + (", ..." if len(bare) > 3 else "") + ") and was never a ckptfmt run: "
                                 "bare checkpoints (another trainer's), which a fresh start here would "
