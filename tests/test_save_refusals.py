@@ -146,3 +146,30 @@ def test_a_file_that_appears_while_the_save_writes_is_never_replaced(tmp_path, m
     assert path.read_bytes() == b"theirs" and sorted(p.name for p in tmp_path.iterdir()) == ["step_000001.bin"]
     ckptfmt.save(tmp_path / "step_000002.bin", 2, *arrays(10))            # the usual save is one file
     assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000001.bin", "step_000002.bin", "step_000002.json"]
+
+
+@pytest.mark.parametrize("code", [errno.ENOSYS, errno.EACCES, errno.EPERM, errno.EOPNOTSUPP])
+def test_a_filesystem_without_hard_links_still_saves(tmp_path, monkeypatch, code):
+    """FUSE mounts answer link() with ENOSYS or EACCES, others EPERM or EOPNOTSUPP: the save
+    falls back to the rename (after one more look at the name)."""
+    def no_links(op, where):
+        if op == "link":
+            raise OSError(code, os.strerror(code))
+    monkeypatch.setattr(fsio, "hook", no_links)
+    ckptfmt.save(tmp_path / "step_000001.bin", 1, *arrays(10))
+    monkeypatch.setattr(fsio, "hook", None)
+    assert ckptfmt.validate(tmp_path / "step_000001.bin").ok
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["step_000001.bin", "step_000001.json"]
+
+
+def test_a_temp_name_that_cannot_be_removed_after_the_link_does_not_fail_the_save(tmp_path, monkeypatch):
+    """Once linked, the .bin is published: a failed unlink of the temp name (EIO) failed the save
+    and left the .bin, which then refused the retry ('exists already'). It is a leftover now."""
+    def eio(op, where):
+        if op == "unlink" and ".ckptfmt-tmp." in where:
+            raise OSError(errno.EIO, os.strerror(errno.EIO))
+    monkeypatch.setattr(fsio, "hook", eio)
+    ckptfmt.save(tmp_path / "step_000001.bin", 1, *arrays(10))
+    monkeypatch.setattr(fsio, "hook", None)
+    assert ckptfmt.validate(tmp_path / "step_000001.bin").ok
+    assert len(list(tmp_path.glob(".ckptfmt-tmp.step_000001.bin.*"))) == 1       # swept by gc / the next writer
