@@ -105,6 +105,17 @@ def test_an_empty_path_segment_is_refused_before_anything_is_sent(s3, bucket, tm
     assert not (run / ".mirrors.json").exists()
 
 
+def test_a_watch_stops_on_a_refused_url_instead_of_retrying_it(s3, bucket, tmp_path):
+    """A watch took every RemoteError for a network failure: a URL that is the run itself, or
+    has an empty path segment, was a warning retried every interval, for ever (review). It is
+    refused at once, exit 2, also while the run directory does not exist yet."""
+    run = make_run(tmp_path / "run", steps=(10,))
+    for where, url in ((run, f"file://{run}"), (run, f"s3://{bucket}//x"), (tmp_path / "later", f"s3://{bucket}//x")):
+        proc = cli("mirror", str(where), url, "--watch", "--interval", "0.2", timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert len(proc.stderr.splitlines()) == 1 and "retrying" not in proc.stderr, proc.stderr
+
+
 def test_keep_every_without_keep_last_is_a_usage_error(tmp_path):
     """``mirror RUN URL --keep-every N`` alone applied no retention at all, silently (gc refuses
     the same with exit 2)."""

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from .. import companion, fingerprint
 from .. import format as fmt
 from .. import manifest as mf
-from ..errors import CheckpointError, FingerprintMismatchError, RemoteError
+from ..errors import CheckpointError, FingerprintMismatchError, RemoteError, UnsupportedSetupError
 from ..run import PINS, PIVOT, SAMPLES, STATE, Generation, Run, check_generation, plan_retention
 from ..run.lease import ReadLease
 from ..run import history as hist
@@ -41,10 +41,7 @@ def mirror(run_dir: "str | os.PathLike[str]", url: str, *, keep_last: int | None
     The pass holds a read lease (spec/RUN.md §5.3) on the generations it has still to upload,
     so local retention (``gc``, the trainer's, the manager's) keeps them until they are
     confirmed at the destination; each is released from the lease once it is."""
-    run, remote = Run(run_dir), Remote(url)
-    if remote.local and os.path.realpath(remote.root or "/") == os.path.realpath(run.path):
-        # its retention would delete the run's own generations, past leases and the run lock
-        raise RemoteError(remote.url, f"is the run directory {run.path} itself; mirror to another place")
+    run, remote = Run(run_dir), destination(run_dir, url)
     started = time.perf_counter()
     with ReadLease(run.path, purpose=f"mirror to {remote.url}") as lease:
         local = {g.step: g for g in lease.listing.generations if g.committed and check_generation(g) is None}
@@ -205,6 +202,17 @@ def _remove_generation(remote: Remote, step: int, gen: RemoteGeneration) -> None
         remote.remove(fmt.stem(step) + ".shards", recursive=True)
 
 
+def destination(run_dir: "str | os.PathLike[str]", url: str) -> Remote:
+    """The URL as a destination for ``run_dir``, or ``UnsupportedSetupError`` (exit 2; a watch
+    stops on it, as it does not on a network failure): the URL's own form (``Remote``), and not
+    the run directory itself (its retention would delete the run's own generations, past leases
+    and the run lock)."""
+    remote = Remote(url)
+    if remote.local and os.path.realpath(remote.root or "/") == os.path.realpath(run_dir):
+        raise UnsupportedSetupError(remote.url, f"is the run directory {run_dir} itself; mirror to another place")
+    return remote
+
+
 def watch(run_dir: "str | os.PathLike[str]", url: str, *, interval: float = 10.0,
           should_stop: Callable[[], bool] = lambda: False, report: Callable[[dict[str, Any]], None] = lambda d: None,
           passes: int | None = None, **options: Any) -> dict[str, Any]:
@@ -217,6 +225,7 @@ def watch(run_dir: "str | os.PathLike[str]", url: str, *, interval: float = 10.0
     directory exists waits for it (the README starts it beside the trainer). ``report`` gets each
     pass's result, ``{"error": message}``, or once ``{"waiting": message}``."""
     done, failed, first_recheck, waiting = 0, 0, options.pop("recheck", True), False
+    destination(run_dir, url)                # refused at once, not retried (nor waited on)
     while not should_stop():
         if not os.path.lexists(run_dir):       # started before the trainer made it: wait for it
             if not waiting:

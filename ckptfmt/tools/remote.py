@@ -22,7 +22,7 @@ from .. import format as fmt
 from .. import manifest as mf
 from .. import companion, shards
 from ..errors import (CheckpointError, FingerprintMismatchError, ManifestError, MissingDependencyError,
-                      RemoteError)
+                      RemoteError, UnsupportedSetupError)
 
 EXTRA = "pip install 'ckptfmt[remote]'"
 CHUNK = 8 << 20              # bytes per read while streaming
@@ -160,7 +160,7 @@ class Remote:
         self.local = "file" in (self.fs.protocol if isinstance(self.fs.protocol, tuple) else (self.fs.protocol,))
         if not self.local and (self.root.startswith("/") or "//" in self.root):
             # s3://b//x stores keys under "/x/" that a listing of the prefix never finds
-            raise RemoteError(self.url, "empty path segment ('//') in the URL; write it without one")
+            raise UnsupportedSetupError(self.url, "empty path segment ('//') in the URL; write it without one")
 
     def path(self, name: str) -> str:
         return f"{self.root}/{name}"
