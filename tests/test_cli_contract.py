@@ -672,3 +672,5 @@ def test_an_error_no_check_anticipated_is_one_line_exit_2(tmp_path, monkeypatch)
         "CKPTFMT_DEBUG=1 shows the traceback)\n") and "Traceback" not in result.output
     doc = json.loads(_invoke(["ls", str(tmp_path), "--json"]).stdout)
     assert doc["error"]["type"] == "InternalError" and doc["error"]["exit_code"] == 2
+    monkeypatch.setenv("CKPTFMT_DEBUG", "0")                    # 0 is off, as unset
+    assert _invoke(["ls", str(tmp_path)]).stderr.startswith("ckptfmt: internal error: KeyError")

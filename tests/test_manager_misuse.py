@@ -223,8 +223,8 @@ def test_a_state_object_whose_load_state_dict_raises_leaves_everything_as_it_was
     with mgr(tmp_path / "r", model, opt, scheduler=sched, state={"loader": loader, "sampler": sampler}) as m:
         with pytest.raises(StateRefusedError, match=r"step_000005.bin: cannot resume: state.sampler: "
                                                     r"load_state_dict raised KeyError: 'shuffle_seed'; "
-                                                    r"nothing was restored \(the objects already loaded "
-                                                    r"and the one that raised were put back\)$"):
+                                                    r"nothing was restored \(every object it loaded was "
+                                                    r"put back\)$"):
             m.restore()
         assert torch.rand(1).item() == torch.rand(1, generator=torch.Generator().manual_seed(123)).item()
         assert all(torch.equal(a, b) for a, b in zip(params, model.parameters()))
@@ -272,3 +272,26 @@ def test_a_resume_under_other_versions_says_so_and_goes_on(tmp_path):
     with mgr(tmp_path / "same", model, opt, scheduler=sched, log=said.append) as m:
         assert m.restore() == 5
     assert not [s for s in said if "versions" in s]
+
+
+class Unkeepable(Counter):
+    """A state object whose own state cannot be kept for a rollback (its state_dict raises, as
+    deepcopy of a tensor still in the autograd graph does)."""
+
+    def state_dict(self):
+        if getattr(self, "restoring", False):
+            raise RuntimeError("only graph leaves support deepcopy")
+        return super().state_dict()
+
+
+def test_a_state_object_whose_own_state_cannot_be_kept_is_refused_and_the_others_put_back(tmp_path):
+    saved_counters(tmp_path / "r")
+    model, opt, sched = setup()
+    sampler = Unkeepable()
+    sampler.restoring = True
+    with mgr(tmp_path / "r", model, opt, scheduler=sched, state={"loader": Counter(), "sampler": sampler}) as m:
+        with pytest.raises(StateRefusedError, match=r"state.sampler: state_dict \(kept to put it back\) raised "
+                                                    r"RuntimeError: only graph leaves support deepcopy; nothing "
+                                                    r"was restored \(every object it loaded was put back\)$"):
+            m.restore()
+    assert sched.last_epoch == 0 and not opt.state

@@ -72,7 +72,7 @@ def guarded(fn: Callable, *, net: bool = True) -> Callable:
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
         except Exception as exc:              # a bug of ours: still one line, never a traceback
-            if os.environ.get(DEBUG) or not net:
+            if os.environ.get(DEBUG, "") not in ("", "0") or not net:
                 raise
             raise Fail(internal_error(exc), EXIT_CANNOT, kind="InternalError", as_json=as_json) from None
     return wrapper

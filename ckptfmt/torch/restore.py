@@ -230,14 +230,20 @@ def _lookup(plan: Plan, piece: str) -> Any:
 def load_pieces(mgr: "CheckpointManager", plan: Plan) -> None:
     """The loop's objects take their saved state, all or none: each one's own ``state_dict`` is
     kept (a deep copy: it may hand out its live containers) until every one has loaded, and if a
-    ``load_state_dict`` raises, the ones already loaded, and the one that raised, are given it
-    back, on every rank (a collective), before the refusal names the piece."""
+    ``load_state_dict`` (or the ``state_dict`` kept) raises, the ones already loaded, and the one
+    that raised, are given it back, on every rank (a collective), before the refusal names the
+    piece. The copy costs each object's own size again while the restore runs."""
     kept: list[tuple[str, Any, Any]] = []
     failed: tuple[str, BaseException] | None = None
     for piece, obj in mgr.pieces():
         if piece not in plan.trees:
             continue
-        kept.append((piece, obj, copy.deepcopy(obj.state_dict())))
+        try:
+            before = copy.deepcopy(obj.state_dict())      # its own code too, and may not copy
+        except Exception as e:
+            failed = (piece, e)
+            break
+        kept.append((piece, obj, before))
         try:
             obj.load_state_dict(plan.trees[piece])
         except Exception as e:           # the loop's own code: any error it raises
@@ -252,14 +258,14 @@ def load_pieces(mgr: "CheckpointManager", plan: Plan) -> None:
         except Exception:                # said below; the first error is the one to raise
             unrestored.append(piece)
     said = (f"{', '.join(unrestored)} could not be put back (the other objects were; no tensor was copied)"
-            if unrestored else "nothing was restored (the objects already loaded and the one that raised "
-                               "were put back)")
+            if unrestored else "nothing was restored (every object it loaded was put back)")
     if failed is None:
         raise StateRefusedError(plan.path, "cannot resume: another rank's load_state_dict raised (its error "
                                            "names the piece); " + (said if unrestored else "this rank's "
                                                                    "objects were put back"))
     piece, err = failed
-    raise StateRefusedError(plan.path, f"cannot resume: {piece}: load_state_dict raised "
+    what = "load_state_dict" if kept and kept[-1][0] == piece else "state_dict (kept to put it back)"
+    raise StateRefusedError(plan.path, f"cannot resume: {piece}: {what} raised "
                                        f"{type(err).__name__}: {err}; {said}") from err
 
 
