@@ -5,7 +5,7 @@ prune, then build every state a crash could leave and check the loader on each.
 What may be lost at a crash (ext4-like rules, deliberately pessimistic):
 * data written to a file but not yet fsynced: dropped entirely, kept up to any 4 KiB or 512 B
   boundary, or kept with a garbage tail;
-* namespace operations (create, rename, unlink) not yet made durable by an fsync of their
+* namespace operations (create, rename, link, unlink) not yet made durable by an fsync of their
   directory: any prefix of them in program order survives (later ones are reverted).
 A state is bad if the loader accepts a torn generation, finds no valid generation, or the
 history shows corruption in the middle.
@@ -48,7 +48,7 @@ def crash_states(log: list[tuple], final: dict[str, bytes]):
     """Yield (description, {name: bytes}) for every crash point and loss pattern.
 
     snaps[i] is the directory just before operation i. ``synced`` holds each name's content as
-    of its last fsync (a rename carries it to the new name); ``durable`` is the namespace as of
+    of its last fsync (a rename or a hard link carries it to the new name); ``durable`` is the namespace as of
     the last directory fsync, with the content each name had durably then.
     """
     snaps = [entry[2] for entry in log] + [final]
@@ -78,6 +78,9 @@ def crash_states(log: list[tuple], final: dict[str, bytes]):
             gone = [k for k in visible.keys() - nxt.keys()]
             if gone:
                 synced[name] = synced.pop(gone[0], b"")
+        elif op == "link":                   # a new name for a file: it carries that file's synced data
+            source = next((k for k in visible if k != name and visible[k] == nxt.get(name)), None)
+            synced[name] = synced.get(source, b"")
         elif op == "unlink":
             synced.pop(name, None)
         elif op == "fsync_dir":
