@@ -480,15 +480,16 @@ CASES = _cases()
 
 
 def _snapshot(root):
-    """Every entry under root: kind and, for files, a digest of the bytes and the mode. An empty
+    """Every entry under root: kind and, for files, a digest of the bytes and the mode. A free
     ``.lock`` is left out: a command that writes to a run takes its flock on RUN/.lock
-    (spec/RUN.md §3), and a lock file stays, empty, once released."""
+    (spec/RUN.md §3), and a lock file stays once released, empty or, after a first writer that
+    wrote no generation (gc, pivot), ``{"never_written": true}`` (RUN.md §2.2)."""
     out = {}
     for dirpath, dirnames, filenames in os.walk(root):
         for name in dirnames + filenames:
             p = os.path.join(dirpath, name)
             rel = os.path.relpath(p, root)
-            if name == ".lock" and os.path.getsize(p) == 0:
+            if name == ".lock" and open(p, "rb").read() in (b"", b'{"never_written": true}'):
                 continue
             if os.path.islink(p):
                 out[rel] = ("link", os.readlink(p))
