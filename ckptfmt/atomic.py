@@ -21,6 +21,7 @@ from .errors import SaveError
 from .format import TEMP_PREFIX, is_temp_name
 
 WRITEBACK_EVERY = 64 << 20   # start writeback every 64 MiB (spec §5: speed-up only)
+EXISTS = "exists already; refusing to overwrite a checkpoint"   # a save that may not overwrite
 COPY_CHUNK = 8 << 20         # bytes per read/write in copy_verified
 
 
@@ -146,11 +147,9 @@ class AtomicWriter:
             return fsio.replace(self.temp, self.final)
         try:
             fsio.link(self.temp, self.final)
-        except FileExistsError:
-            raise SaveError(self.final, "exists already; refusing to overwrite a checkpoint") from None
-        except OSError:                  # no hard links here (EPERM, ENOTSUP, ENOSYS, EACCES on FUSE...)
-            if os.path.lexists(self.final):
-                raise SaveError(self.final, "exists already; refusing to overwrite a checkpoint") from None
+        except OSError as exc:           # EEXIST, or no hard links here (EPERM, ENOSYS, EACCES on FUSE...)
+            if isinstance(exc, FileExistsError) or os.path.lexists(self.final):
+                raise SaveError(self.final, EXISTS) from None
             return fsio.replace(self.temp, self.final)
         with contextlib.suppress(OSError):   # published: a temp name left is a leftover, swept later
             fsio.unlink(self.temp)

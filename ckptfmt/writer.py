@@ -97,7 +97,7 @@ def save(path: "str | os.PathLike[str]", step: int, weights: Region, m: Region, 
     n = _agree_on_n(path, counts, None if n_params is None else _integer(path, "n_params", n_params, fmt.MAX_N))
     step = check_arguments(path, step, n, manifest if write_manifest else None)
     if not overwrite and os.path.lexists(path):
-        raise SaveError(path, "exists already; refusing to overwrite a checkpoint")
+        raise SaveError(path, atomic.EXISTS)
     facts = valfacts.ValueFacts() if value_facts else None
     digest = _write_hashed(path, fmt.pack_header(step, n), sources, n, facts, exclusive=not overwrite)
     manifest = {k: v for k, v in (manifest or {}).items() if k != valfacts.FIELD}

@@ -25,9 +25,8 @@ class RunLock:
     def __init__(self, run: "str | os.PathLike[str]", purpose: str = "writer", *, writes_generations: bool = True):
         self.path = Path(run) / LOCK
         self.purpose = purpose
-        # False (gc, pivot): a first writer's lock leaves the run marked as never written
-        self.writes_generations = writes_generations
         self.first = False              # no writer held the run before (``first_writer``)
+        # a first writer that writes no generation (gc, pivot) leaves the run marked unwritten
         self.keep_unwritten = not writes_generations
         self.fd: int | None = None
         self.stale: dict[str, Any] | None = None

@@ -64,12 +64,13 @@ def _first_valid(remote: Remote, steps: list[int], staging: Path, progress: Prog
     diverged = []
     for step in steps:
         try:
-            if finite_first and (bad := valfacts.diverged(remote.read_manifest(step)[0])):
+            manifest = remote.read_manifest(step)        # read once: the check below and the download
+            if finite_first and (bad := valfacts.diverged(manifest[0])):
                 diverged.append(step)
                 warnings.warn(f"{remote.url}: passing over diverged generation {step} ({valfacts.describe(bad)}); "
                               f"--step {step} restores it", stacklevel=2)
                 continue
-            _download_generation(remote, step, staging, progress)
+            _download_generation(remote, step, staging, progress, manifest)
             return step, skipped
         except (FingerprintMismatchError, ManifestError, RemoteError) as exc:
             if isinstance(exc, RemoteError) and not exc.problem.endswith("not found"):
@@ -85,9 +86,11 @@ def _first_valid(remote: Remote, steps: list[int], staging: Path, progress: Prog
                                  + "; ".join(f"step {s['step']}: {s['reason']}" for s in skipped))
 
 
-def _download_generation(remote: Remote, step: int, staging: Path, progress: Progress) -> None:
-    """Payload (hashed while received), then the manifest last, then the full local check."""
-    doc, data = remote.read_manifest(step)
+def _download_generation(remote: Remote, step: int, staging: Path, progress: Progress,
+                         manifest: tuple[dict[str, Any], bytes]) -> None:
+    """Payload (hashed while received), then the manifest (``remote.read_manifest``'s document
+    and bytes) last, then the full local check."""
+    doc, data = manifest
     if doc["step"] != step:
         raise ManifestError(remote.where(fmt.manifest_name(step)), f"says step {doc['step']}, expected {step}")
     for name, digest in payload(doc, step):
