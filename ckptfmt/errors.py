@@ -21,7 +21,7 @@ __all__ = ["CheckpointError", "NotACheckpointError", "BadHeaderError", "Truncate
            "UnsupportedVersionError", "FingerprintMismatchError", "IncompleteResumeStateError", "ConfigMismatchError",
            "StateRefusedError", "DeviceChangeError", "LayoutMismatchError", "OptimizerMismatchError", "UnsupportedOptimizerError", "NoValidGenerationError",
            "GenerationNotFoundError", "EmptyRunError", "RunLockedError", "HistoryCorruptError", "SidecarError",
-           "RankDisagreementError", "SaveError", "ConvertError", "UnsupportedFormatError",
+           "RankDisagreementError", "SaveError", "RegionError", "ConvertError", "UnsupportedFormatError",
            "UnsupportedConversionError", "TensorFileError", "ExportError",
            "DestinationExistsError", "MissingDependencyError", "UnsupportedSetupError",
            "DeviceUnavailableError", "RemoteError"]
@@ -165,6 +165,13 @@ class SaveError(CheckpointError):
     @property
     def could_not_run(self) -> bool:  # type: ignore[override]
         return isinstance(self.__cause__, OSError)
+
+
+class RegionError(SaveError, TypeError):
+    """A region given to ``ckptfmt.save`` is not what the seed layout holds: an array of another
+    dtype (float64, int32, big-endian float32), a Python list or tuple of numbers, a tensor, a
+    scalar. Refused by name before the first byte is written (nothing appears at the path); also
+    a ``TypeError``, as the writer raised before it was named."""
 
 
 class ConvertError(CheckpointError):

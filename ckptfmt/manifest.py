@@ -161,6 +161,16 @@ def json_fields(state: dict[str, Any]) -> dict[str, Any]:
     return {k: v for k, v in state.items() if v is None or isinstance(v, (bool, int, float, str, list))}
 
 
+def aliases_of(doc: dict[str, Any]) -> dict[str, str]:
+    """Tied names -> the name their tensor is stored under: the manifest's ``aliases`` (written
+    by every writer since the mapping knew them) or a foreign import's ``imported.aliases``."""
+    found = doc.get("aliases")
+    if not isinstance(found, dict):
+        imported = doc.get("imported") if isinstance(doc.get("imported"), dict) else {}
+        found = imported.get("aliases") if isinstance(imported.get("aliases"), dict) else {}
+    return {k: v for k, v in found.items() if isinstance(k, str) and isinstance(v, str)}
+
+
 def get_dotted(doc: dict[str, Any], dotted: str) -> Any:
     node: Any = doc
     for part in dotted.split("."):

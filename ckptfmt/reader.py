@@ -143,7 +143,9 @@ class Checkpoint:
         return [entry["name"] for entry in self.layout or []]
 
     def tensor(self, name: str, region: str = "weights") -> np.ndarray:
-        """The view of one parameter, shaped as the layout says."""
+        """The view of one parameter, shaped as the layout says; a tied name (the manifest's
+        ``aliases``: ``lm_head.weight`` stored once as ``wte.weight``) gives its tensor."""
+        name = mf.aliases_of(self.manifest or {}).get(name, name)
         for entry in self.layout or []:
             if entry["name"] == name:
                 count = math.prod(entry["shape"])

@@ -22,7 +22,7 @@ from . import atomic, companion, fingerprint
 from . import facts as valfacts
 from . import format as fmt
 from . import manifest as mf
-from .errors import BadNameError, ManifestError, SaveError
+from .errors import BadNameError, ManifestError, RegionError, SaveError
 
 CHUNK = 8 << 20      # bytes handed to write() and the hasher at a time
 Region = Any         # np.ndarray | buffer | Iterable of those
@@ -40,31 +40,78 @@ class SaveResult:
     facts: dict[str, Any] | None = None   # the value facts recorded (spec §5.9); None if skipped
 
 
-def as_bytes(buf: Any, what: str) -> memoryview:
-    """A flat byte view of a float32 array or a raw buffer; refuses other dtypes."""
+FLOAT32_HINT = "the seed layout holds float32 (np.asarray(x, dtype=np.float32) if rounding is intended)"
+
+
+def as_bytes(buf: Any, what: str, path: str | None = None) -> memoryview:
+    """A flat byte view of a float32 array or a raw buffer; refuses other dtypes, and anything
+    that is not a contiguous buffer, naming the region (``RegionError``, also a ``TypeError``).
+
+    >>> as_bytes(np.zeros(2), "weights", "a.bin")
+    Traceback (most recent call last):
+    ckptfmt.errors.RegionError: a.bin: weights is a float64 array; the seed layout holds float32 (np.asarray(x, dtype=np.float32) if rounding is intended)
+    """
     if isinstance(buf, np.ndarray):
         if buf.dtype != fmt.DTYPE:
-            raise TypeError(f"{what}: expected float32 little-endian, got {buf.dtype}")
+            if buf.dtype.kind == "f" and buf.dtype.itemsize == fmt.ITEM:
+                raise RegionError(path, f"{what} is a big-endian float32 array; the seed layout holds "
+                                        "little-endian float32 (x.astype('<f4'))")
+            raise RegionError(path, f"{what} is a {buf.dtype} array; {FLOAT32_HINT}")
         buf = np.ascontiguousarray(buf)
-    view = memoryview(buf)
+    try:
+        view = memoryview(buf)
+    except TypeError:
+        raise RegionError(path, f"{what} is a {_type_name(buf)}, not a float32 array or buffer; "
+                                f"{FLOAT32_HINT}") from None
     if not view.c_contiguous:
-        raise TypeError(f"{what}: buffer is not contiguous")
+        raise RegionError(path, f"{what}: buffer is not contiguous")
     view = view.cast("B") if view.format != "B" or view.ndim != 1 else view
     if view.nbytes % fmt.ITEM:
-        raise ValueError(f"{what}: {view.nbytes} bytes is not a whole number of float32")
+        raise RegionError(path, f"{what}: {view.nbytes} bytes is not a whole number of float32")
     return view
 
 
-def _pieces(region: Region, what: str) -> tuple[int, Iterable[memoryview]]:
-    """(element count or -1 if only known by streaming, iterable of byte views)."""
+def _type_name(value: Any) -> str:
+    kind = type(value)
+    return kind.__qualname__ if kind.__module__ == "builtins" else f"{kind.__module__}.{kind.__qualname__}"
+
+
+def _is_buffer(value: Any) -> bool:
+    if isinstance(value, (np.ndarray, bytes, bytearray, memoryview)):
+        return True
+    if isinstance(value, np.generic):          # a numpy scalar has the buffer protocol, but is one number
+        return False
+    try:
+        memoryview(value).release()
+    except TypeError:
+        return False
+    return True
+
+
+def _pieces(region: Region, what: str, path: str | None = None) -> tuple[int, Iterable[memoryview]]:
+    """(element count or -1 if only known by streaming, iterable of byte views).
+
+    What is clearly not a region is refused here, before anything is written: an array of
+    another dtype, a list or tuple of numbers (not of buffers), a torch tensor, a scalar, a
+    string, a mapping. A generator's pieces are checked as they are pulled."""
     if isinstance(region, np.ndarray) or hasattr(region, "__buffer__") or isinstance(
             region, (bytes, bytearray, memoryview)):
-        view = as_bytes(region, what)
+        view = as_bytes(region, what, path)
         return view.nbytes // fmt.ITEM, [view]
     if isinstance(region, (list, tuple)):
-        views = [as_bytes(piece, what) for piece in region]
+        odd = next((piece for piece in region if not _is_buffer(piece)), None)
+        if odd is not None:
+            raise RegionError(path, f"{what} is a {type(region).__name__} of {_type_name(odd)}; {FLOAT32_HINT}")
+        views = [as_bytes(piece, what if len(region) == 1 else f"{what}[{i}]", path)
+                 for i, piece in enumerate(region)]
         return sum(v.nbytes for v in views) // fmt.ITEM, views
-    return -1, (as_bytes(piece, what) for piece in region)
+    if type(region).__module__.split(".")[0] == "torch":
+        raise RegionError(path, f"{what} is a {_type_name(region)}; ckptfmt.save takes float32 numpy arrays "
+                                "or buffers (t.detach().cpu().numpy(), or ckptfmt.torch.save for a model)")
+    if isinstance(region, (str, dict, set, frozenset, np.generic)) or not hasattr(region, "__iter__"):
+        raise RegionError(path, f"{what} is a {_type_name(region)}, not a float32 array, buffer or "
+                                f"iterable of them; {FLOAT32_HINT}")
+    return -1, (as_bytes(piece, what, path) for piece in region)
 
 
 def _chunks(views: Iterable[memoryview]) -> Iterator[memoryview]:
@@ -84,7 +131,9 @@ def save(path: "str | os.PathLike[str]", step: int, weights: Region, m: Region, 
     ``extra_tensors`` (name -> array, or (safetensors code, array)) go to the generation's
     companion file, written after the ``.bin`` and before the manifest that lists it.
 
-    Every argument is checked before the first byte is written (``check_arguments``), and a
+    Every argument is checked before the first byte is written (the regions: float32 arrays or
+    buffers, lists of them, or iterators of them; a float64 array or a list of numbers is a
+    ``RegionError`` naming the region; then ``check_arguments``), and a
     save that fails after its ``.bin`` was written removes it again, so a refused or failed
     save never leaves an orphan that would block the retry.
     ``value_facts`` records whether each region is finite (and v non-negative) in the manifest,
@@ -93,7 +142,7 @@ def save(path: "str | os.PathLike[str]", step: int, weights: Region, m: Region, 
     """
     started = time.perf_counter()
     path = os.fspath(path)
-    counts, sources = zip(*(_pieces(r, name) for r, name in zip((weights, m, v), fmt.REGIONS)))
+    counts, sources = zip(*(_pieces(r, name, path) for r, name in zip((weights, m, v), fmt.REGIONS)))
     n = _agree_on_n(path, counts, None if n_params is None else _integer(path, "n_params", n_params, fmt.MAX_N))
     step = check_arguments(path, step, n, manifest if write_manifest else None)
     if not overwrite and os.path.lexists(path):

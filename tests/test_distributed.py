@@ -264,6 +264,8 @@ def test_an_fsdp_generation_resumes_in_one_process_and_loads_by_range(tmp_path):
     one = tmp_path / "one"
     one.mkdir()
     convert(str(run / "step_000020.json"), str(one / "step_000020.bin"))
+    steps = json.loads((one / "step_000020.json").read_text())["optimizer"]["param_steps"]
+    assert steps == [20] * len(steps)       # every parameter's moments, the root's too after a sample
     import ckptfmt.torch as ct
     from ckptfmt.trainer.config import CONFIGS
     from ckptfmt.trainer.model import GPT

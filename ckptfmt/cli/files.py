@@ -203,22 +203,27 @@ def _print_diff(d: dict) -> None:
 @click.option("--weights-only", is_flag=True, help="Inference export (safetensors, pt, npz): weights only, per parameter.")
 @click.option("--dtype", type=click.Choice(["float32", "float16", "bfloat16"]), help="With --weights-only.")
 @click.option("--no-verify", is_flag=True, help="Skip the round-trip verification.")
+@click.option("--groups", "groups_file", type=click.Path(), default=None, metavar="FILE",
+              help="A foreign .pt whose optimizer has several param groups without usable param_names "
+                   "(nanoGPT's, the HF Trainer's decay / no-decay groups): a JSON file listing each group's "
+                   'parameter names in the optimizer\'s order, [["wte.weight", ...], ["ln_f.bias", ...]].')
 @json_option
 @guarded
 def convert(src: str, dst: str, to: str | None, n_shards: int | None, weights_only: bool, dtype: str | None,
-            no_verify: bool, as_json: bool) -> None:
+            no_verify: bool, groups_file: str | None, as_json: bool) -> None:
     """Convert between .bin, .safetensors, .pt, .npz, .zst, .ckz, sharded generations (a
     step_NNNNNN.json of one; consolidate with DST .bin, split with --to shards) and DCP
-    directories. A torch.save of a model + Adam/AdamW optimizer (or a bare state dict) and a
+    directories. A torch.save of a model + Adam/AdamW/SGD optimizer (or a bare state dict) and a
     safetensors file of weights convert into a .bin (spec/FORMAT.md §10.7) and back (--to torch,
-    --to weights). The source is checked against its own digest before anything is written
+    --to weights); optimizer state goes with its parameter by name (§10.8): several param
+    groups need param_names in the file or --groups FILE. The source is checked against its own digest before anything is written
     (exit 1 on a mismatch) and the result by converting back; "verified" is printed only when
     both hold."""
     from ..tools.convert import convert as run_convert  # lazy: keeps `ckptfmt --help` fast
     total = os.path.getsize(src) * (2 if no_verify else 3) if os.path.isfile(src) else 0
     with terminal_bar(f"converting {src}", total, quiet=as_json) as bar:
         report = run_convert(src, dst, to=to, weights_only=weights_only, dtype=dtype, verify=not no_verify,
-                             progress=bar, shards=n_shards)
+                             progress=bar, shards=n_shards, groups=groups_file)
     emit(report.to_dict(), as_json, _print_convert)
 
 

@@ -57,6 +57,11 @@ class Run:
             raise NotADirectoryError(errno.ENOTDIR, "not a run directory", str(self.path))
         self.history = History(self.path / ".loss.json")
 
+    def __fspath__(self) -> str:
+        """A ``Run`` is a path-like of its directory: what takes a run directory's path (the
+        sidecar rules, ``os`` and ``pathlib``) takes the ``Run``."""
+        return str(self.path)
+
     def listing(self) -> Listing:
         """Every entry classified: generations, temp files of interrupted saves, foreign names."""
         return list_dir(self.path)

@@ -6,13 +6,12 @@ and restarts, while samples and bandit state may be archived and reset at a poli
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING, Any
+from pathlib import Path
+from typing import Any
 
 from .. import manifest as mf
 from ..errors import CheckpointError, SidecarError, parse_json
-
-if TYPE_CHECKING:
-    from .directory import Run
+from .generations import list_dir
 
 PINS = ".pins.json"
 SAMPLES = ".samples.json"
@@ -32,13 +31,15 @@ def read_json(path: "str | os.PathLike[str]", default: Any = None) -> Any:
     return parse_json(data, SidecarError, str(path))
 
 
-def zombie_arms(run: "Run") -> list[str]:
+def zombie_arms(directory: "str | os.PathLike[str]") -> list[str]:
     """Bandit arms in .state.json whose data source the run's config no longer has (seed: the
-    step-112,619 lesson). Empty when there is no state or no config to compare with."""
-    state = run.read_sidecar(STATE, default=None)
+    step-112,619 lesson). Empty when there is no state or no config to compare with.
+    ``directory``: the run directory's path, or its ``Run`` (a path-like)."""
+    path = Path(directory)
+    state = read_json(path / STATE, default=None)
     if not isinstance(state, dict) or not isinstance(state.get("arms"), dict):
         return []
-    gen = next((g for g in reversed(run.generations()) if g.committed), None)
+    gen = next((g for g in reversed(list_dir(path).generations) if g.committed), None)
     if gen is None:
         return []
     try:

@@ -20,77 +20,77 @@ import ckptfmt
 from .. import format as fmt
 from .. import reader, writer
 from ..errors import (CheckpointError, IncompleteResumeStateError, LayoutMismatchError,
-                      OptimizerMismatchError)
-from . import staging
+                      OptimizerMismatchError, UnsupportedSetupError)
+from ..statemap import OPTIMIZERS
+from . import optim, staging
+from .state import dtype_name
 
 SLICE = 8 << 20     # elements a load copies between two releases of mapped pages (32 MiB)
 
 
 def layout_of(model: torch.nn.Module) -> list[dict[str, Any]]:
-    """Name, shape and element offset of every parameter, in iterator order (spec §4.2)."""
+    """Name, shape and element offset of every parameter, in iterator order (spec §4.2), and
+    its dtype where it is not float32 (bfloat16 and float16 are stored widened, exactly)."""
     out, offset = [], 0
     for name, p in model.named_parameters():
-        out.append({"name": name, "shape": list(p.shape), "offset": offset})
+        row: dict[str, Any] = {"name": name, "shape": list(p.shape), "offset": offset}
+        if p.dtype != torch.float32:
+            row["dtype"] = dtype_name(p.dtype)
+        out.append(row)
         offset += p.numel()
     return out
 
 
-def _check_optimizer(optimizer: torch.optim.Optimizer) -> None:
-    if not isinstance(optimizer, (torch.optim.Adam, torch.optim.AdamW)):
-        raise TypeError(f"ckptfmt stores Adam/AdamW state (m, v); got {type(optimizer).__name__}")
-    for group in optimizer.param_groups:
-        if group.get("amsgrad"):
-            raise TypeError("amsgrad keeps a third moment the seed layout cannot hold")
+def widened(tensors: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
+    """Each tensor as float32: bfloat16 and float16 widened exactly (one tensor at a time, as
+    the writer pulls it), float32 as it is."""
+    return (t if t.dtype == torch.float32 else t.detach().float() for t in tensors)
+
+
+def refuse_inexact(model: torch.nn.Module) -> None:
+    """A parameter the float32 layout cannot hold exactly (float64, integers) is refused by name."""
+    for name, p in model.named_parameters():
+        if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise UnsupportedSetupError(None, f"parameter {name} is {dtype_name(p.dtype)}: the seed layout "
+                                              "holds float32 (bf16 and fp16 widen exactly; float64 would not)")
+
+
+def _moment_keys(optimizer: torch.optim.Optimizer) -> tuple[str, str | None]:
+    """The optimizer's state keys for m and v, from the one table (``optim.kind`` refuses
+    optimizers it does not hold)."""
+    return OPTIMIZERS[optim.kind(optimizer)]
 
 
 def moments(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[list, list, int]:
-    """(exp_avg tensors, exp_avg_sq tensors, optimizer step) in parameter order; zeros before
-    the first update, so a step-0 checkpoint is still a complete file."""
-    _check_optimizer(optimizer)
-    ms, vs, steps = [], [], {}
-    for name, p in model.named_parameters():
-        state = optimizer.state.get(p, {})
-        if "exp_avg" in state:
-            ms.append(state["exp_avg"])
-            vs.append(state["exp_avg_sq"])
-            steps.setdefault(int(state["step"]), []).append(name)
-        else:
-            ms.append(torch.zeros_like(p))
-            vs.append(torch.zeros_like(p))
-            steps.setdefault(0, []).append(name)
+    """(m tensors, v tensors, optimizer step) in parameter order (``optim.moments``); zeros
+    before the first update, so a step-0 checkpoint is still a complete file. This file holds
+    one step: Adam/AdamW parameters that disagree on theirs are refused by name."""
+    params = list(model.parameters())
+    ms, vs, step = optim.moments(params, optimizer, 0)
+    if _moment_keys(optimizer)[1] is None:
+        return ms, vs, step                 # SGD keeps no step
+    steps: dict[int, list[str]] = {}
+    for (name, _), taken in zip(model.named_parameters(), optim.param_steps(params, optimizer)):
+        steps.setdefault(taken or 0, []).append(name)
     if len(steps) > 1:
         said = "; ".join(f"{f'step {s}' if s else 'no state (frozen or not updated yet)'}: "
                          f"{', '.join(names[:3])}{', ...' if len(names) > 3 else ''}"
                          for s, names in sorted(steps.items()))
         raise OptimizerMismatchError(None, f"parameters disagree on the optimizer step ({said}): this file "
                                            "holds one step; CheckpointManager keeps each parameter's own")
-    return ms, vs, next(iter(steps)) if steps else 0
+    return ms, vs, step
 
 
 def hyperparams(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
-    """JSON-able param-group settings (everything but the params themselves); a one-element
-    tensor setting (``lr=torch.tensor(1e-3)`` for capturable or compiled optimizers) is recorded
-    as its number, which is exact for float32 and float64."""
-    out = []
-    for group in optimizer.param_groups:
-        out.append({k: (list(v) if isinstance(v, tuple) else v.item() if isinstance(v, torch.Tensor) else v)
-                    for k, v in group.items() if k != "params" and _json_setting(v)})
-    return out
+    """JSON-able param-group settings (everything but the params and their names): NumPy
+    scalars and one-element tensors (``lr=torch.tensor(1e-3)`` for capturable or compiled
+    optimizers) as their numbers, exact for float32 and float64; anything else a manifest cannot
+    hold is refused by name (``optim.settings``, which also says which types to restore)."""
+    return optim.settings(optimizer)[0]
 
 
-def setting_like(live: Any, saved: Any) -> Any:
-    """A saved param-group setting in the live one's type: tuples (betas) and one-element
-    tensors (a tensor lr) come back as they were."""
-    if isinstance(live, tuple):
-        return tuple(saved)
-    if isinstance(live, torch.Tensor) and not isinstance(saved, (list, dict)):
-        return torch.tensor(saved, dtype=live.dtype, device=live.device).reshape(live.shape)
-    return saved
-
-
-def _json_setting(v: Any) -> bool:
-    return v is None or isinstance(v, (bool, int, float, str, tuple, list)) or \
-        (isinstance(v, torch.Tensor) and v.numel() == 1)
+setting_like = optim.setting_like
+describe_optimizer = optim.describe     # the manifest's ``optimizer`` of a model and its optimizer
 
 
 def chunks(tensors: Iterable[torch.Tensor], stager: staging.Stager | None = None) -> Iterator[Any]:
@@ -108,17 +108,24 @@ def regions(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
     ms, vs, step = moments(model, optimizer)
     n = sum(p.numel() for p in params)
     stager = stager or staging.Stager()
-    return chunks(params, stager), chunks(ms, stager), chunks(vs, stager), n, step
+    return chunks(widened(params), stager), chunks(widened(ms), stager), chunks(widened(vs), stager), n, step
 
 
 def save(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int | None = None,
          *, manifest: dict[str, Any] | None = None, **kwargs: Any) -> writer.SaveResult:
     """Save model + optimizer; ``step`` defaults to the optimizer's step."""
+    optim.refuse_lazy(model)
+    refuse_inexact(model)
+    optim.refuse_outsiders(model, optimizer)
     w, m, v, n, opt_step = regions(model, optimizer)
     extra = dict(manifest or {})
     extra.setdefault("layout", layout_of(model))
-    extra.setdefault("optimizer", {"type": type(optimizer).__name__, "step": opt_step,
-                                   "hyperparams": hyperparams(optimizer)})
+    if OPTIMIZERS[optim.kind(optimizer)][1] is None and step is not None:
+        opt_step = step                     # SGD keeps no step of its own: the loop's is recorded
+    extra.setdefault("optimizer", optim.describe(model, optimizer, opt_step))
+    tied = optim.aliases(model)
+    if tied:
+        extra.setdefault("aliases", tied)
     return writer.save(path, opt_step if step is None else step, w, m, v, manifest=extra,
                        n_params=n, **kwargs)
 
@@ -170,7 +177,7 @@ def load(source: "str | reader.Checkpoint", model: torch.nn.Module,
         ck.verify()
     targets = [("weights", params)]
     if optimizer is not None:
-        targets += _moment_targets(prepare_optimizer(ck, model, optimizer))
+        targets += _moment_targets(prepare_optimizer(ck, model, optimizer), _moment_keys(optimizer))
     _copy_regions(ck, targets)
     return ck
 
@@ -191,7 +198,7 @@ def _checked_params(ck: reader.Checkpoint, model: torch.nn.Module) -> list[torch
     return [params[e["name"]] for e in layout]
 
 
-def _copy_regions(ck: Any, targets: list[tuple[str, list[torch.Tensor]]]) -> None:
+def _copy_regions(ck: Any, targets: list[tuple[str, list[torch.Tensor | None]]]) -> None:
     """Copy each region into its tensors in file order, releasing mapped pages behind the copy
     (the page cache keeps them)."""
     behind = reader.ReleaseBehind(ck) if isinstance(ck, reader.Checkpoint) else None
@@ -199,6 +206,8 @@ def _copy_regions(ck: Any, targets: list[tuple[str, list[torch.Tensor]]]) -> Non
     with torch.no_grad():
         for region, tensors in targets:
             for entry, t in zip(ck.layout, tensors):
+                if t is None:               # a parameter without optimizer state
+                    continue
                 start = fmt.region_offset(region, ck.n_params) + entry["offset"] * fmt.ITEM
                 for done in _copy_in_slices(t, _view(getattr(ck, region), entry)):
                     if behind is not None:
@@ -236,25 +245,29 @@ def _view(region: np.ndarray, entry: dict[str, Any]) -> torch.Tensor:
 
 def load_optimizer(ck: "reader.Checkpoint | Any", model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """``ck``: a Checkpoint, or anything with ``layout``, ``manifest``, ``path``, ``m`` and ``v``."""
-    _copy_regions(ck, _moment_targets(prepare_optimizer(ck, model, optimizer)))
+    _copy_regions(ck, _moment_targets(prepare_optimizer(ck, model, optimizer), _moment_keys(optimizer)))
 
 
-def _moment_targets(states: list[dict[str, Any]]) -> list[tuple[str, list[torch.Tensor]]]:
-    """Where m and v go: each parameter's ``exp_avg`` and ``exp_avg_sq``."""
-    return [("m", [st["exp_avg"] for st in states]), ("v", [st["exp_avg_sq"] for st in states])]
+def _moment_targets(states: list[dict[str, Any] | None],
+                    keys: tuple[str, str | None]) -> list[tuple[str, list[torch.Tensor | None]]]:
+    """Where m and v go: each parameter's state under the optimizer's keys (Adam: ``exp_avg``,
+    ``exp_avg_sq``; SGD: its ``momentum_buffer``, v stays zero); None: no state to fill."""
+    return [(region, [st[key] if st is not None else None for st in states])
+            for region, key in zip(("m", "v"), keys) if key is not None]
 
 
 def prepare_optimizer(ck: "reader.Checkpoint | Any", model: torch.nn.Module,
                       optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
-    """Set the step and hyper-parameters from the manifest and make sure every parameter has
-    Adam state tensors; returns those states in layout order for m and v to be copied into.
+    """Set the hyper-parameters from the manifest and make sure every parameter the manifest
+    says has state (``param_steps``; else every one past step 0) has state tensors at its step;
+    returns those states in layout order (None: no state) for m and v to be copied into.
 
     Existing state of the right shape is reused (no fresh pages, no transient copy); a fresh
     optimizer gets uninitialised tensors through ``load_state_dict``, so torch's own rules for
     where ``step`` lives still apply. At step 0 there is no state: Adam creates it lazily,
     exactly as in a fresh run.
     """
-    _check_optimizer(optimizer)
+    keys = _moment_keys(optimizer)
     doc = ck.manifest or {}
     opt = doc.get("optimizer")
     if not isinstance(opt, dict) or "step" not in opt or "hyperparams" not in opt:
@@ -263,35 +276,50 @@ def prepare_optimizer(ck: "reader.Checkpoint | Any", model: torch.nn.Module,
     if len(opt["hyperparams"]) != len(optimizer.param_groups):
         raise OptimizerMismatchError(ck.path, f"{len(opt['hyperparams'])} param groups in the manifest, "
                                        f"{len(optimizer.param_groups)} in the optimizer")
-    for group, saved in zip(optimizer.param_groups, opt["hyperparams"]):
-        for key, value in saved.items():
-            group[key] = setting_like(group.get(key), value)
+    order = optim.check(optimizer, {"type": optim.kind(optimizer), **opt}, ck.path, optim.names_of(model))
+    for group, i in zip(optimizer.param_groups, order):
+        group.update(optim.group_settings(group, opt["hyperparams"][i], optim.kinds_of(opt.get("setting_types"), i)))
     params = list(model.parameters())
-    if not opt["step"] or not _has_state(optimizer, params):
-        _fresh_state(optimizer, opt)
-    if not opt["step"]:
-        return []
-    states = [optimizer.state[p] for p in params]
-    for st in states:
-        st["step"] = torch.tensor(float(opt["step"]), dtype=torch.float32, device=st["step"].device)
+    steps = opt.get("param_steps")
+    if not (isinstance(steps, list) and len(steps) == len(params)):     # one step for every parameter
+        steps = [opt["step"] if opt["step"] else None] * len(params)
+    listed = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    want = {id(p): s for p, s in zip(params, steps) if s is not None and id(p) in listed}
+    if not _has_state(optimizer, params, keys, want):
+        _fresh_state(optimizer, keys, want)
+    states = [optimizer.state[p] if id(p) in want else None for p in params]
+    if keys[1] is not None:
+        for p, st in zip(params, states):
+            if st is not None:
+                st["step"] = torch.tensor(float(want[id(p)]), dtype=torch.float32, device=st["step"].device)
     return states
 
 
-def _has_state(optimizer: torch.optim.Optimizer, params: list[torch.Tensor]) -> bool:
-    states = [optimizer.state.get(p, {}) for p in params]
-    return all("exp_avg" in st and st["exp_avg"].shape == p.shape and st["exp_avg"].dtype == p.dtype
-               for st, p in zip(states, params))
+def _has_state(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], keys: tuple[str, str | None],
+               want: dict[int, int]) -> bool:
+    """Every parameter that should have state has it in its shape and dtype, and no other has any."""
+    def fits(p: torch.Tensor) -> bool:
+        found = optimizer.state.get(p, {}).get(keys[0])
+        if id(p) not in want:
+            return found is None
+        return found is not None and found.shape == p.shape and found.dtype == p.dtype
+    return all(fits(p) for p in params)
 
 
-def _fresh_state(optimizer: torch.optim.Optimizer, opt: dict[str, Any]) -> None:
-    """Replace the optimizer's state with uninitialised Adam state at ``opt['step']`` (or none
-    at step 0)."""
+def _fresh_state(optimizer: torch.optim.Optimizer, keys: tuple[str, str | None], want: dict[int, int]) -> None:
+    """Replace the optimizer's state with uninitialised state for the parameters in ``want`` (by
+    identity, each at its step): Adam's step and two moments, SGD's momentum buffer; the others
+    get none, so Adam creates it lazily, exactly as in a fresh run."""
     sd = optimizer.state_dict()
     ordered = [p for g in optimizer.param_groups for p in g["params"]]
-    sd["state"] = {} if not opt["step"] else {
-        index: {"step": torch.tensor(float(opt["step"]), dtype=torch.float32),
-                "exp_avg": torch.empty_like(p), "exp_avg_sq": torch.empty_like(p)}
-        for index, p in enumerate(ordered)}
+    first, second = keys
+
+    def fresh(p: torch.Tensor) -> dict[str, Any]:
+        if second is None:
+            return {first: torch.empty_like(p)}
+        return {"step": torch.tensor(float(want[id(p)]), dtype=torch.float32),
+                first: torch.empty_like(p), second: torch.empty_like(p)}
+    sd["state"] = {index: fresh(p) for index, p in enumerate(ordered) if id(p) in want}
     optimizer.load_state_dict(sd)
 
 
@@ -301,6 +329,6 @@ def versions() -> dict[str, str]:
             "python": platform.python_version()}
 
 
-__all__ = ["layout_of", "moments", "hyperparams", "chunks", "regions", "save", "load", "differing_tensors",
+__all__ = ["layout_of", "moments", "hyperparams", "describe_optimizer", "chunks", "regions", "save", "load", "differing_tensors",
            "load_optimizer", "prepare_optimizer", "versions", "CheckpointError",
            "IncompleteResumeStateError"]

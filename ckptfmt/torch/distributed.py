@@ -183,6 +183,19 @@ def is_sharded_model(model: torch.nn.Module) -> bool:
     return any(isinstance(p, DTensor) for p in model.parameters())
 
 
+def reshard(model: torch.nn.Module) -> None:
+    """Put an FSDP2 model's parameters back into their sharded form. After a forward without a
+    backward (a greedy sample, an evaluation) FSDP2 leaves the root module's parameters
+    unsharded: the tensors ``model.parameters()`` then yields are not the optimizer's, so their
+    state (and their param group) would not be found by identity. A no-op for other models."""
+    if not dist.is_available():
+        return
+    from torch.distributed.fsdp import FSDPModule  # lazy: absent from torch builds without distributed
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+
+
 def _range_from_dtensors(tensors: list[torch.Tensor], start: int, stop: int) -> Any:
     """This rank's global range [start, stop), gathered one parameter at a time: every rank
     all-gathers each parameter in the same order (a collective) and keeps only its slice, so
@@ -260,6 +273,8 @@ def load_into(source: Any, model: torch.nn.Module, optimizer: torch.optim.Optimi
             return
         states = ct.prepare_optimizer(source, model, optimizer)   # DTensor state like the params
         for p, st in zip(model.parameters(), states):
+            if st is None:                  # no optimizer state (frozen, or not updated yet)
+                continue
             fill(st["exp_avg"].to_local(), "m", *ranges[id(p)])
             fill(st["exp_avg_sq"].to_local(), "v", *ranges[id(p)])
 

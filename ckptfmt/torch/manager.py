@@ -26,13 +26,14 @@ import numpy as np
 import torch
 
 from .. import manifest as mf
-from ..errors import ConfigMismatchError, UnsupportedSetupError
+from ..errors import ConfigMismatchError
 from ..run import Run, RunLock
 from ..run.history import encode_float
 from . import adapter, optim, ranks, rng
 from . import restore as restoring
+from .distributed import reshard
 from .saver import Saver
-from .state import dtype_name, persistent_buffers, split
+from .state import persistent_buffers, split
 
 __all__ = ["CheckpointManager"]
 
@@ -68,7 +69,7 @@ class CheckpointManager:
         optim.kind(optimizer)
         _check_pieces(state, every, keep_last, hooks)
         _check_params(model, optimizer)
-        _strict_json({"rng": rng.capture(generators), "config": config})   # a generator JSON cannot hold
+        _strict_json({"rng": rng.rng_state(generators), "config": config})   # a generator JSON cannot hold
         self.rank, self.world = ranks.check_setup(model, optimizer)
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.state, self.generators = dict(state or {}), dict(generators or {})
@@ -149,6 +150,7 @@ class CheckpointManager:
         ``checkpoint`` event records ``reason`` and how long the loop stalled. Everything that
         cannot be stored is refused here, before a byte is written."""
         self._require_open()
+        reshard(self.model)                 # FSDP2 after a sample: the optimizer's own tensors
         manifest, extra = self._manifest(step)
         _strict_json(manifest)
         self._saver.save(step, self.model, self.optimizer, manifest, extra)
@@ -202,12 +204,12 @@ class CheckpointManager:
         params = list(self.model.parameters())
         opt_step = optim.step_of(params, self.optimizer, step)
         layout = adapter.layout_of(self.model)
-        for entry, p in zip(layout, params):
-            if p.dtype != torch.float32:
-                entry["dtype"] = dtype_name(p.dtype)
-        doc: dict[str, Any] = {"layout": layout, "optimizer": optim.describe(self.optimizer, opt_step, params),
-                               "rng": rng.capture(self.generators), "versions": adapter.versions(),
+        doc: dict[str, Any] = {"layout": layout, "optimizer": optim.describe(self.model, self.optimizer, opt_step),
+                               "rng": rng.rng_state(self.generators), "versions": adapter.versions(),
                                "created": time.time(), "progress": {"step": step}}
+        tied = optim.aliases(self.model)
+        if tied:
+            doc["aliases"] = tied
         extra: dict[str, Any] = {}
         doc["buffers"], more = split(persistent_buffers(self.model), "buffers")
         extra.update(more)
@@ -273,7 +275,11 @@ class CheckpointManager:
         self._require_open()
         self.fresh = []
         self.restored_from = self.skipped_diverged = None
-        step = restoring.restore(self, source, strict, restore_rng, allow_nonfinite, allow_device_change)
+        loop = restoring.Loop(self.run, self.model, self.optimizer, tuple(self.pieces()), self.generators,
+                              self.rank, self.log, self._event, self.upgrade, self.on_restore)
+        done = restoring.restore(loop, source, strict, restore_rng, allow_nonfinite, allow_device_change)
+        self.fresh, self.restored_from, self.skipped_diverged = list(done.fresh), done.path, done.skipped_diverged
+        step = done.step
         self._checked, self._last_step = True, step
         self._resumed_at = step
         if step is None:
@@ -316,15 +322,10 @@ def _check_pieces(state: Mapping[str, Any] | None, every: int | None, keep_last:
 
 def _check_params(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
     """Parameters the layout holds exactly, and no optimizer tensor outside the model."""
-    for name, p in model.named_parameters():
-        if p.dtype not in (torch.float32, torch.bfloat16, torch.float16):
-            raise UnsupportedSetupError(None, f"parameter {name} is {dtype_name(p.dtype)}: the seed layout "
-                                              "holds float32 (bf16 and fp16 widen exactly; float64 would not)")
-    known = {id(p) for p in model.parameters()}
-    outside = sum(1 for g in optimizer.param_groups for p in g["params"] if id(p) not in known)
-    if outside:
-        raise UnsupportedSetupError(None, f"the optimizer holds {outside} tensor(s) that are not parameters "
-                                          "of the model: their values and state would not be saved")
+    optim.refuse_lazy(model)
+    optim.settings(optimizer)           # a setting no manifest can hold: refused before any step
+    adapter.refuse_inexact(model)
+    optim.refuse_outsiders(model, optimizer)
 
 
 def _start_mirror(mgr: CheckpointManager, url: str) -> Any:

@@ -1,44 +1,44 @@
-"""What a restore says once it has passed every check: a world-size change, a device change and
-other software versions. The run goes on in each case; the log (and, for the first two, the
-history) says what a user comparing it with an unbroken run must know."""
+"""What a restore says: once it has passed every check, a world-size change, a device change and
+other software versions (the run goes on in each case; the log, and for the first two the
+history, says what a user comparing it with an unbroken run must know); and, when the layout is
+refused, the wrapper prefix that explains it.
+
+Each function takes only what it says through: ``log(message)``, the manager's log, and
+``event(kind, step, **fields)``, which records a history event (on rank 0 only).
+"""
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Callable
 
 from . import adapter
 
-if TYPE_CHECKING:
-    from .manager import CheckpointManager
-    from .restore import Plan
+Say = Callable[..., None]
+
+WRAPPERS = {"module.": "a DataParallel/DDP wrapper", "_orig_mod.": "a torch.compile wrapper"}
 
 
-def world_size_changed(mgr: "CheckpointManager", doc: dict[str, Any], change: dict[str, Any]) -> None:
-    """Said once by rank 0 in the history, and by every rank in its log."""
+def world_size_changed(log: Say, event: Say, step: int, change: dict[str, Any]) -> None:
+    """Said once in the history (rank 0), and by every rank in its log."""
     saved, now = change["saved"], change["now"]
-    mgr.log(f"world size changed from {saved} to {now}: weights, m, v, optimizer and scheduler "
-            "resume exactly; per-rank RNGs and loop state "
-            + (f"of ranks < {saved} resume, the others start fresh" if now > saved
-               else "of the dropped ranks are discarded"))
-    if mgr.rank == 0:
-        mgr.run.history.event("world_size_change", doc.get("step", 0), **change)
+    log(f"world size changed from {saved} to {now}: weights, m, v, optimizer and scheduler "
+        "resume exactly; per-rank RNGs and loop state "
+        + (f"of ranks < {saved} resume, the others start fresh" if now > saved
+           else "of the dropped ranks are discarded"))
+    event("world_size_change", step, **change)
 
 
-def device_changed(mgr: "CheckpointManager", doc: dict[str, Any], plan: "Plan") -> None:
-    """An accepted device change: its RNG pieces are skipped, listed in ``fresh``, said in the
-    log and recorded in the history as a ``device_change`` event."""
-    pieces = [f"rng.{piece}" for piece, _, _ in plan.moved]
-    saved = next((there for piece, there, _ in plan.moved if piece == "torch_cuda"), plan.moved[0][1])
-    now = next((here for piece, _, here in plan.moved if piece == "torch_cuda"), plan.moved[0][2])
-    if plan.rng is not None:
-        plan.rng_skip.update(piece for piece, _, _ in plan.moved)
-        plan.fresh += [f"{p} (device change)" for p in pieces]
-    mgr.log(f"device changed from {saved} to {now}: weights, m, v, optimizer, scheduler and loop state "
-            f"resume; not restored (this process's own state goes on; not bit-exact): {', '.join(pieces)}")
-    if mgr.rank == 0:
-        mgr.run.history.event("device_change", doc.get("step", 0), saved=saved, now=now, not_restored=pieces)
+def device_changed(log: Say, event: Say, step: int, moved: list[tuple[str, str, str]]) -> None:
+    """An accepted device change (``moved``: ``rng.device_changes``): its RNG pieces are not
+    restored; said in the log and recorded in the history as a ``device_change`` event."""
+    pieces = [f"rng.{piece}" for piece, _, _ in moved]
+    saved = next((there for piece, there, _ in moved if piece == "torch_cuda"), moved[0][1])
+    now = next((here for piece, _, here in moved if piece == "torch_cuda"), moved[0][2])
+    log(f"device changed from {saved} to {now}: weights, m, v, optimizer, scheduler and loop state "
+        f"resume; not restored (this process's own state goes on; not bit-exact): {', '.join(pieces)}")
+    event("device_change", step, saved=saved, now=now, not_restored=pieces)
 
 
-def versions_changed(mgr: "CheckpointManager", doc: dict[str, Any]) -> None:
+def versions_changed(log: Say, doc: dict[str, Any]) -> None:
     """Other software than the generation was saved with (torch, numpy, Python, ckptfmt): the
     values resume exactly, but the next steps may not be bit-identical to an unbroken run's
     (kernels and RNG streams can change between versions). Said, never refused: a long run
@@ -48,5 +48,46 @@ def versions_changed(mgr: "CheckpointManager", doc: dict[str, Any]) -> None:
         return
     changed = [f"{k} {saved[k]} -> {now[k]}" for k in now if k in saved and saved[k] != now[k]]
     if changed:
-        mgr.log(f"resuming under other versions than the checkpoint's ({', '.join(changed)}): the run "
-                "goes on from the same values; bit-identity with an unbroken run is not promised")
+        log(f"resuming under other versions than the checkpoint's ({', '.join(changed)}): the run "
+            "goes on from the same values; bit-identity with an unbroken run is not promised")
+
+
+def wrapper_hint(saved: list[str], live: list[str]) -> str:
+    """'; ' and why parameter names differ when only a wrapper's prefix does ('module.' of
+    DataParallel/DDP, '_orig_mod.' of torch.compile) and the fix; '' otherwise.
+
+    >>> wrapper_hint(["module.0.weight"], ["0.weight"])
+    "; every name in the checkpoint starts with 'module.' (a DataParallel/DDP wrapper), the model's do not: pass the wrapped model, not model.module"
+    >>> wrapper_hint(["0.weight"], ["_orig_mod.0.weight"])
+    "; every name of the model starts with '_orig_mod.' (a torch.compile wrapper), the checkpoint's do not: pass model._orig_mod"
+    """
+    there, here = _prefix(saved), _prefix(live)
+    if there == here or [n[len(there):] for n in saved] != [n[len(here):] for n in live]:
+        return ""
+    if there.endswith(here):
+        extra = there[:len(there) - len(here)]
+        return (f"; every name in the checkpoint starts with {extra!r} ({_what(extra)}), the model's do "
+                f"not: pass the wrapped model, not model.{extra[:-1]}")
+    if here.endswith(there):
+        extra = here[:len(here) - len(there)]
+        return (f"; every name of the model starts with {extra!r} ({_what(extra)}), the checkpoint's do "
+                f"not: pass model.{extra[:-1]}")
+    return (f"; the checkpoint's names start with {there!r} ({_what(there)}), the model's with {here!r} "
+            f"({_what(here)}): wrap the model as it was wrapped when saved")
+
+
+def _prefix(names: list[str]) -> str:
+    """The wrapper prefixes ('module.', '_orig_mod.', nested) every one of ``names`` starts with."""
+    prefix = ""
+    while names:
+        more = next((w for w in WRAPPERS if all(n.startswith(prefix + w) for n in names)), None)
+        if more is None:
+            break
+        prefix += more
+    return prefix
+
+
+def _what(prefix: str) -> str:
+    """'a DataParallel/DDP wrapper of a torch.compile wrapper' for 'module._orig_mod.'."""
+    parts = [w for w in prefix.split(".") if w]
+    return " of ".join(WRAPPERS[p + "."] for p in parts) if parts else "no wrapper"

@@ -17,6 +17,9 @@ The order, and why:
    been copied, so a failed restore changes nothing here either (under torchrun every rank puts
    back together). Then parameters and moments, buffers; the RNGs last, after every object that
    consumes draws exists.
+
+``restore(loop, ...)`` reads only what it restores into (a ``Loop``, built by the manager) and
+returns what it did (``Restored``), which ``CheckpointManager.restore`` keeps.
 """
 from __future__ import annotations
 
@@ -25,9 +28,8 @@ import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any, Callable, Mapping
 
-import numpy as np
 import torch
 
 from .. import facts as valfacts
@@ -36,16 +38,39 @@ from .. import manifest as mf
 from .. import reader
 from ..errors import (ConfigMismatchError, DeviceChangeError, IncompleteResumeStateError, LayoutMismatchError,
                       NoValidGenerationError, RankDisagreementError, StateRefusedError, UnsupportedSetupError)
+from ..run import Run
 from ..run.lock import first_writer, keep_unwritten
 from ..shards import ShardedCheckpoint, is_sharded
 from . import adapter, notes, optim, ranks, rng
 from .distributed import any_rank, is_sharded_model, load_into
 from .state import dtype_name, join, persistent_buffers
 
-if TYPE_CHECKING:
-    from .manager import CheckpointManager
 
-RNG_KEYS = ("python", "numpy_global", "torch_cpu")
+@dataclass(frozen=True)
+class Loop:
+    """What a restore puts a generation back into, and how it speaks."""
+
+    run: Run
+    model: torch.nn.Module
+    optimizer: torch.optim.Optimizer
+    pieces: tuple[tuple[str, Any], ...]       # (name in the manifest, object with state_dict)
+    generators: Mapping[str, Any]             # named numpy / torch generators
+    rank: int
+    log: Callable[..., None]                  # log(message, info=False)
+    event: Callable[..., None]                # event(kind, step, **fields): the history (rank 0)
+    upgrade: Callable[[dict[str, Any]], dict[str, Any]] | None = None
+    on_restore: Callable[[dict[str, Any], str], Any] | None = None
+
+
+@dataclass(frozen=True)
+class Restored:
+    """What a restore did: the step and generation restored (None, None on a fresh run), the
+    pieces that started fresh, and why newer diverged generations were passed over."""
+
+    step: int | None = None
+    path: str | None = None
+    fresh: tuple[str, ...] = ()
+    skipped_diverged: str | None = None
 
 
 @dataclass
@@ -65,44 +90,45 @@ class Plan:
     moved: list[tuple[str, str, str]] = field(default_factory=list)   # a device change: rng.device_changes
 
 
-def restore(mgr: "CheckpointManager", source: Any, strict: bool, restore_rng: bool,
-            allow_nonfinite: bool = False, allow_device_change: bool = False) -> int | None:
-    """``CheckpointManager.restore``: the step restored, None on a fresh run."""
-    if mgr.rank == 0:
-        removed = mgr.run.sweep_temps()
+def restore(loop: Loop, source: Any, strict: bool, restore_rng: bool,
+            allow_nonfinite: bool = False, allow_device_change: bool = False) -> Restored:
+    """``CheckpointManager.restore``: what was restored (its step None on a fresh run)."""
+    if loop.rank == 0:
+        removed = loop.run.sweep_temps()
         if removed:
-            mgr.log(f"removed {len(removed)} temp files of interrupted saves", info=True)
+            loop.log(f"removed {len(removed)} temp files of interrupted saves", info=True)
     if source is not None:
-        refuse_rollback(mgr, source)
-    path = source if source is not None else newest(mgr, allow_nonfinite)
+        refuse_rollback(loop.run, source)
+    path, why = (source, None) if source is not None else newest(loop, allow_nonfinite)
     if path is None:
-        return None
-    mgr.restored_from = str(path)
+        return Restored()
     with _open(path, verify=source is not None) as ck:
         bad = valfacts.diverged(ck.manifest)
         if bad:                    # asked for: a source, or allow_nonfinite
-            mgr.log(f"{ck.path}: resuming a diverged generation ({valfacts.describe(bad)}), as asked")
+            loop.log(f"{ck.path}: resuming a diverged generation ({valfacts.describe(bad)}), as asked")
         doc = dict(ck.manifest)
-        if mgr.upgrade is not None:
-            doc = mgr.upgrade(doc)
+        if loop.upgrade is not None:
+            doc = loop.upgrade(doc)
         mf.require_objects(mf.path_for(ck.path), doc)     # before any hook reads into them
-        if mgr.on_restore is not None:
-            mgr.on_restore(doc, ck.path)
-        plan = make_plan(mgr, ck, doc, strict, restore_rng, allow_device_change)
+        if loop.on_restore is not None:
+            loop.on_restore(doc, ck.path)
+        plan = make_plan(loop, ck, doc, strict, restore_rng, allow_device_change)
         if plan.change is not None:
-            notes.world_size_changed(mgr, doc, plan.change)
+            notes.world_size_changed(loop.log, loop.event, doc.get("step", 0), plan.change)
         if plan.moved:
-            notes.device_changed(mgr, doc, plan)
-        notes.versions_changed(mgr, doc)
-        load_pieces(mgr, plan)
-        load_tensors(mgr, ck, plan)
+            if plan.rng is not None:        # the old device's RNGs: this process's own go on
+                plan.rng_skip.update(piece for piece, _, _ in plan.moved)
+                plan.fresh += [f"rng.{piece} (device change)" for piece, _, _ in plan.moved]
+            notes.device_changed(loop.log, loop.event, doc.get("step", 0), plan.moved)
+        notes.versions_changed(loop.log, doc)
+        load_pieces(loop, plan)
+        load_tensors(loop.model, loop.optimizer, ck, plan)
         if plan.rng is not None:
-            rng.restore_all(plan.rng, mgr.generators, skip=plan.rng_skip, path=plan.path)
-        mgr.fresh = plan.fresh
-        return ck.step
+            rng.restore_rng(plan.rng, dict(loop.generators), plan.path, skip=plan.rng_skip)
+        return Restored(ck.step, str(path), tuple(plan.fresh), why)
 
 
-def make_plan(mgr: "CheckpointManager", ck: Any, doc: dict[str, Any], strict: bool,
+def make_plan(loop: Loop, ck: Any, doc: dict[str, Any], strict: bool,
               restore_rng: bool, allow_device_change: bool = False) -> Plan:
     """Every check of a restore, and every companion tensor read, before a value is copied.
 
@@ -110,29 +136,31 @@ def make_plan(mgr: "CheckpointManager", ck: Any, doc: dict[str, Any], strict: bo
     not restore, are refused together by name (with ``strict=False`` they start fresh). Under
     torchrun a refusal on any rank is every rank's (a collective), so no rank goes on alone.
     A change of device type (the RNGs of the old device cannot be restored) is refused by name
-    unless ``allow_device_change`` (or ``strict=False``).
+    unless ``allow_device_change`` (or ``strict=False``). A generation without RNGs (a converted
+    ``.pt``, a ``ct.save`` file) lacks every RNG piece: refused like any other missing piece.
     """
     path = ck.path
-    check_layout(doc, mgr.model, path)
+    check_layout(doc, loop.model, path)
     mf.require(path, doc, ("layout", "optimizer"))
-    optim.check(mgr.optimizer, doc["optimizer"], path)
-    unfit = _unfit(mgr, doc, path, strict)
+    optim.check(loop.optimizer, doc["optimizer"], path, optim.names_of(loop.model))   # groups by their members
+    unfit = _unfit(loop, doc, path, strict)
     extra = ck.companion()
     get = extra.tensor if extra is not None else _no_companion(path)
     own_rng, own_state, change = ranks.own_pieces(doc)
     new_rank = change is not None and own_rng is None
-    plan = Plan(doc, path, get, own_state or {}, own_rng if restore_rng and not new_rank else None,
-                change=change, moved=_moved(mgr, own_rng))
+    plan = Plan(doc, path, get, own_state or {}, (own_rng or {}) if restore_rng and not new_rank else None,
+                change=change, moved=_moved(loop, own_rng))
     if new_rank:
-        plan.fresh.append(f"per-rank RNGs and loop state of rank {mgr.rank} (a rank the run did not have)")
-    lacks = [p for p, _ in mgr.pieces() if _lookup(plan, p) is None and not (new_rank and p.startswith("state."))]
-    given = {piece for piece, _ in mgr.pieces()}
+        plan.fresh.append(f"per-rank RNGs and loop state of rank {loop.rank} (a rank the run did not have)")
+    lacks = [p for p, _ in loop.pieces if _lookup(plan, p) is None and not (new_rank and p.startswith("state."))]
+    given = {piece for piece, _ in loop.pieces}
     saved = [k for k in ("scheduler",) if doc.get(k) is not None] + \
         [f"amp.{k}" for k in (doc.get("amp") or {})] + [f"state.{k}" for k in plan.state]
     unused = [p for p in saved if p not in given]
     if plan.rng is not None:
-        more_lacks, more_unused = _missing_rng(mgr, plan)
-        lacks, unused = lacks + more_lacks, unused + more_unused
+        more, more_unused = rng.missing(plan.rng, loop.generators, path, {piece for piece, _, _ in plan.moved})
+        plan.rng_skip.update(more)
+        lacks, unused = lacks + [f"rng.{key}" for key in more], unused + more_unused
     moved = rng.device_change_problem(plan.moved) if plan.moved and plan.rng is not None and strict \
         and not allow_device_change else None
     _refuse(path, lacks, unused, strict, moved)
@@ -140,23 +168,24 @@ def make_plan(mgr: "CheckpointManager", ck: Any, doc: dict[str, Any], strict: bo
         warnings.warn(f"{path}: {piece} starts fresh (strict=False)", stacklevel=4)
     plan.fresh += lacks + [f"{p} (in the checkpoint, not restored)" for p in unused] + list(unfit.values())
     plan.buffers = join(doc.get("buffers", {}), get)
-    plan.trees = {p: join(_lookup(plan, p), get) for p, _ in mgr.pieces()
+    plan.trees = {p: join(_lookup(plan, p), get) for p, _ in loop.pieces
                   if _lookup(plan, p) is not None and p not in unfit}
     return plan
 
 
-def _unfit(mgr: "CheckpointManager", doc: dict[str, Any], path: str, strict: bool) -> dict[str, str]:
+def _unfit(loop: Loop, doc: dict[str, Any], path: str, strict: bool) -> dict[str, str]:
     """Pieces whose ``load_state_dict`` would fail half-way through a restore (after the values
     were copied) or silently take state that is not theirs: a scheduler of another class than the
     one saved (``scheduler_type``), a GradScaler enabled where the saved one was disabled (its
     state is empty) or the reverse (its scale would be dropped). Refused; ``strict=False`` starts
     them fresh (piece -> its ``fresh`` entry)."""
     out = {}
-    saved, here = doc.get("scheduler_type"), type(mgr.scheduler).__name__
-    if mgr.scheduler is not None and doc.get("scheduler") is not None and saved not in (None, here):
+    scheduler, scaler = dict(loop.pieces).get("scheduler"), dict(loop.pieces).get("amp.scaler")
+    saved, here = doc.get("scheduler_type"), type(scheduler).__name__
+    if scheduler is not None and doc.get("scheduler") is not None and saved not in (None, here):
         out["scheduler"] = (f"the checkpoint holds {saved} state, the loop uses {here}",
                             f"{saved} in the checkpoint, {here} in the loop")
-    scaler, tree = mgr.scaler, (doc.get("amp") or {}).get("scaler")
+    tree = (doc.get("amp") or {}).get("scaler")
     if scaler is not None and tree is not None and callable(getattr(scaler, "is_enabled", None)) \
             and scaler.is_enabled() != bool(tree):
         now, then = ("enabled", "disabled") if scaler.is_enabled() else ("disabled", "enabled")
@@ -187,33 +216,11 @@ def _refuse(path: str, lacks: list[str], unused: list[str], strict: bool, moved:
                                      + " (CheckpointManager.restore(strict=False) would go on without them)")
 
 
-def _missing_rng(mgr: "CheckpointManager", plan: Plan) -> tuple[list[str], list[str]]:
-    """(RNGs the loop has and the checkpoint lacks, saved generators the loop does not give);
-    a generator saved as another kind (numpy vs torch) is refused here, not half-way through."""
-    saved = plan.rng or {}
-    keys = list(RNG_KEYS) + [f"generators.{g}" for g in mgr.generators]
-    if rng.cuda_device() is not None:
-        keys.append("torch_cuda")
-    missing = []
-    for key in [k for k in keys if k not in {piece for piece, _, _ in plan.moved}]:
-        name = key.split(".", 1)[1] if key.startswith("generators.") else None
-        if (key not in saved) if name is None else (name not in saved.get("generators", {})):
-            missing.append(f"rng.{key}")
-            plan.rng_skip.add(key)
-        elif name is not None:
-            kind = "numpy" if isinstance(mgr.generators[name], np.random.Generator) else "torch"
-            if saved["generators"][name].get("kind", kind) != kind:
-                raise IncompleteResumeStateError(plan.path, f"cannot resume: rng.generators.{name} was a "
-                                                            f"{saved['generators'][name]['kind']} generator, "
-                                                            f"the loop gives a {kind} one")
-    return missing, [f"rng.generators.{g}" for g in saved.get("generators", {}) if g not in mgr.generators]
-
-
-def _moved(mgr: "CheckpointManager", saved_rng: dict[str, Any] | None) -> list[tuple[str, str, str]]:
+def _moved(loop: Loop, saved_rng: dict[str, Any] | None) -> list[tuple[str, str, str]]:
     """The RNG pieces a change of device type leaves behind (``rng.device_changes``)."""
     if saved_rng is None:
         return []
-    here = {name: str(g.device) for name, g in mgr.generators.items() if isinstance(g, torch.Generator)}
+    here = {name: str(g.device) for name, g in loop.generators.items() if isinstance(g, torch.Generator)}
     return rng.device_changes(saved_rng, rng.cuda_device(), here)
 
 
@@ -227,7 +234,7 @@ def _lookup(plan: Plan, piece: str) -> Any:
     return (plan.doc.get(head) or {}).get(name)
 
 
-def load_pieces(mgr: "CheckpointManager", plan: Plan) -> None:
+def load_pieces(loop: Loop, plan: Plan) -> None:
     """The loop's objects take their saved state, all or none: each one's own ``state_dict`` is
     kept (a deep copy: it may hand out its live containers) until every one has loaded, and if a
     ``load_state_dict`` (or the ``state_dict`` kept) raises, the ones already loaded, and the one
@@ -235,7 +242,7 @@ def load_pieces(mgr: "CheckpointManager", plan: Plan) -> None:
     piece. The copy costs each object's own size again while the restore runs."""
     kept: list[tuple[str, Any, Any]] = []
     failed: tuple[str, BaseException] | None = None
-    for piece, obj in mgr.pieces():
+    for piece, obj in loop.pieces:
         if piece not in plan.trees:
             continue
         try:
@@ -269,9 +276,8 @@ def load_pieces(mgr: "CheckpointManager", plan: Plan) -> None:
                                        f"{type(err).__name__}: {err}; {said}") from err
 
 
-def load_tensors(mgr: "CheckpointManager", ck: Any, plan: Plan) -> None:
+def load_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ck: Any, plan: Plan) -> None:
     """Parameters and moments (a replica from the file; FSDP2 shards by range), then buffers."""
-    model, optimizer = mgr.model, mgr.optimizer
     if isinstance(ck, ShardedCheckpoint) or is_sharded_model(model):
         load_into(ck, model, optimizer)           # Adam/AdamW, float32 (ranks.check_setup)
     else:
@@ -281,7 +287,7 @@ def load_tensors(mgr: "CheckpointManager", ck: Any, plan: Plan) -> None:
                 p.copy_(adapter._view(ck.weights, entry))
         ms = [adapter._view(ck.m, e).to(p.device, p.dtype) for p, e in zip(params, ck.layout)]
         vs = [adapter._view(ck.v, e).to(p.device, p.dtype) for p, e in zip(params, ck.layout)]
-        optim.restore(optimizer, params, plan.doc["optimizer"], ms, vs, plan.path)
+        optim.restore(optimizer, params, plan.doc["optimizer"], ms, vs, plan.path, optim.names_of(model))
     live = persistent_buffers(model)                # the same names: check_layout
     with torch.no_grad():
         for name, tensor in plan.buffers.items():
@@ -300,7 +306,7 @@ def check_layout(doc: dict[str, Any], model: torch.nn.Module, path: str) -> None
                 for where, names in (("the checkpoint has", saved), ("the model", live))]
         raise LayoutMismatchError(path, f"parameter names/order differ from the model's ({len(saved)} "
                                         f"parameters in the checkpoint, {len(live)} in the model; at #{i} "
-                                        f"{said[0]}, {said[1]})")
+                                        f"{said[0]}, {said[1]})" + notes.wrapper_hint(saved, live))
     for entry, (name, p) in zip(layout, named):
         if list(p.shape) != entry["shape"] or entry.get("dtype", "float32") != dtype_name(p.dtype):
             raise LayoutMismatchError(path, f"{name}: {entry.get('dtype', 'float32')} {entry['shape']} "
@@ -311,52 +317,53 @@ def check_layout(doc: dict[str, Any], model: torch.nn.Module, path: str) -> None
         raise LayoutMismatchError(path, f"buffers differ: the checkpoint has {saved}, the model {live}")
 
 
-def refuse_rollback(mgr: "CheckpointManager", source: Any) -> None:
+def refuse_rollback(run: Run, source: Any) -> None:
     """Resuming this run from one of its own older generations would collide with the newer
     ones at the next save, and deleting them would lose good checkpoints: fork instead."""
     src = Path(source).resolve()
     parsed = fmt.parse_name(src.name)
-    if src.parent != mgr.run.path.resolve() or parsed is None:
+    if src.parent != run.path.resolve() or parsed is None:
         return
-    later = [g.step for g in mgr.run.generations() if g.committed and g.step > parsed[0]]
+    later = [g.step for g in run.generations() if g.committed and g.step > parsed[0]]
     if later:
         raise UnsupportedSetupError(str(source), f"a generation of this run, which has newer ones "
                                                  f"(steps {later}); to go back, fork it: ckptfmt fork "
-                                                 f"{mgr.run.path} --step STEP NEW_RUN, and resume NEW_RUN")
+                                                 f"{run.path} --step STEP NEW_RUN, and resume NEW_RUN")
 
 
-def newest(mgr: "CheckpointManager", allow_nonfinite: bool = False) -> Any:
-    """Path of the newest valid finite generation (hashed here, so the open does not again);
-    None on a fresh run, and for only the uncommitted leftovers of an interrupted first save.
-    Newer diverged generations (their recorded values hold NaN or inf) are passed over and the
-    manager's log says which and why; ``allow_nonfinite`` resumes the newest valid one."""
+def newest(loop: Loop, allow_nonfinite: bool = False) -> tuple[Any, str | None]:
+    """(path of the newest valid finite generation, hashed here so the open does not again; why
+    newer ones were passed over, or None); (None, None) on a fresh run, and for only the
+    uncommitted leftovers of an interrupted first save. Newer diverged generations (their
+    recorded values hold NaN or inf) are passed over and the log says which and why;
+    ``allow_nonfinite`` resumes the newest valid one."""
+    run = loop.run
     try:
-        path, why = ranks.agreed_source(mgr.run, allow_nonfinite)
+        path, why = ranks.agreed_source(run, allow_nonfinite)
         if why is not None and path is not None:
-            mgr.skipped_diverged = why
-            mgr.log(f"{mgr.run.path}: resuming from the newest finite generation, "
-                    f"{Path(path).name}, not a newer one: {why}; resuming a diverged generation "
-                    "would only carry its NaN/inf on (restore(allow_nonfinite=True) or "
-                    "`ckptfmt train --allow-nonfinite` resumes the newest)")
-        return path
+            loop.log(f"{run.path}: resuming from the newest finite generation, "
+                     f"{Path(path).name}, not a newer one: {why}; resuming a diverged generation "
+                     "would only carry its NaN/inf on (restore(allow_nonfinite=True) or "
+                     "`ckptfmt train --allow-nonfinite` resumes the newest)")
+        return path, why if path is not None else None
     except (NoValidGenerationError, RankDisagreementError):
-        if any(g.manifest is not None for g in mgr.run.generations()):
+        if any(g.manifest is not None for g in run.generations()):
             raise                         # committed generations exist and all fail: refuse
-        _refuse_bare(mgr)
-        warnings.warn(f"{mgr.run.path}: only uncommitted leftovers of an interrupted first save; "
+        _refuse_bare(run)
+        warnings.warn(f"{run.path}: only uncommitted leftovers of an interrupted first save; "
                       "starting fresh", stacklevel=4)
-        return None
+        return None, None
 
 
-def _refuse_bare(mgr: "CheckpointManager") -> None:
+def _refuse_bare(run: Run) -> None:
     """A directory of manifest-less ``.bin`` files that no ckptfmt writer ever held is bare
     checkpoints (another trainer's, FORMAT §4.4), not our leftovers: a fresh start would replace
     them at its first save of the same step, so it is refused (every rank together)."""
-    bare = [g.bin.name for g in mgr.run.generations() if g.bin is not None and g.manifest is None]
-    if not any_rank(bool(bare) and first_writer(mgr.run.path))[0]:
+    bare = [g.bin.name for g in run.generations() if g.bin is not None and g.manifest is None]
+    if not any_rank(bool(bare) and first_writer(run.path))[0]:
         return
-    keep_unwritten(mgr.run.path)
-    raise UnsupportedSetupError(str(mgr.run.path), f"holds checkpoints without manifests ({', '.join(bare[:3])}"
+    keep_unwritten(run.path)
+    raise UnsupportedSetupError(str(run.path), f"holds checkpoints without manifests ({', '.join(bare[:3])}"
                                 + (", ..." if len(bare) > 3 else "") + ") and was never a ckptfmt run: "
                                 "bare checkpoints (another trainer's), which a fresh start here would "
                                 "replace; train in a new run directory (ckptfmt inspect, validate and "

@@ -109,7 +109,7 @@ def upgrade(doc: dict[str, Any]) -> dict[str, Any]:
 
 def _upgrade_rng(old: dict[str, Any]) -> dict[str, Any]:
     new = {k: old[k] for k in ("python", "torch_cpu") if k in old}
-    new["numpy_global"] = rngmod.capture()["numpy_global"]
+    new["numpy_global"] = rngmod.rng_state()["numpy_global"]
     if "numpy" in old:
         new["generators"] = {k: {"kind": "numpy", "state": s} for k, s in old["numpy"].items()}
     cuda = old.get("torch_cuda")

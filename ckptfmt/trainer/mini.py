@@ -96,8 +96,7 @@ class Mini:
 
     def manifest(self) -> dict[str, Any]:
         return {"layout": ct.layout_of(self.model),
-                "optimizer": {"type": "Adam", "step": ct.moments(self.model, self.opt)[2],
-                              "hyperparams": ct.hyperparams(self.opt)},
+                "optimizer": ct.describe_optimizer(self.model, self.opt, ct.moments(self.model, self.opt)[2]),
                 "scheduler": mf.json_fields(self.sched.state_dict()),
                 "rng": ct.rng_state({"pcg64": self.np_rng}),
                 "data": {"identity": DATA_IDENTITY, "epoch": self.epoch,
@@ -117,7 +116,7 @@ class Mini:
     def resume(self, path: str, omit_rng: bool) -> None:
         ck = reader.open(path, manifest="require", verify=True, copy_on_write=True)
         doc = ck.manifest
-        mf.require(path, doc, ("layout", "optimizer.step", "scheduler", "rng.python", "rng.numpy",
+        mf.require(path, doc, ("layout", "optimizer.step", "scheduler", "rng.python", _pcg64_key(doc),
                                "rng.torch_cpu", "data.identity", "data.epoch", "data.cursor",
                                "data.permutation", "progress", "config", "history", "versions", "code"))
         check_identity(path, doc)
@@ -137,15 +136,9 @@ class Mini:
             self._restore_rng(doc["rng"])
 
     def _restore_rng(self, rng: dict[str, Any]) -> None:
-        saved = (random.getstate(), self.np_rng.bit_generator.state, torch.get_rng_state())
-        ct.restore_rng(rng, {"pcg64": self.np_rng})
-        skip = {"rng-python": 0, "rng-numpy": 1, "rng-torch": 2}.get(self.fault or "")
-        if skip == 0:
-            random.setstate(saved[0])
-        elif skip == 1:
-            self.np_rng.bit_generator.state = saved[1]
-        elif skip == 2:
-            torch.set_rng_state(saved[2])
+        """Every RNG back (``ct.restore_rng``, as the manager does), but the one ``--fault`` breaks."""
+        skip = {"rng-python": {"python"}, "rng-numpy": {"generators.pcg64"}, "rng-torch": {"torch_cpu"}}
+        ct.restore_rng(rng, {"pcg64": self.np_rng}, skip=skip.get(self.fault or "", set()))
 
     def summary(self, records: list[dict[str, Any]], checkpoint: str) -> dict[str, Any]:
         ms, vs, opt_step = ct.moments(self.model, self.opt)
@@ -191,6 +184,13 @@ def check_progress(path: str, step: int, doc: dict[str, Any]) -> None:
         if bad]
     if problems:
         raise ManifestError(path, "cannot resume: inconsistent state: " + "; ".join(problems))
+
+
+def _pcg64_key(doc: dict[str, Any]) -> str:
+    """Where the manifest holds the PCG64 generator: ``rng.generators.pcg64`` (``ct.rng_state``),
+    ``rng.numpy.pcg64`` in the shape this trainer wrote before."""
+    rng = doc.get("rng")
+    return "rng.numpy.pcg64" if isinstance(rng, dict) and "numpy" in rng else "rng.generators.pcg64"
 
 
 def _code_id() -> str:

@@ -19,9 +19,10 @@ import numpy as np
 
 from ... import fingerprint
 from ... import format as fmt
-from ...errors import ConvertError, DestinationExistsError, UnsupportedConversionError, UnsupportedFormatError
+from ...errors import (ConvertError, DestinationExistsError, UnsupportedConversionError, UnsupportedFormatError,
+                       parse_json)
 from ...tensorfile import TensorFile
-from . import bin, bridge, check, npz, planes, pt, safetensors, torchsave, zst
+from . import bin, bridge, check, npz, planes, pt, safetensors, torchside, zst
 from .planes import planes as planes_of, unplanes
 from .shards import convert_distributed
 from .source import ConvertReport, Source, cast, discard, regions_of, verdict
@@ -112,14 +113,20 @@ def load(path: str, kind: str | None = None) -> Source:
 
 def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = False,
             dtype: str | None = None, verify: bool = True, overwrite: bool = False,
-            progress=None, shards: int | None = None) -> ConvertReport:
+            progress=None, shards: int | None = None, groups: "str | list[list[str]] | None" = None) -> ConvertReport:
     """Convert ``src`` into ``dst``: check the source against its digest, write, and with
     ``verify`` prove the result by converting back. ``progress`` gets byte counts: the source
-    check, the write, then the verification (about the source size each)."""
+    check, the write, then the verification (about the source size each). ``groups``: for a
+    foreign ``.pt`` whose optimizer has several param groups without usable ``param_names``,
+    each group's parameter names (a JSON file holding a list of lists, or the lists)."""
     if not os.path.exists(src):
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", src)
     src_kind, dst_kind = detect(src), target(dst, to)
     check_options(dst, dst_kind, weights_only, dtype, shards)
+    if groups is not None and (src_kind != "pt" or dst_kind != "bin"):
+        raise UnsupportedConversionError(dst, "--groups names the param groups of a foreign .pt converted "
+                                              "into a .bin; it does nothing here")
+    group_names, groups_file = read_groups(groups)
     if dst_kind != "shards" and os.path.lexists(dst) and not overwrite:
         raise DestinationExistsError(dst, "exists already; refusing to overwrite")
     parent = os.path.dirname(os.path.abspath(dst))
@@ -131,15 +138,37 @@ def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = F
         return bridge.export_foreign(src, src_kind, dst, dst_kind, verify)
     existed = os.path.lexists(dst)
     try:
-        return _convert_file(src, dst, src_kind, dst_kind, weights_only, dtype, verify, progress)
+        return _convert_file(src, dst, src_kind, dst_kind, weights_only, dtype, verify, progress,
+                             group_names, groups_file)
     except BaseException:
         if not existed:
             discard(dst)       # a failed conversion leaves nothing behind (its manifest included)
         raise
 
 
+def read_groups(groups: "str | list[list[str]] | None") -> tuple[list[list[str]] | None, str]:
+    """(each param group's parameter names, where they came from) of a ``--groups`` value: a
+    JSON file holding a list with one list of state-dict names per group, or the lists."""
+    if groups is None:
+        return None, "--groups"
+    where, value = "--groups", groups
+    if isinstance(groups, (str, os.PathLike)):
+        where = os.fspath(groups)
+        try:
+            with open(where, "rb") as f:
+                value = parse_json(f.read(1 << 24).decode("utf-8", "replace"), UnsupportedConversionError, where)
+        except OSError as exc:
+            raise UnsupportedConversionError(where, f"cannot read the --groups file: {exc.strerror}") from None
+    if not (isinstance(value, list) and value and all(isinstance(g, list) and all(isinstance(n, str) for n in g)
+                                                      for g in value)):
+        raise UnsupportedConversionError(where, "--groups: expected a JSON list with one list of parameter "
+                                                'names per param group, e.g. [["wte.weight"], ["ln_f.bias"]]')
+    return value, where
+
+
 def _convert_file(src: str, dst: str, src_kind: str, dst_kind: str, weights_only: bool,
-                  dtype: str | None, verify: bool, progress) -> ConvertReport:
+                  dtype: str | None, verify: bool, progress,
+                  groups: "list[list[str]] | None" = None, groups_file: str = "--groups") -> ConvertReport:
     """Write one file of ``dst_kind`` from ``src`` (a foreign file into a .bin) and, with
     ``verify``, prove it by going back."""
     if dst_kind in ("torch", "weights"):
@@ -149,7 +178,7 @@ def _convert_file(src: str, dst: str, src_kind: str, dst_kind: str, weights_only
         if dst_kind != "bin":
             raise UnsupportedConversionError(src, f"a foreign {src_kind} file converts to .bin only (then from "
                                                   ".bin to any other form)")
-        return bridge.import_foreign(src, src_kind, opened, dst, verify)
+        return bridge.import_foreign(src, src_kind, opened, dst, verify, groups, groups_file)
     return _convert_source(opened, src_kind, dst, dst_kind, weights_only, dtype, verify, progress)
 
 
@@ -157,9 +186,10 @@ def _open(src: str, kind: str) -> Any:
     """A ``Source`` for ckptfmt's forms; the loaded foreign object (a torch object or a
     ``TensorFile``) for a foreign .pt or .safetensors."""
     if kind == "pt":
-        state = pt.read(src)
-        torchsave.require_dict(state, src)
-        return pt.load(src, state) if pt.is_ckptfmt(state) else state
+        ts = torchside.torchsave(src)
+        state = ts.read(src)
+        ts.require_dict(state, src)
+        return pt.load(src, state) if ts.is_ckptfmt(state) else state
     if kind == "safetensors":
         sf = TensorFile(src)
         return safetensors.load(src, sf) if safetensors.is_ckptfmt(sf) else sf

@@ -1,7 +1,8 @@
 """Foreign checkpoints through ``convert`` (spec §10.7): a ``torch.save`` of a model and an
-Adam/AdamW optimizer, or a safetensors file of weights, into a committed ``.bin``
+Adam, AdamW or SGD optimizer, or a safetensors file of weights, into a committed ``.bin``
 (``import_foreign``), and a committed ``.bin`` back out as either (``export_foreign``:
-``--to torch``, ``--to weights``).
+``--to torch``, ``--to weights``). The mapping is ``ckptfmt.statemap`` (and, for torch objects,
+``ckptfmt.torch.torchsave``).
 
 A foreign file carries no digest, so its source check is "unverified"; what is proven is the
 round trip: the ``.bin`` just written (blake3 and companion verified) is turned back into the
@@ -14,24 +15,31 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ... import atomic
+from ... import statemap
 from ...errors import ConvertError, UnsupportedConversionError
+from ...statemap import State
 from ...tensorfile import TensorFile
-from . import foreign, pt, safetensors, torchsave
+from . import safetensors
 from .check import VERIFIED
-from .mapping import State, split
 from .source import ConvertReport, discard, verdict
+from .torchside import torchsave
 
 UNVERIFIED = "unverified: a foreign file carries no digest of its own"
 
 
-def import_foreign(src: str, kind: str, loaded: Any, dst: str, verify: bool) -> ConvertReport:
-    """``loaded`` (what ``torch.load`` gave, or the ``TensorFile``) as a committed ``.bin``."""
-    state = torchsave.to_state(loaded, src) if kind == "pt" else safetensors.foreign_state(src, loaded)
-    result = foreign.write_bin(state, dst, src)
+def import_foreign(src: str, kind: str, loaded: Any, dst: str, verify: bool,
+                   groups: "list[list[str]] | None" = None, groups_file: str = "--groups") -> ConvertReport:
+    """``loaded`` (what ``torch.load`` gave, or the ``TensorFile``) as a committed ``.bin``;
+    ``groups``: each param group's parameter names, from the ``--groups`` file."""
+    if kind != "pt" and groups is not None:
+        raise UnsupportedConversionError(groups_file, "--groups names an optimizer's param groups: a "
+                                                      "safetensors file has no optimizer")
+    state = torchsave(src).to_state(loaded, src, groups, groups_file) if kind == "pt" \
+        else safetensors.foreign_state(src, loaded)
+    result = statemap.write_bin(state, dst, src)
     how = "skipped"
     if verify:
-        where = _difference(kind, loaded, state, foreign.read_bin(dst), src)
+        where = _difference(kind, loaded, state, statemap.read_bin(dst), src)
         if where is not None:
             discard(dst)
             raise ConvertError(dst, f"round trip failed: {where} differs after converting back")
@@ -42,7 +50,8 @@ def import_foreign(src: str, kind: str, loaded: Any, dst: str, verify: bool) -> 
 
 def _difference(kind: str, loaded: Any, state: State, back: State, src: str) -> str | None:
     if kind == "pt":
-        return torchsave.difference(loaded, torchsave.from_state(back, src))
+        ts = torchsave(src)
+        return ts.difference(loaded, ts.from_state(back, src))
     return _tensors_difference(state, back)
 
 
@@ -63,34 +72,29 @@ def export_foreign(src: str, src_kind: str, dst: str, dst_kind: str, verify: boo
     """A committed ``.bin`` as a ``torch.save`` checkpoint (``torch``) or safetensors weights."""
     if src_kind != "bin":
         raise UnsupportedConversionError(src, f"--to {dst_kind} reads a committed .bin; convert to .bin first")
-    state = foreign.read_bin(src)          # blake3 of file and companion checked: nothing written before
+    state = statemap.read_bin(src)          # blake3 of file and companion checked: nothing written before
+    written = None
     if dst_kind == "torch":
-        written = torchsave.from_state(state, dst)
-        _save_torch(written, dst)
+        ts = torchsave(dst)
+        written = ts.from_state(state, dst)
+        ts.save(written, dst)
     else:
         safetensors.write_weights(state, dst)
     how = "skipped"
     if verify:
-        where = _read_back_difference(dst, dst_kind, state, written if dst_kind == "torch" else None)
+        where = _read_back_difference(dst, dst_kind, state, written)
         if where is not None:
             discard(dst)
             raise ConvertError(dst, f"verification failed: {where} differs after reading the result back")
         how = "values"
-    n = sum(int(e.data.size) for e in split(state, src)[0])
-    step = max((s for s in state.optimizer.steps if s is not None), default=0) if state.optimizer else 0
+    n = sum(int(e.data.size) for e in statemap.split(state, src)[0])
+    step = state.optimizer.step if state.optimizer else 0
     return ConvertReport(src, dst, "bin", dst_kind, step, n, verdict(VERIFIED, how), None,
                          os.path.getsize(src), os.path.getsize(dst), VERIFIED, how)
 
 
-def _save_torch(obj: Any, dst: str) -> None:
-    torch = pt.require_torch(dst)
-    with atomic.AtomicWriter(dst) as out:
-        with out.fileobj() as f:
-            torch.save(obj, f)
-        out.commit()
-
-
 def _read_back_difference(dst: str, kind: str, state: State, written: Any) -> str | None:
     if kind == "torch":
-        return torchsave.difference(written, pt.read(dst))
+        ts = torchsave(dst)
+        return ts.difference(written, ts.read(dst))
     return _tensors_difference(state, safetensors.foreign_state(dst, TensorFile(dst)))

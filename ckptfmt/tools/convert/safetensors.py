@@ -4,7 +4,7 @@
 ckptfmt's form (``--to safetensors``): one tensor per parameter and region (``weights/<name>``,
 ``m/<name>``, ``v/<name>``) and the ckptfmt metadata. A file without ``format=ckptfmt`` in its
 metadata is a foreign state dict of weights (what ``safetensors.torch.save_file`` writes): it
-comes in as a ``mapping.State`` without optimizer (``foreign_state``) and goes back out with
+comes in as a ``statemap.State`` without optimizer (``foreign_state``) and goes back out with
 ``--to weights`` (``write_weights``): the same names, dtypes, shapes, bytes and metadata.
 """
 from __future__ import annotations
@@ -16,7 +16,7 @@ import numpy as np
 from ... import format as fmt
 from ...errors import UnsupportedConversionError
 from ...tensorfile import TensorFile, write
-from .mapping import Entry, State
+from ...statemap import Entry, State
 from .source import Source, cast, meta, meta_source, named, regions_of
 
 # safetensors dtype codes and torch's names for them
@@ -71,9 +71,10 @@ def foreign_state(path: str, sf: TensorFile) -> State:
 
 
 def tensors_of(state: State) -> list[tuple[str, str, list[int], np.ndarray]]:
-    """(name, code, shape, bytes) of every tensor a foreign file holds; tied aliases are left
-    out, as ``safetensors.torch.save_model`` does (safetensors has no shared tensors)."""
-    return [(e.name, CODES[e.dtype], list(e.shape), e.data) for e in state.model if e.alias_of is None]
+    """(name, code, shape, bytes) of every tensor of the state dict, tied aliases as copies of
+    their tensor (safetensors has no shared tensors), so a strict ``load_state_dict`` of the
+    file's tensors works."""
+    return [(e.name, CODES[e.dtype], list(e.shape), e.data) for e in state.model]
 
 
 def write_weights(state: State, dst: str) -> None:

@@ -14,7 +14,7 @@ from ... import fingerprint, reader, shards
 from ... import format as fmt
 from ... import manifest as mf
 from ...errors import ConvertError, DestinationExistsError
-from . import dcp
+from .torchside import dcp as torch_dcp
 from .check import VERIFIED
 from .source import ConvertReport, discard, verdict
 
@@ -101,14 +101,14 @@ def _split(src: str, run_dir: str, world: int, verify: bool):
 
 def _to_dcp(src: str, dst: str, verify: bool):
     checked = _check_bin(src)
-    dcp.to_dcp(src, dst)
+    torch_dcp(dst).to_dcp(src, dst)
     with reader.open(src, check_name=False) as ck:
         step, n = ck.step, ck.n_params
     original = fingerprint.of_file(src)
     how = "skipped"
     if verify:
         with tempfile.TemporaryDirectory() as tmp:
-            back = dcp.from_dcp(dst, os.path.join(tmp, fmt.checkpoint_name(step)))
+            back = torch_dcp(dst).from_dcp(dst, os.path.join(tmp, fmt.checkpoint_name(step)))
         if back.blake3 != original:
             raise ConvertError(dst, "round trip failed: reading the DCP directory back does not reproduce the source")
         how = "round-trip"
@@ -116,6 +116,7 @@ def _to_dcp(src: str, dst: str, verify: bool):
 
 
 def _from_dcp(src: str, dst: str, verify: bool):
+    dcp = torch_dcp(src)
     result = dcp.from_dcp(src, dst)
     how = "skipped"
     if verify:

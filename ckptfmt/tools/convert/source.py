@@ -13,7 +13,7 @@ import numpy as np
 from ... import companion
 from ... import format as fmt
 from ... import manifest as mf
-from ...errors import ConvertError, MissingDependencyError, UnsupportedFormatError
+from ...errors import ConvertError, UnsupportedFormatError
 
 
 @dataclass
@@ -136,17 +136,6 @@ def cast(arr: np.ndarray, dtype: str | None) -> tuple[str, np.ndarray]:
 
 def regions_of(src: Source, weights_only: bool) -> list[str]:
     return ["weights"] if weights_only else list(fmt.REGIONS)
-
-
-def require_torch(path: str):
-    """The torch module, or a could-not-run error naming the extra to install."""
-    try:
-        import torch  # lazy: torch is the optional extra (the .pt and DCP conversions only)
-    except ImportError:
-        raise MissingDependencyError(path, ".pt needs torch: pip install 'ckptfmt[torch]'") from None
-    return torch
-
-
 
 
 def discard(path: str) -> None:

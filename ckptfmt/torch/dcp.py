@@ -1,4 +1,6 @@
-"""torch.distributed.checkpoint interop (imports torch).
+"""torch.distributed.checkpoint interop: ``ckptfmt convert`` to and from a DCP directory
+(reached from the tools layer only through ``tools.convert.torchside``, so ``pip install
+ckptfmt`` converts every other form without torch).
 
 To DCP: weights under ``model.<name>`` and the Adam state under ``optim.state.<name>.exp_avg`` /
 ``exp_avg_sq`` / ``step`` and ``optim.param_groups``, the usual keys of a model + optimizer state
@@ -18,19 +20,13 @@ from typing import Any
 
 import numpy as np
 
-from ... import format as fmt
-from ... import manifest as mf
-from ... import reader, writer
-from ...errors import ConvertError
-from .source import require_torch
+import torch
+import torch.distributed.checkpoint as dcp
 
-
-def _torch_dcp(path: str) -> tuple[Any, Any]:
-    """(torch, torch.distributed.checkpoint), imported here only: the rest of the conversions
-    must work without torch."""
-    torch = require_torch(path)
-    import torch.distributed.checkpoint as dcp  # lazy: torch is the optional extra
-    return torch, dcp
+from .. import format as fmt
+from .. import manifest as mf
+from .. import reader, writer
+from ..errors import ConvertError
 
 
 @contextlib.contextmanager
@@ -46,7 +42,7 @@ def _layout(ck) -> list[dict[str, Any]]:
     return ck.layout or [{"name": "flat", "shape": [ck.n_params], "offset": 0}]
 
 
-def _tensors(torch: Any, region: np.ndarray, layout: list[dict[str, Any]]) -> dict[str, Any]:
+def _tensors(region: np.ndarray, layout: list[dict[str, Any]]) -> dict[str, Any]:
     out = {}
     for e in layout:
         count = math.prod(e["shape"])
@@ -56,7 +52,6 @@ def _tensors(torch: Any, region: np.ndarray, layout: list[dict[str, Any]]) -> di
 
 def to_dcp(src: str, dst: str) -> None:
     """Write a .bin (with or without manifest) as a DCP directory."""
-    torch, dcp = _torch_dcp(dst)
     if os.path.exists(dst) and os.listdir(dst):
         raise ConvertError(dst, "DCP destination exists and is not empty")
     ck = reader.open(src, copy_on_write=True, check_name=False)
@@ -65,7 +60,7 @@ def to_dcp(src: str, dst: str) -> None:
         extra = {k: v for k, v in (ck.manifest or {}).items() if k not in mf.REQUIRED}
         extra.setdefault("layout", layout)
         opt = (ck.manifest or {}).get("optimizer", {})
-        weights, m, v = (_tensors(torch, getattr(ck, r), layout) for r in fmt.REGIONS)
+        weights, m, v = (_tensors(getattr(ck, r), layout) for r in fmt.REGIONS)
         manifest_bytes = torch.frombuffer(bytearray(json.dumps(extra).encode()), dtype=torch.uint8)
         state = {"model": weights,
                  "optim": {"state": {name: {"exp_avg": m[name], "exp_avg_sq": v[name],
@@ -80,7 +75,6 @@ def to_dcp(src: str, dst: str) -> None:
 def from_dcp(src: str, dst: str) -> writer.SaveResult:
     """Read a DCP directory written by ``to_dcp`` (or any with model/optim keys and a layout)
     into arrays, then save a .bin and its manifest."""
-    torch, dcp = _torch_dcp(src)
     meta = dcp.FileSystemReader(src).read_metadata().state_dict_metadata
     if "ckptfmt.manifest" not in meta:
         raise ConvertError(src, "not written by ckptfmt: no ckptfmt.manifest entry (its layout is needed)")
@@ -92,7 +86,7 @@ def from_dcp(src: str, dst: str) -> writer.SaveResult:
     layout = extra["layout"]
     n = sum(math.prod(e["shape"]) for e in layout)
     regions = {r: np.empty(n, dtype=fmt.DTYPE) for r in fmt.REGIONS}
-    w, m, v = (_tensors(torch, regions[r], layout) for r in fmt.REGIONS)
+    w, m, v = (_tensors(regions[r], layout) for r in fmt.REGIONS)
     state = {"model": w, "optim": {"state": {k: {"exp_avg": m[k], "exp_avg_sq": v[k]} for k in w}}}
     with _one_process():
         dcp.load(state, checkpoint_id=src)
