@@ -21,6 +21,7 @@ from ..errors import CheckpointError, NotACheckpointError
 from ..run.history import strict
 
 EXIT_OK, EXIT_DEFECT, EXIT_CANNOT = 0, 1, 2
+EXIT_INTERRUPTED = 130          # Ctrl-C: the shell's 128 + SIGINT; not a defect, nothing checked
 
 
 class Fail(click.ClickException):
@@ -71,6 +72,9 @@ def guarded(fn: Callable, *, net: bool = True) -> Callable:
                        as_json=as_json) from None
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
+        except KeyboardInterrupt:             # Ctrl-C: not a defect (a `validate || quarantine` must not fire)
+            raise Fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED,
+                       kind="Interrupted", as_json=as_json) from None
         except Exception as exc:              # a bug of ours: still one line, never a traceback
             if os.environ.get(DEBUG, "") not in ("", "0") or not net:
                 raise

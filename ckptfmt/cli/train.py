@@ -1,6 +1,7 @@
 """``train`` and ``verify-resume``: the commands that run the reference trainer (torch)."""
 from __future__ import annotations
 
+import importlib.util
 import os
 import sys
 
@@ -8,6 +9,13 @@ import click
 
 from .app import main
 from .output import EXIT_CANNOT, EXIT_DEFECT, TOLERANCE, Fail, emit, guarded, guarded_keeping_tracebacks, json_option
+
+
+def require_torch(command: str) -> None:
+    """The commands that run a trainer need the torch extra: without it, one line and exit 2
+    (looked up, not imported: the import is slow and comes later)."""
+    if importlib.util.find_spec("torch") is None:
+        raise Fail(f"{command} needs torch: pip install 'ckptfmt[torch]'", EXIT_CANNOT)
 
 
 # ---------------------------------------------------------------- verify-resume
@@ -31,6 +39,7 @@ def verify_resume_cmd(output: str, trainer: str, steps: int, cut: int, atol: flo
                       command: str | None, fault: str | None, as_json: bool) -> None:
     """Prove a resume is complete: continuous, cut, resumed and resumed-without-RNG runs in
     fresh processes. Exit 0 when the resume matches and the negative control diverges."""
+    require_torch("verify-resume")
     from ..verify import VerifyIncomplete, verify_resume  # lazy: the verify layer (uses torch), keeps --help fast
     if cut >= steps:
         raise click.UsageError(f"--cut ({cut}) must be smaller than --steps ({steps})")
@@ -139,6 +148,7 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
     torchrun) makes the loss NaN at STEP, so the divergence guard can be tested with the tiny
     config.
     """
+    require_torch("train")
     from ..trainer.signals import install  # lazy: the trainer layer, keeps --help fast
     flags = install()           # before the slow imports: a signal during start-up is honoured
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1   # launched by torchrun

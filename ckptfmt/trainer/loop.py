@@ -288,7 +288,7 @@ class Trainer:
             self.flags.checkpoint = False   # consumed before it is shared: a later SIGUSR1 counts next step
             self.mgr.request_save()
         if self.flags.stop:
-            self.mgr.request_stop()
+            self.mgr.request_stop(next((n for n in self.flags.received if n in ("SIGTERM", "SIGINT")), "SIGTERM"))
         stop = self.mgr.step(step, **{k: v for k, v in record.items() if k != "step"})
         if step == target and self.mgr.committed != step:
             self.mgr.save(step, "target")

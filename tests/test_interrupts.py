@@ -1,0 +1,118 @@
+"""Ctrl-C and the other signals as users expect them: a file command interrupted is not a
+defect (exit 130), a manager built outside the main thread works without signals, a second
+Ctrl-C (or one after the manager is closed or gone) does what it did before the manager, and a
+checkpoint event names the signal that asked for it."""
+from __future__ import annotations
+
+import gc
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+import torch
+
+from ckptfmt.torch import CheckpointManager
+
+
+@pytest.fixture
+def python_sigint():
+    """SIGINT as a plain Python process has it (a test worker may ignore it), put back after."""
+    before = {sig: signal.getsignal(sig) for sig in (signal.SIGINT, signal.SIGTERM, signal.SIGUSR1)}
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+    yield
+    for sig, handler in before.items():
+        signal.signal(sig, handler)
+
+
+def tiny():
+    model = torch.nn.Linear(2, 2)
+    return model, torch.optim.AdamW(model.parameters())
+
+
+def blocked_on(fifo: str, deadline_s: float = 120) -> int:
+    """Wait until a reader has the FIFO open, then hold its write end (it blocks in read)."""
+    deadline = time.monotonic() + deadline_s
+    while True:
+        try:
+            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError:
+            assert time.monotonic() < deadline, "the command never opened the FIFO"
+            time.sleep(0.02)
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_ctrl_c_during_a_conversion_exits_130_in_one_line_and_leaves_nothing(tmp_path, as_json):
+    fifo, out = str(tmp_path / "src.zst"), tmp_path / "step_000001.bin"
+    os.mkfifo(fifo)
+    argv = [sys.executable, "-m", "ckptfmt.cli", "convert", fifo, str(out), *(["--json"] if as_json else [])]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    held = blocked_on(fifo)
+    try:
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        os.close(held)
+    assert proc.returncode == 130, stderr
+    assert stderr == "ckptfmt: interrupted (Ctrl-C)\n"
+    if as_json:
+        assert json.loads(stdout)["error"] == {"type": "Interrupted", "message": "interrupted (Ctrl-C)",
+                                               "path": None, "exit_code": 130}
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["src.zst"]
+
+
+def test_a_manager_built_in_a_worker_thread_runs_without_signals_and_says_so(tmp_path):
+    said, result = [], {}
+
+    def work():
+        model, opt = tiny()
+        with CheckpointManager(tmp_path / "run", model, opt, every=1, keep_last=None, log=said.append) as mgr:
+            result["start"] = mgr.restore()
+            result["stop"] = mgr.step(1, loss=1.0)
+    thread = threading.Thread(target=work)
+    thread.start()
+    thread.join()
+    assert result == {"start": 0, "stop": False}
+    assert (tmp_path / "run" / "step_000001.json").exists()
+    assert [m for m in said if "signals are not handled" in m] and \
+        "outside the main thread" in said[0], said
+
+
+def test_a_second_ctrl_c_after_a_stop_was_requested_raises_keyboard_interrupt(tmp_path, python_sigint):
+    model, opt = tiny()
+    with CheckpointManager(tmp_path / "run", model, opt, every=None, keep_last=None) as mgr:
+        mgr.restore()
+        os.kill(os.getpid(), signal.SIGINT)          # the first asks for a stop
+        assert mgr.step(1, loss=1.0) is True
+        with pytest.raises(KeyboardInterrupt):
+            os.kill(os.getpid(), signal.SIGINT)      # the loop went on regardless: Ctrl-C forces
+            time.sleep(1)
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler
+
+
+def test_ctrl_c_after_a_manager_was_dropped_unclosed_raises_keyboard_interrupt(tmp_path, python_sigint):
+    model, opt = tiny()
+    mgr = CheckpointManager(tmp_path / "run", model, opt, every=None, keep_last=None)
+    mgr.restore()
+    del mgr
+    gc.collect()
+    with pytest.raises(KeyboardInterrupt):
+        os.kill(os.getpid(), signal.SIGINT)
+        time.sleep(1)
+    model, opt = tiny()
+    with CheckpointManager(tmp_path / "run", model, opt, every=None, keep_last=None) as again:
+        assert again.restore() == 0                  # its lock went with it
+
+
+def test_the_checkpoint_event_names_the_signal_that_asked_for_it(tmp_path, python_sigint):
+    model, opt = tiny()
+    with CheckpointManager(tmp_path / "run", model, opt, every=None, keep_last=None) as mgr:
+        mgr.restore()
+        os.kill(os.getpid(), signal.SIGINT)
+        assert mgr.step(1, loss=1.0) is True
+    events = [json.loads(line) for line in (tmp_path / "run" / ".loss.json").read_text().splitlines()]
+    assert [e.get("reason") for e in events if e.get("event") == "checkpoint"] == ["SIGINT"]
