@@ -170,10 +170,22 @@ def test_a_storm_of_sigusr1_leaves_only_valid_files(tmp_path):
     assert len(checkpoints) >= 5
 
 
+def _catches(pid: int, sig: int) -> bool:
+    """Whether process ``pid`` has a handler installed for ``sig`` (/proc's SigCgt mask)."""
+    try:
+        with open(f"/proc/{pid}/status") as f:
+            mask = next(line.split()[1] for line in f if line.startswith("SigCgt:"))
+    except (OSError, StopIteration):
+        return False
+    return bool(int(mask, 16) & (1 << (sig - 1)))
+
+
 def test_sigterm_during_startup_writes_nothing(tmp_path):
     run = tmp_path / "run"
     proc = start(run, 50)
-    time.sleep(0.4)                    # still importing torch / building the corpus
+    deadline = time.monotonic() + 60   # the handler is in (the CLI's own imports done), torch not yet
+    while not _catches(proc.pid, signal.SIGTERM) and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.005)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err

@@ -148,9 +148,9 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
     torchrun) makes the loss NaN at STEP, so the divergence guard can be tested with the tiny
     config.
     """
-    require_torch("train")
     from ..trainer.signals import install  # lazy: the trainer layer, keeps --help fast
     flags = install()           # before the slow imports: a signal during start-up is honoured
+    require_torch("train")
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1   # launched by torchrun
     if distributed and (summary or pause_at):
         raise click.UsageError("--summary and --pause-at-step are single-process only (not under torchrun)")

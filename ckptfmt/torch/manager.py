@@ -17,13 +17,9 @@ scheduler, the GradScaler, the JSON-able state, every RNG and the config in the 
 """
 from __future__ import annotations
 
-import functools
-import os
 import signal
-import threading
 import time
 import warnings
-import weakref
 from typing import Any, Mapping
 
 import numpy as np
@@ -33,7 +29,7 @@ from .. import manifest as mf
 from ..errors import ConfigMismatchError
 from ..run import Run, RunLock
 from ..run.history import encode_float
-from . import adapter, optim, ranks, rng
+from . import adapter, handlers, optim, ranks, rng
 from . import restore as restoring
 from .distributed import reshard
 from .saver import Saver
@@ -84,11 +80,10 @@ class CheckpointManager:
         self.run = directory if isinstance(directory, Run) else Run(directory, create=True)
         self._stop = self._save_requested = False
         self._stop_reason = "SIGTERM"         # another rank's signal: the one the cluster sends
-        self._handlers = _install(self) if handle_signals else None   # before the lock: may raise
+        self._handlers = handlers.install(self) if handle_signals else None   # before the lock: may raise
         locked = self.rank == 0 and hooks.get("lock", True)
         self._lock = RunLock(self.run.path, purpose="checkpoint manager").acquire() if locked else None
-        # a manager dropped without close() gives its lock up when it is collected
-        self._dropped = weakref.finalize(self, self._lock.release) if self._lock is not None else None
+        self._dropped = handlers.release_when_collected(self, self._lock)
         self._saver = Saver(self.run, asynchronous=async_save, sharded=self.world > 1,
                             after_commit=self._committed)
         self._mirror = _start_mirror(self, mirror) if mirror and self.rank == 0 else None
@@ -345,45 +340,6 @@ def _start_mirror(mgr: CheckpointManager, url: str) -> Any:
     from ..tools.mirror_thread import BackgroundMirror
     return BackgroundMirror(mgr.run.path, url, keep_last=mgr.keep_last, keep_every=mgr.keep_every,
                             log=mgr.log)
-
-
-def _install(mgr: CheckpointManager) -> dict[int, Any] | None:
-    """SIGTERM/SIGINT request a stop, SIGUSR1 a save; the handlers only set flags. Python lets
-    only the main thread install handlers: a manager built in another thread handles none, and
-    says so once. The handlers hold the manager weakly: once it is closed or gone, and for a
-    second Ctrl-C after a stop was requested (a notebook cell that failed before ``close()``, a
-    loop that no longer calls ``step()`` or ignores its answer), a signal does what it did
-    before the manager (Ctrl-C raises KeyboardInterrupt again)."""
-    if threading.current_thread() is not threading.main_thread():
-        mgr.log("signals are not handled: the manager was built outside the main thread "
-                "(handle_signals=False says so and keeps this quiet); call request_stop() / "
-                "request_save() from the thread that receives them")
-        return None
-    ref = weakref.ref(mgr)
-    previous = {}
-    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
-        previous[sig] = signal.signal(sig, functools.partial(_on_signal, ref, signal.getsignal(sig)))
-    return previous
-
-
-def _on_signal(ref: "weakref.ref[CheckpointManager]", before: Any, signum: int, frame: Any) -> None:
-    mgr, name = ref(), signal.Signals(signum).name
-    if mgr is None or mgr.closed or (signum == signal.SIGINT and mgr._stop):   # a second Ctrl-C: force
-        _chain(before, signum, frame)
-    elif signum == signal.SIGUSR1:
-        mgr.request_save()
-    else:
-        mgr.request_stop(name)
-
-
-def _chain(before: Any, signum: int, frame: Any) -> None:
-    """What the handler the manager replaced would have done (Python's own SIGINT handler
-    raises KeyboardInterrupt; the default action of SIGTERM ends the process)."""
-    if callable(before):
-        before(signum, frame)
-    elif before == signal.SIG_DFL:
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
 
 
 def _strict_json(manifest: dict[str, Any]) -> None:
