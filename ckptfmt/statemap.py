@@ -102,7 +102,7 @@ def candidates(model: list[Entry]) -> list[Entry]:
             and not is_buffer_name(e.name)]
 
 
-def members(model: list[Entry], counts: list[int], names: list[list[str]] | None, path: str,
+def resolve_members(model: list[Entry], counts: list[int], names: list[list[str]] | None, path: str,
             given_by: str = "param_names") -> list[list[str]]:
     """Each param group's parameter names. ``counts``: how many parameters each group lists;
     ``names``: the groups' names where something gave them (torch's ``param_names``, or the

@@ -152,13 +152,18 @@ def assert_same_optimizer_state(a, b):
 
 
 # ---------------------------------------------------------------- 1. layer-wise LR decay
-def test_llrd_groups_without_names_are_refused_naming_the_groups_option(runner, tmp_path):
-    llrd_checkpoint(tmp_path / "llrd.pt")
-    (tmp_path / "run").mkdir()
-    result = cli(runner, "convert", tmp_path / "llrd.pt", tmp_path / "run" / "step_000003.bin")
+def assert_refused_naming_the_groups_option(runner, source, run, name):
+    """Several param groups without names: exit 2, one line naming --groups, nothing written."""
+    run.mkdir()
+    result = cli(runner, "convert", source, run / name)
     assert result.exit_code == 2, result.output
     assert "--groups" in one_line(result)
-    assert step_files(tmp_path / "run") == []
+    assert step_files(run) == []
+
+
+def test_llrd_groups_without_names_are_refused_naming_the_groups_option(runner, tmp_path):
+    llrd_checkpoint(tmp_path / "llrd.pt")
+    assert_refused_naming_the_groups_option(runner, tmp_path / "llrd.pt", tmp_path / "run", "step_000003.bin")
 
 
 def test_llrd_groups_with_param_names_convert_with_moments_on_their_layers(runner, tmp_path):
@@ -433,11 +438,7 @@ def nanogpt_checkpoint(path):
 
 def test_a_nanogpt_checkpoint_without_groups_is_refused_naming_the_groups_option(runner, tmp_path):
     nanogpt_checkpoint(tmp_path / "ckpt.pt")
-    (tmp_path / "run").mkdir()
-    result = cli(runner, "convert", tmp_path / "ckpt.pt", tmp_path / "run" / "step_000007.bin")
-    assert result.exit_code == 2, result.output
-    assert "--groups" in one_line(result)
-    assert step_files(tmp_path / "run") == []
+    assert_refused_naming_the_groups_option(runner, tmp_path / "ckpt.pt", tmp_path / "run", "step_000007.bin")
 
 
 def test_a_nanogpt_checkpoint_with_groups_converts_and_goes_back_whole(runner, tmp_path):

@@ -89,7 +89,6 @@ def hyperparams(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
     return optim.settings(optimizer)[0]
 
 
-setting_like = optim.setting_like
 describe_optimizer = optim.describe     # the manifest's ``optimizer`` of a model and its optimizer
 
 
@@ -273,9 +272,6 @@ def prepare_optimizer(ck: "reader.Checkpoint | Any", model: torch.nn.Module,
     if not isinstance(opt, dict) or "step" not in opt or "hyperparams" not in opt:
         raise IncompleteResumeStateError(ck.path, "cannot resume the optimizer: manifest lacks "
                                                   "optimizer.step / optimizer.hyperparams")
-    if len(opt["hyperparams"]) != len(optimizer.param_groups):
-        raise OptimizerMismatchError(ck.path, f"{len(opt['hyperparams'])} param groups in the manifest, "
-                                       f"{len(optimizer.param_groups)} in the optimizer")
     order = optim.check(optimizer, {"type": optim.kind(optimizer), **opt}, ck.path, optim.names_of(model))
     for group, i in zip(optimizer.param_groups, order):
         group.update(optim.group_settings(group, opt["hyperparams"][i], optim.kinds_of(opt.get("setting_types"), i)))

@@ -242,12 +242,10 @@ def _match(live: list[list[str]], saved: list[list[str]], path: str) -> list[int
 
 
 def restore(optimizer: torch.optim.Optimizer, params: list[torch.Tensor], doc: dict[str, Any],
-            m: list[torch.Tensor], v: list[torch.Tensor], path: str,
-            names: dict[int, str] | None = None) -> None:
+            m: list[torch.Tensor], v: list[torch.Tensor], order: list[int]) -> None:
     """Load the optimizer from the manifest's ``optimizer`` and the m, v tensors (already in
     parameter order, dtype and device): each parameter's state by identity, each live group's
-    settings from the saved group with the same members."""
-    order = check(optimizer, doc, path, names)
+    settings from the saved group ``order`` gives it (``check``, run before anything was copied)."""
     name = kind(optimizer)
     groups, kinds = doc.get("hyperparams") or [], doc.get("setting_types")
     index = {id(p): i for i, p in enumerate(p for g in optimizer.param_groups for p in g["params"])}

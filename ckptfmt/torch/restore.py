@@ -88,6 +88,7 @@ class Plan:
     buffers: dict[str, Any] = field(default_factory=dict)
     change: dict[str, Any] | None = None                     # a world-size change, said once it passed
     moved: list[tuple[str, str, str]] = field(default_factory=list)   # a device change: rng.device_changes
+    groups: list[int] = field(default_factory=list)          # each live param group's saved group
 
 
 def restore(loop: Loop, source: Any, strict: bool, restore_rng: bool,
@@ -142,14 +143,14 @@ def make_plan(loop: Loop, ck: Any, doc: dict[str, Any], strict: bool,
     path = ck.path
     check_layout(doc, loop.model, path)
     mf.require(path, doc, ("layout", "optimizer"))
-    optim.check(loop.optimizer, doc["optimizer"], path, optim.names_of(loop.model))   # groups by their members
+    groups = optim.check(loop.optimizer, doc["optimizer"], path, optim.names_of(loop.model))   # by their members
     unfit = _unfit(loop, doc, path, strict)
     extra = ck.companion()
     get = extra.tensor if extra is not None else _no_companion(path)
     own_rng, own_state, change = ranks.own_pieces(doc)
     new_rank = change is not None and own_rng is None
     plan = Plan(doc, path, get, own_state or {}, (own_rng or {}) if restore_rng and not new_rank else None,
-                change=change, moved=_moved(loop, own_rng))
+                change=change, moved=_moved(loop, own_rng), groups=groups)
     if new_rank:
         plan.fresh.append(f"per-rank RNGs and loop state of rank {loop.rank} (a rank the run did not have)")
     lacks = [p for p, _ in loop.pieces if _lookup(plan, p) is None and not (new_rank and p.startswith("state."))]
@@ -287,7 +288,7 @@ def load_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ck: A
                 p.copy_(adapter._view(ck.weights, entry))
         ms = [adapter._view(ck.m, e).to(p.device, p.dtype) for p, e in zip(params, ck.layout)]
         vs = [adapter._view(ck.v, e).to(p.device, p.dtype) for p, e in zip(params, ck.layout)]
-        optim.restore(optimizer, params, plan.doc["optimizer"], ms, vs, plan.path, optim.names_of(model))
+        optim.restore(optimizer, params, plan.doc["optimizer"], ms, vs, plan.groups)
     live = persistent_buffers(model)                # the same names: check_layout
     with torch.no_grad():
         for name, tensor in plan.buffers.items():

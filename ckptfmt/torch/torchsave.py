@@ -19,7 +19,7 @@ import torch
 
 from .. import atomic
 from ..errors import ConvertError, UnsupportedConversionError, UnsupportedSetupError
-from ..statemap import EXTRAS, OPTIMIZERS, Entry, Optimizer, State, members
+from ..statemap import EXTRAS, OPTIMIZERS, Entry, Optimizer, State, resolve_members
 from . import optim
 from .state import join, split
 
@@ -194,7 +194,7 @@ def _optimizer(osd: dict, entries: list[Entry], prefix: str, given: list[list[st
     keys = {e.name for e in entries}
     names = [[_key(n, prefix, keys) for n in group] for group in given] if given is not None \
         else _param_names(groups, entries, prefix)
-    by_group = members(entries, [len(i) for i in indices], names, path, given_by if given is not None else "param_names")
+    by_group = resolve_members(entries, [len(i) for i in indices], names, path, given_by if given is not None else "param_names")
     first, second, steps = {}, {}, {}
     for group, names_of_group in zip(indices, by_group):
         for i, name in zip(group, names_of_group):
@@ -281,11 +281,12 @@ def _moments(i: int, name: str, st: Any, kind: str, path: str) -> tuple[Entry | 
     first, second = OPTIMIZERS[kind]
     allowed = {first, second, "step"} - {None}
     extra = sorted(set(st) - allowed) if isinstance(st, dict) else ["(not a dict)"]
-    if extra or not all(isinstance(st.get(k), torch.Tensor) for k in (first, second) if k and (k != first or st.get(k) is not None)):
+    if not extra and st.get(first) is None and second is None:
+        return None, None, None             # SGD before its first momentum step: a None buffer
+    moments = [st.get(k) for k in (first, second) if k is not None]
+    if extra or not all(isinstance(t, torch.Tensor) for t in moments):
         raise UnsupportedConversionError(path, f"optimizer state of parameter {i} ({name}) holds {extra or 'no moments'}: "
                                                f"only {kind}'s {', '.join(sorted(allowed))} map onto m and v")
-    if st.get(first) is None:          # SGD before its first momentum step
-        return None, None, None
     step = float(st.get("step", 0))
     if not step.is_integer() or step < 0:
         raise UnsupportedConversionError(path, f"optimizer state of parameter {i} ({name}): step {step} is not a count")
