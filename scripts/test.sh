@@ -6,4 +6,4 @@ cd "$(dirname "$0")/.."
 bash scripts/setup.sh
 .venv/bin/lint-imports            # the layers and import rules of spec/FORMAT.md "Architecture"
 .venv/bin/ruff check --quiet --select F ckptfmt tests benchmarks examples
-exec .venv/bin/python -m pytest -n 2 --dist loadgroup tests "$@"
+exec .venv/bin/python -m pytest -n 2 --dist loadgroup --durations=15 tests "$@"
