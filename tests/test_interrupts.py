@@ -16,6 +16,7 @@ import time
 import pytest
 import torch
 
+from ckptfmt.cli.output import error_doc
 from ckptfmt.torch import CheckpointManager
 
 
@@ -34,13 +35,14 @@ def tiny():
     return model, torch.optim.AdamW(model.parameters())
 
 
-def blocked_on(fifo: str, deadline_s: float = 120) -> int:
-    """Wait until a reader has the FIFO open, then hold its write end (it blocks in read)."""
+def blocked_on(fifo: str, proc: subprocess.Popen, deadline_s: float = 120) -> int:
+    """Wait until ``proc`` has the FIFO open, then hold its write end (it blocks in read)."""
     deadline = time.monotonic() + deadline_s
     while True:
         try:
             return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
         except OSError:
+            assert proc.poll() is None, f"the command ended before it opened the FIFO: {proc.communicate()}"
             assert time.monotonic() < deadline, "the command never opened the FIFO"
             time.sleep(0.02)
 
@@ -53,7 +55,7 @@ def test_ctrl_c_during_a_conversion_exits_130_in_one_line_and_leaves_nothing(tmp
     os.mkfifo(fifo)
     argv = [sys.executable, "-m", "ckptfmt.cli", "convert", fifo, str(out), *(["--json"] if as_json else [])]
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    held = blocked_on(fifo)
+    held = blocked_on(fifo, proc)
     try:
         proc.send_signal(signal.SIGINT)
         stdout, stderr = proc.communicate(timeout=120)
@@ -66,6 +68,47 @@ def test_ctrl_c_during_a_conversion_exits_130_in_one_line_and_leaves_nothing(tmp
         assert json.loads(stdout)["error"] == {"type": "Interrupted", "message": "interrupted (Ctrl-C)",
                                                "path": None, "exit_code": 130}
     assert sorted(p.name for p in tmp_path.iterdir()) == ["src.zst"]
+
+
+HELD_IMPORT = """
+import sys, ckptfmt_console
+fifo = sys.argv[1]
+class Held:                       # the CLI's import waits on a FIFO: a Ctrl-C lands mid-import
+    def find_spec(self, name, path=None, target=None):
+        if name == "ckptfmt.cli.files":
+            open(fifo, "rb").read()
+sys.meta_path.insert(0, Held())
+sys.argv = ["ckptfmt", *sys.argv[2:]]
+sys.exit(ckptfmt_console.main())
+"""
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_ctrl_c_while_the_command_line_imports_is_one_line_and_exit_130(tmp_path, as_json, python_sigint):
+    fifo = str(tmp_path / "held")
+    os.mkfifo(fifo)
+    argv = [sys.executable, "-c", HELD_IMPORT, fifo, *(["--json"] if as_json else []), "inspect", fifo]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    held = blocked_on(fifo, proc)
+    try:
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        os.close(held)
+        proc.kill()
+    assert (proc.returncode, stderr) == (130, "ckptfmt: interrupted (Ctrl-C)\n")
+    if as_json:
+        assert json.loads(stdout) == error_doc("interrupted (Ctrl-C)", 130, "Interrupted", None)
+    else:
+        assert stdout == ""
+
+
+def test_importing_ckptfmt_leaves_the_programs_signals_alone():
+    code = ("import signal; before = {s: signal.getsignal(s) for s in signal.valid_signals()}; "
+            "import ckptfmt, ckptfmt.cli, ckptfmt.torch; "
+            "assert {s: signal.getsignal(s) for s in signal.valid_signals()} == before")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr
 
 
 def test_a_manager_built_in_a_worker_thread_runs_without_signals_and_says_so(tmp_path):

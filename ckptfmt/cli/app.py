@@ -4,7 +4,7 @@ from __future__ import annotations
 import click
 
 from . import output  # noqa: F401  (installs the one-line warning format)
-from .output import EXIT_CANNOT, Fail, quiet_after_closed_stdout, stdout_is_pipe
+from .output import EXIT_CANNOT, Fail, interrupted, quiet_after_closed_stdout, stdout_is_pipe
 
 
 class Group(click.Group):
@@ -20,6 +20,8 @@ class Group(click.Group):
             where = _subcommand(exc.ctx)
             raise Fail(f"{where + ': ' if where else ''}{exc.format_message()} (see --help)", EXIT_CANNOT,
                        as_json=wants_json) from None
+        except KeyboardInterrupt:      # before a command's own guard (its options being parsed)
+            raise interrupted(wants_json) from None
         except BrokenPipeError as exc:
             if exc.filename is not None or not stdout_is_pipe():
                 raise Fail(str(exc), EXIT_CANNOT, kind=type(exc).__name__, as_json=wants_json) from None

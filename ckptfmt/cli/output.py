@@ -40,6 +40,11 @@ class Fail(click.ClickException):
         click.echo(f"ckptfmt: {self.format_message()}", err=True)
 
 
+def interrupted(as_json: bool) -> Fail:
+    """A Ctrl-C: exit 130, one line (the console script says the same for one during start-up)."""
+    return Fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED, kind="Interrupted", as_json=as_json)
+
+
 def error_doc(message: str, code: int, kind: str, path: str | None) -> dict[str, Any]:
     """What ``--json`` prints when a command fails: ``{"error": {...}}``, one strict document."""
     return {"error": {"type": kind, "message": message, "path": path, "exit_code": code}}
@@ -73,8 +78,7 @@ def guarded(fn: Callable, *, net: bool = True) -> Callable:
         except (click.exceptions.Exit, click.exceptions.Abort):
             raise
         except KeyboardInterrupt:             # Ctrl-C: not a defect (a `validate || quarantine` must not fire)
-            raise Fail("interrupted (Ctrl-C)", EXIT_INTERRUPTED,
-                       kind="Interrupted", as_json=as_json) from None
+            raise interrupted(as_json) from None
         except Exception as exc:              # a bug of ours: still one line, never a traceback
             if os.environ.get(DEBUG, "") not in ("", "0") or not net:
                 raise
