@@ -22,9 +22,10 @@ __all__ = ["CheckpointError", "NotACheckpointError", "BadHeaderError", "Truncate
            "StateRefusedError", "DeviceChangeError", "LayoutMismatchError", "OptimizerMismatchError", "UnsupportedOptimizerError", "NoValidGenerationError",
            "GenerationNotFoundError", "EmptyRunError", "RunLockedError", "HistoryCorruptError", "SidecarError",
            "RankDisagreementError", "SaveError", "RegionError", "ConvertError", "UnsupportedFormatError",
-           "UnsupportedConversionError", "TensorFileError", "ExportError",
+           "UnsupportedConversionError", "UnsupportedKindError", "TensorFileError", "ExportError",
            "DestinationExistsError", "MissingDependencyError", "UnsupportedSetupError",
-           "DeviceUnavailableError", "RemoteError"]
+           "DeviceUnavailableError", "RemoteError", "StepNameMismatchError", "StorageError",
+           "HistoryWriteError", "SidecarWriteError"]
 
 
 class CheckpointError(ValueError):
@@ -68,6 +69,13 @@ class TrailingDataError(CheckpointError):
 
 class BadNameError(CheckpointError):
     """A name does not follow step_NNNNNN.bin, or disagrees with the header's step."""
+
+
+class StepNameMismatchError(BadNameError):
+    """A destination named ``step_N.bin`` for a checkpoint of another step (``convert ck.pt
+    run/step_000300.bin`` of a file at step 3): a usage problem, nothing is written (CLI exit 2)."""
+
+    could_not_run = True
 
 
 class ManifestError(CheckpointError):
@@ -150,6 +158,29 @@ class SidecarError(CheckpointError):
     """A run's sidecar file (pins, samples, bandit state, pivot record) is not valid JSON."""
 
 
+class StorageError(CheckpointError):
+    """The storage refused a write beside the generations (a full disk, a quota, an I/O error
+    at the run lock, the loss history, a sidecar): names the file and the operation; ``errno``
+    is the OS error's and ``__cause__`` the OS error itself. Nothing of the failed write is left
+    (CLI exit 2: the command could not run; free space and run it again)."""
+
+    could_not_run = True
+
+    def __init__(self, path: "str | os.PathLike[str]", operation: str, cause: OSError):
+        super().__init__(path, f"{operation} failed: {cause.strerror or cause}")
+        self.operation, self.errno = operation, cause.errno
+
+
+class HistoryWriteError(StorageError):
+    """An append to (or the fsync of) the loss history ``.loss.json`` failed: the record is not
+    in the history (a part written is cut off again); no checkpoint failed."""
+
+
+class SidecarWriteError(StorageError):
+    """A sidecar (``.samples.json``, ``.state.json``, pins, pivot record) could not be replaced:
+    the previous one is intact; no checkpoint failed."""
+
+
 class RankDisagreementError(CheckpointError):
     """The ranks of a torch.distributed job could not agree on a decision (what to resume)."""
 
@@ -190,6 +221,12 @@ class UnsupportedConversionError(UnsupportedFormatError):
     """The conversion asked for cannot run as asked (CLI exit 2): a target extension that
     disagrees with ``--to``, an option that does nothing for the target, or a foreign file
     whose contents cannot be mapped onto the seed layout (named in the message)."""
+
+
+class UnsupportedKindError(UnsupportedFormatError):
+    """The file is of no kind ckptfmt knows ("unknown kind"), or of a kind the command cannot do
+    anything with (``diff`` of a run directory, ``convert`` of a sharded safetensors index); the
+    message names the kind and the file (spec/FORMAT.md §8.6). Nothing is written (CLI exit 2)."""
 
 
 class TensorFileError(ConvertError):

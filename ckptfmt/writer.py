@@ -22,7 +22,7 @@ from . import atomic, companion, fingerprint
 from . import facts as valfacts
 from . import format as fmt
 from . import manifest as mf
-from .errors import BadNameError, ManifestError, RegionError, SaveError
+from .errors import ManifestError, RegionError, SaveError, StepNameMismatchError
 
 CHUNK = 8 << 20      # bytes handed to write() and the hasher at a time
 Region = Any         # np.ndarray | buffer | Iterable of those
@@ -202,7 +202,7 @@ def check_arguments(path: str, step: Any, n: int, manifest: dict[str, Any] | Non
     7
     >>> check_arguments("step_000008.bin", 7, 4, None)
     Traceback (most recent call last):
-    ckptfmt.errors.BadNameError: step_000008.bin: name says step 8, the header would say 7: expected step_000007.bin
+    ckptfmt.errors.StepNameMismatchError: step_000008.bin: name says step 8, the header would say 7: expected step_000007.bin
     """
     if path.endswith(".json"):
         raise SaveError(path, "a checkpoint path must not end in .json (that is its manifest)")
@@ -210,7 +210,7 @@ def check_arguments(path: str, step: Any, n: int, manifest: dict[str, Any] | Non
     name = os.path.basename(path)
     named = _STEP_NAME.match(name)
     if named and name != fmt.checkpoint_name(step):
-        raise BadNameError(path, f"name says step {int(named.group(1))}, the header would say {step}: "
+        raise StepNameMismatchError(path, f"name says step {int(named.group(1))}, the header would say {step}: "
                                  f"expected {fmt.checkpoint_name(step)}", expected=fmt.checkpoint_name(step),
                            got=name)
     if manifest is not None:

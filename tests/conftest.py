@@ -1,6 +1,7 @@
 """Shared helpers: small checkpoints, the independent seed reader/writer, a CLI runner."""
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 import subprocess
@@ -70,3 +71,16 @@ def cli(*args: str, cwd=None, env=None, timeout=300) -> subprocess.CompletedProc
 def runner():
     from click.testing import CliRunner
     return CliRunner()
+
+
+@contextlib.contextmanager
+def small_tmpfs(path: Path, size: str = "64k"):
+    """A tmpfs of ``size`` mounted at ``path`` (made here) for a full-disk test (root mounts
+    it, as the read-only fixture does); unmounted after."""
+    path.mkdir()
+    assert subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)]).returncode == 0, \
+        "this test needs a full file system (root: mount -t tmpfs)"
+    try:
+        yield path
+    finally:
+        subprocess.run(["umount", str(path)], check=True)

@@ -32,7 +32,7 @@ import zstandard
 import ckptfmt
 from ckptfmt import tensorfile
 from ckptfmt.cli import main
-from conftest import arrays
+from conftest import arrays, small_tmpfs
 
 LAYOUT = [{"name": "a", "shape": [6], "offset": 0}, {"name": "b", "shape": [2, 2], "offset": 6}]
 TEXT = ("Hello, this is not a checkpoint: a README somebody renamed to .bin by mistake.\n"
@@ -628,13 +628,8 @@ def test_a_fork_copies_a_nan_literal_as_the_string_nan_and_a_failed_fork_leaves_
 @pytest.fixture
 def full_disk(tmp_path):
     """A 64 KiB tmpfs (root mounts it, as the read-only fixture does) and a 600 KB checkpoint."""
-    mnt = tmp_path / "full"
-    mnt.mkdir()
-    assert subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(mnt)]).returncode == 0, \
-        "this test needs a full file system (root: mount -t tmpfs)"
-    src = _save(str(tmp_path / "big"), 1, n=50_000)
-    yield mnt, src
-    subprocess.run(["umount", str(mnt)], check=True)
+    with small_tmpfs(tmp_path / "full") as mnt:
+        yield mnt, _save(str(tmp_path / "big"), 1, n=50_000)
 
 
 @pytest.mark.parametrize("name", ["x.npz", "x.pt", "x.zst", "x.ckz", "x.safetensors", B])

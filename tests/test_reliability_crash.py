@@ -12,7 +12,7 @@ import pytest
 import ckptfmt
 from ckptfmt import fsio
 from ckptfmt.run import history as hist
-from ckptfmt.errors import SaveError
+from ckptfmt.errors import HistoryWriteError, SaveError
 from ckptfmt.run import Run
 from faults import arrays, base_run, clone, expected_digest, scale, writer_argv
 
@@ -76,7 +76,7 @@ def test_error_at_every_operation(tmp_path, code, monkeypatch):
             r.gc(keep_last=2)
         except SaveError as exc:
             assert exc.__cause__ is not None or "fsync" in str(exc) or os.strerror(code) in str(exc)
-        except OSError as exc:      # history append/sync: an OS error is reported as one
+        except HistoryWriteError as exc:      # history append/sync: named, with the OS error's errno
             assert committed and exc.errno == code
         finally:
             monkeypatch.setattr(fsio, "hook", None)

@@ -23,23 +23,28 @@ from .runs import print_ls
 @click.option("--tensors", is_flag=True, help="Statistics per parameter (needs a layout).")
 @guarded
 def inspect(path: str, as_json: bool, tensors: bool) -> None:
-    """Show step, size, fingerprint status and per-region statistics of a file or run
-    (URL/step_N.bin: its header and manifest, read by ranged reads)."""
-    from ..tools.inspect import inspect_file, inspect_run  # lazy: keeps `ckptfmt --help` fast
+    """Show what a file or run holds, whatever its kind (known by its content, spec/FORMAT.md
+    §8.6): a seed .bin's step, size, fingerprint status and per-region statistics; ckptfmt's
+    .zst, .ckz, .safetensors, .pt, .npz, sharded generations; foreign torch.save files (.pt, .ckpt,
+    pytorch_model.bin), safetensors (and their index.json), .npz and DCP directories: kind, step,
+    tensors, parameters, dtypes (URL/step_N.bin: its header and manifest, read by ranged reads)."""
+    from ..tools.inspect import inspect_path  # lazy: keeps `ckptfmt --help` fast
     from ..tools.remote import is_url  # lazy: as above
     if is_url(path):
         from .remote import inspect_url_out  # lazy: as above
         return inspect_url_out(path, as_json)
-    if os.path.isdir(path):
-        data = inspect_run(path, tensors=tensors)
+    data = inspect_path(path, tensors=tensors)
+    if "latest" in data:                     # a run directory
         emit(data, as_json, _print_run_inspect)
         if data["latest"] is None and "latest_problem" in data:
             sys.exit(EXIT_DEFECT)
         return
-    emit(inspect_file(path, tensors=tensors), as_json, _print_inspect)
+    emit(data, as_json, _print_inspect)
 
 
 def _print_inspect(d: dict) -> None:
+    if d.get("kind", "bin") != "bin":
+        return _print_other(d)
     click.echo(f"{d['path']}\n  step {d['step']}  n_params {d['n_params']:,}  size {d['size']:,} bytes")
     click.echo(f"  fingerprint {d['fingerprint']}  blake3 {d['blake3']}")
     if d.get("manifest_problem"):
@@ -48,6 +53,27 @@ def _print_inspect(d: dict) -> None:
         man = d["manifest"]
         click.echo(f"  manifest: {man.get('layout_tensors', 0)} tensors in layout"
                    + (f", config {man['config'].get('name')}" if isinstance(man.get("config"), dict) else ""))
+    _print_stats_table(d["regions"])
+    for name, regions in (d.get("tensors") or {}).items():
+        click.echo(f"  {name}")
+        _print_stats_table(regions, indent="    ")
+
+
+def _print_other(d: dict) -> None:
+    """A file of another kind than the seed .bin: kind, origin, what it holds, its regions."""
+    click.echo(f"{d['path']}\n  kind {d['kind']} ({d['label']}, "
+               + ("written by ckptfmt" if d.get("origin") == "ckptfmt" else "foreign") + ")")
+    click.echo(f"  step {d['step']}  n_params {d['n_params']:,}  size {d['size']:,} bytes")
+    held = [f"{d[k]} {k.removeprefix('n_')}" for k in ("n_tensors", "parameters", "buffers", "shards")
+            if d.get(k) is not None]
+    if d.get("dtypes"):
+        held.append("dtypes " + ", ".join(d["dtypes"]))
+    if "optimizer" in d:
+        held.append(f"optimizer {d['optimizer'] or 'none (m, v zero)'}")
+    if held:
+        click.echo("  " + "; ".join(held))
+    click.echo(f"  recorded blake3 {d['recorded_blake3']}" if d.get("recorded_blake3") else
+               "  no digest of its own (unverified)")
     _print_stats_table(d["regions"])
     for name, regions in (d.get("tensors") or {}).items():
         click.echo(f"  {name}")
@@ -82,8 +108,12 @@ def _print_run_inspect(d: dict) -> None:
                    "files, paths relative to FILE's directory (spec/FORMAT.md §6.3).")
 @guarded
 def validate(paths: tuple[str, ...], as_json: bool, fast: bool, scan: bool, b3sums_out: str | None) -> None:
-    """Check files or run directories: structure, fingerprint, manifest, values, sidecars
-    (a URL: every committed object read back and compared with its manifest's blake3).
+    """Check files or run directories of any kind (known by content, spec/FORMAT.md §8.6): a
+    seed .bin's structure, fingerprint, manifest, values; a run's generations and sidecars;
+    ckptfmt's .zst, .ckz, .safetensors, .pt, .npz and sharded generations against the blake3
+    they record; a foreign file (torch.save, safetensors, index.json, .npz, DCP) by its structure
+    and values ("unverified: no digest of its own") (a URL: every committed object read back and
+    compared with its manifest's blake3).
     Exit 1 names each defect, a diverged generation's non-finite values by region and count."""
     from ..tools.validate import validate_path  # lazy: keeps `ckptfmt --help` fast
     from ..tools.remote import is_url  # lazy: as above
@@ -150,15 +180,17 @@ def _print_report(r) -> None:
 @click.option("--tensors", is_flag=True, help="List every differing parameter (needs a layout).")
 @guarded
 def diff(a: str, b: str, as_json: bool, atol: float, rtol: float, tensors: bool) -> None:
-    """Compare two checkpoints: header, weights, m, v and the companion file. Exit 0 only when
-    bit-identical (or within --atol/--rtol)."""
-    from ..tools.diff import diff as run_diff, per_tensor  # lazy: keeps `ckptfmt --help` fast
+    """Compare two checkpoints of any kinds that hold the same parameters (a .bin and its .zst,
+    .safetensors or .pt, a foreign torch.save file and its conversion): header, weights, m, v
+    (by parameter name) and, between two .bin, the companion file. Exit 0 only when
+    bit-identical (or within --atol/--rtol). Generations of a run are read under a read lease."""
+    from ..tools.diff import diff as run_diff, leased, per_tensor  # lazy: keeps `ckptfmt --help` fast
     total = os.path.getsize(a) + os.path.getsize(b) if os.path.isfile(a) and os.path.isfile(b) else 0
-    with terminal_bar("comparing", total, quiet=as_json) as bar:
+    with leased(a, b), terminal_bar("comparing", total, quiet=as_json) as bar:
         result = run_diff(a, b, atol=atol, rtol=rtol, progress=bar)
-    data = result.to_dict()
-    if tensors:
-        data["tensors"] = per_tensor(a, b)
+        data = result.to_dict()
+        if tensors:
+            data["tensors"] = per_tensor(a, b) if result.kinds == ["bin", "bin"] else result.per_tensor
     emit(data, as_json, _print_diff)
     if not (result.identical or (result.within_tolerance and (atol or rtol))):
         sys.exit(EXIT_DEFECT)
@@ -169,7 +201,7 @@ def _print_diff(d: dict) -> None:
     steps, ns = d["header"]["step"], d["header"]["n_params"]
     click.echo(f"  step {steps[0]} vs {steps[1]}; n_params {ns[0]:,} vs {ns[1]:,}")
     if not d["comparable"]:
-        click.echo("  n_params differ: regions are not comparable")
+        click.echo(f"  {d.get('why_not') or 'n_params differ: regions are not comparable'}")
         return
     for name, r in d["regions"].items():
         if r["identical"]:
@@ -216,7 +248,8 @@ def convert(src: str, dst: str, to: str | None, n_shards: int | None, weights_on
     directories. A torch.save of a model + Adam/AdamW/SGD optimizer (or a bare state dict) and a
     safetensors file of weights convert into a .bin (spec/FORMAT.md §10.7) and back (--to torch,
     --to weights); optimizer state goes with its parameter by name (§10.8): several param
-    groups need param_names in the file or --groups FILE. The source is checked against its own digest before anything is written
+    groups need param_names in the file or --groups FILE. SRC's kind is known by its content
+    (pytorch_model.bin and a .ckpt are torch.save files); DST's from its name or --to. The source is checked against its own digest before anything is written
     (exit 1 on a mismatch) and the result by converting back; "verified" is printed only when
     both hold."""
     from ..tools.convert import convert as run_convert  # lazy: keeps `ckptfmt --help` fast

@@ -19,7 +19,7 @@ from .history import History
 from .lease import honoured
 from .lock import sidecar_in_progress
 from .retention import plan_retention
-from .sidecars import PINS, read_json
+from .sidecars import PINS, read_json, write_json
 
 
 @dataclass
@@ -156,7 +156,7 @@ class Run:
                                                           "to pin (see ckptfmt ls)")
         pins = set(self.pins())
         pins = pins | {step} if on else pins - {step}
-        atomic.write_json(self.path / PINS, sorted(pins))
+        write_json(self.path / PINS, sorted(pins))
         return sorted(pins)
 
     def plan_gc(self, *, keep_last: int, keep_every: int | None = None) -> tuple[list[Generation], Generation | None]:
@@ -204,7 +204,7 @@ class Run:
 
     def write_sidecar(self, name: str, value: Any) -> None:
         """Replace a sidecar atomically (temp, fsync, rename, fsync the directory)."""
-        atomic.write_json(self.path / name, value)
+        write_json(self.path / name, value)
 
 
 def _delete(gen: Generation) -> None:

@@ -10,6 +10,7 @@ never hold its records: as dicts, 200,000 of them took a quarter of a gigabyte (
 from __future__ import annotations
 
 import bisect
+import contextlib
 import json
 import math
 import os
@@ -19,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Any, BinaryIO, Iterator
 
 from .. import fsio
-from ..errors import HistoryCorruptError
+from ..errors import HistoryCorruptError, HistoryWriteError
 
 NAME = ".loss.json"
 
@@ -86,7 +87,10 @@ class History:
 
     def _ensure_open(self) -> int:
         if self._fd is None:
-            self._fd = fsio.open_append(self.path)
+            try:
+                self._fd = fsio.open_append(self.path)
+            except OSError as exc:
+                raise HistoryWriteError(self.path, "opening the loss history to append", exc) from exc
             self._terminate_torn_tail()
         return self._fd
 
@@ -94,12 +98,24 @@ class History:
         """A torn last line gets its newline, so the next record starts on a line of its own."""
         size = os.fstat(self._fd).st_size
         if size and os.pread(self._fd, 1, size - 1) != b"\n":
-            fsio.write_all(self._fd, b"\n", self.path)
+            self._write(b"\n", "ending its torn last line")
 
     def append(self, record: dict[str, Any]) -> None:
-        """Append one record as strict JSON (a NaN loss is refused: use ``encode_float``)."""
+        """Append one record as strict JSON (a NaN loss is refused: use ``encode_float``). The
+        storage refusing it (a full disk) is a ``HistoryWriteError`` naming the file; the part
+        of the line that was written is cut off again."""
         line = json.dumps(record, separators=(",", ":"), allow_nan=False) + "\n"
-        fsio.write_all(self._ensure_open(), line.encode(), self.path)
+        self._write(line.encode(), f"appending the record of step {record.get('step')}")
+
+    def _write(self, data: bytes, what: str) -> None:
+        fd = self._ensure_open()
+        size = os.fstat(fd).st_size
+        try:
+            fsio.write_all(fd, data, self.path)
+        except OSError as exc:
+            with contextlib.suppress(OSError):
+                os.ftruncate(fd, size)        # no torn line of ours left behind
+            raise HistoryWriteError(self.path, what, exc) from exc
 
     def event(self, kind: str, step: int, **fields: Any) -> None:
         """Append an event record (resume, pivot, fork, signal) at ``step``."""
@@ -108,7 +124,10 @@ class History:
     def sync(self) -> None:
         """fsync what was appended, so it survives a power cut."""
         if self._fd is not None:
-            fsio.fsync(self._fd, self.path)
+            try:
+                fsio.fsync(self._fd, self.path)
+            except OSError as exc:
+                raise HistoryWriteError(self.path, "fsync of the loss history", exc) from exc
 
     def close(self) -> None:
         """Close the file (appending again reopens it)."""

@@ -1,17 +1,20 @@
 """One writer per run: an flock on ``RUN/.lock`` naming its holder (spec/RUN.md §3)."""
 from __future__ import annotations
 
+import contextlib
+import errno
 import fcntl
 import json
 import os
 import socket
+import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from .. import format as fmt
 from ..atomic import temp_pid
-from ..errors import RunLockedError
+from ..errors import RunLockedError, StorageError
 
 LOCK = ".lock"
 UNWRITTEN = {"never_written": True}   # what a released .lock holds while no writer has held the run
@@ -22,63 +25,210 @@ class RunLock:
     """An flock on ``RUN/.lock`` for the life of a writer; it dies with its process, so a lock
     left by a dead process is stale by construction and is taken over (and reported)."""
 
-    def __init__(self, run: "str | os.PathLike[str]", purpose: str = "writer", *, writes_generations: bool = True):
+    def __init__(self, run: "str | os.PathLike[str]", purpose: str = "writer", *, writes_generations: bool = True,
+                 transient: bool = False):
         self.path = Path(run) / LOCK
         self.purpose = purpose
         self.first = False              # no writer held the run before (``first_writer``)
         # a first writer that writes no generation (gc, pivot) leaves the run marked unwritten
         self.keep_unwritten = not writes_generations
+        self.transient = transient      # remove a .lock this holder created, at release (``writing_into``)
+        self.created = False
         self.fd: int | None = None
         self.stale: dict[str, Any] | None = None
 
     def acquire(self) -> "RunLock":
         """Take the lock or raise ``RunLockedError`` naming the live holder; a lock left by a
-        dead process is taken over and recorded in ``stale``."""
+        dead process is taken over and recorded in ``stale``. A failed acquisition releases what
+        it took (descriptor, flock, a ``.lock`` it created), so the same process can retry; the
+        storage refusing the holder record (a full disk) is a ``StorageError`` naming ``.lock``."""
+        while True:
+            fd, created = self._open()
+            try:
+                if self._take(fd, created):
+                    break
+            except BaseException:
+                self._abandon(fd, created)
+                raise
+        self.created = created
+        self.fd = fd
+        if self.first:
+            _FIRST[os.path.realpath(self.path.parent)] = self
+        return self
+
+    def _open(self) -> tuple[int, bool]:
         try:
-            fd, created = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), True
-        except FileExistsError:
-            fd, created = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644), False
+            try:
+                return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o644), True
+            except FileExistsError:
+                return os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644), False
+        except OSError as exc:
+            if exc.errno in EXHAUSTED:
+                raise StorageError(str(self.path), "run lock: creating the lock file", exc) from exc
+            raise
+
+    def _take(self, fd: int, created: bool) -> bool:
+        """flock ``fd`` and write the holder record; False when the file was removed by its last
+        holder meanwhile (a ``transient`` lock): the caller opens it again."""
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = _read_holder(fd)
+            raise locked(self.path.parent, _read_holder(fd)) from None
+        if not _still_named(fd, self.path):
             os.close(fd)
-            mine = holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname()
-            raise RunLockedError(str(self.path.parent), f"locked by {holder.get('purpose', 'a writer')} "
-                                 f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
-                                 + (" (this process: close() the writer that holds it first, e.g. an "
-                                    "earlier CheckpointManager)" if mine else ""),
-                                 got=holder) from None
+            return False
         previous = _read_holder(fd)
         if previous.get("pid") and previous.get("pid") != os.getpid():
             self.stale = previous
         info = {"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
                 "since": time.time()}
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, json.dumps(info).encode(), 0)
-        self.fd = fd
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, json.dumps(info).encode(), 0)
+        except OSError as exc:
+            if previous:                  # put back what it said (a stale holder, UNWRITTEN)
+                with contextlib.suppress(OSError):
+                    os.pwrite(fd, json.dumps(previous).encode(), 0)
+            if exc.errno in EXHAUSTED:
+                raise StorageError(str(self.path), "run lock: writing the holder record", exc) from exc
+            raise
         self.first = created or previous == UNWRITTEN
-        if self.first:
-            _FIRST[os.path.realpath(self.path.parent)] = self
-        return self
+        return True
+
+    def _abandon(self, fd: int, created: bool) -> None:
+        """Give back what a failed acquisition took: a ``.lock`` it created (still empty, so no
+        holder's record is lost) is removed while it is still flocked, then the descriptor."""
+        with contextlib.suppress(OSError):
+            if created and os.fstat(fd).st_size == 0 and _still_named(fd, self.path):
+                os.unlink(self.path)
+        with contextlib.suppress(OSError):
+            os.close(fd)        # closing drops the flock, if it was taken
 
     def release(self) -> None:
         """Give the lock up (also on process death, by the kernel). The ``.lock`` stays (a
         writer waiting on it holds it open): empty, or ``UNWRITTEN`` when a first writer wrote
-        no generation on purpose (gc, pivot, a refused bare run), so the next one is first too."""
+        no generation on purpose (gc, pivot, a refused bare run), so the next one is first too.
+        A ``transient`` holder removes a ``.lock`` it created (still flocked: a process that
+        opened it meanwhile finds it unnamed and opens the new one, ``_still_named``)."""
         if self.fd is not None:
-            os.ftruncate(self.fd, 0)
-            if self.first and self.keep_unwritten:
-                os.pwrite(self.fd, json.dumps(UNWRITTEN).encode(), 0)
-            os.close(self.fd)
-            self.fd = None
+            fd, self.fd = self.fd, None
             _FIRST.pop(os.path.realpath(self.path.parent), None)
+            try:
+                if self.transient and self.created:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(self.path)
+                    return
+                os.ftruncate(fd, 0)
+                if self.first and self.keep_unwritten:
+                    os.pwrite(fd, json.dumps(UNWRITTEN).encode(), 0)
+            finally:
+                os.close(fd)
+
+    def moved(self, directory: "str | os.PathLike[str]") -> None:
+        """The directory holding the lock was renamed to ``directory`` (a fork's staging
+        directory published at DEST): the lock, held all along, now names that one's ``.lock``."""
+        if self.fd is not None and _FIRST.pop(os.path.realpath(self.path.parent), None) is not None:
+            _FIRST[os.path.realpath(directory)] = self
+        self.path = Path(directory) / LOCK
 
     def __enter__(self) -> "RunLock":
         return self.acquire()
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+def locked(run: "str | os.PathLike[str]", holder: dict[str, Any]) -> RunLockedError:
+    """The refusal of a writer while ``holder`` (``lock_holder``) holds ``run``."""
+    mine = holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname()
+    return RunLockedError(str(run), f"locked by {holder.get('purpose', 'a writer')} "
+                          f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
+                          + (" (this process: close() the writer that holds it first, e.g. an "
+                             "earlier CheckpointManager)" if mine else ""), got=holder)
+
+
+EXHAUSTED = (errno.ENOSPC, errno.EDQUOT, errno.EIO)     # named (StorageError), never a bare OSError
+
+
+def _still_named(fd: int, path: Path) -> bool:
+    """Whether ``path`` still names the file open as ``fd`` (a transient holder may have
+    removed it between our open and our flock)."""
+    try:
+        st, named = os.fstat(fd), os.stat(path)
+    except FileNotFoundError:
+        return False
+    return (st.st_dev, st.st_ino) == (named.st_dev, named.st_ino)
+
+
+@contextlib.contextmanager
+def writing_into(directory: "str | os.PathLike[str]", purpose: str) -> Iterator[RunLock]:
+    """Hold the writer lock of ``directory`` while a generation is written into it from outside
+    a training run (``convert``, ``import``, ``fork``): refused with ``RunLockedError`` while a
+    writer holds it, and taken before the first byte, so a trainer starting meanwhile is refused
+    instead (spec/RUN.md §4). The written generation is not a save of a first writer: a later
+    trainer still finds the run unwritten when it was, and a ``.lock`` this created is removed
+    at the end, so a directory gets no file but what was written into it."""
+    key, held = os.path.realpath(directory), _writing()
+    if key in held:                       # nested in this thread's own write (export's convert)
+        yield held[key]
+        return
+    lock = RunLock(directory, purpose, writes_generations=False, transient=True)
+    lock.acquire()
+    held[key] = lock
+    try:
+        yield lock
+    finally:
+        held.pop(key, None)
+        lock.release()
+
+
+_THREAD = threading.local()
+
+
+def _writing() -> dict[str, RunLock]:
+    """The directories this thread's ``writing_into`` holds."""
+    if not hasattr(_THREAD, "held"):
+        _THREAD.held = {}
+    return _THREAD.held
+
+
+def writing_file(path: "str | os.PathLike[str]", purpose: str) -> "contextlib.AbstractContextManager[Any]":
+    """``writing_into`` the directory of ``path`` when ``path`` is a generation's file (a
+    ``step_*`` name) or that directory is a run a writer has used (it holds a ``.lock``);
+    nothing otherwise, so ``convert a.bin b/other.safetensors`` into a plain directory leaves
+    no ``.lock`` there (nor does a directory that does not exist yet get one)."""
+    target = os.path.abspath(os.fspath(path)).rstrip(os.sep) or os.sep
+    directory, name = os.path.dirname(target), os.path.basename(target)
+    if name.startswith("step_") or os.path.lexists(os.path.join(directory, LOCK)):
+        return writing_generations(directory, purpose)
+    return contextlib.nullcontext()
+
+
+def writing_generations(directory: "str | os.PathLike[str]", purpose: str) -> "contextlib.AbstractContextManager[Any]":
+    """``writing_into`` ``directory`` when it exists (a sharded split writes its generation
+    into a directory of any name); nothing for one that does not exist yet."""
+    return writing_into(directory, purpose) if os.path.isdir(directory) else contextlib.nullcontext()
+
+
+def refuse_live(dest: "str | os.PathLike[str]") -> None:
+    """``RunLockedError`` naming the holder when a writer holds the run at ``dest`` (a new run
+    that ``fork``, ``import`` or ``restore`` is about to build)."""
+    holder = lock_holder(dest) if os.path.isdir(dest) else None
+    if holder is not None:
+        raise locked(dest, holder)
+
+
+def publish(staging: "str | os.PathLike[str]", dest: "str | os.PathLike[str]", lock: RunLock) -> None:
+    """Rename a new run built in ``staging`` under ``writing_into(staging)`` to ``dest``
+    (missing or empty); the lock, held through the rename, is then ``dest``'s. A writer that
+    started on ``dest`` meanwhile (its ``.lock`` makes it non-empty, so the rename fails) is
+    named as the refusal."""
+    try:
+        os.replace(staging, dest)
+    except OSError:
+        refuse_live(dest)
+        raise
+    lock.moved(dest)
 
 
 def first_writer(run: "str | os.PathLike[str]") -> bool:

@@ -1,13 +1,14 @@
 """Operations on a whole run: ls, polish pivot, audit fork, bisect (spec/RUN.md §4-§7)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 import time
 from pathlib import Path
 from typing import Any, Iterable
 
-from .. import atomic, companion, fsio
+from .. import atomic, companion, fsio, kinds
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoundError,
@@ -17,8 +18,8 @@ from . import mirrors, timeline
 from .directory import Run
 from .generations import Generation, check_bare, check_generation, non_finite
 from .lease import ReadLease, active_leases
-from .lock import RunLock, lock_holder, save_in_progress
-from .sidecars import ARCHIVE, PIVOT, SAMPLES, STATE
+from .lock import RunLock, lock_holder, publish, refuse_live, save_in_progress, writing_into
+from .sidecars import ARCHIVE, PIVOT, SAMPLES, STATE, write_json
 
 
 def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: int | None = None) -> dict[str, Any]:
@@ -40,11 +41,22 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
     out = {"run": str(path), "generations": rows,
            "leftovers": [str(t) for t in listing.temps if t not in in_progress],
            "in_progress": [str(t) for t in in_progress],
-           "foreign": [f"{p}: {why}" for p, why in listing.foreign], "lock": holder, "leases": readers,
+           "foreign": [skipped(p, why) for p, why in listing.foreign], "lock": holder, "leases": readers,
            "mirrors": mirrors.lag(path, [r["step"] for r in rows if r["committed"]])}
     if lease.problem:
         out["lease_problem"] = lease.problem
     return out
+
+
+def skipped(path: Path, why: str) -> str:
+    """A skipped entry of ``ls``, named by what it is where its content says so (ckptfmt's own
+    ``step_000100.safetensors`` is a safetensors file, not a look-alike name, spec/FORMAT.md §8.6)."""
+    if path.is_file() and not path.is_symlink():
+        with contextlib.suppress(CheckpointError, OSError):
+            kind = kinds.sniff(path)
+            if kind.name != "bin":
+                return f"{path}: a {kind.label}, not a generation (convert it into a step_N.bin to make it one)"
+    return f"{path}: {why}"
 
 
 def _ls_row(gen: Generation, deep: bool, pins: set[int], keep_every: int | None,
@@ -102,7 +114,7 @@ def pivot(path: "str | os.PathLike[str]", *, note: str | None = None) -> dict[st
         _fsync_dirs(dest, run.path)
         record = {"step": gen.step, "note": note, "time": time.time(), "archived": moved,
                   "archive": str(dest.relative_to(run.path))}
-        atomic.write_json(run.path / PIVOT, record)
+        write_json(run.path / PIVOT, record)
         run.history.event("pivot", gen.step, note=note)
         run.history.sync()
         run.history.close()
@@ -143,14 +155,16 @@ def _fork_from(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
     reason = check_generation(gen, deep=True)
     if reason:
         raise NoValidGenerationError(str(gen.bin), f"cannot fork from it: {reason}")
+    refuse_live(dest)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise DestinationExistsError(str(dest), "exists and is not empty; refusing to fork into it")
     made = atomic.missing_dirs(dest.parent)
     staging = dest.parent / f"{fmt.TEMP_PREFIX}fork.{dest.name}.{os.getpid()}"
     try:
         staging.mkdir(parents=True)
-        out = _fork_into(run, gen, staging)
-        os.replace(staging, dest)
+        with writing_into(staging, "fork") as lock:     # held through the rename: DEST's lock
+            out = _fork_into(run, gen, staging)
+            publish(staging, dest, lock)
         atomic.sync_dir_of(str(dest))
     except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)

@@ -9,8 +9,9 @@ import os
 from pathlib import Path
 from typing import Any
 
+from .. import atomic
 from .. import manifest as mf
-from ..errors import CheckpointError, SidecarError, parse_json
+from ..errors import CheckpointError, SaveError, SidecarError, SidecarWriteError, parse_json
 from .generations import list_dir
 
 PINS = ".pins.json"
@@ -29,6 +30,18 @@ def read_json(path: "str | os.PathLike[str]", default: Any = None) -> Any:
     except FileNotFoundError:
         return default
     return parse_json(data, SidecarError, str(path))
+
+
+def write_json(path: "str | os.PathLike[str]", value: Any) -> None:
+    """Replace a sidecar atomically (temp, fsync, rename, fsync the directory); the storage
+    refusing it (a full disk) is a ``SidecarWriteError`` naming the sidecar, and the previous
+    one is intact (no temp file is left)."""
+    try:
+        atomic.write_json(path, value)
+    except SaveError as exc:
+        if not isinstance(exc.__cause__, OSError):
+            raise
+        raise SidecarWriteError(str(path), "replacing the sidecar", exc.__cause__) from exc.__cause__
 
 
 def zombie_arms(directory: "str | os.PathLike[str]") -> list[str]:

@@ -5,6 +5,7 @@ whatever the file size. Identical chunks are skipped with one memcmp.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 from dataclasses import asdict, dataclass, field
@@ -13,9 +14,13 @@ from typing import Any
 import numpy as np
 
 from .. import format as fmt
-from .. import reader
+from .. import kinds, reader
+from ..run import ReadLease
+from .anyfile import open_source
+from .convert.source import Source
 
-__all__ = ["DiffResult", "RegionDiff", "diff", "diff_regions", "locate", "max_ulp", "ordered_bits", "per_tensor"]
+__all__ = ["DiffResult", "RegionDiff", "diff", "diff_regions", "diff_sources", "leased", "locate", "max_ulp",
+           "ordered_bits", "per_tensor"]
 
 CHUNK = 1 << 18   # elements per comparison pass (temporaries stay in cache)
 
@@ -54,6 +59,9 @@ class DiffResult:
     regions: dict[str, RegionDiff] = field(default_factory=dict)
     comparable: bool = True
     companion: list[str] = field(default_factory=list)   # companion tensors that differ (or are in one only)
+    kinds: list[str] = field(default_factory=lambda: ["bin", "bin"])
+    why_not: str | None = None                           # why the two are not comparable
+    per_tensor: dict[str, dict[str, int]] = field(default_factory=dict)
 
     @property
     def identical(self) -> bool:
@@ -75,7 +83,8 @@ class DiffResult:
 
     def to_dict(self) -> dict[str, Any]:
         """The whole comparison as JSON-able fields (``--json``)."""
-        return {"a": self.a, "b": self.b, "header": self.header, "comparable": self.comparable,
+        return {"a": self.a, "b": self.b, "kinds": self.kinds, "header": self.header, "comparable": self.comparable,
+                "why_not": self.why_not,
                 "identical": self.identical, "within_tolerance": self.within_tolerance,
                 "verdict": self.verdict, "companion_differs": self.companion,
                 "regions": {k: v.to_dict() for k, v in self.regions.items()}}
@@ -183,7 +192,95 @@ def diff_regions(a: np.ndarray, b: np.ndarray, *, atol: float = 0.0, rtol: float
 
 def diff(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]", *,
          atol: float = 0.0, rtol: float = 0.0, progress=None) -> DiffResult:
-    """Compare two checkpoint files; raises ``CheckpointError`` if either cannot be read."""
+    """Compare two checkpoints of any kinds that hold the same parameters (``ckptfmt.kinds``);
+    raises ``CheckpointError`` if either cannot be read. A generation of a run is read under a
+    read lease, so a live run's retention keeps it while it is compared."""
+    with leased(path_a, path_b):
+        ka, kb = (kinds.require(kinds.sniff(p), "diff", p) for p in (path_a, path_b))
+        if ka.name == kb.name == "bin":
+            return _diff_bins(path_a, path_b, atol, rtol, progress)
+        a, b = open_source(os.fspath(path_a), ka), open_source(os.fspath(path_b), kb)
+    result = diff_sources(a, b, atol=atol, rtol=rtol)
+    result.kinds = [ka.name, kb.name]
+    return result
+
+
+@contextlib.contextmanager
+def leased(*paths: "str | os.PathLike[str]"):
+    """Read leases (spec/RUN.md §5.3) on the generations among ``paths`` (``step_N.bin`` names
+    in a run directory), one per run, for as long as the block runs."""
+    runs: dict[str, list[int]] = {}
+    for p in paths:
+        parsed = fmt.parse_name(os.path.basename(os.fspath(p)))
+        if parsed is not None:
+            runs.setdefault(os.path.dirname(os.path.abspath(p)), []).append(parsed[0])
+    with contextlib.ExitStack() as stack:
+        for run, steps in runs.items():
+            if os.path.isdir(run):
+                stack.enter_context(ReadLease(run, purpose="diff")).narrow(steps)
+        yield
+
+
+def diff_sources(a: Source, b: Source, *, atol: float = 0.0, rtol: float = 0.0) -> DiffResult:
+    """Compare two ``Source``s region by region; B is put in A's parameter order when both
+    have layouts of the same names (a foreign file and its conversion may order them apart)."""
+    result = DiffResult(a.path, b.path)
+    result.header = {"step": [a.step, b.step], "n_params": [a.n_params, b.n_params]}
+    b, why = _aligned(a, b)
+    if why is not None:
+        result.comparable, result.why_not = False, why
+        return result
+    layout = a.layout or b.layout
+    for name in fmt.REGIONS:
+        ra, rb = getattr(a, name), getattr(b, name)
+        if ra is None or rb is None:
+            continue
+        result.regions[name] = diff_regions(np.ascontiguousarray(ra, fmt.DTYPE), np.ascontiguousarray(rb, fmt.DTYPE),
+                                            atol=atol, rtol=rtol, layout=layout)
+    result.per_tensor = _per_tensor_sources(a, b, layout)
+    return result
+
+
+def _aligned(a: Source, b: Source) -> tuple[Source, str | None]:
+    """(B in A's parameter order, None) or (B, why the two hold different parameters)."""
+    if a.n_params != b.n_params:
+        return b, "n_params differ: regions are not comparable"
+    if not (a.layout and b.layout):
+        return b, None
+    names_a, names_b = [r["name"] for r in a.layout], [r["name"] for r in b.layout]
+    if names_a == names_b:
+        return b, None
+    if sorted(names_a) != sorted(names_b):
+        first = sorted(set(names_a) ^ set(names_b))[0]
+        return b, f"they hold different parameters ({first!r} is in one only)"
+    rows = {r["name"]: r for r in b.layout}
+    parts = {r: [getattr(b, r)[_span(rows[n])] for n in names_a] for r in fmt.REGIONS if getattr(b, r) is not None}
+    regions = {r: np.concatenate(p) if p else None for r, p in parts.items()}
+    return Source(b.path, b.step, regions["weights"], regions.get("m"), regions.get("v"), a.layout,
+                  b.blake3, b.extra), None
+
+
+def _span(row: dict[str, Any]) -> slice:
+    return slice(row["offset"], row["offset"] + math.prod(row["shape"]))
+
+
+def _per_tensor_sources(a: Source, b: Source, layout: list[dict[str, Any]] | None) -> dict[str, dict[str, int]]:
+    out: dict[str, dict[str, int]] = {}
+    for row in layout or []:
+        for region in fmt.REGIONS:
+            ra, rb = getattr(a, region), getattr(b, region)
+            if ra is None or rb is None:
+                continue
+            x, y = ra[_span(row)].view(np.uint32), rb[_span(row)].view(np.uint32)
+            n = int(np.count_nonzero(x != y))
+            if n:
+                out.setdefault(row["name"], {})[region] = n
+    return out
+
+
+def _diff_bins(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]", atol: float, rtol: float,
+               progress=None) -> DiffResult:
+    """Two seed ``.bin`` files, streamed through their maps."""
     a = reader.open(path_a, manifest="auto", check_name=False)
     b = reader.open(path_b, manifest="auto", check_name=False)
     with a, b:

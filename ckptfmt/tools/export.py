@@ -26,6 +26,7 @@ from ..errors import DestinationExistsError, ExportError
 from ..run import SAMPLES, STATE, Listing, ReadLease, Run, lock_holder
 from ..run import history as hist
 from ..run import timeline
+from ..run.lock import publish, refuse_live, writing_into
 from . import b3sums
 from .convert import convert
 from .validate import INCOMPLETE, validate_file
@@ -53,14 +54,18 @@ def _choose(run: Run, listing: Listing, steps: list[int] | None) -> list:
     return [gen]
 
 
-def _prepare_dest(dest: Path) -> Callable[[], None]:
-    """Make DEST (missing or an empty directory) carry the marker; return how to undo it. An
-    export that fails leaves DEST as it found it; one cut short by a crash leaves the marker."""
+def _new_dest(dest: Path) -> list[Path]:
+    """Make DEST (missing or an empty directory); the directories it made."""
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise DestinationExistsError(str(dest), "exists and is not empty; choose a new destination")
     made = atomic.missing_dirs(dest)
     dest.mkdir(parents=True, exist_ok=True)
+    return made
 
+
+def _mark(dest: Path, made: list[Path]) -> Callable[[], None]:
+    """Make DEST carry the marker; return how to undo it. An export that fails leaves DEST as it
+    found it; one cut short by a crash leaves the marker."""
     def undo() -> None:
         for entry in dest.iterdir():          # DEST was empty: everything in it is this export's
             if entry.is_dir() and not entry.is_symlink():
@@ -90,16 +95,19 @@ def export(run_dir: str, dest: str, *, steps: list[int] | None = None,
     with ReadLease(run.path, purpose="export") as lease:    # retention keeps them (RUN.md §5.3)
         gens = _choose(run, lease.listing, steps)
         lease.narrow(g.step for g in gens)
-        undo = _prepare_dest(out)
-        try:
-            doc, files = _export_into(run, out, gens, with_history, weights_only, check, tamper, progress)
-            atomic.write_json(out / ARCHIVE_MANIFEST, doc)
-            (out / "EXPORT.md").write_text(_export_md(doc))
-            _write_b3sums(out, files)
-        except BaseException:
-            undo()
-            raise
-    atomic.remove(out / INCOMPLETE)
+        refuse_live(out)                      # a live run at DEST: name its writer, not "not empty"
+        made = _new_dest(out)
+        with writing_into(out, "export"):     # a trainer starting on DEST meanwhile is refused (RUN.md §4)
+            undo = _mark(out, made)
+            try:
+                doc, files = _export_into(run, out, gens, with_history, weights_only, check, tamper, progress)
+                atomic.write_json(out / ARCHIVE_MANIFEST, doc)
+                (out / "EXPORT.md").write_text(_export_md(doc))
+                _write_b3sums(out, files)
+            except BaseException:
+                undo()
+                raise
+            atomic.remove(out / INCOMPLETE)
     return doc
 
 
@@ -308,17 +316,19 @@ def import_archive(archive_path: str, dest: str) -> dict[str, Any]:
     """
     source, out = Path(archive_path), Path(dest)
     _check_archive_path(source)
+    refuse_live(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DestinationExistsError(str(out), "exists and is not empty; choose a new destination")
     staging = out.parent / f"{fmt.TEMP_PREFIX}import.{out.name}.{os.getpid()}"
     try:
-        _prepare_dest(staging)
+        _mark(staging, _new_dest(staging))
     except OSError as exc:          # name DEST, not the staging directory the user never chose
         raise OSError(exc.errno, exc.strerror, str(out)) from None
     try:
-        doc = _unpack_verified(source, staging)
-        atomic.remove(staging / INCOMPLETE)
-        os.replace(staging, out)          # onto a missing or empty DEST, in one rename
+        with writing_into(staging, "import") as lock:     # held through the rename: DEST's lock
+            doc = _unpack_verified(source, staging)
+            atomic.remove(staging / INCOMPLETE)
+            publish(staging, out, lock)       # onto a missing or empty DEST, in one rename
         atomic.sync_dir_of(str(out))
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)

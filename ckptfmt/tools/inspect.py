@@ -5,7 +5,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .. import companion
+from .. import companion, kinds
 from .. import format as fmt
 from .. import manifest as mf
 from .. import reader
@@ -13,20 +13,61 @@ from ..errors import CheckpointError, NoValidGenerationError
 from ..run import ReadLease, Run, ls_run
 from ..run import history as hist
 from ..run import timeline
+from .anyfile import describe, open_source
 from .stats import region_stats
 
-__all__ = ["inspect_file", "inspect_run"]
+__all__ = ["inspect_file", "inspect_other", "inspect_path", "inspect_run"]
 
 MANIFEST_SUMMARY = ("created", "config", "optimizer", "scheduler", "versions", "code", "data",
                     "state", "provenance")
 
 
+def inspect_path(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dict[str, Any]:
+    """``inspect`` of a file or directory of any kind (``ckptfmt.kinds``): a run, a seed
+    ``.bin``, or any other kind through ``inspect_other``; ``data["kind"]`` names it."""
+    kind = kinds.require(kinds.sniff(path), "inspect", path)
+    if kind.name == "run":
+        return inspect_run(path, tensors=tensors)
+    if kind.name == "bin":
+        return inspect_file(path, tensors=tensors)
+    return inspect_other(os.fspath(path), kind, tensors=tensors)
+
+
+def inspect_other(path: str, kind: kinds.Kind, *, tensors: bool = False) -> dict[str, Any]:
+    """Kind, step, parameters, dtypes and per-region statistics of a file that is not a seed
+    ``.bin``, read as convert reads it (``anyfile.open_source``)."""
+    src = open_source(path, kind)
+    out: dict[str, Any] = {"path": path, "kind": kind.name, "label": kind.label, "step": src.step,
+                           "n_params": src.n_params, "size": _size(path), **describe(src)}
+    out["regions"] = {r: region_stats(getattr(src, r)).to_dict() for r in fmt.REGIONS
+                      if getattr(src, r) is not None}
+    if tensors and src.layout:
+        out["tensors"] = {row["name"]: {r: region_stats(getattr(src, r)[_span(row)]).to_dict()
+                                        for r in out["regions"]} for row in src.layout}
+    return out
+
+
+def _span(row: dict[str, Any]) -> slice:
+    count = 1
+    for d in row["shape"]:
+        count *= d
+    return slice(row["offset"], row["offset"] + count)
+
+
+def _size(path: str) -> int:
+    """Bytes of a file, or of every file under a directory."""
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
+
+
 def inspect_file(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dict[str, Any]:
-    """Raises ``CheckpointError`` for a damaged file; a bad manifest is reported, not fatal."""
+    """A seed ``.bin``. Raises ``CheckpointError`` for a damaged file; a bad manifest is
+    reported, not fatal."""
     path = os.fspath(path)
     ck = reader.open(path, manifest="ignore", check_name=False)
     with ck:
-        out: dict[str, Any] = {"path": path, "step": ck.step, "n_params": ck.n_params,
+        out: dict[str, Any] = {"path": path, "kind": "bin", "step": ck.step, "n_params": ck.n_params,
                                "size": ck.size}
         doc, problem = _manifest(path, ck)
         with ThreadPoolExecutor(1) as pool:

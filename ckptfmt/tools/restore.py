@@ -21,7 +21,8 @@ from .. import facts as valfacts
 from .. import format as fmt
 from ..errors import (DestinationExistsError, FingerprintMismatchError, GenerationNotFoundError, ManifestError,
                       NoValidGenerationError, RemoteError)
-from ..run import check_generation, list_dir
+from ..run import LOCK, RunLock, check_generation, list_dir
+from ..run.lock import refuse_live, writing_into
 from .mirror import INDEX, SIDECARS
 from .remote import Progress, Remote, payload
 
@@ -33,6 +34,7 @@ def restore(url: str, dest: "str | os.PathLike[str]", *, step: int | None = None
     """Bring generation ``step`` (default: the newest valid one at ``url``), the history and the
     sidecars to the new run directory ``dest``; returns what was restored and how it was checked."""
     remote, out = Remote(url), Path(dest)
+    refuse_live(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DestinationExistsError(str(out), "exists and is not empty; choose a new destination")
     committed = sorted((s for s, g in remote.listing().items() if g.committed), reverse=True)
@@ -43,10 +45,11 @@ def restore(url: str, dest: "str | os.PathLike[str]", *, step: int | None = None
     staging = Path(atomic.temp_path_for(out))
     atomic.make_durable_dir(staging)
     try:
-        chosen, skipped = _first_valid(remote, [step] if step is not None else committed, staging, progress,
-                                       finite_first=step is None)
-        sidecars = _restore_sidecars(remote, staging)
-        _publish(staging, out)
+        with writing_into(staging, "restore") as lock:    # held through the rename: DEST's lock
+            chosen, skipped = _first_valid(remote, [step] if step is not None else committed, staging, progress,
+                                           finite_first=step is None)
+            sidecars = _restore_sidecars(remote, staging)
+            _publish(staging, out, lock)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
@@ -77,7 +80,7 @@ def _first_valid(remote: Remote, steps: list[int], staging: Path, progress: Prog
                 raise                          # the network, not this generation: no fallback
             skipped.append({"step": step, "reason": exc.problem})
             warnings.warn(f"{remote.url}: skipping generation {step}: {exc.problem}", stacklevel=2)
-            for entry in list(staging.iterdir()):
+            for entry in [e for e in staging.iterdir() if e.name != LOCK]:   # the lock stays held
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     if diverged:                               # none finite is valid: the newest valid diverged one
         chosen, more = _first_valid(remote, diverged, staging, progress)
@@ -122,9 +125,15 @@ def _restore_sidecars(remote: Remote, staging: Path) -> dict[str, dict[str, Any]
     return index
 
 
-def _publish(staging: Path, out: Path) -> None:
-    """Rename the complete staging directory to DEST (an empty DEST is replaced)."""
-    if out.exists():
-        out.rmdir()
-    fsio.replace(str(staging), str(out))
+def _publish(staging: Path, out: Path, lock: RunLock) -> None:
+    """Rename the complete staging directory to DEST (an empty DEST is replaced); a writer that
+    started on DEST meanwhile is named (``run.lock.publish``)."""
+    try:
+        if out.exists():
+            out.rmdir()
+        fsio.replace(str(staging), str(out))
+    except OSError:
+        refuse_live(out)
+        raise
+    lock.moved(out)
     fsio.fsync_dir(str(out.parent.resolve()))

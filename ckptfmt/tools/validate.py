@@ -9,26 +9,30 @@ A bare file is valid but 'unverified'; a generation holding NaN or inf is 'diver
 from __future__ import annotations
 
 import os
+from pathlib import Path
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-import numpy as np
-
-from .. import companion, fingerprint
+from .. import companion, fingerprint, kinds
 from .. import facts as valfacts
 from .. import format as fmt
 from .. import manifest as mf
 from .. import reader
-from ..errors import CheckpointError
+from ..errors import CheckpointError, FingerprintMismatchError
 from ..run import (STATE, SAMPLES, ReadLease, Run, check_generation, lock_holder, save_in_progress,
                    zombie_arms)
 from ..run import history as hist
-from ..shards import ShardedCheckpoint
+from ..shards import check as shards_check
+from .anyfile import manifest_of, open_source
+from .convert import check
 from .report import DEFECT, INCOMPLETE, Finding, Report, error_code
-from .stats import region_stats
+from .values import (check_shard_values as _check_shard_values, check_values as _check_values,
+                     report_facts as _report_facts, settle_diverged as _settle_diverged, values_plausible)
 
-__all__ = ["INCOMPLETE", "Finding", "Report", "error_code", "validate_file", "validate_path", "validate_run",
-           "values_plausible"]
+__all__ = ["INCOMPLETE", "Finding", "Report", "error_code", "validate_file", "validate_other", "validate_path",
+           "validate_run", "values_plausible"]
+
+UNVERIFIED = "unverified: no digest of its own"
 
 def validate_file(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None,
                   scan: bool = False) -> Report:
@@ -49,14 +53,6 @@ def validate_file(path: "str | os.PathLike[str]", *, deep: bool = True, progress
             _check_contents(report, ckpt, doc, deep, progress, scan)
     _settle_diverged(report)
     return report
-
-
-def _settle_diverged(report: Report) -> None:
-    """A file whose only defects are non-finite values is 'diverged', not 'damaged': its bytes
-    are what was saved (or it has no digest), the training that produced them went wrong."""
-    defects = [f.code for f in report.findings if f.level == DEFECT]
-    if defects and all(code == "non_finite" for code in defects):
-        report.status = "diverged"
 
 
 def _check_manifest(report: Report, ckpt: reader.Checkpoint) -> dict[str, Any] | None:
@@ -136,77 +132,73 @@ def _check_digest(report: Report, ckpt: reader.Checkpoint, doc: dict, got: str) 
     return got == doc["blake3"]
 
 
-def _report_facts(report: Report, path: str, facts: dict[str, Any]) -> None:
-    """Findings from value facts recorded at save, valid for bytes whose blake3 matched."""
-    counts = {name: facts[name]["non_finite"] for name in fmt.REGIONS if facts[name]["non_finite"]}
-    for name, count in counts.items():
-        report.defect("non_finite", f"{path}: diverged: region {name} holds {count} non-finite "
-                                    "values (recorded at save; the blake3 matches)")
-    if counts:
-        report.details["non_finite"] = counts
-    if facts["v"]["negative"]:
-        report.defect("negative_v", f"{path}: region v holds {facts['v']['negative']} negative values "
-                                    "(Adam's second moment cannot be negative; recorded at save)")
-
-
-SCAN = 1 << 22   # elements per reduction pass
-
-
-INF_BITS = 0x7F800000
-
-
-def values_plausible(values: "np.ndarray", non_negative: bool, scanned=None) -> bool:
-    """One reduction pass per chunk, so deep validation costs little beyond the hash.
-
-    weights, m: a float32 sum is NaN/inf whenever an element is (a sum that overflows on huge
-    finite values only sends us to the exact pass). v: finite and >= +0.0 is exactly "bit
-    pattern below 0x7F800000" (-0.0 goes to the exact pass, which accepts it).
-    True proves the region clean; False means "count exactly". ``scanned(k)``: called with the
-    number of elements done after each chunk.
-    """
-    bits = values.view(np.uint32)
-    with np.errstate(over="ignore", invalid="ignore"):     # inf - inf is the signal, not an error
-        for start in range(0, values.size, SCAN):
-            if non_negative:
-                if np.maximum.reduce(bits[start:start + SCAN], initial=0) >= INF_BITS:
-                    return False
-            elif not np.isfinite(np.add.reduce(values[start:start + SCAN])):
-                return False
-            if scanned is not None:
-                scanned(min(start + SCAN, values.size))
-    return True
-
-
-def _check_values(report: Report, ckpt: reader.Checkpoint, done=None) -> None:
-    """``done(offset)``: every byte below ``offset`` has been scanned (pages may go)."""
-    for name in fmt.REGIONS:
-        values = getattr(ckpt, name)
-        base = fmt.region_offset(name, ckpt.n_params)
-        scanned = None if done is None else (lambda k, base=base: done(base + k * fmt.ITEM))
-        if values_plausible(values, non_negative=name == "v", scanned=scanned):
-            continue
-        stats = region_stats(values)
-        if stats.nan or stats.inf:
-            report.defect("non_finite", f"{ckpt.path}: region {name} holds {stats.nan} NaN and "
-                                        f"{stats.inf} inf values")
-            counts = report.details.setdefault("non_finite", {})
-            counts[name] = counts.get(name, 0) + stats.nan + stats.inf
-        if name == "v" and stats.negative:
-            report.defect("negative_v", f"{ckpt.path}: region v holds {stats.negative} negative "
-                                        "values (Adam's second moment cannot be negative)")
-
-
 def validate_path(path: "str | os.PathLike[str]", *, deep: bool = True, progress=None,
                   scan: bool = False) -> Report:
     """A file or a run directory; ``scan`` scans the values even where facts are recorded. A
     directory (or a file's directory) that still carries the ``EXPORT-INCOMPLETE`` marker of an
     export or import is never valid, whatever its files say."""
-    if os.path.isdir(path):
+    kind = kinds.require(kinds.sniff(path), "validate", path)
+    if kind.name == "run":
         report = validate_run(path, deep=deep, progress=progress, scan=scan)
         _check_incomplete(report, os.fspath(path))
         return report
-    report = validate_file(path, deep=deep, progress=progress, scan=scan)
+    if kind.name == "bin":
+        report = validate_file(path, deep=deep, progress=progress, scan=scan)
+    else:
+        report = validate_other(os.fspath(path), kind, deep=deep)
     _check_incomplete(report, os.path.dirname(os.path.abspath(path)))
+    return report
+
+
+def validate_other(path: str, kind: kinds.Kind, *, deep: bool = True) -> Report:
+    """A file of another kind than the seed ``.bin``: ckptfmt's own forms against the blake3 they
+    record (convert's source check), a sharded generation shard by shard, a foreign file by its
+    structure and values ("unverified: no digest of its own"). Not ``deep``: readable is enough."""
+    report = Report(path)
+    report.details["kind"] = kind.name
+    if kind.name == "shards":
+        return _validate_sharded(report, path, deep)
+    try:
+        src = open_source(path, kind)
+    except CheckpointError as exc:
+        report.failed(exc)
+        return report
+    report.step, report.n_params = src.step, src.n_params
+    if src.extra.get("origin") == "foreign":
+        report.warn("unverified", f"{path}: {kind.label}: {UNVERIFIED}")
+    elif deep:
+        _check_recorded(report, src, kind)
+    if deep:
+        _check_values(report, src)
+    _settle_diverged(report)
+    return report
+
+
+def _check_recorded(report: Report, src, kind: kinds.Kind) -> None:
+    """ckptfmt's own form against the digest it records (``convert.check.source``)."""
+    try:
+        digest, how = check.source(src, kind.convert, None)
+    except FingerprintMismatchError as exc:
+        report.failed(exc)
+        return
+    report.details["blake3"] = digest
+    if how == check.VERIFIED:
+        report.status = "verified"
+    else:
+        report.warn("unverified", f"{src.path}: {how}")
+
+
+def _validate_sharded(report: Report, path: str, deep: bool) -> Report:
+    """Every shard against its manifest row (``check_generation``'s check of a run's shards)."""
+    manifest = manifest_of(path)
+    reason = shards_check(Path(manifest), deep=deep)
+    if reason is not None:
+        report.defect("shard_defect", f"{manifest}: {reason}")
+        return report
+    row: dict[str, Any] = {"status": "verified" if deep else "committed"}
+    if deep:
+        _check_shard_values(report, row, manifest, scan=False)
+    report.status = row["status"]
     return report
 
 
@@ -324,25 +316,6 @@ def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=N
     if "non_finite" in sub.details:
         row["non_finite"] = sub.details["non_finite"]
     return row
-
-
-def _check_shard_values(report: Report, row: dict[str, Any], manifest, scan: bool) -> None:
-    """Values of a sharded generation whose shards all hashed to their rows: from the combined
-    facts of its manifest, or (none recorded, or ``scan``) by scanning every shard."""
-    sub = Report(str(manifest))
-    with ShardedCheckpoint(manifest) as sc:
-        recorded = None if scan else valfacts.recorded(sc.manifest)
-        if recorded is not None:
-            _report_facts(sub, str(manifest), recorded)
-        else:
-            for shard in sc.shards:
-                _check_values(sub, shard)
-    report.findings.extend(sub.findings)
-    if "non_finite" in sub.details:
-        row["non_finite"] = sub.details["non_finite"]
-    _settle_diverged(sub)
-    if not sub.ok:
-        row["status"] = sub.status
 
 
 def _validate_sidecars(report: Report, run: Run, live: bool = False) -> None:

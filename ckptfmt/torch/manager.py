@@ -17,6 +17,7 @@ scheduler, the GradScaler, the JSON-able state, every RNG and the config in the 
 """
 from __future__ import annotations
 
+import operator
 import signal
 import time
 import warnings
@@ -25,8 +26,9 @@ from typing import Any, Mapping
 import numpy as np
 import torch
 
+from .. import format as fmt
 from .. import manifest as mf
-from ..errors import ConfigMismatchError
+from ..errors import ConfigMismatchError, SaveError
 from ..run import Run, RunLock
 from ..run.history import encode_float
 from . import adapter, handlers, optim, ranks, rng
@@ -114,7 +116,9 @@ class CheckpointManager:
         """Record step ``step`` in ``.loss.json``; save on cadence or on request. True once a
         stop was requested: the generation is committed and the loop should exit."""
         self._require_open()
+        step = _step_of(self.run.path, step)
         self._check_order(step)
+        self._saver.poll()                    # a background save that committed: its event now
         record: dict[str, Any] = {"step": step, "time": time.time()}
         values = {**({"loss": loss} if loss is not None else {}), **metrics}
         for key, value in values.items():
@@ -156,12 +160,14 @@ class CheckpointManager:
         ``checkpoint`` event records ``reason`` and how long the loop stalled. Everything that
         cannot be stored is refused here, before a byte is written."""
         self._require_open()
+        step = _step_of(self.run.path, step)
         reshard(self.model)                 # FSDP2 after a sample: the optimizer's own tensors
         manifest, extra = self._manifest(step)
         _strict_json(manifest)
         self._saver.save(step, self.model, self.optimizer, manifest, extra)
         self.committed, self.last_save = step, (step, reason)
-        self._event("checkpoint", step, reason=reason, stall_ms=round(self.stall_s * 1e3, 3))
+        stall_ms = round(self.stall_s * 1e3, 3)     # recorded once committed (async: later)
+        self._saver.then(lambda: self._event("checkpoint", step, reason=reason, stall_ms=stall_ms))
 
     @property
     def stall_s(self) -> float:
@@ -187,7 +193,14 @@ class CheckpointManager:
                 report = self._mirror.close()          # a last pass: the destination catches up
                 if report["errors"]:
                     self.log(f"mirror to {report['url']}: {report['errors'][-1]}")
+            self._release()
+
+    def _release(self) -> None:
+        """The history closed, the run lock and the signal handlers given back, whatever fails
+        (a history the disk refuses to sync is still closed, the lock still released)."""
+        try:
             self.run.history.sync()
+        finally:
             self.run.history.close()
             if self._lock is not None:
                 self._lock.release()
@@ -350,6 +363,14 @@ def _strict_json(manifest: dict[str, Any]) -> None:
         mf.dumps(manifest)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"cannot checkpoint: the manifest would not be strict JSON ({exc})") from None
+
+
+def _step_of(run: Any, step: Any) -> int:
+    """``step`` as the format holds it (an int32 >= 0), refused before anything is written."""
+    if isinstance(step, bool) or not hasattr(step, "__index__") or not 0 <= operator.index(step) <= fmt.MAX_STEP:
+        raise SaveError(str(run), f"step must be an integer in 0..{fmt.MAX_STEP} (an int32 in the file), "
+                                  f"got {step!r}")
+    return operator.index(step)
 
 
 def _history_value(value: Any) -> Any:

@@ -38,6 +38,7 @@ class Saver:
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._buffers: list[np.ndarray] | None = None
+        self._then: list[Callable[[], None]] = []    # what waits on the save in flight's commit
         self.last_stall_s = 0.0
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
@@ -99,14 +100,36 @@ class Saver:
         if self.after_commit is not None:
             self.after_commit(step, manifest)
 
+    def then(self, action: Callable[[], None]) -> None:
+        """Run ``action`` (in the caller's thread: the history is written by one thread) once
+        the newest save is committed: now when it is, else at the ``poll`` or ``wait`` that
+        finds it committed; never if it fails (a history event only for what happened)."""
+        if self._thread is None:
+            action()
+        else:
+            self._then.append(action)
+
+    def poll(self) -> None:
+        """Run what waits on a background save that has finished (its failure stays for ``wait``)."""
+        if self._thread is not None and not self._thread.is_alive():
+            self._finish()
+
     def wait(self) -> None:
         """Block until the save in flight is committed; re-raise its failure here."""
         if self._thread is not None:
-            self._thread.join()
-            self._thread = None
+            self._finish()
         if self._error is not None:
             error, self._error = self._error, None
             raise error
+
+    def _finish(self) -> None:
+        assert self._thread is not None
+        self._thread.join()
+        self._thread = None
+        actions, self._then = self._then, []
+        if self._error is None:
+            for action in actions:
+                action()
 
 
 def _copy_into(flat: torch.Tensor, tensors: list[torch.Tensor]) -> None:

@@ -18,16 +18,17 @@ import os
 import random
 import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from .. import fingerprint
+from .. import atomic, fingerprint
 from .. import manifest as mf
 from .. import torch as ct
 from ..errors import (CheckpointError, ConfigMismatchError, DeviceChangeError, DeviceUnavailableError,
-                      IncompleteResumeStateError)
-from ..run import PIVOT, SAMPLES, STATE, Run, RunLock
+                      IncompleteResumeStateError, StorageError)
+from ..run import LOCK, PIVOT, SAMPLES, STATE, Run, RunLock
 from ..run.history import encode_float
 from ..torch import CheckpointManager, ranks
 from ..torch.distributed import any_rank, launched_by_torchrun, mean_over_ranks, rank_world
@@ -270,12 +271,16 @@ class Trainer:
                 stop = self._step(step, target, record)
                 if not _finite(record["loss"]):
                     return self._diverged(step, record["loss"])
+            except StorageError:          # the history or a sidecar, not the checkpoint: named, exit 2
+                raise
             except (CheckpointError, OSError) as exc:
                 return self._save_failed(exc)
             if step % self.log_every == 0:
                 self.log(f"step {step}: loss {record['loss']:.4f} lr {record['lr']:.2e} source {record['source']}")
         try:
             self.mgr.wait()
+        except StorageError:
+            raise
         except (CheckpointError, OSError) as exc:
             return self._save_failed(exc)
         self._log_stop(step)
@@ -359,6 +364,16 @@ def train(run_dir: str, config_name: str, steps: int, *, seed: int | None = None
     collective.
     """
     cfg = cfgmod.for_run(config_name, sets, seed, threads)
+    made = atomic.missing_dirs(run_dir)       # a stop during start-up takes these away again
+    try:
+        return _train(run_dir, cfg, steps, flags, summary, pause_at, dist_timeout, made, options)
+    finally:
+        if flags.stop:
+            atomic.remove_dirs(made)          # only if still empty: nothing was written
+
+
+def _train(run_dir: str, cfg: Any, steps: int, flags: Flags, summary: str | None,
+           pause_at: tuple[int, str] | None, dist_timeout: float, made: list[Any], options: dict[str, Any]) -> int:
     Run(run_dir, create=True)
     if flags.stop:
         return 0
@@ -367,10 +382,12 @@ def train(run_dir: str, config_name: str, steps: int, *, seed: int | None = None
             raise ValueError("summary and pause_at are single-process only (not under torchrun)")
         return train_distributed(run_dir, steps, lambda log: Trainer(run_dir, cfg, flags=flags, log=log, **options),
                                  device=options.get("device", "auto"), timeout_s=dist_timeout)
-    with RunLock(run_dir, purpose="trainer"):
+    with RunLock(run_dir, purpose="trainer") as lock:
         trainer = Trainer(run_dir, cfg, flags=flags, **options)
         trainer.build()
         if flags.stop:        # SIGTERM during start-up: nothing new is written
+            # a run directory this command made holds only its .lock: that goes too (held)
+            lock.transient = bool(made) and [p.name for p in Path(run_dir).iterdir()] == [LOCK]
             return 0
         observer = Observer(trainer, pause_at) if summary or pause_at else None
         try:

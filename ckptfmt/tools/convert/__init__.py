@@ -17,22 +17,23 @@ from typing import Any
 
 import numpy as np
 
-from ... import fingerprint
+from ... import fingerprint, kinds
 from ... import format as fmt
 from ...errors import (ConvertError, DestinationExistsError, UnsupportedConversionError, UnsupportedFormatError,
                        parse_json)
 from ...tensorfile import TensorFile
+from ...run.lock import writing_file, writing_generations
 from . import bin, bridge, check, npz, planes, pt, safetensors, torchside, zst
 from .planes import planes as planes_of, unplanes
 from .shards import convert_distributed
 from .source import ConvertReport, Source, cast, discard, regions_of, verdict
 
-__all__ = ["FORMATS", "ConvertReport", "Source", "cast", "convert", "detect", "load", "planes_of",
+__all__ = ["FORMATS", "ConvertReport", "Source", "by_name", "cast", "convert", "detect", "load", "open_file", "planes_of",
            "target", "unplanes"]
 
 FORMATS = ("bin", "safetensors", "pt", "npz", "zst", "planes", "torch", "weights", "shards", "dcp")
 SUFFIXES = {"bin": (".bin",), "safetensors": (".safetensors",), "weights": (".safetensors",),
-            "pt": (".pt", ".pth"), "torch": (".pt", ".pth"), "npz": (".npz",), "zst": (".zst",),
+            "pt": (".pt", ".pth", ".ckpt"), "torch": (".pt", ".pth", ".ckpt"), "npz": (".npz",), "zst": (".zst",),
             "planes": (".ckz",)}
 WEIGHTS_ONLY = ("safetensors", "pt", "npz")      # the targets --weights-only and --dtype apply to
 READERS = {"bin": bin.load, "safetensors": safetensors.load, "pt": pt.load, "npz": npz.load,
@@ -42,23 +43,31 @@ WRITERS = {"bin": bin.write, "safetensors": safetensors.write_source, "pt": pt.w
 
 
 def detect(path: "str | os.PathLike[str]") -> str:
-    """The format of ``path`` from its name (or, for a directory, its DCP ``.metadata``).
+    """The format convert reads ``path`` as: by its content (``ckptfmt.kinds.sniff``) when it
+    exists, so ``pytorch_model.bin`` (a torch zip) and a Lightning ``.ckpt`` read as ``pt``;
+    by its name when it does not (a destination).
 
     >>> detect("step_000100.safetensors"), detect("x.pth"), detect("step_000100.json"), detect("a.ckz")
     ('safetensors', 'pt', 'shards', 'planes')
     """
-    name = os.fspath(path).lower().rstrip("/")
-    if name.endswith(".shards") or name.endswith(".json"):
-        return "shards"
-    if os.path.isdir(path) and os.path.isfile(os.path.join(path, ".metadata")):
-        return "dcp"
-    if os.path.isdir(path):
+    if not os.path.lexists(path):
+        return by_name(path)
+    kind = kinds.sniff(path)
+    if kind.name == "run":
         raise UnsupportedFormatError(os.fspath(path), "a directory, expected a checkpoint file (or a "
                                                       "DCP directory with its .metadata)")
-    for suffix, kind in ((".safetensors", "safetensors"), (".pt", "pt"), (".pth", "pt"),
-                         (".npz", "npz"), (".zst", "zst"), (".ckz", "planes"), (".bin", "bin")):
-        if name.endswith(suffix):
-            return kind
+    return kinds.require(kind, "convert", path).convert
+
+
+def by_name(path: "str | os.PathLike[str]") -> str:
+    """The format a (destination) name says: its suffix; a ``.json`` or ``.shards`` a sharded
+    generation."""
+    name = os.fspath(path).lower().rstrip("/")
+    kind = kinds.by_name(path)
+    if name.endswith(".json") or (kind is not None and kind.name == "shards"):
+        return "shards"
+    if kind is not None and kind.convert is not None and kind.name != "safetensors-index":
+        return kind.convert
     raise UnsupportedConversionError(os.fspath(path), "unknown format: expected .bin, .safetensors, .pt, "
                                                       ".npz, .zst or .ckz (or pass --to)")
 
@@ -74,7 +83,7 @@ def target(dst: "str | os.PathLike[str]", to: str | None) -> str:
     ckptfmt.errors.UnsupportedConversionError: x.safetensors: extension disagrees with --to zst: a zst target is named *.zst
     """
     if to is None:
-        return detect(dst)
+        return by_name(dst)
     name = os.fspath(dst)
     if to not in FORMATS:
         raise UnsupportedConversionError(name, f"unknown format {to}: choose one of {', '.join(FORMATS)}")
@@ -132,18 +141,20 @@ def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = F
     parent = os.path.dirname(os.path.abspath(dst))
     if dst_kind not in ("shards", "dcp") and not os.path.isdir(parent):
         raise FileNotFoundError(errno.ENOENT, "destination directory does not exist", parent)
-    if "shards" in (src_kind, dst_kind) or "dcp" in (src_kind, dst_kind):
-        return convert_distributed(src, dst, src_kind, dst_kind, shards=shards or 2, verify=verify)
-    if dst_kind in ("torch", "weights"):
-        return bridge.export_foreign(src, src_kind, dst, dst_kind, verify)
-    existed = os.path.lexists(dst)
-    try:
-        return _convert_file(src, dst, src_kind, dst_kind, weights_only, dtype, verify, progress,
-                             group_names, groups_file)
-    except BaseException:
-        if not existed:
-            discard(dst)       # a failed conversion leaves nothing behind (its manifest included)
-        raise
+    into_run = dst_kind == "shards" and not dst.lower().endswith(".json")    # DST is the run directory
+    with (writing_generations(dst, "convert") if into_run else writing_file(dst, "convert")):   # RUN.md §4
+        if "shards" in (src_kind, dst_kind) or "dcp" in (src_kind, dst_kind):
+            return convert_distributed(src, dst, src_kind, dst_kind, shards=shards or 2, verify=verify)
+        if dst_kind in ("torch", "weights"):
+            return bridge.export_foreign(src, src_kind, dst, dst_kind, verify)
+        existed = os.path.lexists(dst)
+        try:
+            return _convert_file(src, dst, src_kind, dst_kind, weights_only, dtype, verify, progress,
+                                 group_names, groups_file)
+        except BaseException:
+            if not existed:
+                discard(dst)       # a failed conversion leaves nothing behind (its manifest included)
+            raise
 
 
 def read_groups(groups: "str | list[list[str]] | None") -> tuple[list[list[str]] | None, str]:
@@ -173,7 +184,7 @@ def _convert_file(src: str, dst: str, src_kind: str, dst_kind: str, weights_only
     ``verify``, prove it by going back."""
     if dst_kind in ("torch", "weights"):
         return bridge.export_foreign(src, src_kind, dst, dst_kind, verify)
-    opened = _open(src, src_kind)
+    opened = open_file(src, src_kind)
     if not isinstance(opened, Source):
         if dst_kind != "bin":
             raise UnsupportedConversionError(src, f"a foreign {src_kind} file converts to .bin only (then from "
@@ -182,9 +193,9 @@ def _convert_file(src: str, dst: str, src_kind: str, dst_kind: str, weights_only
     return _convert_source(opened, src_kind, dst, dst_kind, weights_only, dtype, verify, progress)
 
 
-def _open(src: str, kind: str) -> Any:
+def open_file(src: str, kind: str) -> Any:
     """A ``Source`` for ckptfmt's forms; the loaded foreign object (a torch object or a
-    ``TensorFile``) for a foreign .pt or .safetensors."""
+    ``TensorFile``) for a foreign .pt or .safetensors (``kind``: the format name of ``detect``)."""
     if kind == "pt":
         ts = torchside.torchsave(src)
         state = ts.read(src)

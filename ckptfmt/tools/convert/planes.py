@@ -11,12 +11,12 @@ import struct
 import numpy as np
 import zstandard
 
-from ... import atomic
+from ... import atomic, kinds
 from ... import format as fmt
 from ...errors import ConvertError, parse_json
 from .source import Source
 
-MAGIC = b"CKPTZST\x01"
+MAGIC = kinds.PLANES_MAGIC    # the registry of kinds sniffs it (ckptfmt.kinds)
 CHUNK = 1 << 20          # floats per byte-plane block
 LEVEL = 1                # spec §10: chosen from benchmarks/README.md figures
 

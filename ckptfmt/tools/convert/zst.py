@@ -19,14 +19,14 @@ from typing import Any, BinaryIO
 import numpy as np
 import zstandard
 
-from ... import atomic, reader
+from ... import atomic, kinds, reader
 from ... import format as fmt
 from ...errors import CheckpointError, ConvertError, parse_json
 from . import planes
 from .source import Source
 
-SKIPPABLE = 0x184D2A5C       # one of the 16 skippable-frame magics (RFC 8878 §3.1.2): "C" for ckptfmt
-ZSTD_FRAME = 0xFD2FB528      # an ordinary zstd frame (RFC 8878 §3.1.1)
+SKIPPABLE = kinds.ZSTD_SKIPPABLE   # one of the 16 skippable-frame magics (RFC 8878 §3.1.2): "C" for ckptfmt
+ZSTD_FRAME = kinds.ZSTD_FRAME      # an ordinary zstd frame (RFC 8878 §3.1.1)
 LEVEL = 1                    # as good a ratio as 3 and 9, faster: benchmarks/README.md "Compression"
 MAX_METADATA = 64 << 20      # the bound of a manifest (spec §4.1), checked before reading
 CHUNK = 8 << 20

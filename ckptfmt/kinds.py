@@ -1,0 +1,281 @@
+"""What a file is, decided by its content (spec/FORMAT.md §8.6): one registry of kinds that
+every command shares.
+
+Each ``Kind`` has a name, a human label, a ``sniff`` of the first bytes (and, for a zip or a
+small JSON document, its directory or its keys), the names that claim it, the name ``convert``
+reads it under, and what each command does with it. The rule, in ``sniff``:
+
+1. another format's magic bytes win (zstd frames, the byte-plane magic, a safetensors header,
+   a zip holding ``*/data.pkl`` or ``.npy`` members, torch's legacy pickle magic), then the
+   directories and JSON documents known by their keys;
+2. otherwise the name claims a kind (``.bin`` or ``step_N``: a seed ``.bin``, so a torn
+   ``step_N.bin`` stays a defect; ``.pt``, ``.safetensors``, ...), and so does a plausible seed
+   header (``size == 8 + 12n``);
+3. otherwise the file is of no kind ckptfmt knows (``UnsupportedKindError``, CLI exit 2).
+
+Reading is O(1) in the file size: one ``stat``, 64 bytes, and at most a zip's directory or a
+JSON document of a few MiB. A new kind (a Lightning checkpoint, a Hugging Face Trainer
+directory) is one more entry in ``KINDS``.
+
+>>> import os, tempfile
+>>> d = tempfile.mkdtemp(); p = os.path.join(d, "step_000003.bin")
+>>> with open(p, "wb") as f: _ = f.write(fmt.pack_header(3, 1) + bytes(12))
+>>> sniff(p).name, sniff(d).name
+('bin', 'run')
+>>> with open(p, "wb") as f: _ = f.write(b"CKPTZST\\x01...")
+>>> sniff(p).label
+'ckptfmt byte-plane file (.ckz)'
+"""
+from __future__ import annotations
+
+import json
+import os
+import stat
+import struct
+import zipfile
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any, Callable, Mapping
+
+from . import format as fmt
+from .errors import UnsupportedKindError
+
+__all__ = ["KINDS", "COMMANDS", "Kind", "Probe", "by_name", "get", "require", "sniff",
+           "PLANES_MAGIC", "TORCH_LEGACY_MAGIC", "ZSTD_FRAME", "ZSTD_SKIPPABLE"]
+
+ZSTD_SKIPPABLE = 0x184D2A5C   # ckptfmt's metadata frame (RFC 8878 §3.1.2), spec §10.4
+ZSTD_FRAME = 0xFD2FB528       # an ordinary zstd frame (RFC 8878 §3.1.1)
+PLANES_MAGIC = b"CKPTZST\x01"  # the byte-plane form, spec §10.5
+TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"   # torch.save's pickled magic number (< 1.6)
+ZIP_MAGIC = b"PK\x03\x04"
+HEAD = 64                     # bytes read from every file
+MAX_JSON = 16 << 20           # a manifest or an index.json larger than this is no document we sniff
+COMMANDS = ("inspect", "validate", "diff", "convert", "ls")
+
+
+class Probe:
+    """What the sniffers look at: the path's stat, its first ``HEAD`` bytes, and (on demand,
+    once) a zip's member names or a JSON document's top-level object."""
+
+    def __init__(self, path: "str | os.PathLike[str]"):
+        self.path = os.fspath(path)
+        self.name = os.path.basename(self.path.rstrip("/")).lower()
+        st = os.stat(self.path)            # a missing path stays FileNotFoundError (exit 2)
+        self.is_dir = stat.S_ISDIR(st.st_mode)
+        self.is_file = stat.S_ISREG(st.st_mode)
+        self.size = st.st_size if self.is_file else 0
+        self.head = b""
+        if self.is_file:                   # never open a FIFO or a device: it could hang or lie
+            with open(self.path, "rb") as f:
+                self.head = f.read(HEAD)
+
+    @cached_property
+    def zip_names(self) -> list[str] | None:
+        """A zip's member names; None when the directory cannot be read (a torn zip)."""
+        try:
+            with zipfile.ZipFile(self.path) as z:
+                return z.namelist()
+        except (zipfile.BadZipFile, OSError, ValueError, EOFError):
+            return None
+
+    @cached_property
+    def document(self) -> dict[str, Any] | None:
+        """A small JSON file's top-level object (None for anything else)."""
+        if not (self.is_file and self.name.endswith(".json") and self.size <= MAX_JSON):
+            return None
+        try:
+            with open(self.path, "rb") as f:
+                doc = json.loads(f.read())
+        except (OSError, ValueError, RecursionError):
+            return None
+        return doc if isinstance(doc, dict) else None
+
+
+@dataclass(frozen=True)
+class Kind:
+    """One kind of file: ``sniff`` decides from content; ``claims`` are the name endings that
+    make a file of this kind when no content decides; ``convert`` is the format name convert
+    reads it as (None: it cannot); ``does`` says what each command does with it (a command not
+    in it refuses the kind, exit 2)."""
+    name: str
+    label: str
+    sniff: Callable[[Probe], bool]
+    does: Mapping[str, str]
+    convert: str | None = None
+    claims: tuple[str, ...] = ()
+    ours: bool = False            # written by ckptfmt (a digest of its own), else foreign or either
+    needs: str | None = None      # the optional extra it needs ("torch")
+    extra: Mapping[str, Any] = field(default_factory=dict)
+
+    def can(self, command: str) -> bool:
+        """True when ``command`` does something with this kind."""
+        return command in self.does
+
+    def claimed_by(self, name: str) -> bool:
+        """True when the (lower-case) file name claims this kind."""
+        return name.endswith(self.claims) if self.claims else False
+
+
+def _le32(head: bytes) -> int | None:
+    return struct.unpack("<I", head[:4])[0] if len(head) >= 4 else None
+
+
+def _zst(p: Probe) -> bool:
+    return p.is_file and _le32(p.head) in (ZSTD_SKIPPABLE, ZSTD_FRAME)
+
+
+def _planes(p: Probe) -> bool:
+    return p.is_file and p.head.startswith(PLANES_MAGIC)
+
+
+def _safetensors(p: Probe) -> bool:
+    """8-byte LE header length, then ``{`` (a seed header never passes: its n_params would make
+    the length larger than the file)."""
+    if not p.is_file or len(p.head) < 9:
+        return False
+    length = struct.unpack("<Q", p.head[:8])[0]
+    return 2 <= length <= p.size - 8 and p.head[8:9] == b"{"
+
+
+def _torch_zip(p: Probe) -> bool:
+    """A zip holding ``ARCHIVE/data.pkl`` (a zip whose directory is torn, not named .npz, too:
+    torch is what writes zips that we are given)."""
+    if not (p.is_file and p.head.startswith(ZIP_MAGIC)):
+        return False
+    names = p.zip_names
+    if names is None:
+        return not p.name.endswith(".npz")
+    return any(n == "data.pkl" or n.endswith("/data.pkl") for n in names)
+
+
+def _torch_legacy(p: Probe) -> bool:
+    return p.is_file and p.head.startswith(TORCH_LEGACY_MAGIC)
+
+
+def _npz(p: Probe) -> bool:
+    names = p.zip_names if p.is_file and p.head.startswith(ZIP_MAGIC) else None
+    return bool(names) and all(n.endswith(".npy") for n in names)
+
+
+def _dcp(p: Probe) -> bool:
+    return p.is_dir and os.path.isfile(os.path.join(p.path, ".metadata"))
+
+
+def _sharded(p: Probe) -> bool:
+    """A sharded generation: its manifest (``shards`` rows) or its ``step_N.shards`` directory."""
+    if p.is_dir:
+        return p.name.endswith(".shards")
+    doc = p.document
+    return doc is not None and doc.get("format") == "ckptfmt" and isinstance(doc.get("shards"), list)
+
+
+def _index(p: Probe) -> bool:
+    doc = p.document
+    return doc is not None and isinstance(doc.get("weight_map"), dict)
+
+
+def _manifest(p: Probe) -> bool:
+    doc = p.document
+    return doc is not None and doc.get("format") == "ckptfmt"
+
+
+def _run(p: Probe) -> bool:
+    return p.is_dir
+
+
+def _seed(p: Probe) -> bool:
+    """A plausible seed header: the size law holds (spec §2, §8.1)."""
+    if not p.is_file or len(p.head) < fmt.HEADER_SIZE:
+        return False
+    step, n = fmt.unpack_header(p.head[:fmt.HEADER_SIZE])
+    return step >= 0 and n >= 0 and p.size == fmt.file_size(n)
+
+
+OURS = {"inspect": "step, size, recorded blake3, per-region statistics",
+        "validate": "decoded and checked against the blake3 it records (the source check of convert)",
+        "diff": "its regions, by parameter name where a layout is known",
+        "convert": "into any other form"}
+FOREIGN = {"inspect": "tensors, parameter count, dtypes, step where known, per-region statistics",
+           "validate": "structure and values (unverified: no digest of its own); ckptfmt's own form: its blake3",
+           "diff": "mapped onto weights, m, v by parameter name (as convert maps it)",
+           "convert": "into a .bin (then into any other form); ckptfmt's own form into any"}
+
+KINDS: tuple[Kind, ...] = (
+    Kind("planes", "ckptfmt byte-plane file (.ckz)", _planes, OURS, "planes", (".ckz",), ours=True),
+    Kind("zst", "ckptfmt zstd stream (.zst)", _zst, OURS, "zst", (".zst",), ours=True),
+    Kind("safetensors", "safetensors file", _safetensors, FOREIGN, "safetensors", (".safetensors",)),
+    Kind("npz", "NumPy .npz archive", _npz, FOREIGN | {"inspect": "its arrays", "validate": "structure; "
+         "ckptfmt's own form: its blake3", "diff": "ckptfmt's own form only", "convert": "ckptfmt's own form only"},
+         "npz", (".npz",)),
+    Kind("torch", "torch.save file (zip)", _torch_zip, FOREIGN, "pt", (".pt", ".pth", ".ckpt"), needs="torch"),
+    Kind("torch-legacy", "torch.save file (legacy pickle)", _torch_legacy, FOREIGN, "pt", needs="torch"),
+    Kind("dcp", "torch.distributed.checkpoint directory", _dcp,
+         {"inspect": "step, parameters, per-region statistics (read through a temporary .bin)",
+          "validate": "structure (unverified: no digest ckptfmt checks)", "diff": "its regions",
+          "convert": "into a .bin"}, "dcp", needs="torch"),
+    Kind("shards", "sharded generation (step_N.json of shards)", _sharded,
+         {"inspect": "step, shards, per-region statistics", "validate": "every shard against its row's blake3",
+          "diff": "its regions, consolidated", "convert": "consolidated into a .bin"}, "shards", (".shards",),
+         ours=True),
+    Kind("safetensors-index", "sharded safetensors (model.safetensors.index.json)", _index,
+         {"inspect": "shards, tensors, parameter count, dtypes",
+          "validate": "every shard's structure and the weight map (unverified: no digest of its own)",
+          "diff": "its tensors mapped onto weights by name"}, None, (".safetensors.index.json",)),
+    Kind("manifest", "generation manifest (step_N.json)", _manifest, {}, None),
+    Kind("run", "run directory", _run,
+         {"inspect": "ls and the newest valid generation", "validate": "every generation, sidecars, history",
+          "ls": "generations, status, pins, leases"}, None),
+    Kind("bin", "seed .bin checkpoint", _seed,
+         {"inspect": "header, manifest, fingerprint, per-region statistics",
+          "validate": "structure, name, manifest, blake3, values", "diff": "header, regions, companion",
+          "convert": "into any form", "ls": "as a generation of its run"},
+         "bin", (".bin",), ours=True),
+)
+_BY_NAME = {k.name: k for k in KINDS}
+
+
+def get(name: str) -> Kind:
+    """The registry entry called ``name``."""
+    return _BY_NAME[name]
+
+
+def _claims_seed(name: str) -> bool:
+    """``.bin`` or a ``step_N`` name (without a known other suffix) claims a seed ``.bin``."""
+    return name.endswith(".bin") or fmt.parse_name(name) is not None or \
+        (name.startswith("step_") and name[5:].isdigit())
+
+
+def sniff(path: "str | os.PathLike[str]") -> Kind:
+    """The kind of ``path`` by the rule of the module docstring; ``UnsupportedKindError`` when
+    none fits, ``OSError`` when the path cannot be read."""
+    probe = Probe(path)
+    for kind in KINDS:
+        if kind.sniff(probe):
+            return kind
+    for kind in KINDS:
+        if kind.claimed_by(probe.name):
+            return kind
+    if _claims_seed(probe.name):
+        return get("bin")
+    raise UnsupportedKindError(probe.path, "unknown kind (unknown format): neither its content nor its name is "
+                                           "one ckptfmt knows (a seed .bin, .zst, .ckz, safetensors, a torch.save "
+                                           "file, .npz, a DCP or sharded directory)")
+
+
+def by_name(path: "str | os.PathLike[str]") -> Kind | None:
+    """The kind a (destination) name claims, content unseen; None when it claims none."""
+    name = os.path.basename(os.fspath(path).rstrip("/")).lower()
+    for kind in KINDS:
+        if kind.claimed_by(name):
+            return kind
+    return get("bin") if _claims_seed(name) else None
+
+
+def require(kind: Kind, command: str, path: "str | os.PathLike[str]") -> Kind:
+    """``kind`` when ``command`` does something with it; else ``UnsupportedKindError`` (exit 2)
+    naming the command, the kind and the file."""
+    if not kind.can(command):
+        hint = " (pass its step_N.bin)" if kind.name == "manifest" else \
+            " (pass a file)" if kind.name == "run" else ""
+        raise UnsupportedKindError(os.fspath(path), f"{command} cannot read a {kind.label}{hint}")
+    return kind

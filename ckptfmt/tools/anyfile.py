@@ -1,0 +1,151 @@
+"""A file of any kind (``ckptfmt.kinds``) as a ``Source``: step, weights, m, v, layout, read
+through convert's readers, so inspect, validate and diff see every kind the way convert maps it.
+
+ckptfmt's own forms come back with the blake3 they record; a foreign state dict (a torch.save
+file, a safetensors file or a sharded safetensors index, an ``.npz`` of arrays) is mapped by
+``ckptfmt.statemap`` exactly as ``convert`` maps it into a ``.bin`` (parameters by name, the
+optimizer's moments by parameter, zeros where there are none), with ``extra["origin"]`` =
+``"foreign"``.
+"""
+from __future__ import annotations
+
+import os
+import tempfile
+import zipfile
+from typing import Any
+
+import numpy as np
+
+from .. import kinds, statemap
+from .. import format as fmt
+from .. import manifest as mf
+from ..errors import ConvertError, TensorFileError, UnsupportedKindError
+from ..kinds import Kind
+from ..shards import ShardedCheckpoint
+from ..statemap import Entry, State
+from ..tensorfile import TensorFile
+from . import convert
+from .convert import bin, safetensors
+from .convert.source import Source
+from .convert.torchside import dcp, torchsave
+
+__all__ = ["open_source"]
+
+NPZ_DTYPES = {"<f4": "float32", "<f2": "float16", "<f8": "float64"}
+
+
+def open_source(path: str, kind: Kind | None = None) -> Source:
+    """``path`` (of ``kind``, sniffed when not given) as a ``Source``; ``extra`` holds
+    ``origin`` ("ckptfmt" or "foreign"), ``n_tensors`` and ``dtypes`` where known."""
+    kind = kind or kinds.sniff(path)
+    if kind.name == "shards":
+        return _sharded(path)
+    if kind.name == "dcp":
+        return _dcp(path)
+    if kind.name == "safetensors-index":
+        return foreign_source(path, index_state(path))
+    if kind.convert is None:
+        raise UnsupportedKindError(path, f"cannot read a {kind.label}")
+    if kind.name == "npz" and not _ckptfmt_npz(path):
+        return foreign_source(path, npz_state(path))
+    opened = convert.open_file(path, kind.convert)
+    if isinstance(opened, Source):
+        opened.extra.setdefault("origin", "ckptfmt")
+        return opened
+    state = torchsave(path).to_state(opened, path) if kind.convert == "pt" \
+        else safetensors.foreign_state(path, opened)
+    return foreign_source(path, state)
+
+
+def foreign_source(path: str, state: State) -> Source:
+    """A foreign state as convert maps it: parameters in order, m and v by parameter name."""
+    params, buffers = statemap.split(state, path)
+    weights, m, v = statemap.regions(params, state.optimizer)
+    opt = state.optimizer
+    flat = [np.concatenate(part) if part else np.zeros(0, fmt.DTYPE) for part in (weights, m, v)]
+    extra = {"origin": "foreign", "n_tensors": len(state.model), "parameters": len(params),
+             "buffers": len(buffers), "dtypes": sorted({e.dtype for e in state.model}),
+             "optimizer": opt.kind if opt is not None else None}
+    return Source(path, opt.step if opt is not None else 0, *flat, statemap.layout(params), None, extra)
+
+
+def index_state(path: str) -> State:
+    """The tensors of a sharded safetensors (``model.safetensors.index.json`` and its shard
+    files), in the index's shard order; a tensor the weight map names but its shard lacks, or a
+    shard that is missing, is a ``TensorFileError``."""
+    doc = kinds.Probe(path).document or {}
+    weight_map = doc.get("weight_map") or {}
+    files = list(dict.fromkeys(str(f) for f in weight_map.values()))
+    where = os.path.dirname(os.path.abspath(path))
+    entries: list[Entry] = []
+    for name in files:
+        shard = os.path.join(where, name)
+        if os.path.basename(name) != name or not os.path.isfile(shard):
+            raise TensorFileError(path, f"weight map names shard {name!r}, which is not a file beside it")
+        part = safetensors.foreign_state(shard, TensorFile(shard)).model
+        entries += part
+    missing = sorted(set(weight_map) - {e.name for e in entries})
+    if missing:
+        raise TensorFileError(path, f"weight map names {len(missing)} tensors its shards lack, first {missing[0]!r}")
+    return State(entries, None, {"from": "safetensors-index", "file": os.path.basename(path),
+                                 "shards": files, "metadata": doc.get("metadata")})
+
+
+def _ckptfmt_npz(path: str) -> bool:
+    try:
+        with zipfile.ZipFile(path) as z:
+            return "meta.npy" in z.namelist()
+    except (zipfile.BadZipFile, OSError):
+        return True            # let convert's reader name the damage
+
+
+def npz_state(path: str) -> State:
+    """The arrays of a foreign ``.npz`` (never unpickled) as a state dict of tensors."""
+    try:
+        with np.load(path, allow_pickle=False) as z:
+            entries = [_npz_entry(path, name, np.asarray(z[name])) for name in z.files]
+    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+        raise ConvertError(path, f"not a readable .npz: {exc}") from None
+    return State(entries, None, {"from": "npz", "file": os.path.basename(path)})
+
+
+def _npz_entry(path: str, name: str, arr: np.ndarray) -> Entry:
+    dtype = NPZ_DTYPES.get(arr.dtype.str) or (arr.dtype.name if arr.dtype.kind in "iub" else None)
+    if dtype is None:
+        raise UnsupportedKindError(path, f"array {name!r}: dtype {arr.dtype} is no tensor type ckptfmt maps")
+    return Entry(name, dtype, list(arr.shape), np.ascontiguousarray(arr).reshape(-1))
+
+
+def manifest_of(path: str) -> str:
+    """The manifest of a sharded generation given by its manifest or its ``.shards`` directory."""
+    path = path.rstrip("/")
+    return str(mf.path_for(path)) if path.endswith(".shards") else path
+
+
+def _sharded(path: str) -> Source:
+    with ShardedCheckpoint(manifest_of(path)) as sc:
+        regions = [np.array(getattr(sc, r)) for r in fmt.REGIONS]
+        doc = sc.manifest
+    return Source(path, doc["step"], *regions, doc.get("layout"), doc.get("blake3"),
+                  {"origin": "ckptfmt", "shards": len(doc["shards"]), "manifest": doc})
+
+
+def _dcp(path: str) -> Source:
+    """A DCP directory read into a temporary ``.bin`` (mapped, then the file is gone)."""
+    with tempfile.TemporaryDirectory() as tmp:
+        source = bin.load(dcp(path).from_dcp(path, os.path.join(tmp, "consolidated.bin")).path)
+        source = Source(path, source.step, np.array(source.weights), np.array(source.m), np.array(source.v),
+                        source.layout, None, {"origin": "foreign"})
+    return source
+
+
+def describe(source: Source) -> dict[str, Any]:
+    """What inspect shows of a ``Source`` beside its statistics."""
+    out = {k: source.extra[k] for k in ("origin", "n_tensors", "parameters", "buffers", "dtypes", "optimizer",
+                                        "shards") if k in source.extra}
+    if source.layout:
+        out["layout_tensors"] = len(source.layout)
+    if source.blake3:
+        out["recorded_blake3"] = source.blake3
+    return out
+
