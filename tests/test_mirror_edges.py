@@ -128,6 +128,7 @@ def test_keep_every_without_keep_last_is_a_usage_error(tmp_path):
 def test_watch_started_before_the_run_directory_waits_for_it(s3, bucket, tmp_path):
     """`mirror RUN URL --watch &` started just before the trainer (as the README puts it beside
     one) exited 2 on the missing directory; it says once that it waits, and mirrors when it comes."""
+    import select
     import signal
     import subprocess
     import sys
@@ -136,7 +137,8 @@ def test_watch_started_before_the_run_directory_waits_for_it(s3, bucket, tmp_pat
     proc = subprocess.Popen([sys.executable, "-m", "ckptfmt.cli", "mirror", str(run), url, "--watch",
                              "--interval", "0.2"], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        time.sleep(1.5)
+        ready, _, _ = select.select([proc.stderr], [], [], 120)     # it said it waits (no fixed sleep:
+        said = proc.stderr.readline() if ready else ""              # a loaded machine imports slowly)
         assert proc.poll() is None
         make_run(run, steps=(10,))
         deadline = time.monotonic() + 60        # confirmed, and the pass done (its sidecars are there)
@@ -147,7 +149,7 @@ def test_watch_started_before_the_run_directory_waits_for_it(s3, bucket, tmp_pat
         proc.send_signal(signal.SIGTERM)
         out, err = proc.communicate(timeout=60)
     assert proc.returncode == 0, err
-    assert err.splitlines() == [f"ckptfmt: {run}: no run directory yet; the first pass runs when it appears"]
+    assert (said + err).splitlines() == [f"ckptfmt: {run}: no run directory yet; the first pass runs when it appears"]
     assert [m["newest_confirmed"] for m in ls_run(run)["mirrors"]] == [10] and cli("validate", url).returncode == 0
 
 
