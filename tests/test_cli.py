@@ -128,7 +128,9 @@ def test_a_reader_that_closes_stdout_ends_the_command_quietly(tmp_path, args):
 
 def test_a_usage_error_names_the_command_once(tmp_path):
     proc = cli("gc", str(tmp_path))
-    assert proc.returncode == 2 and proc.stderr == "ckptfmt: gc: Missing option '--keep-last'. (see --help)\n"
+    assert proc.returncode == 2 and proc.stderr == ("ckptfmt: gc: Missing a keep rule: --keep-last, --keep-every, "
+                                                    "--keep-best, --keep-within or --keep-interval (the guards "
+                                                    "alone are no policy). (see --help)\n")
 
 
 def test_validate_many_and_json(runner, tmp_path, bad):

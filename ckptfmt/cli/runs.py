@@ -7,33 +7,79 @@ from __future__ import annotations
 
 import os
 import sys
+from typing import TYPE_CHECKING, Any, Callable
 
 import click
 
 from .app import main
 from .output import EXIT_CANNOT, EXIT_DEFECT, Fail, emit, guarded, json_option, size
 
+if TYPE_CHECKING:
+    from ..run.retention import Policy
+
 
 # ---------------------------------------------------------------- ls / gc / pin
+def policy_options(fn: Callable) -> Callable:
+    """The retention policy's flags (spec/RUN.md §5.1), the same on ``gc`` and ``ls``."""
+    options = [
+        click.option("--keep-last", type=click.IntRange(min=1), help="Keep the newest K generations."),
+        click.option("--keep-every", type=click.IntRange(min=1), help="Keep steps divisible by N (milestones)."),
+        click.option("--keep-best", type=click.IntRange(min=1), help="Keep the best K by --metric (NaN/inf never best)."),
+        click.option("--metric", help="The metric of --keep-best, as the manifest recorded it (val_loss)."),
+        click.option("--mode", type=click.Choice(["min", "max"]), default="min", show_default=True,
+                     help="Whether the best value of --metric is the smallest or the largest."),
+        click.option("--keep-missing-metric/--no-keep-missing-metric", "keep_missing", default=True,
+                     show_default=True, help="Keep generations that recorded no --metric."),
+        click.option("--keep-within", metavar="DURATION",
+                     help="Keep generations committed within DURATION of the newest (90s, 30m, 6h, 2d)."),
+        click.option("--keep-interval", metavar="DURATION",
+                     help="Keep the first generation committed in each DURATION (1h: one an hour)."),
+    ]
+    for option in reversed(options):
+        fn = option(fn)
+    return fn
+
+
+POLICY_FLAGS = "--keep-last, --keep-every, --keep-best, --keep-within or --keep-interval"
+
+
+def policy_of(keep_last: int | None = None, keep_every: int | None = None, keep_best: int | None = None,
+              metric: str | None = None, mode: str = "min", keep_missing: bool = True,
+              keep_within: str | None = None, keep_interval: str | None = None) -> "Policy":
+    """The ``Policy`` of the flags; a usage error (exit 2) for what cannot be one."""
+    from ..run.retention import Policy, parse_duration  # lazy: keeps `ckptfmt --help` fast
+    if keep_best is not None and metric is None:
+        raise click.UsageError("--keep-best needs --metric NAME (the best K by which metric)")
+    if metric is not None and keep_best is None:
+        raise click.UsageError("--metric needs --keep-best K")
+    try:
+        within, interval = (None if d is None else parse_duration(d) for d in (keep_within, keep_interval))
+    except ValueError as exc:
+        raise click.UsageError(f"--keep-within/--keep-interval: {exc}") from None
+    return Policy(keep_last=keep_last, keep_every=keep_every, keep_best=keep_best, metric=metric, mode=mode,
+                  keep_missing=keep_missing, keep_within=within, keep_interval=interval)
+
+
 @main.command("ls")
 @click.argument("run", type=click.Path())
 @json_option
 @click.option("--deep", is_flag=True, help="Verify fingerprints too.")
-@click.option("--keep-every", type=click.IntRange(min=1), help="Mark milestones (steps divisible by N).")
+@policy_options
 @click.option("--remote", is_flag=True, help="Check each mirror's destination (network) for the lag, "
                                              "instead of the local record only.")
 @guarded
-def ls_cmd(run: str, as_json: bool, deep: bool, keep_every: int | None, remote: bool) -> None:
-    """List a run's generations with status, pins, milestones, leftovers, saves in progress,
-    read leases and mirror lag. Safe while the run trains: what it lists is leased until it is
-    done. A generation whose values (recorded at save) hold NaN or inf is shown as diverged,
-    with the count per region. A URL: the generations at the URL."""
+def ls_cmd(run: str, as_json: bool, deep: bool, remote: bool, **policy: Any) -> None:
+    """List a run's generations with status, pins, milestones, metrics, leftovers, saves in
+    progress, read leases and mirror lag. Safe while the run trains: what it lists is leased until
+    it is done. A generation whose values (recorded at save) hold NaN or inf is shown as diverged,
+    with the count per region. With retention flags (as gc's), which rule keeps each generation.
+    A URL: the generations at the URL."""
     from ..run.ops import ls_run  # lazy: keeps `ckptfmt --help` fast
     from ..tools.remote import is_url  # lazy: as above
     if is_url(run):
         from .remote import ls_url_out  # lazy: as above
         return ls_url_out(run, as_json)
-    data = ls_run(run, deep=deep, keep_every=keep_every)
+    data = ls_run(run, deep=deep, keep_every=policy["keep_every"], policy=policy_of(**policy))
     if remote:
         from ..tools.remote_check import check_mirrors  # lazy: as above
         data["mirrors"] = check_mirrors(data["mirrors"], [g["step"] for g in data["generations"] if g["committed"]])
@@ -46,6 +92,10 @@ def print_ls(d: dict) -> None:
         click.echo(f"  {'step':>10}  {'size':>10}  {'age':>10}  status")
     for g in d["generations"]:
         marks = (" pinned" if g["pinned"] else "") + (" milestone" if g.get("milestone") else "")
+        marks += "".join(f" {k}={_value(m.get('value'))}" + (f"@{m.get('step')}" if m.get("step") != g["step"] else "")
+                         for k, m in g.get("metrics", {}).items() if isinstance(m, dict))
+        if g.get("kept_by"):
+            marks += " kept: " + ", ".join(g["kept_by"])
         if g.get("diverged"):
             marks += " (" + ", ".join(f"{r}: {k}" for r, k in g["non_finite"].items()) + " non-finite values)"
         age = "-" if g["age_s"] is None else f"{g['age_s']:.0f}s"
@@ -68,24 +118,37 @@ def print_ls(d: dict) -> None:
                    + (f"; checked there now: {m['at_destination']}" if "at_destination" in m else ""))
 
 
+def _value(v: Any) -> str:
+    """A recorded metric value in words (``{"__float__": "nan"}`` is nan)."""
+    return str(v["__float__"]) if isinstance(v, dict) and "__float__" in v else f"{v:g}" if isinstance(v, float) else str(v)
+
+
 @main.command()
 @click.argument("run", type=click.Path())
-@click.option("--keep-last", type=click.IntRange(min=1), required=True, help="Newest generations to keep.")
-@click.option("--keep-every", type=click.IntRange(min=1), help="Also keep steps divisible by this (milestones).")
-@click.option("--dry-run", is_flag=True, help="Only say what would be deleted.")
+@policy_options
+@click.option("--dry-run", is_flag=True, help="Only say what would be deleted, and why each kept one is kept.")
 @json_option
 @guarded
-def gc(run: str, keep_last: int, keep_every: int | None, dry_run: bool, as_json: bool) -> None:
-    """Apply retention: keep the last K, milestones and pins; never the newest valid one, nor the
-    newest finite one while only diverged generations (NaN/inf values) are newer."""
+def gc(run: str, dry_run: bool, as_json: bool, **policy: Any) -> None:
+    """Apply retention: keep a generation if any rule keeps it (the last K, milestones, the best
+    K by a metric, a time window, one per interval) or it is pinned; never the newest valid one,
+    nor the newest finite one while only diverged generations (NaN/inf values) are newer, nor
+    one a reader leases. At least one keep rule is needed."""
     from ..run import gc as run_gc  # lazy: keeps `ckptfmt --help` fast
-    data = run_gc(run, keep_last=keep_last, keep_every=keep_every, dry_run=dry_run)
+    chosen = policy_of(**policy)
+    if not chosen.has_rule:
+        raise click.UsageError(f"gc: Missing a keep rule: {POLICY_FLAGS} (the guards alone are no "
+                               "policy). (see --help)")     # as click's own usage errors read
+    data = run_gc(run, chosen, dry_run=dry_run)
     emit(data, as_json, _print_gc)
 
 
 def _print_gc(d: dict) -> None:
     click.echo(("would delete" if d["dry_run"] else "deleted") + f" steps {d['deleted'] or 'none'}"
                + (f"; swept {len(d['swept_temps'])} temp files" if d["swept_temps"] else ""))
+    if d["dry_run"]:
+        for k in d["kept"]:
+            click.echo(f"  keep {k['step']}: {', '.join(k['kept_by'])}")
 
 
 @main.command()

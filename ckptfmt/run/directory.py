@@ -12,13 +12,15 @@ from pathlib import Path
 from typing import Any
 
 from .. import atomic, shards, writer
-from ..errors import GenerationNotFoundError, NoValidGenerationError, SaveError, SidecarError
+from .. import manifest as mf
+from ..errors import (CheckpointError, GenerationNotFoundError, NoValidGenerationError, SaveError,
+                      SidecarError, UnsupportedSetupError)
 from ..facts import describe
 from .generations import Generation, Listing, check_bare, check_generation, list_dir, non_finite
 from .history import History
 from .lease import honoured
 from .lock import sidecar_in_progress
-from .retention import plan_retention
+from .retention import Candidate, Plan, Policy, candidate, plan
 from .sidecars import PINS, read_json, write_json
 
 
@@ -159,32 +161,74 @@ class Run:
         write_json(self.path / PINS, sorted(pins))
         return sorted(pins)
 
-    def plan_gc(self, *, keep_last: int, keep_every: int | None = None) -> tuple[list[Generation], Generation | None]:
-        """(generations to delete, newest valid) after verify-before-delete of the newest.
+    def plan_gc(self, policy: Policy | None = None, *, keep_last: int | None = None,
+                keep_every: int | None = None) -> tuple[list[Generation], Generation | None, Plan]:
+        """(generations to delete, newest valid, the plan with why each kept one is kept) after
+        verify-before-delete of the newest. ``policy``, or one of ``keep_last``/``keep_every``.
 
-        Protected as if pinned: the newest valid generation and the newest valid *finite* one,
-        so generations that diverged (non-finite values) never push out the last good one
-        (spec/RUN.md §5.3)."""
+        Protected whatever the rules say (the guards, spec/RUN.md §5.2): pins, the newest valid
+        generation and the newest valid *finite* one, so generations that diverged (non-finite
+        values) never push out the last good one (§5.4)."""
+        policy = policy or Policy.by_count(keep_last, keep_every)
         committed = [g for g in self.generations() if g.committed]
         choice = self.choose(deep=True) if committed else Choice()
         newest = choice.newest_valid
         if committed and newest is None:
             self.chosen(choice)            # raises: no valid generation
-        protect = [g.step for g in (newest, choice.gen) if g is not None]
-        doomed = plan_retention([g.step for g in committed], keep_last=keep_last, keep_every=keep_every,
-                                pinned=self.pins(), protect=protect)
-        return [g for g in committed if g.step in doomed], newest
+        chosen = self.retention_plan(policy, committed, choice)
+        return [g for g in committed if g.step in set(chosen.doomed)], newest, chosen
 
-    def gc(self, *, keep_last: int, keep_every: int | None = None, dry_run: bool = False) -> list[int]:
+    def retention_plan(self, policy: Policy, committed: list[Generation], choice: Choice) -> Plan:
+        """``policy`` over the ``committed`` generations with the guards of ``choice`` (what
+        latest-valid found among them): pins, the newest valid and the newest finite one."""
+        protect = {g.step: why for g, why in ((choice.gen, "newest finite"), (choice.newest_valid, "newest valid"))
+                   if g is not None}
+        candidates = [self._candidate(g, policy) for g in committed]
+        self._check_metric(policy, candidates)
+        return plan(policy, candidates, pinned=self.pins(), protect=protect)
+
+    def _candidate(self, gen: Generation, policy: Policy) -> Candidate:
+        """What the policy needs of ``gen``: its step, and its manifest's metrics and commit
+        time when a rule reads them (an unreadable manifest: none, so it is kept by them)."""
+        if not policy.needs_manifests:
+            return Candidate(gen.step)
+        try:
+            return candidate(gen.step, mf.read(gen.manifest))
+        except (CheckpointError, OSError):
+            return Candidate(gen.step)
+
+    def _check_metric(self, policy: Policy, candidates: list[Candidate]) -> None:
+        """A best-K by a metric no generation records is a mistake (a typo), refused before
+        anything is deleted."""
+        if policy.metric is not None and candidates and not any(policy.metric in c.metrics for c in candidates):
+            known = sorted({m for c in candidates for m in c.metrics})
+            raise UnsupportedSetupError(str(self.path), f"no generation records metric {policy.metric!r} "
+                                        f"(recorded: {', '.join(known) or 'none'})")
+
+    def gc(self, policy: Policy | None = None, *, keep_last: int | None = None,
+           keep_every: int | None = None, dry_run: bool = False) -> list[int]:
         """Delete what the policy allows, less what live readers lease (spec/RUN.md §5.3: they
         are kept until the lease ends); the manifest goes first, so a crash leaves uncommitted."""
-        doomed, _ = self.plan_gc(keep_last=keep_last, keep_every=keep_every)
+        return self.collect(policy or Policy.by_count(keep_last, keep_every),
+                            dry_run=dry_run)[0]
+
+    def collect(self, policy: Policy, *, dry_run: bool = False) -> tuple[list[int], dict[int, list[str]]]:
+        """``gc`` that also says why each generation left is kept: (deleted steps, step -> reasons),
+        a leased one with the reason ``leased``."""
+        if not policy.has_rule:
+            raise ValueError("a retention policy needs at least one keep rule (keep_last, keep_every, "
+                             "keep_best, keep_within, keep_interval)")
+        doomed, _, chosen = self.plan_gc(policy)
+        kept = dict(chosen.kept)
         with honoured(self.path, sweep=not dry_run) as leased:
+            for gen in doomed:
+                if gen.step in leased:
+                    kept[gen.step] = ["leased"]
             doomed = [g for g in doomed if g.step not in leased]
             if not dry_run:
                 for gen in doomed:
                     _delete(gen)
-        return [g.step for g in doomed]
+        return [g.step for g in doomed], dict(sorted(kept.items()))
 
     def sweep_temps(self) -> list[Path]:
         """Remove orphan temp files of our own pattern (killed saves); nothing else: not a

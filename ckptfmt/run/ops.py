@@ -5,6 +5,7 @@ import contextlib
 import os
 import shutil
 import time
+import warnings
 from pathlib import Path
 from typing import Any, Iterable
 
@@ -19,13 +20,16 @@ from .directory import Run
 from .generations import Generation, check_bare, check_generation, non_finite
 from .lease import ReadLease, active_leases
 from .lock import RunLock, lock_holder, publish, refuse_live, save_in_progress, writing_into
+from .retention import Policy
 from .sidecars import ARCHIVE, PIVOT, SAMPLES, STATE, write_json
 
 
-def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: int | None = None) -> dict[str, Any]:
-    """Generations with status, pins and milestone marks (steps divisible by ``keep_every``); a
-    valid generation whose recorded facts count NaN or inf values has status ``diverged`` and says
-    where (``non_finite``: region -> count).
+def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: int | None = None,
+           policy: Policy | None = None) -> dict[str, Any]:
+    """Generations with status, pins, milestone marks (steps divisible by ``keep_every``), the
+    metrics their manifests recorded and ``kept_by``: the rules and guards of ``policy`` (default:
+    ``keep_every`` alone, or only pins) that keep each; a valid generation whose recorded facts
+    count NaN or inf values has status ``diverged`` and says where (``non_finite``: region -> count).
 
     The listing is leased (spec/RUN.md §5.3), so a trainer's retention cannot delete a listed
     generation while it is checked; the live writer's unfinished save is "save in progress"."""
@@ -36,6 +40,9 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
         pins = set(run.pins())
         bare = bool(listing.generations) and all(g.manifest is None for g in listing.generations)
         rows = [_ls_row(gen, deep, pins, keep_every, holder, bare) for gen in listing.generations]
+        kept = _kept_by(run, listing.generations, policy or Policy(keep_every=keep_every), deep, pins)
+        for row in rows:
+            row["kept_by"] = kept.get(row["step"], [])
         readers = active_leases(path, own=lease)
     in_progress = [t for t in listing.temps if save_in_progress(t, holder)]
     out = {"run": str(path), "generations": rows,
@@ -81,18 +88,42 @@ def _ls_row(gen: Generation, deep: bool, pins: set[int], keep_every: int | None,
             "status": reason or ("bare (unverified)" if bare else "diverged" if bad
                                  else "verified" if deep else "committed"),
             "diverged": bool(bad), "non_finite": bad,
-            "pinned": gen.step in pins, "milestone": bool(keep_every) and gen.step % keep_every == 0}
+            "pinned": gen.step in pins, "milestone": bool(keep_every) and gen.step % keep_every == 0,
+            "metrics": _metrics(gen) if reason is None else {}}
 
 
-def gc(path: "str | os.PathLike[str]", *, keep_last: int, keep_every: int | None = None,
-       dry_run: bool = False) -> dict[str, Any]:
+def _metrics(gen: Generation) -> dict[str, Any]:
+    """The metrics the generation's manifest recorded (spec/FORMAT.md §4), as recorded."""
+    with contextlib.suppress(CheckpointError, OSError):
+        metrics = mf.read(gen.manifest).get("metrics") if gen.manifest is not None else None
+        return metrics if isinstance(metrics, dict) else {}
+    return {}
+
+
+def _kept_by(run: Run, gens: list[Generation], policy: Policy, deep: bool, pins: set[int]) -> dict[int, list[str]]:
+    """step -> what keeps it under ``policy`` (the plan ``gc`` would make, guards included);
+    without a keep rule, only the pins."""
+    if not policy.has_rule:
+        return {s: ["pinned"] for s in pins}
+    committed = [g for g in gens if g.committed]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")       # the rows say why a generation is invalid
+        choice = run.choose(deep=deep, among=committed)
+    return run.retention_plan(policy, committed, choice).kept
+
+
+def gc(path: "str | os.PathLike[str]", policy: Policy | None = None, *, keep_last: int | None = None,
+       keep_every: int | None = None, dry_run: bool = False) -> dict[str, Any]:
     """Under the run lock: sweep temp files of killed saves (unless ``dry_run``), then delete
-    what the retention policy allows (verify-before-delete of the newest, spec/RUN.md §5)."""
+    what the retention policy allows (``policy``, or ``keep_last``/``keep_every``; verify-before-
+    delete of the newest, spec/RUN.md §5); ``kept``: each generation left and why it is kept."""
     run = Run(path)
+    policy = policy or Policy.by_count(keep_last, keep_every)
     with RunLock(path, purpose="gc", writes_generations=False):
         swept = [] if dry_run else [str(p) for p in run.sweep_temps()]
-        deleted = run.gc(keep_last=keep_last, keep_every=keep_every, dry_run=dry_run)
-    return {"run": str(path), "dry_run": dry_run, "deleted": deleted, "swept_temps": swept}
+        deleted, kept = run.collect(policy, dry_run=dry_run)
+    return {"run": str(path), "dry_run": dry_run, "deleted": deleted,
+            "kept": [{"step": s, "kept_by": why} for s, why in kept.items()], "swept_temps": swept}
 
 
 def pivot(path: "str | os.PathLike[str]", *, note: str | None = None) -> dict[str, Any]:

@@ -1,21 +1,189 @@
-"""Retention policy (spec/RUN.md §5): a pure function; deleting is ``Run.gc``'s separate step."""
+"""Retention policy (spec/RUN.md §5): one immutable ``Policy`` and one pure ``plan``; deleting is
+``Run.gc``'s separate step, and the guards (newest valid, newest finite, pins, leases) hold
+whatever the rules say.
+
+>>> plan(Policy(keep_last=2, keep_every=200), [Candidate(s) for s in (100, 200, 300, 400, 500)]).doomed
+[100, 300]
+"""
 from __future__ import annotations
 
-from typing import Iterable
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Any, Iterable, Mapping
+
+__all__ = ["Candidate", "Plan", "Policy", "candidate", "parse_duration", "plan", "plan_retention"]
+
+DURATION = re.compile(r"([1-9][0-9]*)([smhd])")
+UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+MODES = ("min", "max")
+
+
+def parse_duration(text: str) -> int:
+    """Seconds of a duration: a positive whole number and one unit, ``s``, ``m``, ``h`` or ``d``.
+
+    >>> parse_duration("90s"), parse_duration("30m"), parse_duration("6h"), parse_duration("2d")
+    (90, 1800, 21600, 172800)
+    """
+    match = DURATION.fullmatch(text.strip()) if isinstance(text, str) else None
+    if match is None:
+        raise ValueError(f"not a duration: {text!r} (a whole number and a unit: 90s, 30m, 6h, 2d)")
+    return int(match.group(1)) * UNIT_S[match.group(2)]
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What to keep; a generation is kept if ANY rule keeps it. ``keep_best`` K by ``metric``
+    (``mode`` min or max; NaN and inf are never best; generations without the metric are kept
+    while ``keep_missing``); ``keep_within`` and ``keep_interval`` in seconds of commit time
+    (``parse_duration``); ``None`` turns a rule off."""
+
+    keep_last: int | None = None
+    keep_every: int | None = None
+    keep_best: int | None = None
+    metric: str | None = None
+    mode: str = "min"
+    keep_missing: bool = True
+    keep_within: int | None = None
+    keep_interval: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("keep_last", "keep_every", "keep_best", "keep_within", "keep_interval"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
+                raise ValueError(f"{name} must be a whole number of at least 1, got {value!r}")
+        if (self.keep_best is None) != (self.metric is None):
+            raise ValueError("keep_best and metric go together: the best K by which metric")
+        if self.mode not in MODES:
+            raise ValueError(f"mode must be 'min' or 'max', got {self.mode!r}")
+
+    @classmethod
+    def by_count(cls, keep_last: int | None, keep_every: int | None = None) -> "Policy":
+        """The policy of the step-only arguments of the manager, the trainer and ``mirror``
+        (``keep_every`` 0 or None: off)."""
+        return cls(keep_last=keep_last, keep_every=keep_every or None)
+
+    @property
+    def has_rule(self) -> bool:
+        """Whether any keep rule is on (the guards alone are never a policy: spec/RUN.md §5.1)."""
+        return any(v is not None for v in (self.keep_last, self.keep_every, self.keep_best,
+                                           self.keep_within, self.keep_interval))
+
+    @property
+    def needs_manifests(self) -> bool:
+        """Whether the rules read what manifests record (metrics, commit times)."""
+        return any(v is not None for v in (self.keep_best, self.keep_within, self.keep_interval))
+
+
+@dataclass(frozen=True)
+class Candidate:
+    """What retention knows of one committed generation: its step, the metrics its manifest
+    recorded (name -> float; NaN and inf included) and its commit time (``None``: not recorded)."""
+
+    step: int
+    metrics: Mapping[str, float] = field(default_factory=dict)
+    committed_at: float | None = None
+
+
+@dataclass(frozen=True)
+class Plan:
+    """``kept``: step -> the rules and guards that keep it; ``doomed``: the other steps, in order."""
+
+    kept: dict[int, list[str]]
+    doomed: list[int]
+
+
+def plan(policy: Policy, generations: Iterable[Candidate], *, pinned: Iterable[int] = (),
+         protect: Mapping[int, str] | None = None) -> Plan:
+    """The pure policy: each generation kept by any rule, by a pin or by a guard (``protect``:
+    step -> why, e.g. the newest valid), with the reasons; the rest doomed."""
+    gens = sorted({g.step: g for g in generations}.values(), key=lambda g: g.step)
+    kept: dict[int, list[str]] = {g.step: [] for g in gens}
+    pins = set(pinned)
+    for step, reason in _reasons(policy, gens):
+        kept[step].append(reason)
+    for g in gens:
+        if g.step in pins:
+            kept[g.step].append("pinned")
+        if protect and g.step in protect:
+            kept[g.step].append(protect[g.step])
+    return Plan({s: r for s, r in kept.items() if r}, [s for s, r in kept.items() if not r])
+
+
+def _reasons(policy: Policy, gens: list[Candidate]) -> Iterable[tuple[int, str]]:
+    """(step, rule) for every rule of ``policy`` that keeps a generation of ``gens`` (in step order)."""
+    if policy.keep_last:
+        yield from ((g.step, "last") for g in gens[-policy.keep_last:])
+    if policy.keep_every:
+        yield from ((g.step, "every") for g in gens if g.step % policy.keep_every == 0)
+    if policy.keep_best:
+        yield from _best(policy, gens)
+    if policy.keep_within or policy.keep_interval:
+        yield from _by_time(policy, gens)
+
+
+def _best(policy: Policy, gens: list[Candidate]) -> Iterable[tuple[int, str]]:
+    """The best ``keep_best`` finite values of ``metric`` (ties: the newer first); generations
+    without the metric while ``keep_missing``."""
+    metric = policy.metric
+    finite = [g for g in gens if metric in g.metrics and math.isfinite(g.metrics[metric])]
+    sign = 1 if policy.mode == "min" else -1
+    ranked = sorted(finite, key=lambda g: (sign * g.metrics[metric], -g.step))
+    yield from ((g.step, f"best {metric}") for g in ranked[:policy.keep_best])
+    if policy.keep_missing:
+        yield from ((g.step, f"no {metric}") for g in gens if metric not in g.metrics)
+
+
+def _by_time(policy: Policy, gens: list[Candidate]) -> Iterable[tuple[int, str]]:
+    """``keep_within`` of the newest commit time and the first generation of each
+    ``keep_interval`` bucket (counted from the epoch); a generation without a commit time is
+    kept (the safe rule: its age is unknown)."""
+    timed = [g for g in gens if g.committed_at is not None]
+    yield from ((g.step, "no commit time") for g in gens if g.committed_at is None)
+    if policy.keep_within and timed:
+        newest = max(g.committed_at for g in timed)
+        yield from ((g.step, "within") for g in timed if g.committed_at >= newest - policy.keep_within)
+    if policy.keep_interval:
+        first: dict[int, Candidate] = {}
+        for g in sorted(timed, key=lambda g: (g.committed_at, g.step)):
+            first.setdefault(math.floor(g.committed_at / policy.keep_interval), g)
+        yield from ((g.step, "interval") for g in sorted(first.values(), key=lambda g: g.step))
+
+
+def candidate(step: int, manifest: Mapping[str, Any] | None) -> Candidate:
+    """The ``Candidate`` of a generation from its manifest (spec/FORMAT.md §4: ``metrics`` and
+    ``created``); a manifest without them (``convert``, ``ckptfmt.save``, older files) gives a
+    generation with no metrics and no commit time."""
+    doc = manifest or {}
+    metrics = doc.get("metrics")
+    values = {name: _number(entry.get("value")) for name, entry in metrics.items()
+              if isinstance(entry, dict)} if isinstance(metrics, dict) else {}
+    created = _number(doc.get("created"))
+    return Candidate(step, {k: v for k, v in values.items() if v is not None},
+                     created if created is not None and math.isfinite(created) else None)
+
+
+def _number(value: Any) -> float | None:
+    """A manifest number as a float (``{"__float__": "nan"}`` included), else None."""
+    if isinstance(value, dict) and set(value) == {"__float__"}:
+        try:
+            return float(value["__float__"])
+        except (TypeError, ValueError):
+            return None
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    return None
 
 
 def plan_retention(steps: Iterable[int], *, keep_last: int, keep_every: int | None = None,
                    pinned: Iterable[int] = (), protect: Iterable[int] = ()) -> list[int]:
-    """Pure policy: which of ``steps`` to delete. Keeps the last ``keep_last``, every multiple
-    of ``keep_every`` (milestones), pinned steps and protected steps (the newest valid).
+    """Steps to delete under the last ``keep_last`` and every ``keep_every``-th step, pins and
+    protected steps: ``plan`` of that ``Policy`` (kept for callers of the step-only form).
 
     >>> plan_retention([100, 200, 300, 400, 500], keep_last=2, keep_every=200)
     [100, 300]
     """
     if keep_last < 1:
         raise ValueError(f"keep_last must be at least 1, got {keep_last}")
-    ordered = sorted(set(steps))
-    keep = set(ordered[-keep_last:]) | set(pinned) | set(protect)
-    if keep_every:
-        keep |= {s for s in ordered if s % keep_every == 0}
-    return [s for s in ordered if s not in keep]
+    return plan(Policy.by_count(keep_last, keep_every), [Candidate(s) for s in steps], pinned=pinned,
+                protect={s: "protected" for s in protect}).doomed

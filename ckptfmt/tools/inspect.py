@@ -18,7 +18,7 @@ from .stats import region_stats
 
 __all__ = ["inspect_file", "inspect_other", "inspect_path", "inspect_run"]
 
-MANIFEST_SUMMARY = ("created", "config", "optimizer", "scheduler", "versions", "code", "data",
+MANIFEST_SUMMARY = ("created", "metrics", "config", "optimizer", "scheduler", "versions", "code", "data",
                     "state", "provenance")
 
 

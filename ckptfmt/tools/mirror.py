@@ -13,13 +13,15 @@ import json
 import os
 import time
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
-from .. import companion, fingerprint
+from .. import companion, facts, fingerprint
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import CheckpointError, FingerprintMismatchError, RemoteError, UnsupportedSetupError
-from ..run import PINS, PIVOT, SAMPLES, STATE, Generation, Run, check_generation, plan_retention
+from ..run import PINS, PIVOT, SAMPLES, STATE, Generation, Run, check_generation
+from ..run.generations import non_finite
+from ..run.retention import Candidate, Policy, plan
 from ..run.lease import ReadLease
 from ..run import history as hist
 from ..run import mirrors
@@ -46,8 +48,9 @@ def mirror(run_dir: "str | os.PathLike[str]", url: str, *, keep_last: int | None
     with ReadLease(run.path, purpose=f"mirror to {remote.url}") as lease:
         local = {g.step: g for g in lease.listing.generations if g.committed and check_generation(g) is None}
         there = remote.listing()
-        skip = _doomed(set(local) | {s for s, g in there.items() if g.committed}, keep_last, keep_every,
-                       run.pins(), max(local, default=None))
+        policy = _policy(keep_last, keep_every)
+        skip = _doomed(set(local) | {s for s, g in there.items() if g.committed}, policy, run.pins(),
+                       max(local, default=None), _newest_finite(local, lambda s: non_finite(local[s])))
         lease.narrow(s for s in local if s not in skip)
         kept_out = sorted(s for s in local if s in skip)           # not lag, for ls (RUN.md §10.6)
         if mirrors.read(run.path)["destinations"].get(remote.url, {}).get("kept_out", []) != kept_out:
@@ -55,7 +58,7 @@ def mirror(run_dir: "str | os.PathLike[str]", url: str, *, keep_last: int | None
         result = _upload_missing(run, remote, {s: g for s, g in local.items() if s not in skip}, there,
                                  recheck, progress, lease)
     sidecars = _upload_sidecars(run, remote, recheck)
-    deleted = _prune(remote, keep_last, keep_every, run.pins()) if keep_last else []
+    deleted = _prune(remote, policy, run.pins()) if policy is not None else []
     if deleted:
         mirrors.record(run.path, remote.url, deleted=deleted)
     return {"run": str(run.path), "url": remote.url, **result, "sidecars": sidecars, "deleted": deleted,
@@ -93,13 +96,32 @@ def _upload_missing(run: Run, remote: Remote, local: dict[int, Generation], ther
     return out
 
 
-def _doomed(steps: set[int], keep_last: int | None, keep_every: int | None, pins: list[int],
-            newest: int | None) -> set[int]:
-    """Steps retention at the destination would delete (nothing without ``keep_last``)."""
-    if not keep_last:
+def _policy(keep_last: int | None, keep_every: int | None) -> Policy | None:
+    """The retention policy at the destination: the local one's rules (none without ``keep_last``)."""
+    return Policy.by_count(keep_last, keep_every) if keep_last else None
+
+
+def _doomed(steps: set[int], policy: Policy | None, pins: list[int], newest: int | None,
+            finite: int | None) -> set[int]:
+    """Steps retention at the destination would delete: the one retention plan (``run.retention``)
+    with the local guards, the newest and the newest finite generation (spec/RUN.md §5.4)."""
+    if policy is None:
         return set()
-    return set(plan_retention(steps, keep_last=keep_last, keep_every=keep_every, pinned=pins,
-                              protect=[newest] if newest is not None else []))
+    protect = {s: why for s, why in ((finite, "newest finite"), (newest, "newest valid")) if s is not None}
+    return set(plan(policy, [Candidate(s) for s in steps], pinned=pins, protect=protect).doomed)
+
+
+def _newest_finite(steps: Iterable[int], diverged: Callable[[int], dict[str, int]]) -> int | None:
+    """The newest of ``steps`` whose recorded facts count no NaN or inf (``diverged`` empty)."""
+    return next((s for s in sorted(steps, reverse=True) if not diverged(s)), None)
+
+
+def _diverged_there(remote: Remote, step: int) -> dict[str, int]:
+    """What the destination's manifest of ``step`` records as non-finite (empty: finite or unknown)."""
+    try:
+        return facts.diverged(json.loads(remote.read_bytes(fmt.manifest_name(step))))
+    except (RemoteError, ValueError, KeyError, TypeError):
+        return {}
 
 
 def _matches(remote: Remote, there: RemoteGeneration, doc: dict[str, Any], gen: Generation,
@@ -182,10 +204,12 @@ def _index_there(remote: Remote) -> dict[str, Any]:
     return index if isinstance(index, dict) else {}
 
 
-def _prune(remote: Remote, keep_last: int, keep_every: int | None, pins: list[int]) -> list[int]:
-    """Retention at the destination over its committed generations; the newest is protected."""
+def _prune(remote: Remote, policy: Policy, pins: list[int]) -> list[int]:
+    """Retention at the destination over its committed generations; the newest and the newest
+    finite one are protected, as locally."""
     there = {s: g for s, g in remote.listing().items() if g.committed}
-    doomed = _doomed(set(there), keep_last, keep_every, pins, max(there, default=None))
+    doomed = _doomed(set(there), policy, pins, max(there, default=None),
+                     _newest_finite(there, lambda s: _diverged_there(remote, s)))
     for step in sorted(doomed):
         _remove_generation(remote, step, there[step])
     return sorted(doomed)

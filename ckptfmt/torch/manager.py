@@ -23,17 +23,16 @@ import time
 import warnings
 from typing import Any, Mapping
 
-import numpy as np
 import torch
 
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import ConfigMismatchError, SaveError
-from ..run import Run, RunLock
-from ..run.history import encode_float
+from ..run import Policy, Run, RunLock
 from . import adapter, handlers, optim, ranks, rng
 from . import restore as restoring
 from .distributed import reshard
+from .metrics import MetricsBook, history_value
 from .saver import Saver
 from .state import persistent_buffers, split
 
@@ -94,7 +93,7 @@ class CheckpointManager:
         self.restored_from: str | None = None
         self.skipped_diverged: str | None = None   # why restore passed newer generations over
         self.fresh: list[str] = []
-        self.closed = False
+        self.closed, self._metrics = False, MetricsBook()   # _metrics: the newest given to step()
         self._last_step: int | None = None    # the newest step restored or given to step()
         self._resumed_at: int | None = None
         self._checked = False                 # the run's generations looked at (restore, first step)
@@ -122,7 +121,8 @@ class CheckpointManager:
         record: dict[str, Any] = {"step": step, "time": time.time()}
         values = {**({"loss": loss} if loss is not None else {}), **metrics}
         for key, value in values.items():
-            record[key] = _history_value(value)
+            record[key] = history_value(value)
+        self._metrics.record(step, values)
         if self.rank == 0:
             self.run.history.append(record)
         # the agreed decision; the local flags are only ever set here, never cleared by the
@@ -226,6 +226,9 @@ class CheckpointManager:
         doc: dict[str, Any] = {"layout": layout, "optimizer": optim.describe(self.model, self.optimizer, opt_step),
                                "rng": rng.rng_state(self.generators), "versions": adapter.versions(),
                                "created": time.time(), "progress": {"step": step}}
+        metrics = self._metrics.at(step)
+        if metrics:
+            doc["metrics"] = metrics
         tied = optim.aliases(self.model)
         if tied:
             doc["aliases"] = tied
@@ -260,7 +263,7 @@ class CheckpointManager:
 
     def _committed(self, step: int, manifest: dict[str, Any]) -> None:
         if self.keep_last and self.rank == 0:
-            deleted = self.run.gc(keep_last=self.keep_last, keep_every=self.keep_every)
+            deleted = self.run.gc(Policy.by_count(self.keep_last, self.keep_every))
             if deleted:
                 self.log(f"retention deleted steps {deleted}", info=True)
         if self.on_commit is not None:
@@ -371,15 +374,3 @@ def _step_of(run: Any, step: Any) -> int:
         raise SaveError(str(run), f"step must be an integer in 0..{fmt.MAX_STEP} (an int32 in the file), "
                                   f"got {step!r}")
     return operator.index(step)
-
-
-def _history_value(value: Any) -> Any:
-    """A metric as ``.loss.json`` holds it: integers stay integers, floats (and one-element
-    tensors and NumPy scalars) are floats with NaN/inf as strings (RUN.md §3.1)."""
-    if isinstance(value, (bool, str)) or value is None:
-        return value
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
-        return encode_float(float(value))
-    return value
