@@ -47,13 +47,8 @@ def blocked_on(fifo: str, proc: subprocess.Popen, deadline_s: float = 120) -> in
             time.sleep(0.02)
 
 
-@pytest.mark.parametrize("as_json", [False, True])
-def test_ctrl_c_during_a_conversion_exits_130_in_one_line_and_leaves_nothing(tmp_path, as_json, python_sigint):
-    # python_sigint: a child started while SIGINT is ignored (a background job of a
-    # non-interactive shell, as CI runs) inherits SIG_IGN and rightly never sees the Ctrl-C
-    fifo, out = str(tmp_path / "src.zst"), tmp_path / "step_000001.bin"
-    os.mkfifo(fifo)
-    argv = [sys.executable, "-m", "ckptfmt.cli", "convert", fifo, str(out), *(["--json"] if as_json else [])]
+def ctrl_c_once_blocked(argv: list[str], fifo: str) -> tuple[subprocess.Popen, str, str]:
+    """Run ``argv``, send it SIGINT once it is blocked reading ``fifo``; (process, stdout, stderr)."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     held = blocked_on(fifo, proc)
     try:
@@ -62,6 +57,17 @@ def test_ctrl_c_during_a_conversion_exits_130_in_one_line_and_leaves_nothing(tmp
     finally:
         os.close(held)
         proc.kill()
+    return proc, stdout, stderr
+
+
+@pytest.mark.parametrize("as_json", [False, True])
+def test_ctrl_c_during_a_conversion_exits_130_in_one_line_and_leaves_nothing(tmp_path, as_json, python_sigint):
+    # python_sigint: a child started while SIGINT is ignored (a background job of a
+    # non-interactive shell, as CI runs) inherits SIG_IGN and rightly never sees the Ctrl-C
+    fifo, out = str(tmp_path / "src.zst"), tmp_path / "step_000001.bin"
+    os.mkfifo(fifo)
+    argv = [sys.executable, "-m", "ckptfmt.cli", "convert", fifo, str(out), *(["--json"] if as_json else [])]
+    proc, stdout, stderr = ctrl_c_once_blocked(argv, fifo)
     assert proc.returncode == 130, stderr
     assert stderr == "ckptfmt: interrupted (Ctrl-C)\n"
     if as_json:
@@ -88,14 +94,7 @@ def test_ctrl_c_while_the_command_line_imports_is_one_line_and_exit_130(tmp_path
     fifo = str(tmp_path / "held")
     os.mkfifo(fifo)
     argv = [sys.executable, "-c", HELD_IMPORT, fifo, *(["--json"] if as_json else []), "inspect", fifo]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    held = blocked_on(fifo, proc)
-    try:
-        proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
-        os.close(held)
-        proc.kill()
+    proc, stdout, stderr = ctrl_c_once_blocked(argv, fifo)
     assert (proc.returncode, stderr) == (130, "ckptfmt: interrupted (Ctrl-C)\n")
     if as_json:
         assert json.loads(stdout) == error_doc("interrupted (Ctrl-C)", 130, "Interrupted", None)
