@@ -12,7 +12,7 @@ import torch
 
 from ckptfmt import manifest as mf
 from ckptfmt.cli import main
-from ckptfmt.run import Run
+from ckptfmt.run import Policy, Run
 from ckptfmt.torch import CheckpointManager
 
 VAL_LOSS = {10: 5.0, 20: 3.0, 30: math.nan, 40: 4.0, 50: 2.0, 60: 6.0}
@@ -149,6 +149,58 @@ def test_the_mirror_destination_keeps_the_newest_finite_generation_of_a_diverged
             w[5] = np.nan
         run.commit(step, w, m, v, manifest={})
     dest = tmp_path / "dest"
-    mirror(run.path, f"file://{dest}", keep_last=1)
-    mirror(run.path, f"file://{dest}", keep_last=1)       # the second pass prunes with what is there
+    mirror(run.path, f"file://{dest}", retention=Policy(keep_last=1))
+    mirror(run.path, f"file://{dest}", retention=Policy(keep_last=1))       # the second pass prunes with what is there
     assert sorted(p.name for p in dest.glob("step_*.json")) == ["step_000200.json", "step_000400.json"]
+
+
+def test_the_mirror_destination_holds_what_local_gc_keeps_with_the_same_flags(runner, run_dir, tmp_path):
+    """``mirror --keep-best`` and ``gc --keep-best`` are one plan: the URL ends with exactly the
+    steps local gc leaves (the two best finite val_loss and the two newest)."""
+    flags = ["--keep-last", 2, "--keep-best", 2, "--metric", "val_loss", "--mode", "min"]
+    code, out, _ = invoke(runner, "mirror", run_dir, f"file://{tmp_path}/m", *flags, "--json")
+    assert code == 0, out
+    there = json.loads(out)["at_destination"]
+    code, out, _ = invoke(runner, "gc", run_dir, *flags)
+    assert code == 0, out
+    assert there == steps(run_dir) == [20, 50, 60]
+
+
+def test_the_manager_applies_its_policy_and_records_it_for_ls(tmp_path, runner):
+    """A manager with ``retention=Policy(...)`` keeps what the policy keeps after each commit, and
+    records it in ``.policy.json``, so ``ls`` without flags says which rule keeps each generation."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    path = tmp_path / "run"
+    policy = Policy(keep_last=1, keep_best=2, metric="val_loss")
+    with CheckpointManager(path, model, opt, every=10, retention=policy, handle_signals=False) as mgr:
+        for step in range(1, 61):
+            mgr.step(step, loss=1.0, **({"val_loss": VAL_LOSS[step]} if step in VAL_LOSS else {}))
+    assert steps(path) == [20, 50, 60]
+    assert json.loads((path / ".policy.json").read_text())["retention"] == {
+        "keep_last": 1, "keep_best": 2, "metric": "val_loss", "mode": "min", "keep_missing": True}
+    code, out, _ = invoke(runner, "ls", path, "--json")
+    doc = json.loads(out)
+    assert doc["policy"]["from"] == ".policy.json"
+    assert {g["step"]: g["kept_by"] for g in doc["generations"]} == {
+        20: ["best val_loss"], 50: ["best val_loss"], 60: ["last", "newest valid"]}
+    code, out, _ = invoke(runner, "ls", path)
+    assert "retention (recorded in .policy.json): keep_last=1, keep_best=2, metric=val_loss" in out
+    code, out, _ = invoke(runner, "ls", path, "--keep-last", 3, "--json")     # the flags win
+    assert json.loads(out)["policy"] == {"from": "flags", "retention": {"keep_last": 3}}
+
+
+def test_a_damaged_policy_record_is_named_and_ls_goes_on(runner, run_dir):
+    (run_dir / ".policy.json").write_text("{not json")
+    code, out, _ = invoke(runner, "ls", run_dir, "--json")
+    assert code == 0 and ".policy.json" in json.loads(out)["policy"]["problem"]
+
+
+def test_inspect_prints_the_metrics_a_generation_recorded(runner, run_dir):
+    code, out, _ = invoke(runner, "inspect", run_dir / "step_000040.bin")
+    assert code == 0, out
+    line = next(x for x in out.splitlines() if x.startswith("  metrics: "))
+    assert "val_loss=4" in line and "loss=" in line
+    code, out, _ = invoke(runner, "inspect", run_dir / "step_000030.bin")
+    assert "val_loss=nan" in out

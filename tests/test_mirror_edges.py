@@ -116,13 +116,16 @@ def test_a_watch_stops_on_a_refused_url_instead_of_retrying_it(s3, bucket, tmp_p
         assert len(proc.stderr.splitlines()) == 1 and "retrying" not in proc.stderr, proc.stderr
 
 
-def test_keep_every_without_keep_last_is_a_usage_error(tmp_path):
-    """``mirror RUN URL --keep-every N`` alone applied no retention at all, silently (gc refuses
-    the same with exit 2)."""
-    run = make_run(tmp_path / "run", steps=(10,))
-    proc = cli("mirror", str(run), f"file://{tmp_path}/m", "--keep-every", "10")
-    assert proc.returncode == 2 and "--keep-every needs --keep-last" in proc.stderr, proc.stderr
-    assert not (tmp_path / "m").exists()
+def test_keep_every_alone_is_retention_at_the_url_as_gc_applies_it(tmp_path):
+    """``mirror RUN URL --keep-every N`` alone is a policy as ``gc --keep-every N`` is: the
+    milestones and the guards (the newest) stay at the URL, nothing else (it was refused once,
+    when the destination's retention knew only --keep-last with --keep-every)."""
+    run = make_run(tmp_path / "run", steps=(5, 10, 15, 20, 25))
+    proc = cli("mirror", str(run), f"file://{tmp_path}/m", "--keep-every", "10", "--json")
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(proc.stdout)["at_destination"] == [10, 20, 25]
+    assert cli("gc", str(run), "--keep-every", "10").returncode == 0
+    assert sorted(int(p.stem[5:]) for p in run.glob("step_*.json")) == [10, 20, 25]
 
 
 def test_watch_started_before_the_run_directory_waits_for_it(s3, bucket, tmp_path):

@@ -49,7 +49,7 @@ def gens(run: Path) -> list:
 
 
 def canonical(run):
-    keep = ("step", "loss", "lr", "source", "tokens")
+    keep = ("step", "loss", "loss_ema", "lr", "source", "tokens")
     return [{k: r[k] for k in keep} for r in hist.read(run / ".loss.json").canonical()]
 
 
@@ -392,3 +392,38 @@ def test_every_field_a_pivot_may_change_is_named_where_the_pivot_is_explained():
                                 pivot=False)
     for text in [" ".join(h.split()) for h in helps] + [str(err.value)]:
         assert all(f in text for f in cfgmod.POLICY_FIELDS), (text, cfgmod.POLICY_FIELDS)
+
+
+def test_train_saves_on_a_new_best_and_keeps_by_the_policy_it_records(tmp_path):
+    """``train --checkpoint-on-best loss_ema`` commits at each new best of the loss EMA (beside the
+    cadence), retention keeps the best 2 by it and the newest, and ``ls`` shows why from the
+    policy the trainer recorded; a resume goes on with the EMA the generation recorded."""
+    run = tmp_path / "run"
+    flags = ("--checkpoint-on-best", "loss_ema", "--keep-best", 2, "--metric", "loss_ema", "--keep-last", 1)
+    proc = train(run, 30, *flags)
+    assert proc.returncode == 0, proc.stderr
+    reasons = {r["step"]: r["reason"] for r in hist.read(run / ".loss.json").events() if r["event"] == "checkpoint"}
+    assert "best loss_ema" in reasons.values() and reasons[20] == "cadence" and 30 in reasons
+    ema = {r["step"]: r["loss_ema"] for r in hist.read(run / ".loss.json").canonical()}
+    best = sorted((ema[s], -s) for s, why in reasons.items() if why == "best loss_ema" or s in (20, 30))
+    ls = json.loads(subprocess.run([PY, "-m", "ckptfmt.cli", "ls", str(run), "--json"], capture_output=True,
+                                   text=True, timeout=60).stdout)
+    kept = {g["step"]: g["kept_by"] for g in ls["generations"]}
+    assert set(kept) == {-s for _, s in best[:2]} | {30}
+    assert all("best loss_ema" in kept[-s] for _, s in best[:2]) and "last" in kept[30]
+    assert ls["policy"]["retention"]["metric"] == "loss_ema"
+    proc = train(run, 32, *flags)
+    assert proc.returncode == 0, proc.stderr
+    records = {r["step"]: r for r in hist.read(run / ".loss.json").canonical()}
+    assert records[31]["loss_ema"] == 0.98 * records[30]["loss_ema"] + 0.02 * records[31]["loss"]
+
+
+@pytest.mark.parametrize("flags,message", [
+    (("--checkpoint-interval", "5x"), "--checkpoint-interval: not a duration: '5x'"),
+    (("--keep-within", "soon"), "not a duration: 'soon'"),
+    (("--keep-best", 2), "--keep-best needs --metric"),
+])
+def test_train_refuses_a_bad_policy_before_it_starts(tmp_path, flags, message):
+    proc = train(tmp_path / "run", 5, *flags)
+    assert proc.returncode == 2 and message in proc.stderr, proc.stderr
+    assert not (tmp_path / "run").exists()

@@ -11,7 +11,7 @@ import sys
 import click
 
 from .app import main
-from .output import EXIT_CANNOT, EXIT_DEFECT, TOLERANCE, Fail, emit, fmt, guarded, json_option, size
+from .output import EXIT_CANNOT, EXIT_DEFECT, TOLERANCE, Fail, emit, fmt, guarded, json_option, metrics_words, size
 from .progress import bytes_in, terminal_bar
 from .runs import print_ls
 
@@ -53,6 +53,8 @@ def _print_inspect(d: dict) -> None:
         man = d["manifest"]
         click.echo(f"  manifest: {man.get('layout_tensors', 0)} tensors in layout"
                    + (f", config {man['config'].get('name')}" if isinstance(man.get("config"), dict) else ""))
+        if man.get("metrics"):
+            click.echo("  metrics: " + " ".join(metrics_words(man["metrics"], d["step"])))
     _print_stats_table(d["regions"])
     for name, regions in (d.get("tensors") or {}).items():
         click.echo(f"  {name}")

@@ -202,3 +202,13 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
 
 
 warnings.formatwarning = _one_line_warning
+
+
+def metrics_words(metrics: Any, step: int | None) -> list[str]:
+    """A generation's recorded metrics in words, ``name=value``, with ``@STEP`` where it was
+    reported before the generation's ``step`` (``{"__float__": "nan"}`` is nan)."""
+    def value(v: Any) -> str:
+        return (str(v["__float__"]) if isinstance(v, dict) and "__float__" in v
+                else f"{v:g}" if isinstance(v, float) else str(v))
+    return [f"{k}={value(m.get('value'))}" + (f"@{m.get('step')}" if m.get("step") != step else "")
+            for k, m in (metrics or {}).items() if isinstance(m, dict)] if isinstance(metrics, dict) else []

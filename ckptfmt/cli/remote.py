@@ -7,11 +7,13 @@ from __future__ import annotations
 import json
 import logging
 import sys
+from typing import Any
 
 import click
 
 from .app import main
 from .output import EXIT_DEFECT, emit, guarded, json_option, size
+from .policy import policy_of, policy_options
 
 # aiohttp (under s3fs) lets a failed request's writer task die unobserved, and asyncio logs each
 # such task with a traceback at garbage collection; the CLI's failure is its one line on stderr.
@@ -21,8 +23,7 @@ logging.getLogger("asyncio").setLevel(logging.CRITICAL)
 @main.command("mirror")
 @click.argument("source")
 @click.argument("dest")
-@click.option("--keep-last", type=click.IntRange(min=1), help="Retention at the URL: newest generations to keep.")
-@click.option("--keep-every", type=click.IntRange(min=1), help="Retention at the URL: also keep steps divisible by this.")
+@policy_options
 @click.option("--step", type=int, help="Restore (URL DEST) this generation instead of the newest valid one.")
 @click.option("--quick", is_flag=True, help="Trust generations already at the URL when manifest and sizes match "
                                             "(no read-back of their bytes).")
@@ -33,33 +34,32 @@ logging.getLogger("asyncio").setLevel(logging.CRITICAL)
               help="With --watch: seconds between passes.")
 @json_option
 @guarded
-def mirror_cmd(source: str, dest: str, keep_last: int | None, keep_every: int | None, step: int | None,
-               quick: bool, watch: bool, interval: float, as_json: bool) -> None:
+def mirror_cmd(source: str, dest: str, step: int | None, quick: bool, watch: bool, interval: float,
+               as_json: bool, **keep: Any) -> None:
     """Mirror RUN's committed generations, history and sidecars to URL (s3://bucket/prefix, any
-    fsspec URL), each read back and compared by blake3 before its manifest is written there; or,
+    fsspec URL), each read back and compared by blake3 before its manifest is written there, with
+    the retention of the --keep-* flags applied at the URL as gc applies it locally (none: the URL
+    keeps every generation; a metric not yet recorded is no error here); or,
     given URL DEST, restore the newest valid generation (or --step) and the sidecars into the new
     run directory DEST. Needs the extra: pip install 'ckptfmt[remote]'. Credentials and endpoint
     from the AWS environment and config files (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)."""
     from ..tools.remote import is_url  # lazy: keeps `ckptfmt --help` fast
     if is_url(source) == is_url(dest):
         raise click.UsageError("give one local run directory and one URL: mirror RUN URL, or mirror URL DEST")
+    retention = policy_of(**keep)
     if is_url(dest):
-        if keep_every and not keep_last:
-            raise click.UsageError("--keep-every needs --keep-last (retention at the URL keeps the newest K "
-                                   "and the steps divisible by N)")
         if step is not None:
             raise click.UsageError("--step applies to a restore (mirror URL DEST)")
         if watch:
-            return _watch(source, dest, interval, as_json, keep_last=keep_last, keep_every=keep_every,
-                          recheck=not quick)
+            return _watch(source, dest, interval, as_json, retention=retention, recheck=not quick)
         from ..tools.mirror import mirror  # lazy: as above
-        doc = mirror(source, dest, keep_last=keep_last, keep_every=keep_every, recheck=not quick)
+        doc = mirror(source, dest, retention=retention, recheck=not quick)
         emit(doc, as_json, _print_mirror)
         if doc["refused"]:     # a local generation failed its hash and was not sent: a defect
             sys.exit(EXIT_DEFECT)
         return
-    if keep_last or keep_every or quick or watch:
-        raise click.UsageError("--keep-last, --keep-every, --quick and --watch apply to mirror RUN URL")
+    if retention.has_rule or quick or watch:
+        raise click.UsageError("--keep-*, --quick and --watch apply to mirror RUN URL")
     restore_to(source, dest, step, as_json)
 
 

@@ -7,59 +7,16 @@ from __future__ import annotations
 
 import os
 import sys
-from typing import TYPE_CHECKING, Any, Callable
+from typing import Any
 
 import click
 
 from .app import main
-from .output import EXIT_CANNOT, EXIT_DEFECT, Fail, emit, guarded, json_option, size
-
-if TYPE_CHECKING:
-    from ..run.retention import Policy
+from .output import EXIT_CANNOT, EXIT_DEFECT, Fail, emit, guarded, json_option, metrics_words, size
+from .policy import POLICY_FLAGS, policy_of, policy_options
 
 
 # ---------------------------------------------------------------- ls / gc / pin
-def policy_options(fn: Callable) -> Callable:
-    """The retention policy's flags (spec/RUN.md §5.1), the same on ``gc`` and ``ls``."""
-    options = [
-        click.option("--keep-last", type=click.IntRange(min=1), help="Keep the newest K generations."),
-        click.option("--keep-every", type=click.IntRange(min=1), help="Keep steps divisible by N (milestones)."),
-        click.option("--keep-best", type=click.IntRange(min=1), help="Keep the best K by --metric (NaN/inf never best)."),
-        click.option("--metric", help="The metric of --keep-best, as the manifest recorded it (val_loss)."),
-        click.option("--mode", type=click.Choice(["min", "max"]), default="min", show_default=True,
-                     help="Whether the best value of --metric is the smallest or the largest."),
-        click.option("--keep-missing-metric/--no-keep-missing-metric", "keep_missing", default=True,
-                     show_default=True, help="Keep generations that recorded no --metric."),
-        click.option("--keep-within", metavar="DURATION",
-                     help="Keep generations committed within DURATION of the newest (90s, 30m, 6h, 2d)."),
-        click.option("--keep-interval", metavar="DURATION",
-                     help="Keep the first generation committed in each DURATION (1h: one an hour)."),
-    ]
-    for option in reversed(options):
-        fn = option(fn)
-    return fn
-
-
-POLICY_FLAGS = "--keep-last, --keep-every, --keep-best, --keep-within or --keep-interval"
-
-
-def policy_of(keep_last: int | None = None, keep_every: int | None = None, keep_best: int | None = None,
-              metric: str | None = None, mode: str = "min", keep_missing: bool = True,
-              keep_within: str | None = None, keep_interval: str | None = None) -> "Policy":
-    """The ``Policy`` of the flags; a usage error (exit 2) for what cannot be one."""
-    from ..run.retention import Policy, parse_duration  # lazy: keeps `ckptfmt --help` fast
-    if keep_best is not None and metric is None:
-        raise click.UsageError("--keep-best needs --metric NAME (the best K by which metric)")
-    if metric is not None and keep_best is None:
-        raise click.UsageError("--metric needs --keep-best K")
-    try:
-        within, interval = (None if d is None else parse_duration(d) for d in (keep_within, keep_interval))
-    except ValueError as exc:
-        raise click.UsageError(f"--keep-within/--keep-interval: {exc}") from None
-    return Policy(keep_last=keep_last, keep_every=keep_every, keep_best=keep_best, metric=metric, mode=mode,
-                  keep_missing=keep_missing, keep_within=within, keep_interval=interval)
-
-
 @main.command("ls")
 @click.argument("run", type=click.Path())
 @json_option
@@ -88,12 +45,17 @@ def ls_cmd(run: str, as_json: bool, deep: bool, remote: bool, **policy: Any) -> 
 
 def print_ls(d: dict) -> None:
     click.echo(f"{d['run']}" + (f"  (locked by pid {d['lock'].get('pid')})" if d.get("lock") else ""))
+    policy = d.get("policy") or {}
+    if policy.get("retention"):
+        rules = ", ".join(f"{k}={v}" for k, v in policy["retention"].items())
+        click.echo(f"  retention ({'the flags' if policy['from'] == 'flags' else 'recorded in ' + policy['from']}): {rules}")
+    if policy.get("problem"):
+        click.echo(f"  {policy['problem']}")
     if d["generations"]:
         click.echo(f"  {'step':>10}  {'size':>10}  {'age':>10}  status")
     for g in d["generations"]:
         marks = (" pinned" if g["pinned"] else "") + (" milestone" if g.get("milestone") else "")
-        marks += "".join(f" {k}={_value(m.get('value'))}" + (f"@{m.get('step')}" if m.get("step") != g["step"] else "")
-                         for k, m in g.get("metrics", {}).items() if isinstance(m, dict))
+        marks += "".join(f" {m}" for m in metrics_words(g.get("metrics"), g["step"]))
         if g.get("kept_by"):
             marks += " kept: " + ", ".join(g["kept_by"])
         if g.get("diverged"):
@@ -116,11 +78,6 @@ def print_ls(d: dict) -> None:
                                                 if m["behind"] else "up to date")
                    + f" (newest confirmed there: {m['newest_confirmed']})"
                    + (f"; checked there now: {m['at_destination']}" if "at_destination" in m else ""))
-
-
-def _value(v: Any) -> str:
-    """A recorded metric value in words (``{"__float__": "nan"}`` is nan)."""
-    return str(v["__float__"]) if isinstance(v, dict) and "__float__" in v else f"{v:g}" if isinstance(v, float) else str(v)
 
 
 @main.command()

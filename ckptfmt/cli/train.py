@@ -4,11 +4,13 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from typing import Any
 
 import click
 
 from .app import main
 from .output import EXIT_CANNOT, EXIT_DEFECT, TOLERANCE, Fail, emit, guarded, guarded_keeping_tracebacks, json_option
+from .policy import policy_of, policy_options, save_options, save_policy_of
 
 
 def require_torch(command: str) -> None:
@@ -92,8 +94,8 @@ def _why(check: dict) -> str:
               help="Commit a generation every N steps.")
 @click.option("--sample-every", type=click.IntRange(min=0), default=100, show_default=True,
               help="Write a generated sample to .samples.json every N steps (0: never).")
-@click.option("--keep-last", type=click.IntRange(min=1), help="Retention: newest generations kept.")
-@click.option("--keep-every", type=click.IntRange(min=1), help="Retention: milestone interval.")
+@save_options
+@policy_options
 @click.option("--seed", type=click.IntRange(min=0), help="Config seed (default 0; part of the config).")
 @click.option("--threads", type=click.IntRange(min=1), help="torch threads (default 1; part of the config: "
               "bit-exact resume needs the same count).")
@@ -127,13 +129,15 @@ def _why(check: dict) -> str:
               metavar="N MARKER", help="verify-resume: after step N, create MARKER and wait for a signal.")
 @guarded_keeping_tracebacks
 def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_every: int,
-          sample_every: int, keep_last: int | None, keep_every: int | None, seed: int | None,
-          threads: int | None, async_save: bool, amp: str, log_every: int, sets: tuple[str, ...],
-          parallel: str, dist_timeout: int, mirror: str | None, allow_nonfinite: bool,
+          sample_every: int, seed: int | None, threads: int | None, async_save: bool, amp: str, log_every: int,
+          sets: tuple[str, ...], parallel: str, dist_timeout: int, mirror: str | None, allow_nonfinite: bool,
           allow_device_change: bool, force_nonfinite_at: int | None, omit_rng_restore: bool, summary: str | None,
-          pause_at: tuple[int, str] | None) -> None:
+          pause_at: tuple[int, str] | None, checkpoint_interval: str | None, checkpoint_on_best: str | None,
+          checkpoint_best_mode: str, **keep: Any) -> None:
     """Train the reference model to --steps N, resuming from the newest valid finite generation.
 
+    Saves on the --checkpoint-* rules and at step N; keeps by gc's --keep-* (none: all) after each
+    commit. Metrics: loss, loss_ema, lr.
     SIGTERM/SIGINT: checkpoint the current step and exit 0 (75 if that save fails).
     SIGUSR1: checkpoint the current step and continue.
     Exit 3: the loss became NaN or inf; that step is committed (marked diverged by its value
@@ -150,23 +154,17 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
     """
     from ..trainer.signals import install  # lazy: the trainer layer, keeps --help fast
     flags = install()           # before the slow imports: a signal during start-up is honoured
+    retention = policy_of(**keep)
+    saving = save_policy_of(checkpoint_every, checkpoint_interval, checkpoint_on_best, checkpoint_best_mode)
     require_torch("train")
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1   # launched by torchrun
     if distributed and (summary or pause_at):
         raise click.UsageError("--summary and --pause-at-step are single-process only (not under torchrun)")
-    from ..trainer.config import for_run, parse_sets  # lazy: keeps `ckptfmt --help` fast
-    try:
-        overrides = parse_sets(sets)
-    except ValueError as exc:
-        raise click.UsageError(str(exc)) from None
-    try:                        # values the trainer cannot run with: refused here, not deep in torch
-        for_run(config_name, overrides, seed, threads)
-    except ValueError as exc:
-        raise click.UsageError(f"--config {config_name} --set: {exc}") from None
+    overrides = _overrides(config_name, sets, seed, threads)
     from ..trainer.loop import train as run_train  # lazy: imports torch
     code = run_train(run_dir, config_name, steps, seed=seed, threads=threads, sets=overrides, flags=flags,
-                     device=device, checkpoint_every=checkpoint_every, sample_every=sample_every,
-                     keep_last=keep_last, keep_every=keep_every, async_save=async_save, amp=amp,
+                     device=device, saving=saving, sample_every=sample_every,
+                     retention=retention if retention.has_rule else None, async_save=async_save, amp=amp,
                      log_every=log_every, omit_rng_restore=omit_rng_restore, parallel=parallel,
                      allow_nonfinite=allow_nonfinite, allow_device_change=allow_device_change,
                      force_nonfinite_at=force_nonfinite_at,
@@ -176,3 +174,18 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
         exit_worker(code)          # skip finalization: see exit_worker for the gloo abort it avoids
     sys.exit(code)
 
+
+
+def _overrides(config_name: str, sets: tuple[str, ...], seed: int | None, threads: int | None) -> dict:
+    """The --set overrides, checked with the config they change: values the trainer cannot run
+    with are usage errors here, not failures deep in torch."""
+    from ..trainer.config import for_run, parse_sets  # lazy: keeps `ckptfmt --help` fast
+    try:
+        overrides = parse_sets(sets)
+    except ValueError as exc:
+        raise click.UsageError(str(exc)) from None
+    try:
+        for_run(config_name, overrides, seed, threads)
+    except ValueError as exc:
+        raise click.UsageError(f"--config {config_name} --set: {exc}") from None
+    return overrides

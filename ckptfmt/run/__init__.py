@@ -11,10 +11,12 @@ from .lease import LEASES, ReadLease, active_leases
 from .lock import LOCK, RunLock, lock_holder, save_in_progress, writing_into
 from .ops import bisect, fork, gc, ls_run, pivot
 from .retention import Candidate, Policy, parse_duration, plan, plan_retention
-from .sidecars import ARCHIVE, PINS, PIVOT, SAMPLES, STATE, read_json, zombie_arms
+from .saving import SaveClock, SavePolicy
+from .sidecars import ARCHIVE, PINS, PIVOT, POLICY, SAMPLES, STATE, read_json, record_policy, recorded_policy, zombie_arms
 
 __all__ = ["Run", "Generation", "Listing", "check_generation", "list_dir", "History", "LEASES",
            "ReadLease", "active_leases", "LOCK", "RunLock", "lock_holder", "save_in_progress", "writing_into",
            "bisect", "fork", "gc", "ls_run", "pivot", "plan_retention",
-           "Candidate", "Policy", "parse_duration", "plan",
-           "ARCHIVE", "PINS", "PIVOT", "SAMPLES", "STATE", "read_json", "zombie_arms"]
+           "Candidate", "Policy", "parse_duration", "plan", "SaveClock", "SavePolicy",
+           "ARCHIVE", "PINS", "PIVOT", "POLICY", "SAMPLES", "STATE", "read_json", "record_policy",
+           "recorded_policy", "zombie_arms"]

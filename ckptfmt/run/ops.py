@@ -13,7 +13,7 @@ from .. import atomic, companion, fsio, kinds
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoundError,
-                      NoValidGenerationError)
+                      NoValidGenerationError, SidecarError)
 from . import history as hist
 from . import mirrors, timeline
 from .directory import Run
@@ -21,7 +21,7 @@ from .generations import Generation, check_bare, check_generation, non_finite
 from .lease import ReadLease, active_leases
 from .lock import RunLock, lock_holder, publish, refuse_live, save_in_progress, writing_into
 from .retention import Policy
-from .sidecars import ARCHIVE, PIVOT, SAMPLES, STATE, write_json
+from .sidecars import ARCHIVE, PIVOT, POLICY, SAMPLES, STATE, recorded_policy, write_json
 
 
 def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: int | None = None,
@@ -35,12 +35,14 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
     generation while it is checked; the live writer's unfinished save is "save in progress"."""
     run = Run(path)
     holder = lock_holder(path)
+    policy, shown = _ls_policy(path, policy or Policy(keep_every=keep_every))
+    keep_every = keep_every or policy.keep_every
     with ReadLease(path, purpose="ls") as lease:
         listing = lease.listing
         pins = set(run.pins())
         bare = bool(listing.generations) and all(g.manifest is None for g in listing.generations)
         rows = [_ls_row(gen, deep, pins, keep_every, holder, bare) for gen in listing.generations]
-        kept = _kept_by(run, listing.generations, policy or Policy(keep_every=keep_every), deep, pins)
+        kept = _kept_by(run, listing.generations, policy, deep, pins)
         for row in rows:
             row["kept_by"] = kept.get(row["step"], [])
         readers = active_leases(path, own=lease)
@@ -49,10 +51,25 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
            "leftovers": [str(t) for t in listing.temps if t not in in_progress],
            "in_progress": [str(t) for t in in_progress],
            "foreign": [skipped(p, why) for p, why in listing.foreign], "lock": holder, "leases": readers,
-           "mirrors": mirrors.lag(path, [r["step"] for r in rows if r["committed"]])}
+           "mirrors": mirrors.lag(path, [r["step"] for r in rows if r["committed"]]), "policy": shown}
     if lease.problem:
         out["lease_problem"] = lease.problem
     return out
+
+
+def _ls_policy(path: "str | os.PathLike[str]", given: Policy) -> tuple[Policy, dict[str, Any]]:
+    """The policy whose rules ``ls`` shows: the one given (flags), else the one the run's writer
+    recorded (spec/RUN.md §5.6), else none; with what ``ls`` says of it (``from``, ``retention``,
+    ``problem`` for a damaged record)."""
+    if given.has_rule:
+        return given, {"from": "flags", "retention": given.to_json()}
+    try:
+        recorded = recorded_policy(path)
+    except SidecarError as exc:
+        return given, {"from": None, "retention": None, "problem": str(exc)}
+    if recorded is None:
+        return given, {"from": None, "retention": None}
+    return recorded, {"from": POLICY, "retention": recorded.to_json()}
 
 
 def skipped(path: Path, why: str) -> str:

@@ -17,6 +17,7 @@ __all__ = ["Candidate", "Plan", "Policy", "candidate", "parse_duration", "plan",
 DURATION = re.compile(r"([1-9][0-9]*)([smhd])")
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MODES = ("min", "max")
+RULES = ("keep_last", "keep_every", "keep_best", "metric", "keep_within", "keep_interval")
 
 
 def parse_duration(text: str) -> int:
@@ -35,8 +36,12 @@ def parse_duration(text: str) -> int:
 class Policy:
     """What to keep; a generation is kept if ANY rule keeps it. ``keep_best`` K by ``metric``
     (``mode`` min or max; NaN and inf are never best; generations without the metric are kept
-    while ``keep_missing``); ``keep_within`` and ``keep_interval`` in seconds of commit time
-    (``parse_duration``); ``None`` turns a rule off."""
+    while ``keep_missing``); ``keep_within`` and ``keep_interval`` in seconds of commit time, or
+    a duration (``"6h"``, ``parse_duration``); ``None`` turns a rule off.
+
+    >>> Policy(keep_last=2, keep_interval="1h").keep_interval
+    3600
+    """
 
     keep_last: int | None = None
     keep_every: int | None = None
@@ -48,6 +53,9 @@ class Policy:
     keep_interval: int | None = None
 
     def __post_init__(self) -> None:
+        for name in ("keep_within", "keep_interval"):
+            if isinstance(getattr(self, name), str):
+                object.__setattr__(self, name, parse_duration(getattr(self, name)))
         for name in ("keep_last", "keep_every", "keep_best", "keep_within", "keep_interval"):
             value = getattr(self, name)
             if value is not None and (isinstance(value, bool) or not isinstance(value, int) or value < 1):
@@ -62,6 +70,23 @@ class Policy:
         """The policy of the step-only arguments of the manager, the trainer and ``mirror``
         (``keep_every`` 0 or None: off)."""
         return cls(keep_last=keep_last, keep_every=keep_every or None)
+
+    def to_json(self) -> dict[str, Any]:
+        """The rules that are on, as the run's policy sidecar records them (spec/RUN.md §5.6)."""
+        doc = {name: getattr(self, name) for name in RULES if getattr(self, name) is not None}
+        if self.keep_best is not None:
+            doc.update(mode=self.mode, keep_missing=self.keep_missing)
+        return doc
+
+    @classmethod
+    def from_json(cls, doc: Any) -> "Policy":
+        """The policy ``to_json`` wrote; ``ValueError`` for what is not one."""
+        if not isinstance(doc, dict) or set(doc) - set(RULES) - {"mode", "keep_missing"}:
+            raise ValueError(f"not a retention policy: {doc!r}")
+        try:
+            return cls(**doc)
+        except TypeError as exc:
+            raise ValueError(f"not a retention policy: {exc}") from None
 
     @property
     def has_rule(self) -> bool:

@@ -13,11 +13,13 @@ from .. import atomic
 from .. import manifest as mf
 from ..errors import CheckpointError, SaveError, SidecarError, SidecarWriteError, parse_json
 from .generations import list_dir
+from .retention import Policy
 
 PINS = ".pins.json"
 SAMPLES = ".samples.json"
 STATE = ".state.json"
 PIVOT = ".pivot.json"
+POLICY = ".policy.json"
 ARCHIVE = "archive"
 
 
@@ -42,6 +44,31 @@ def write_json(path: "str | os.PathLike[str]", value: Any) -> None:
         if not isinstance(exc.__cause__, OSError):
             raise
         raise SidecarWriteError(str(path), "replacing the sidecar", exc.__cause__) from exc.__cause__
+
+
+def record_policy(directory: "str | os.PathLike[str]", retention: Policy | None, saving: Any = None,
+                  by: str = "checkpoint manager") -> None:
+    """Write the policy a writer runs the run with (spec/RUN.md §5.6): ``retention`` (None: it
+    keeps every generation) and ``saving`` (a ``SavePolicy``), so ``ls`` shows what keeps each
+    generation without being told."""
+    doc = {"by": by, "retention": retention.to_json() if retention is not None else None,
+           "saving": saving.to_json() if saving is not None else None}
+    if read_json(Path(directory) / POLICY, default=None) != doc:
+        write_json(Path(directory) / POLICY, doc)
+
+
+def recorded_policy(directory: "str | os.PathLike[str]") -> Policy | None:
+    """The retention policy the run's writer recorded, None if none did (or it keeps every
+    generation); a sidecar that holds no policy is a ``SidecarError`` naming it."""
+    path = Path(directory) / POLICY
+    doc = read_json(path, default=None)
+    if doc is None:
+        return None
+    try:
+        rules = doc["retention"]
+        return None if rules is None else Policy.from_json(rules)
+    except (KeyError, TypeError, ValueError) as exc:
+        raise SidecarError(str(path), f"not a policy record: {exc}") from None
 
 
 def zombie_arms(directory: "str | os.PathLike[str]") -> list[str]:

@@ -21,7 +21,7 @@ from .. import manifest as mf
 from ..errors import CheckpointError, FingerprintMismatchError, RemoteError, UnsupportedSetupError
 from ..run import PINS, PIVOT, SAMPLES, STATE, Generation, Run, check_generation
 from ..run.generations import non_finite
-from ..run.retention import Candidate, Policy, plan
+from ..run.retention import Candidate, Policy, candidate, plan
 from ..run.lease import ReadLease
 from ..run import history as hist
 from ..run import mirrors
@@ -33,10 +33,11 @@ SIDECARS = (hist.NAME, PINS, PIVOT, STATE, SAMPLES)   # what a resume reads besi
 INDEX = ".mirror-index.json"                          # at the destination: the sidecars' digests
 
 
-def mirror(run_dir: "str | os.PathLike[str]", url: str, *, keep_last: int | None = None,
-           keep_every: int | None = None, recheck: bool = True, progress: Progress = None) -> dict[str, Any]:
+def mirror(run_dir: "str | os.PathLike[str]", url: str, *, retention: Policy | None = None,
+           recheck: bool = True, progress: Progress = None) -> dict[str, Any]:
     """One pass: upload every committed local generation the destination lacks (or holds
-    damaged), then the sidecars, then apply retention there. ``recheck`` reads back the
+    damaged), then the sidecars, then apply ``retention`` there (None: keep every generation;
+    the same plan as local ``gc``, spec/RUN.md §10.9). ``recheck`` reads back the
     generations already at the destination too (a damaged one is replaced); without it they
     are trusted when their manifest and sizes match.
 
@@ -48,8 +49,8 @@ def mirror(run_dir: "str | os.PathLike[str]", url: str, *, keep_last: int | None
     with ReadLease(run.path, purpose=f"mirror to {remote.url}") as lease:
         local = {g.step: g for g in lease.listing.generations if g.committed and check_generation(g) is None}
         there = remote.listing()
-        policy = _policy(keep_last, keep_every)
-        skip = _doomed(set(local) | {s for s, g in there.items() if g.committed}, policy, run.pins(),
+        policy = retention if retention is not None and retention.has_rule else None
+        skip = _doomed(_candidates(policy, local, there, remote), policy, run.pins(),
                        max(local, default=None), _newest_finite(local, lambda s: non_finite(local[s])))
         lease.narrow(s for s in local if s not in skip)
         kept_out = sorted(s for s in local if s in skip)           # not lag, for ls (RUN.md §10.6)
@@ -96,19 +97,41 @@ def _upload_missing(run: Run, remote: Remote, local: dict[int, Generation], ther
     return out
 
 
-def _policy(keep_last: int | None, keep_every: int | None) -> Policy | None:
-    """The retention policy at the destination: the local one's rules (none without ``keep_last``)."""
-    return Policy.by_count(keep_last, keep_every) if keep_last else None
+def _candidates(policy: Policy | None, local: dict[int, Generation], there: dict[int, RemoteGeneration],
+                remote: Remote) -> list[Candidate]:
+    """What retention knows of every committed generation, local or at the destination: the
+    manifest's metrics and commit time where a rule reads them (the local manifest, else the
+    destination's)."""
+    steps = sorted(set(local) | {s for s, g in there.items() if g.committed})
+    if policy is None or not policy.needs_manifests:
+        return [Candidate(s) for s in steps]
+    return [candidate(s, _local_doc(local[s]) if s in local else _remote_doc(remote, s)) for s in steps]
 
 
-def _doomed(steps: set[int], policy: Policy | None, pins: list[int], newest: int | None,
+def _local_doc(gen: Generation) -> dict[str, Any] | None:
+    try:
+        return mf.read(gen.manifest)
+    except (CheckpointError, OSError):
+        return None
+
+
+def _remote_doc(remote: Remote, step: int) -> dict[str, Any] | None:
+    """The destination's manifest of ``step``, None where it cannot be read as one."""
+    try:
+        doc = json.loads(remote.read_bytes(fmt.manifest_name(step)))
+    except (RemoteError, ValueError):
+        return None
+    return doc if isinstance(doc, dict) else None
+
+
+def _doomed(candidates: list[Candidate], policy: Policy | None, pins: list[int], newest: int | None,
             finite: int | None) -> set[int]:
     """Steps retention at the destination would delete: the one retention plan (``run.retention``)
     with the local guards, the newest and the newest finite generation (spec/RUN.md §5.4)."""
     if policy is None:
         return set()
     protect = {s: why for s, why in ((finite, "newest finite"), (newest, "newest valid")) if s is not None}
-    return set(plan(policy, [Candidate(s) for s in steps], pinned=pins, protect=protect).doomed)
+    return set(plan(policy, candidates, pinned=pins, protect=protect).doomed)
 
 
 def _newest_finite(steps: Iterable[int], diverged: Callable[[int], dict[str, int]]) -> int | None:
@@ -116,11 +139,11 @@ def _newest_finite(steps: Iterable[int], diverged: Callable[[int], dict[str, int
     return next((s for s in sorted(steps, reverse=True) if not diverged(s)), None)
 
 
-def _diverged_there(remote: Remote, step: int) -> dict[str, int]:
-    """What the destination's manifest of ``step`` records as non-finite (empty: finite or unknown)."""
+def _diverged(doc: dict[str, Any] | None) -> dict[str, int]:
+    """What a destination's manifest records as non-finite (empty: finite or unknown)."""
     try:
-        return facts.diverged(json.loads(remote.read_bytes(fmt.manifest_name(step))))
-    except (RemoteError, ValueError, KeyError, TypeError):
+        return facts.diverged(doc) if doc is not None else {}
+    except (ValueError, KeyError, TypeError):
         return {}
 
 
@@ -208,8 +231,10 @@ def _prune(remote: Remote, policy: Policy, pins: list[int]) -> list[int]:
     """Retention at the destination over its committed generations; the newest and the newest
     finite one are protected, as locally."""
     there = {s: g for s, g in remote.listing().items() if g.committed}
-    doomed = _doomed(set(there), policy, pins, max(there, default=None),
-                     _newest_finite(there, lambda s: _diverged_there(remote, s)))
+    docs = {s: _remote_doc(remote, s) for s in there}
+    candidates = [candidate(s, docs[s]) if policy.needs_manifests else Candidate(s) for s in sorted(there)]
+    doomed = _doomed(candidates, policy, pins, max(there, default=None),
+                     _newest_finite(there, lambda s: _diverged(docs[s])))
     for step in sorted(doomed):
         _remove_generation(remote, step, there[step])
     return sorted(doomed)

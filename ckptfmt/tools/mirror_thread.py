@@ -13,7 +13,7 @@ import warnings
 from typing import Any, Callable
 
 from ..errors import CheckpointError
-from ..run import list_dir, mirrors
+from ..run import Policy, list_dir, mirrors
 from .mirror import mirror
 from .remote import redact
 
@@ -29,10 +29,10 @@ class BackgroundMirror:
     (1, [])
     """
 
-    def __init__(self, run_dir: "str | os.PathLike[str]", url: str, *, keep_last: int | None = None,
-                 keep_every: int | None = None, log: Callable[[str], None] | None = None):
+    def __init__(self, run_dir: "str | os.PathLike[str]", url: str, *, retention: "Policy | None" = None,
+                 log: Callable[[str], None] | None = None):
         self.run_dir, self.url = run_dir, url
-        self.options = {"keep_last": keep_last, "keep_every": keep_every}
+        self.options = {"retention": retention}
         self.log = log or (lambda message: warnings.warn(message, stacklevel=2))
         self.passes, self.errors, self.last = 0, [], None
         self._wake, self._closing = threading.Event(), threading.Event()

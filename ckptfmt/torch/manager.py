@@ -3,6 +3,9 @@
     from ckptfmt.torch import CheckpointManager
     mgr = CheckpointManager("runs/x", model, optimizer, scheduler, state={"data": sampler},
                             generators={"noise": np_gen}, every=100, keep_last=3)
+    # or the composable policies (spec/RUN.md §5): what to keep, and when to save
+    #   retention=Policy(keep_last=2, keep_best=3, metric="val_loss", keep_interval="1h"),
+    #   saving=SavePolicy(every=100, every_seconds="30m", on_best="val_loss")
     start = mgr.restore()                  # newest valid generation, everything restored; 0 if fresh
     for step in range(start + 1, total + 1):
         loss = train_step(...)
@@ -17,7 +20,6 @@ scheduler, the GradScaler, the JSON-able state, every RNG and the config in the 
 """
 from __future__ import annotations
 
-import operator
 import signal
 import time
 import warnings
@@ -25,11 +27,10 @@ from typing import Any, Mapping
 
 import torch
 
-from .. import format as fmt
-from .. import manifest as mf
-from ..errors import ConfigMismatchError, SaveError
-from ..run import Policy, Run, RunLock
-from . import adapter, handlers, optim, ranks, rng
+from ..errors import ConfigMismatchError
+from ..run import Policy, Run, RunLock, SaveClock, SavePolicy, record_policy
+from ..run.saving import best_in_history
+from . import adapter, handlers, optim, ranks, refusals, rng
 from . import restore as restoring
 from .distributed import reshard
 from .metrics import MetricsBook, history_value
@@ -39,42 +40,51 @@ from .state import persistent_buffers, split
 __all__ = ["CheckpointManager"]
 
 
+
 class CheckpointManager:
     """Saves, retains and restores every piece of a training loop's state in a run directory.
 
     The run lock is held from construction to ``close()`` (by rank 0 under torchrun; not at all
     with ``lock=False``, when the caller holds it); an optimizer the seed layout cannot hold is
     refused here, before any training step.
+
+    Hooks for a loop with pieces of its own (the reference trainer uses each), all optional:
+    ``manifest_fields(step) -> dict`` adds the loop's own fields to every manifest;
+    ``on_restore(manifest, path)`` sees a generation's manifest before anything is restored
+    (raise a ``CheckpointError`` to refuse it); ``upgrade(manifest) -> manifest`` views
+    manifests the loop's earlier versions wrote; ``on_commit(step, manifest)`` runs after
+    each commit and retention (on the save thread with ``async_save``); ``log(message)``
+    says what the manager decided (default: ``warnings.warn``); ``lock=False`` when the
+    caller already holds the run lock.
+
+    ``mirror=URL`` (``s3://bucket/runs/x``, any fsspec URL; the ``remote`` extra) uploads each
+    committed generation there on a background thread, verified, with the same retention
+    (spec/RUN.md §10); ``close`` waits until the destination has caught up.
     """
 
     def __init__(self, directory: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: Any = None, scaler: Any = None, *, state: Mapping[str, Any] | None = None,
-                 generators: Mapping[str, Any] | None = None, every: int | None = 100,
-                 keep_last: int | None = 3, keep_every: int | None = None, async_save: bool = False,
+                 generators: Mapping[str, Any] | None = None, every: Any = refusals.UNSET,
+                 keep_last: Any = refusals.UNSET, keep_every: int | None = None, retention: Policy | None = None,
+                 saving: SavePolicy | None = None, async_save: bool = False,
                  handle_signals: bool = True, config: Any = None, mirror: str | None = None, **hooks: Any):
-        """``directory`` is a run directory (created if needed) or a ``Run``. ``every=None``
-        saves only on request and at ``close``; ``keep_last=None`` keeps every generation.
-        ``mirror=URL`` (``s3://bucket/runs/x``, any fsspec URL; the ``remote`` extra) uploads
-        each committed generation there on a background thread, verified, with the same
-        retention (spec/RUN.md §10); ``close`` waits until the destination has caught up.
-
-        Hooks for a loop with pieces of its own (the reference trainer uses each), all optional:
-        ``manifest_fields(step) -> dict`` adds the loop's own fields to every manifest;
-        ``on_restore(manifest, path)`` sees a generation's manifest before anything is restored
-        (raise a ``CheckpointError`` to refuse it); ``upgrade(manifest) -> manifest`` views
-        manifests the loop's earlier versions wrote; ``on_commit(step, manifest)`` runs after
-        each commit and retention (on the save thread with ``async_save``); ``log(message)``
-        says what the manager decided (default: ``warnings.warn``); ``lock=False`` when the
-        caller already holds the run lock.
+        """``directory`` is a run directory (created if needed) or a ``Run``. ``every`` (default
+        100) saves every N steps, ``every=None`` only on request and at ``close``; ``keep_last``
+        (default 3) and ``keep_every`` are the retention of the last K and every N-th step,
+        ``keep_last=None`` keeps every generation. ``retention=Policy(...)`` instead of them
+        composes every rule (the best K by a metric, time windows; spec/RUN.md §5.1), and
+        ``saving=SavePolicy(...)`` instead of ``every`` saves on a step cadence, on wall time and
+        on a new best of a metric (§5.5); the run records both in ``.policy.json`` (§5.6).
         """
         optim.kind(optimizer)
-        _check_pieces(state, every, keep_last, hooks)
-        _check_params(model, optimizer)
-        _strict_json({"rng": rng.rng_state(generators), "config": config})   # a generator JSON cannot hold
+        refusals.check_pieces(state, hooks)
+        self.retention, self.saving = refusals.policies(every, keep_last, keep_every, retention, saving)
+        refusals.check_params(model, optimizer)
+        refusals.strict_json({"rng": rng.rng_state(generators), "config": config})   # a generator JSON cannot hold
         self.rank, self.world = ranks.check_setup(model, optimizer)
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.state, self.generators = dict(state or {}), dict(generators or {})
-        self.every, self.keep_last, self.keep_every, self.config = every, keep_last, keep_every, config
+        self.config = config
         self.manifest_fields, self.on_restore = hooks.get("manifest_fields"), hooks.get("on_restore")
         self.upgrade, self.on_commit = hooks.get("upgrade"), hooks.get("on_commit")
         self._log = hooks.get("log")
@@ -85,6 +95,8 @@ class CheckpointManager:
         locked = self.rank == 0 and hooks.get("lock", True)
         self._lock = RunLock(self.run.path, purpose="checkpoint manager").acquire() if locked else None
         self._dropped = handlers.release_when_collected(self, self._lock)
+        self._policy_recorded = self.rank != 0        # rank 0 records it with its first save
+        self._clock = SaveClock(self.saving, now=time.monotonic())
         self._saver = Saver(self.run, asynchronous=async_save, sharded=self.world > 1,
                             after_commit=self._committed)
         self._mirror = _start_mirror(self, mirror) if mirror and self.rank == 0 else None
@@ -115,7 +127,7 @@ class CheckpointManager:
         """Record step ``step`` in ``.loss.json``; save on cadence or on request. True once a
         stop was requested: the generation is committed and the loop should exit."""
         self._require_open()
-        step = _step_of(self.run.path, step)
+        step = refusals.step_of(self.run.path, step)
         self._check_order(step)
         self._saver.poll()                    # a background save that committed: its event now
         record: dict[str, Any] = {"step": step, "time": time.time()}
@@ -125,14 +137,17 @@ class CheckpointManager:
         self._metrics.record(step, values)
         if self.rank == 0:
             self.run.history.append(record)
+        due = self._clock.due(step, values, now=time.monotonic())
         # the agreed decision; the local flags are only ever set here, never cleared by the
-        # collective, so a signal that lands while it runs counts at the next step
-        stop, save = ranks.agree(self._stop, self._save_requested)
+        # collective, so a signal that lands while it runs counts at the next step. The wall
+        # clock and the metric may differ between ranks: any rank's rule is every rank's save.
+        stop, save, timed, best = ranks.agree(self._stop, self._save_requested, "interval" in due,
+                                              any(r.startswith("best ") for r in due))
         if save:
             self._save_requested = False
         self._stop = self._stop or stop
-        cadence = bool(self.every) and step % self.every == 0
-        reason = self._stop_reason if stop else "SIGUSR1" if save else "cadence" if cadence else None
+        reason = (self._stop_reason if stop else "SIGUSR1" if save else "cadence" if "cadence" in due
+                  else "interval" if timed else f"best {self.saving.on_best}" if best else None)
         if reason and self.committed != step:
             self.save(step, reason)
         return stop
@@ -160,14 +175,23 @@ class CheckpointManager:
         ``checkpoint`` event records ``reason`` and how long the loop stalled. Everything that
         cannot be stored is refused here, before a byte is written."""
         self._require_open()
-        step = _step_of(self.run.path, step)
+        step = refusals.step_of(self.run.path, step)
         reshard(self.model)                 # FSDP2 after a sample: the optimizer's own tensors
         manifest, extra = self._manifest(step)
-        _strict_json(manifest)
+        refusals.strict_json(manifest)
+        if not self._policy_recorded:
+            record_policy(self.run.path, self.retention, self.saving)
+            self._policy_recorded = True
         self._saver.save(step, self.model, self.optimizer, manifest, extra)
         self.committed, self.last_save = step, (step, reason)
+        self._clock.saved(time.monotonic())
         stall_ms = round(self.stall_s * 1e3, 3)     # recorded once committed (async: later)
         self._saver.then(lambda: self._event("checkpoint", step, reason=reason, stall_ms=stall_ms))
+
+    def metric(self, name: str) -> Any:
+        """The newest value of the metric ``name`` given to ``step()`` (or recorded by the restored
+        generation), as a float with NaN and inf; None if there is none."""
+        return self._metrics.value(name)
 
     @property
     def stall_s(self) -> float:
@@ -244,7 +268,7 @@ class CheckpointManager:
             else:
                 doc.setdefault(doc_key, {})[name] = tree
         if self.scheduler is not None:
-            doc["scheduler_type"] = type(self.scheduler).__name__    # a resume refuses another class
+            doc["scheduler_type"] = optim.scheduler_type(self.scheduler)    # a resume refuses another class
         if self.config is not None:
             doc["config"] = self.config
         ranks.add_ranks(doc, extra)
@@ -262,8 +286,8 @@ class CheckpointManager:
         return out + [(f"state.{name}", obj) for name, obj in self.state.items()]
 
     def _committed(self, step: int, manifest: dict[str, Any]) -> None:
-        if self.keep_last and self.rank == 0:
-            deleted = self.run.gc(Policy.by_count(self.keep_last, self.keep_every))
+        if self.retention is not None and self.rank == 0:
+            deleted = self.run.gc(self.retention)
             if deleted:
                 self.log(f"retention deleted steps {deleted}", info=True)
         if self.on_commit is not None:
@@ -307,11 +331,21 @@ class CheckpointManager:
         if step is None:
             self._event("start", 0, world_size=self.world)
             return 0
+        self._go_on_from(step, done.metrics)
         if source is None:
             self.committed = step
         passed = {"skipped_diverged": self.skipped_diverged} if self.skipped_diverged else {}
         self._event("resume", step, fresh_pieces=self.fresh, **passed)
         return step
+
+    def _go_on_from(self, step: int, metrics: Mapping[str, Any]) -> None:
+        """After a restore: the metrics the generation recorded are the newest known (the next
+        manifests record them until the loop reports newer ones), and ``on_best`` goes on from
+        the best value the history holds up to ``step``."""
+        self._metrics.seed(metrics)
+        best = self.saving.on_best
+        known = best_in_history(self.run.history.path, best, self.saving.mode, step) if best else None
+        self._clock = SaveClock(self.saving, now=time.monotonic(), best=known)
 
     def log(self, message: str, *, info: bool = False) -> None:
         """Say what the manager decided: to the ``log`` hook; without one, a warning (an
@@ -327,50 +361,8 @@ class CheckpointManager:
 
 
 # ---------------------------------------------------------------- helpers
-HOOKS = ("manifest_fields", "on_restore", "upgrade", "on_commit", "log", "lock")
-
-
-def _check_pieces(state: Mapping[str, Any] | None, every: int | None, keep_last: int | None,
-                  hooks: Mapping[str, Any]) -> None:
-    unknown = sorted(set(hooks) - set(HOOKS))
-    if unknown:
-        raise TypeError(f"CheckpointManager: unknown argument(s) {unknown}; hooks are {list(HOOKS)}")
-    for name, obj in (state or {}).items():
-        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
-            raise TypeError(f"state[{name!r}]: needs state_dict() and load_state_dict()")
-    if (every is not None and every < 1) or (keep_last is not None and keep_last < 1):
-        raise ValueError(f"every and keep_last must be at least 1, got {every} and {keep_last}")
-
-
-def _check_params(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Parameters the layout holds exactly, and no optimizer tensor outside the model."""
-    optim.refuse_lazy(model)
-    optim.settings(optimizer)           # a setting no manifest can hold: refused before any step
-    adapter.refuse_inexact(model)
-    optim.refuse_outsiders(model, optimizer)
-
-
 def _start_mirror(mgr: CheckpointManager, url: str) -> Any:
     """The background mirror of ``mirror=URL`` (``ckptfmt.tools.mirror_thread``, imported here
     only: the torch layer's one declared reference to the tools layer, in pyproject.toml)."""
     from ..tools.mirror_thread import BackgroundMirror
-    return BackgroundMirror(mgr.run.path, url, keep_last=mgr.keep_last, keep_every=mgr.keep_every,
-                            log=mgr.log)
-
-
-def _strict_json(manifest: dict[str, Any]) -> None:
-    """Refuse, before anything is written, a manifest JSON cannot hold (a NaN or a Path in the
-    config, a generator whose state is not JSON): a failure after the .bin is on disk would
-    leave an uncommitted leftover behind."""
-    try:
-        mf.dumps(manifest)
-    except (TypeError, ValueError) as exc:
-        raise TypeError(f"cannot checkpoint: the manifest would not be strict JSON ({exc})") from None
-
-
-def _step_of(run: Any, step: Any) -> int:
-    """``step`` as the format holds it (an int32 >= 0), refused before anything is written."""
-    if isinstance(step, bool) or not hasattr(step, "__index__") or not 0 <= operator.index(step) <= fmt.MAX_STEP:
-        raise SaveError(str(run), f"step must be an integer in 0..{fmt.MAX_STEP} (an int32 in the file), "
-                                  f"got {step!r}")
-    return operator.index(step)
+    return BackgroundMirror(mgr.run.path, url, retention=mgr.retention, log=mgr.log)

@@ -64,6 +64,19 @@ class MetricsBook:
             if encoded is not None:
                 self._newest[name] = (step, encoded)
 
+    def seed(self, recorded: Mapping[str, Any]) -> None:
+        """Start from what a restored generation's manifest recorded (``at``'s form)."""
+        for name, entry in recorded.items():
+            if isinstance(entry, dict) and isinstance(entry.get("step"), int) and "value" in entry:
+                self._newest[name] = (entry["step"], entry["value"])
+
+    def value(self, name: str) -> Any:
+        """The newest value of ``name`` as a float (NaN and inf included), None if none was reported."""
+        if name not in self._newest:
+            return None
+        value = self._newest[name][1]
+        return float(value["__float__"]) if isinstance(value, dict) else value
+
     def at(self, step: int) -> dict[str, dict[str, Any]]:
         """``{name: {"value", "step"}}`` of the metrics reported at or before ``step``."""
         return {name: {"value": value, "step": at} for name, (at, value) in self._newest.items() if at <= step}

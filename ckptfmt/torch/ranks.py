@@ -35,9 +35,10 @@ def check_setup(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tup
     return rank, world
 
 
-def agree(stop: bool, save: bool) -> tuple[bool, bool]:
-    """(stop, save) as every rank sees them: true if any rank asked (a collective per step)."""
-    return any_rank(stop, save)
+def agree(stop: bool, save: bool, *more: bool) -> tuple[bool, ...]:
+    """(stop, save, *more) as every rank sees them: true if any rank asked (one collective per
+    step; ``more``: the save rules whose answer may differ between ranks, wall time, a metric)."""
+    return any_rank(stop, save, *more)
 
 
 def add_ranks(doc: dict[str, Any], extra: dict[str, Any]) -> None:

@@ -71,6 +71,7 @@ class Restored:
     path: str | None = None
     fresh: tuple[str, ...] = ()
     skipped_diverged: str | None = None
+    metrics: Mapping[str, Any] = field(default_factory=dict)   # the manifest's, as recorded
 
 
 @dataclass
@@ -126,7 +127,8 @@ def restore(loop: Loop, source: Any, strict: bool, restore_rng: bool,
         load_tensors(loop.model, loop.optimizer, ck, plan)
         if plan.rng is not None:
             rng.restore_rng(plan.rng, dict(loop.generators), plan.path, skip=plan.rng_skip)
-        return Restored(ck.step, str(path), tuple(plan.fresh), why)
+        metrics = doc.get("metrics")
+        return Restored(ck.step, str(path), tuple(plan.fresh), why, metrics if isinstance(metrics, dict) else {})
 
 
 def make_plan(loop: Loop, ck: Any, doc: dict[str, Any], strict: bool,
@@ -182,7 +184,7 @@ def _unfit(loop: Loop, doc: dict[str, Any], path: str, strict: bool) -> dict[str
     them fresh (piece -> its ``fresh`` entry)."""
     out = {}
     scheduler, scaler = dict(loop.pieces).get("scheduler"), dict(loop.pieces).get("amp.scaler")
-    saved, here = doc.get("scheduler_type"), type(scheduler).__name__
+    saved, here = doc.get("scheduler_type"), optim.scheduler_type(scheduler)
     if scheduler is not None and doc.get("scheduler") is not None and saved not in (None, here):
         out["scheduler"] = (f"the checkpoint holds {saved} state, the loop uses {here}",
                             f"{saved} in the checkpoint, {here} in the loop")

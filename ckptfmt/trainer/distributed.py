@@ -22,6 +22,7 @@ from typing import Callable, Protocol
 import torch
 from torch.nn.parallel import DistributedDataParallel
 
+from ..errors import DeviceUnavailableError
 from ..run import Run, RunLock
 from ..torch.distributed import process_group, rank_world
 
@@ -36,6 +37,15 @@ class _Trainer(Protocol):
     def fit(self, target: int) -> int: ...
 
     def close(self) -> None: ...
+
+
+def pick_device(name: str) -> torch.device:
+    """The device of ``--device``: auto is CUDA where there is one, else the CPU."""
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    if name == "cuda" and not torch.cuda.is_available():
+        raise DeviceUnavailableError(None, "--device cuda: no CUDA device is available")
+    return torch.device(name)
 
 
 def rank_device(device: torch.device) -> torch.device:

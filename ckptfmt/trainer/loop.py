@@ -26,9 +26,9 @@ import torch
 from .. import atomic, fingerprint
 from .. import manifest as mf
 from .. import torch as ct
-from ..errors import (CheckpointError, ConfigMismatchError, DeviceChangeError, DeviceUnavailableError,
-                      IncompleteResumeStateError, StorageError)
-from ..run import LOCK, PIVOT, SAMPLES, STATE, Run, RunLock
+from ..errors import (CheckpointError, ConfigMismatchError, DeviceChangeError, IncompleteResumeStateError,
+                      StorageError)
+from ..run import LOCK, PIVOT, SAMPLES, STATE, Policy, Run, RunLock, SavePolicy
 from ..run.history import encode_float
 from ..torch import CheckpointManager, ranks
 from ..torch.distributed import any_rank, launched_by_torchrun, mean_over_ranks, rank_world
@@ -36,7 +36,7 @@ from . import checkpointing, determinism
 from . import config as cfgmod
 from .bandit import Bandit
 from .data import DataStream, corpus, identity
-from .distributed import rank_device, train_distributed, wrap_model
+from .distributed import pick_device, rank_device, train_distributed, wrap_model
 from .model import GPT
 from .protocol import Observer
 from .signals import FLAGS, Flags
@@ -44,6 +44,7 @@ from .signals import FLAGS, Flags
 EXIT_SAVE_FAILED = 75
 EXIT_DIVERGED = 3        # the loss became NaN or inf: that step is committed (diverged), then stop
 SAMPLES_KEPT = 50
+LOSS_EMA = 0.98          # the loss_ema metric: an exponential moving average of the loss (span 50 steps)
 _CODE_ID: dict[str, str] | None = None
 
 
@@ -58,25 +59,20 @@ def code_identity() -> dict[str, str]:
     return _CODE_ID
 
 
-def pick_device(name: str) -> torch.device:
-    if name == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    if name == "cuda" and not torch.cuda.is_available():
-        raise DeviceUnavailableError(None, "--device cuda: no CUDA device is available")
-    return torch.device(name)
-
-
 class Trainer:
     def __init__(self, run_dir: str, cfg: cfgmod.TrainConfig, *, device: str = "auto",
                  checkpoint_every: int = 100, sample_every: int = 100, keep_last: int | None = None,
-                 keep_every: int | None = None, async_save: bool = False, amp: str = "auto",
+                 keep_every: int | None = None, retention: Policy | None = None, saving: SavePolicy | None = None,
+                 async_save: bool = False, amp: str = "auto",
                  omit_rng_restore: bool = False, log_every: int = 50, flags: Flags = FLAGS,
                  parallel: str = "ddp", mirror: str | None = None, allow_nonfinite: bool = False,
                  force_nonfinite_at: int | None = None, log: Callable[[str], None] | None = None,
                  allow_device_change: bool = False):
         self.cfg, self.flags = cfg, flags
-        self.checkpoint_every, self.sample_every = checkpoint_every, sample_every
-        self.keep_last, self.keep_every = keep_last, keep_every
+        self.sample_every = sample_every
+        self.saving = saving or SavePolicy(every=checkpoint_every or None)     # when the manager saves
+        self.retention = retention or (Policy.by_count(keep_last, keep_every) if keep_last else None)
+        self.loss_ema: float | None = None        # a metric beside the loss (LOSS_EMA), resumed from the manifest
         self.omit_rng_restore, self.log_every = omit_rng_restore, log_every
         self.allow_nonfinite = allow_nonfinite              # resume a diverged generation too
         self.allow_device_change = allow_device_change      # resume a run of another device type
@@ -115,8 +111,8 @@ class Trainer:
         self.mgr = CheckpointManager(
             self.run, self.model, self.opt, self.sched, self.scaler,
             state={"data": checkpointing.DataState(self), "bandit": self.bandit_state},
-            generators={"bandit": self.bandit.rng}, every=self.checkpoint_every or None,
-            keep_last=self.keep_last, keep_every=self.keep_every, async_save=self.async_save,
+            generators={"bandit": self.bandit.rng}, saving=self.saving,
+            **({"retention": self.retention} if self.retention else {"keep_last": None}), async_save=self.async_save,
             handle_signals=False, lock=False, config=cfg.to_dict(), log=self.log, mirror=self.mirror,
             manifest_fields=self.facts, on_restore=self._check_resume, on_commit=self._after_commit,
             upgrade=checkpointing.upgrade)
@@ -144,6 +140,7 @@ class Trainer:
                                 allow_device_change=self.allow_device_change)
         if not step:
             return 0
+        self.loss_ema = self.mgr.metric("loss_ema")
         if self.pivot:                   # after the RNGs: neither change consumes a draw
             self._apply_new_schedule()
             self.bandit = self._fresh_bandit(phase=self.bandit_state.saved_phase + 1)
@@ -220,7 +217,9 @@ class Trainer:
         self.sched.step()
         self.bandit.update(source, float(loss.item()))
         value = mean_over_ranks(loss)          # the history records the mean loss over the ranks
-        return {"step": step, "loss": encode_float(value), "lr": lr, "source": source,
+        self.loss_ema = value if self.loss_ema is None else LOSS_EMA * self.loss_ema + (1 - LOSS_EMA) * value
+        return {"step": step, "loss": encode_float(value), "loss_ema": encode_float(self.loss_ema), "lr": lr,
+                "source": source,
                 "tokens": step * self.cfg.batch * self.cfg.ctx, "ids": ids,
                 "wall": round(time.time() - self.started, 4)}
 
@@ -300,7 +299,7 @@ class Trainer:
         if stop and not self.flags.stop:          # a signal delivered to another rank
             self.flags.stop, self.flags.stop_at = True, time.monotonic()
         if self.mgr.last_save and self.mgr.last_save[0] == step:
-            audit = self.mgr.last_save[1] == "SIGUSR1" and self.keep_last
+            audit = self.mgr.last_save[1] == "SIGUSR1" and self.retention is not None
             self.log(f"step {step}: checkpoint ({self.mgr.last_save[1]}), "
                      f"training stalled {self.mgr.stall_s * 1e3:.1f} ms"
                      + (f"; retention counts it: to keep it, ckptfmt pin {self.run.path} {step}" if audit else ""))

@@ -1,0 +1,77 @@
+"""What the checkpoint manager refuses before anything is written (spec/RUN.md §8): arguments
+that are no policy, state objects without ``state_dict``, parameters the layout cannot hold
+exactly, a manifest JSON cannot hold, a step the format cannot hold."""
+from __future__ import annotations
+
+import operator
+from typing import Any, Mapping
+
+import torch
+
+from .. import format as fmt
+from .. import manifest as mf
+from ..errors import SaveError
+from ..run import Policy, SavePolicy
+from . import adapter, optim
+
+UNSET: Any = type("Unset", (), {"__repr__": lambda self: "default"})()   # an argument not given
+
+HOOKS = ("manifest_fields", "on_restore", "upgrade", "on_commit", "log", "lock")
+
+
+def policies(every: Any, keep_last: Any, keep_every: int | None, retention: Policy | None,
+              saving: SavePolicy | None) -> tuple[Policy | None, SavePolicy]:
+    """(retention, save policy) of the manager's arguments: ``retention`` or the step-only
+    ``keep_last``/``keep_every`` (None: every generation is kept), ``saving`` or ``every``."""
+    if retention is not None and (keep_last is not UNSET or keep_every is not None):
+        raise TypeError("CheckpointManager: give retention=Policy(...) or keep_last/keep_every, not both")
+    if saving is not None and every is not UNSET:
+        raise TypeError("CheckpointManager: give saving=SavePolicy(...) or every, not both")
+    for name, value in (("retention", retention), ("saving", saving)):
+        kind = Policy if name == "retention" else SavePolicy
+        if value is not None and not isinstance(value, kind):
+            raise TypeError(f"CheckpointManager: {name} must be a {kind.__name__}, got {type(value).__name__}")
+    every, keep_last = (100 if every is UNSET else every), (3 if keep_last is UNSET else keep_last)
+    if (every is not None and every < 1) or (keep_last is not None and keep_last < 1):
+        raise ValueError(f"every and keep_last must be at least 1, got {every} and {keep_last}")
+    if retention is None and keep_last:
+        retention = Policy.by_count(keep_last, keep_every)
+    if retention is not None and not retention.has_rule:
+        raise ValueError("CheckpointManager: retention needs at least one keep rule (keep_last, keep_every, "
+                         "keep_best, keep_within, keep_interval); None keeps every generation")
+    return retention, saving or SavePolicy(every=every)
+
+
+def check_pieces(state: Mapping[str, Any] | None, hooks: Mapping[str, Any]) -> None:
+    unknown = sorted(set(hooks) - set(HOOKS))
+    if unknown:
+        raise TypeError(f"CheckpointManager: unknown argument(s) {unknown}; hooks are {list(HOOKS)}")
+    for name, obj in (state or {}).items():
+        if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
+            raise TypeError(f"state[{name!r}]: needs state_dict() and load_state_dict()")
+
+
+def check_params(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
+    """Parameters the layout holds exactly, and no optimizer tensor outside the model."""
+    optim.refuse_lazy(model)
+    optim.settings(optimizer)           # a setting no manifest can hold: refused before any step
+    adapter.refuse_inexact(model)
+    optim.refuse_outsiders(model, optimizer)
+
+
+def strict_json(manifest: dict[str, Any]) -> None:
+    """Refuse, before anything is written, a manifest JSON cannot hold (a NaN or a Path in the
+    config, a generator whose state is not JSON): a failure after the .bin is on disk would
+    leave an uncommitted leftover behind."""
+    try:
+        mf.dumps(manifest)
+    except (TypeError, ValueError) as exc:
+        raise TypeError(f"cannot checkpoint: the manifest would not be strict JSON ({exc})") from None
+
+
+def step_of(run: Any, step: Any) -> int:
+    """``step`` as the format holds it (an int32 >= 0), refused before anything is written."""
+    if isinstance(step, bool) or not hasattr(step, "__index__") or not 0 <= operator.index(step) <= fmt.MAX_STEP:
+        raise SaveError(str(run), f"step must be an integer in 0..{fmt.MAX_STEP} (an int32 in the file), "
+                                  f"got {step!r}")
+    return operator.index(step)

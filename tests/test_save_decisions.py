@@ -1,0 +1,174 @@
+"""When a loop saves (spec/RUN.md §5.5): every N steps, every T seconds of wall time, on a new best
+of a metric, composed; the manager's decisions, their reasons in the history, where a resumed run
+goes on from, and one agreed decision per step under torchrun."""
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from ckptfmt.run import Run, SaveClock, SavePolicy
+from ckptfmt.run import history as hist
+from ckptfmt.run.saving import best_in_history
+from ckptfmt.torch import CheckpointManager
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def manager(path, **kw):
+    torch.manual_seed(0)
+    model = torch.nn.Linear(2, 1)
+    opt = torch.optim.Adam(model.parameters(), lr=1e-2)
+    return CheckpointManager(path, model, opt, handle_signals=False, keep_last=None, **kw)
+
+
+def saves(run) -> list[tuple[int, str]]:
+    """(step, reason) of every checkpoint event in the history."""
+    return [(r["step"], r["reason"]) for r in hist.read(Path(run) / ".loss.json").events() if r["event"] == "checkpoint"]
+
+
+# ---------------------------------------------------------------- the value and its clock
+def test_a_save_policy_takes_durations_and_refuses_what_is_no_rule():
+    assert SavePolicy(every_seconds="30m").every_seconds == 1800
+    for bad in ({"every_seconds": "5x"}, {"every_seconds": 0}, {"every": 0}, {"every": True},
+                {"on_best": ""}, {"mode": "best"}):
+        with pytest.raises(ValueError):
+            SavePolicy(**bad)
+
+
+def test_the_interval_counts_from_the_newest_save_of_any_reason():
+    clock = SaveClock(SavePolicy(every=10, every_seconds=60), now=0.0)
+    assert clock.due(10, {}, now=50.0) == ["cadence"]
+    clock.saved(50.0)
+    assert clock.due(11, {}, now=100.0) == []             # 50 s since the cadence save
+    assert clock.due(12, {}, now=110.0) == ["interval"]
+
+
+@given(st.lists(st.one_of(st.floats(allow_nan=True, allow_infinity=True), st.none()), min_size=1, max_size=30),
+       st.sampled_from(["min", "max"]))
+@settings(max_examples=60, deadline=None)
+def test_a_new_best_is_a_finite_value_better_than_every_earlier_finite_one(values, mode):
+    clock = SaveClock(SavePolicy(on_best="m", mode=mode), now=0.0)
+    best = None
+    for step, value in enumerate(values, 1):
+        due = clock.due(step, {} if value is None else {"m": value}, now=0.0)
+        finite = value is not None and math.isfinite(value)
+        improves = finite and (best is None or (value < best if mode == "min" else value > best))
+        assert due == (["best m"] if improves else [])
+        best = value if improves else best
+
+
+def test_the_best_so_far_of_a_history_leaves_out_a_lost_timeline(tmp_path):
+    path = tmp_path / ".loss.json"
+    lines = [{"step": 1, "val": 3.0}, {"step": 2, "val": "nan"}, {"step": 3, "val": 0.5},
+             {"event": "resume", "step": 2}, {"step": 3, "val": 2.0}, {"step": 4, "val": 1.0}]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    assert best_in_history(path, "val", "min", upto=3) == 2.0     # 0.5 was on the lost timeline
+    assert best_in_history(path, "val", "min", upto=4) == 1.0
+    assert best_in_history(path, "val", "max", upto=4) == 3.0
+    assert best_in_history(path, "other", "min", upto=4) is None
+
+
+# ---------------------------------------------------------------- the manager
+def test_the_manager_saves_at_each_new_best_and_says_why(tmp_path):
+    val = {1: 5.0, 2: 4.0, 3: math.nan, 4: 4.5, 5: 3.0, 6: 3.0, 7: float("-inf")}
+    with manager(tmp_path / "run", saving=SavePolicy(every=4, on_best="val_loss")) as mgr:
+        for step in range(1, 8):
+            mgr.step(step, loss=1.0, val_loss=val[step])
+    assert saves(tmp_path / "run") == [(1, "best val_loss"), (2, "best val_loss"), (4, "cadence"),
+                                       (5, "best val_loss")]
+    assert [g.step for g in Run(tmp_path / "run").generations()] == [1, 2, 4, 5]
+
+
+def test_the_manager_saves_when_the_wall_time_since_the_newest_save_has_passed(tmp_path):
+    with manager(tmp_path / "run", saving=SavePolicy(every_seconds=2)) as mgr:
+        mgr.step(1, loss=1.0)
+        mgr.step(2, loss=1.0)
+        time.sleep(2.1)
+        mgr.step(3, loss=1.0)
+        mgr.step(4, loss=1.0)
+    assert saves(tmp_path / "run") == [(3, "interval")]
+
+
+def test_a_resumed_run_goes_on_from_the_best_its_history_holds(tmp_path):
+    run = tmp_path / "run"
+    with manager(run, saving=SavePolicy(on_best="val_loss")) as mgr:
+        for step, value in ((1, 2.0), (2, 1.0), (3, 1.5)):
+            mgr.step(step, val_loss=value)
+        mgr.save(3, "requested")
+    with manager(run, saving=SavePolicy(on_best="val_loss")) as mgr:
+        assert mgr.restore() == 3
+        assert mgr.metric("val_loss") == 1.5                   # the restored generation's record
+        mgr.step(4, val_loss=1.2)                              # not better than step 2's 1.0
+        mgr.step(5, val_loss=0.9)
+    assert saves(run)[-1] == (5, "best val_loss") and (4, "best val_loss") not in saves(run)
+
+
+def test_a_generation_after_a_resume_records_the_metrics_reported_before_it(tmp_path):
+    run = tmp_path / "run"
+    with manager(run, every=2) as mgr:
+        mgr.step(1, val_loss=0.25)
+        mgr.step(2, loss=1.0)
+    with manager(run, every=2) as mgr:
+        mgr.restore()
+        mgr.step(3, loss=0.5)
+        mgr.step(4, loss=0.5)
+    doc = json.loads((run / "step_000004.json").read_text())
+    assert doc["metrics"]["val_loss"] == {"value": 0.25, "step": 1}
+    assert doc["metrics"]["loss"] == {"value": 0.5, "step": 4}
+
+
+def test_every_and_saving_together_are_refused(tmp_path):
+    with pytest.raises(TypeError, match="saving=SavePolicy"):
+        manager(tmp_path / "run", every=10, saving=SavePolicy(every=5))
+    assert not (tmp_path / "run").exists()
+
+
+# ---------------------------------------------------------------- torchrun
+AGREE = r'''
+import sys
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel
+from ckptfmt.run import SavePolicy
+from ckptfmt.torch import CheckpointManager
+from ckptfmt.torch.distributed import exit_worker
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+torch.manual_seed(0)
+model = torch.nn.Linear(2, 1)
+net = DistributedDataParallel(model)
+opt = torch.optim.Adam(net.parameters(), lr=1e-2)
+# rank 0's metric is best at step 1 only; rank 1's improves at steps 1, 2 and 4
+val = {0: [5, 5, 5, 5, 5, 5], 1: [9, 8, 9, 7, 9, 9]}[rank]
+mgr = CheckpointManager(sys.argv[1], model, opt, handle_signals=False, keep_last=None,
+                        saving=SavePolicy(on_best="val"))
+for step in range(1, 7):
+    loss = net(torch.ones(1, 2)).pow(2).sum()
+    opt.zero_grad(); loss.backward(); opt.step()
+    mgr.step(step, val=val[step - 1])
+mgr.close()
+dist.destroy_process_group()
+exit_worker(0)
+'''
+
+
+@pytest.mark.xdist_group("torchrun")
+def test_under_torchrun_one_ranks_new_best_is_every_ranks_save(tmp_path):
+    """Each rank's metric may differ: a rank whose value improved would enter the save (a
+    collective) alone and wait for ever; the decision is agreed, so every rank saves there."""
+    script = tmp_path / "agree.py"
+    script.write_text(AGREE)
+    run = tmp_path / "run"
+    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
+                           str(script), str(run)], capture_output=True, text=True, timeout=240, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert [g.step for g in Run(run).generations() if g.committed] == [1, 2, 4]
+    assert [s for s, _ in saves(run)] == [1, 2, 4]
