@@ -27,7 +27,9 @@ def manager(path, **kw):
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 1)
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    return CheckpointManager(path, model, opt, handle_signals=False, keep_last=None, **kw)
+    if "retention" not in kw:
+        kw["keep_last"] = None
+    return CheckpointManager(path, model, opt, handle_signals=False, **kw)
 
 
 def saves(run) -> list[tuple[int, str]]:
@@ -172,3 +174,21 @@ def test_under_torchrun_one_ranks_new_best_is_every_ranks_save(tmp_path):
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert [g.step for g in Run(run).generations() if g.committed] == [1, 2, 4]
     assert [s for s, _ in saves(run)] == [1, 2, 4]
+
+
+def test_a_metric_not_reported_yet_keeps_the_generations_until_it_is(tmp_path):
+    """A loop's own best-K policy names a metric its first generations lack (no evaluation yet):
+    retention after each commit keeps them ('no val_loss') instead of refusing the save, and
+    ``ls`` under the recorded policy says so; ``gc`` with the same flags refuses the unknown name."""
+    from ckptfmt.run import Policy
+    from ckptfmt.run.ops import gc, ls_run
+    run = tmp_path / "run"
+    with manager(run, every=1, retention=Policy(keep_last=1, keep_best=1, metric="val_loss")) as mgr:
+        for step in range(1, 4):
+            mgr.step(step, loss=1.0)
+    assert [g.step for g in Run(run).generations()] == [1, 2, 3]
+    assert {g["step"]: g["kept_by"] for g in ls_run(run)["generations"]} == {
+        1: ["no val_loss"], 2: ["no val_loss"], 3: ["last", "no val_loss", "newest valid"]}
+    with pytest.raises(Exception, match="no generation records metric 'val_loss'"):
+        gc(run, Policy(keep_best=1, metric="val_loss"))
+    assert [g.step for g in Run(run).generations()] == [1, 2, 3]

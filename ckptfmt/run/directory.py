@@ -161,8 +161,8 @@ class Run:
         write_json(self.path / PINS, sorted(pins))
         return sorted(pins)
 
-    def plan_gc(self, policy: Policy | None = None, *, keep_last: int | None = None,
-                keep_every: int | None = None) -> tuple[list[Generation], Generation | None, Plan]:
+    def plan_gc(self, policy: Policy | None = None, *, keep_last: int | None = None, keep_every: int | None = None,
+                strict_metric: bool = False) -> tuple[list[Generation], Generation | None, Plan]:
         """(generations to delete, newest valid, the plan with why each kept one is kept) after
         verify-before-delete of the newest. ``policy``, or one of ``keep_last``/``keep_every``.
 
@@ -175,16 +175,20 @@ class Run:
         newest = choice.newest_valid
         if committed and newest is None:
             self.chosen(choice)            # raises: no valid generation
-        chosen = self.retention_plan(policy, committed, choice)
+        chosen = self.retention_plan(policy, committed, choice, strict_metric)
         return [g for g in committed if g.step in set(chosen.doomed)], newest, chosen
 
-    def retention_plan(self, policy: Policy, committed: list[Generation], choice: Choice) -> Plan:
+    def retention_plan(self, policy: Policy, committed: list[Generation], choice: Choice,
+                       strict_metric: bool = False) -> Plan:
         """``policy`` over the ``committed`` generations with the guards of ``choice`` (what
-        latest-valid found among them): pins, the newest valid and the newest finite one."""
+        latest-valid found among them): pins, the newest valid and the newest finite one.
+        ``strict_metric``: a best-K metric no generation records is refused (``gc``'s flags: a
+        typo); without it, it is a metric not reported yet (a training loop's own policy)."""
         protect = {g.step: why for g, why in ((choice.gen, "newest finite"), (choice.newest_valid, "newest valid"))
                    if g is not None}
         candidates = [self._candidate(g, policy) for g in committed]
-        self._check_metric(policy, candidates)
+        if strict_metric:
+            self._check_metric(policy, candidates)
         return plan(policy, candidates, pinned=self.pins(), protect=protect)
 
     def _candidate(self, gen: Generation, policy: Policy) -> Candidate:
@@ -212,13 +216,14 @@ class Run:
         return self.collect(policy or Policy.by_count(keep_last, keep_every),
                             dry_run=dry_run)[0]
 
-    def collect(self, policy: Policy, *, dry_run: bool = False) -> tuple[list[int], dict[int, list[str]]]:
+    def collect(self, policy: Policy, *, dry_run: bool = False,
+                strict_metric: bool = False) -> tuple[list[int], dict[int, list[str]]]:
         """``gc`` that also says why each generation left is kept: (deleted steps, step -> reasons),
         a leased one with the reason ``leased``."""
         if not policy.has_rule:
             raise ValueError("a retention policy needs at least one keep rule (keep_last, keep_every, "
                              "keep_best, keep_within, keep_interval)")
-        doomed, _, chosen = self.plan_gc(policy)
+        doomed, _, chosen = self.plan_gc(policy, strict_metric=strict_metric)
         kept = dict(chosen.kept)
         with honoured(self.path, sweep=not dry_run) as leased:
             for gen in doomed:

@@ -42,7 +42,7 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
         pins = set(run.pins())
         bare = bool(listing.generations) and all(g.manifest is None for g in listing.generations)
         rows = [_ls_row(gen, deep, pins, keep_every, holder, bare) for gen in listing.generations]
-        kept = _kept_by(run, listing.generations, policy, deep, pins)
+        kept = _kept_by(run, listing.generations, policy, deep, pins, strict=shown["from"] == "flags")
         for row in rows:
             row["kept_by"] = kept.get(row["step"], [])
         readers = active_leases(path, own=lease)
@@ -117,16 +117,18 @@ def _metrics(gen: Generation) -> dict[str, Any]:
     return {}
 
 
-def _kept_by(run: Run, gens: list[Generation], policy: Policy, deep: bool, pins: set[int]) -> dict[int, list[str]]:
+def _kept_by(run: Run, gens: list[Generation], policy: Policy, deep: bool, pins: set[int],
+             strict: bool) -> dict[int, list[str]]:
     """step -> what keeps it under ``policy`` (the plan ``gc`` would make, guards included);
-    without a keep rule, only the pins."""
+    without a keep rule, only the pins. ``strict``: a metric no generation records is refused
+    (flags given to ``ls``); the run's recorded policy may name one not reported yet."""
     if not policy.has_rule:
         return {s: ["pinned"] for s in pins}
     committed = [g for g in gens if g.committed]
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")       # the rows say why a generation is invalid
         choice = run.choose(deep=deep, among=committed)
-    return run.retention_plan(policy, committed, choice).kept
+    return run.retention_plan(policy, committed, choice, strict_metric=strict).kept
 
 
 def gc(path: "str | os.PathLike[str]", policy: Policy | None = None, *, keep_last: int | None = None,
@@ -138,7 +140,7 @@ def gc(path: "str | os.PathLike[str]", policy: Policy | None = None, *, keep_las
     policy = policy or Policy.by_count(keep_last, keep_every)
     with RunLock(path, purpose="gc", writes_generations=False):
         swept = [] if dry_run else [str(p) for p in run.sweep_temps()]
-        deleted, kept = run.collect(policy, dry_run=dry_run)
+        deleted, kept = run.collect(policy, dry_run=dry_run, strict_metric=True)
     return {"run": str(path), "dry_run": dry_run, "deleted": deleted,
             "kept": [{"step": s, "kept_by": why} for s, why in kept.items()], "swept_temps": swept}
 
