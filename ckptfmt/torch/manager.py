@@ -268,7 +268,7 @@ class CheckpointManager:
             else:
                 doc.setdefault(doc_key, {})[name] = tree
         if self.scheduler is not None:
-            doc["scheduler_type"] = optim.scheduler_type(self.scheduler)    # a resume refuses another class
+            doc["scheduler_type"] = type(self.scheduler).__name__    # a resume refuses another class
         if self.config is not None:
             doc["config"] = self.config
         ranks.add_ranks(doc, extra)

@@ -184,7 +184,7 @@ def _unfit(loop: Loop, doc: dict[str, Any], path: str, strict: bool) -> dict[str
     them fresh (piece -> its ``fresh`` entry)."""
     out = {}
     scheduler, scaler = dict(loop.pieces).get("scheduler"), dict(loop.pieces).get("amp.scaler")
-    saved, here = doc.get("scheduler_type"), optim.scheduler_type(scheduler)
+    saved, here = doc.get("scheduler_type"), type(scheduler).__name__
     if scheduler is not None and doc.get("scheduler") is not None and saved not in (None, here):
         out["scheduler"] = (f"the checkpoint holds {saved} state, the loop uses {here}",
                             f"{saved} in the checkpoint, {here} in the loop")
