@@ -115,6 +115,8 @@ def test_time_rules_use_the_recorded_commit_times(runner, run_dir):
     (("--keep-within", "6 hours"), "not a duration: '6 hours'"),
     (("--keep-interval", "1w"), "not a duration: '1w'"),
     (("--keep-best", 2, "--metric", "val_los"), "no generation records metric 'val_los' (recorded: loss, val_loss)"),
+    (("--keep-last", 1, "--mode", "max"), "--metric, --mode and --[no-]keep-missing-metric need --keep-best K"),
+    (("--keep-last", 1, "--no-keep-missing-metric"), "need --keep-best K"),
 ])
 def test_bad_policies_are_usage_errors_and_delete_nothing(runner, run_dir, args, message):
     code, _, err = invoke(runner, "gc", run_dir, *args)
@@ -188,7 +190,7 @@ def test_the_manager_applies_its_policy_and_records_it_for_ls(tmp_path, runner):
     code, out, _ = invoke(runner, "ls", path)
     assert "retention (recorded in .policy.json): keep_last=1, keep_best=2, metric=val_loss" in out
     code, out, _ = invoke(runner, "ls", path, "--keep-last", 3, "--json")     # the flags win
-    assert json.loads(out)["policy"] == {"from": "flags", "retention": {"keep_last": 3}}
+    assert json.loads(out)["policy"] == {"from": "given", "retention": {"keep_last": 3}}
 
 
 def test_a_damaged_policy_record_is_named_and_ls_goes_on(runner, run_dir):
@@ -204,3 +206,10 @@ def test_inspect_prints_the_metrics_a_generation_recorded(runner, run_dir):
     assert "val_loss=4" in line and "loss=" in line
     code, out, _ = invoke(runner, "inspect", run_dir / "step_000030.bin")
     assert "val_loss=nan" in out
+
+
+def test_keep_flags_on_a_restore_from_a_url_are_a_usage_error(runner, tmp_path):
+    code, _, err = invoke(runner, "mirror", f"file://{tmp_path}/m", tmp_path / "dest", "--mode", "max")
+    assert code == 2 and "apply to mirror RUN URL" in err and not (tmp_path / "dest").exists()
+    code, _, err = invoke(runner, "mirror", f"file://{tmp_path}/m", tmp_path / "dest", "--keep-best", 2)
+    assert code == 2 and "apply to mirror RUN URL" in err

@@ -422,6 +422,10 @@ def test_train_saves_on_a_new_best_and_keeps_by_the_policy_it_records(tmp_path):
     (("--checkpoint-interval", "5x"), "--checkpoint-interval: not a duration: '5x'"),
     (("--keep-within", "soon"), "not a duration: 'soon'"),
     (("--keep-best", 2), "--keep-best needs --metric"),
+    (("--keep-best", 2, "--metric", "val_loss"), "--metric: the trainer reports no metric 'val_loss' (it reports loss, "),
+    (("--checkpoint-on-best", "loss-ema"), "--checkpoint-on-best: the trainer reports no metric 'loss-ema'"),
+    (("--checkpoint-best-mode", "max"), "need --checkpoint-on-best METRIC"),
+    (("--checkpoint-interval", "0s"), "not a duration: '0s'"),
 ])
 def test_train_refuses_a_bad_policy_before_it_starts(tmp_path, flags, message):
     proc = train(tmp_path / "run", 5, *flags)

@@ -21,10 +21,10 @@ def policy_options(fn: Callable) -> Callable:
         click.option("--keep-every", type=click.IntRange(min=1), help="Keep steps divisible by N (milestones)."),
         click.option("--keep-best", type=click.IntRange(min=1), help="Keep the best K by --metric (NaN/inf never best)."),
         click.option("--metric", help="The metric of --keep-best, as the manifest records it (val_loss)."),
-        click.option("--mode", type=click.Choice(["min", "max"]), default="min", show_default=True,
-                     help="Whether the best value of --metric is the smallest or the largest."),
-        click.option("--keep-missing-metric/--no-keep-missing-metric", "keep_missing", default=True,
-                     show_default=True, help="Keep generations that recorded no --metric."),
+        click.option("--mode", type=click.Choice(["min", "max"]),
+                     help="Whether the best value of --metric is the smallest or the largest (default: min)."),
+        click.option("--keep-missing-metric/--no-keep-missing-metric", "keep_missing", default=None,
+                     help="Keep generations that recorded no --metric (default: keep them)."),
         click.option("--keep-within", metavar="DURATION",
                      help=f"Keep generations committed within DURATION of the newest ({DURATIONS})."),
         click.option("--keep-interval", metavar="DURATION",
@@ -36,17 +36,19 @@ def policy_options(fn: Callable) -> Callable:
 
 
 def policy_of(keep_last: int | None = None, keep_every: int | None = None, keep_best: int | None = None,
-              metric: str | None = None, mode: str = "min", keep_missing: bool = True,
+              metric: str | None = None, mode: str | None = None, keep_missing: bool | None = None,
               keep_within: str | None = None, keep_interval: str | None = None) -> "Policy":
-    """The ``Policy`` of the flags; a usage error (exit 2) for what cannot be one."""
+    """The ``Policy`` of the flags; a usage error (exit 2) for what cannot be one, or a flag
+    that would change nothing."""
     from ..run.retention import Policy  # lazy: keeps `ckptfmt --help` fast
     if keep_best is not None and metric is None:
         raise click.UsageError("--keep-best needs --metric NAME (the best K by which metric)")
-    if metric is not None and keep_best is None:
-        raise click.UsageError("--metric needs --keep-best K")
+    if keep_best is None and (metric, mode, keep_missing) != (None, None, None):
+        raise click.UsageError("--metric, --mode and --[no-]keep-missing-metric need --keep-best K")
     try:
-        return Policy(keep_last=keep_last, keep_every=keep_every, keep_best=keep_best, metric=metric, mode=mode,
-                      keep_missing=keep_missing, keep_within=keep_within, keep_interval=keep_interval)
+        return Policy(keep_last=keep_last, keep_every=keep_every, keep_best=keep_best, metric=metric,
+                      mode=mode or "min", keep_missing=keep_missing is not False,
+                      keep_within=keep_within, keep_interval=keep_interval)
     except ValueError as exc:
         raise click.UsageError(f"--keep-within/--keep-interval: {exc}") from None
 
@@ -60,8 +62,12 @@ def save_options(fn: Callable) -> Callable:
         click.option("--checkpoint-on-best", metavar="METRIC",
                      help="Also commit a generation at each new best value of METRIC (loss, loss_ema); "
                           "NaN and inf are never best."),
-        click.option("--checkpoint-best-mode", type=click.Choice(["min", "max"]), default="min", show_default=True,
-                     help="Whether the best value of --checkpoint-on-best is the smallest or the largest."),
+        click.option("--checkpoint-best-mode", type=click.Choice(["min", "max"]),
+                     help="Whether the best value of --checkpoint-on-best is the smallest or the largest "
+                          "(default: min)."),
+        click.option("--checkpoint-best-min-delta", type=click.FloatRange(min=0), metavar="X",
+                     help="A new best must beat the best so far by more than X (default 0); a metric "
+                          "that falls a little at nearly every step saves at nearly every step without it."),
     ]
     for option in reversed(options):
         fn = option(fn)
@@ -69,8 +75,9 @@ def save_options(fn: Callable) -> Callable:
 
 
 def save_policy_of(every: int | None, checkpoint_interval: str | None, checkpoint_on_best: str | None,
-                   checkpoint_best_mode: str) -> "SavePolicy":
-    """The ``SavePolicy`` of the flags; a usage error (exit 2) for a bad duration."""
+                   checkpoint_best_mode: str | None, checkpoint_best_min_delta: float | None) -> "SavePolicy":
+    """The ``SavePolicy`` of the flags; a usage error (exit 2) for a bad duration, or a flag
+    that would change nothing."""
     from ..run.retention import parse_duration  # lazy: keeps `ckptfmt --help` fast
     from ..run.saving import SavePolicy  # lazy: as above
     try:
@@ -79,4 +86,16 @@ def save_policy_of(every: int | None, checkpoint_interval: str | None, checkpoin
         raise click.UsageError(f"--checkpoint-interval: {exc}") from None
     if checkpoint_on_best is not None and not checkpoint_on_best.strip():
         raise click.UsageError("--checkpoint-on-best needs a metric name (loss, loss_ema)")
-    return SavePolicy(every=every, every_seconds=seconds, on_best=checkpoint_on_best, mode=checkpoint_best_mode)
+    if checkpoint_on_best is None and (checkpoint_best_mode, checkpoint_best_min_delta) != (None, None):
+        raise click.UsageError("--checkpoint-best-mode and --checkpoint-best-min-delta need --checkpoint-on-best METRIC")
+    return SavePolicy(every=every, every_seconds=seconds, on_best=checkpoint_on_best, mode=checkpoint_best_mode or "min",
+                      min_delta=checkpoint_best_min_delta or 0.0)
+
+
+def require_metrics(known: tuple[str, ...], **named: str | None) -> None:
+    """A metric a flag names that the command's trainer never reports is a usage error (a typo
+    would otherwise keep every generation as 'no NAME')."""
+    for flag, metric in named.items():
+        if metric is not None and metric not in known:
+            raise click.UsageError(f"--{flag.replace('_', '-')}: the trainer reports no metric {metric!r} "
+                                   f"(it reports {', '.join(known)})")

@@ -46,6 +46,8 @@ def mirror_cmd(source: str, dest: str, step: int | None, quick: bool, watch: boo
     from ..tools.remote import is_url  # lazy: keeps `ckptfmt --help` fast
     if is_url(source) == is_url(dest):
         raise click.UsageError("give one local run directory and one URL: mirror RUN URL, or mirror URL DEST")
+    if not is_url(dest) and (quick or watch or any(v is not None for v in keep.values())):
+        raise click.UsageError("--keep-*, --metric, --mode, --quick and --watch apply to mirror RUN URL")
     retention = policy_of(**keep)
     if is_url(dest):
         if step is not None:
@@ -58,8 +60,6 @@ def mirror_cmd(source: str, dest: str, step: int | None, quick: bool, watch: boo
         if doc["refused"]:     # a local generation failed its hash and was not sent: a defect
             sys.exit(EXIT_DEFECT)
         return
-    if retention.has_rule or quick or watch:
-        raise click.UsageError("--keep-*, --quick and --watch apply to mirror RUN URL")
     restore_to(source, dest, step, as_json)
 
 

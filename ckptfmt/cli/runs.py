@@ -46,9 +46,9 @@ def ls_cmd(run: str, as_json: bool, deep: bool, remote: bool, **policy: Any) -> 
 def print_ls(d: dict) -> None:
     click.echo(f"{d['run']}" + (f"  (locked by pid {d['lock'].get('pid')})" if d.get("lock") else ""))
     policy = d.get("policy") or {}
-    if policy.get("retention"):
-        rules = ", ".join(f"{k}={v}" for k, v in policy["retention"].items())
-        click.echo(f"  retention ({'the flags' if policy['from'] == 'flags' else 'recorded in ' + policy['from']}): {rules}")
+    if policy.get("from"):
+        rules = ", ".join(f"{k}={v}" for k, v in (policy["retention"] or {}).items()) or "keeps every generation"
+        click.echo(f"  retention ({'the flags' if policy['from'] == 'given' else 'recorded in ' + policy['from']}): {rules}")
     if policy.get("problem"):
         click.echo(f"  {policy['problem']}")
     if d["generations"]:

@@ -10,7 +10,7 @@ import click
 
 from .app import main
 from .output import EXIT_CANNOT, EXIT_DEFECT, TOLERANCE, Fail, emit, guarded, guarded_keeping_tracebacks, json_option
-from .policy import policy_of, policy_options, save_options, save_policy_of
+from .policy import policy_of, policy_options, require_metrics, save_options, save_policy_of
 
 
 def require_torch(command: str) -> None:
@@ -133,7 +133,7 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
           sets: tuple[str, ...], parallel: str, dist_timeout: int, mirror: str | None, allow_nonfinite: bool,
           allow_device_change: bool, force_nonfinite_at: int | None, omit_rng_restore: bool, summary: str | None,
           pause_at: tuple[int, str] | None, checkpoint_interval: str | None, checkpoint_on_best: str | None,
-          checkpoint_best_mode: str, **keep: Any) -> None:
+          checkpoint_best_mode: str | None, checkpoint_best_min_delta: float | None, **keep: Any) -> None:
     """Train the reference model to --steps N, resuming from the newest valid finite generation.
 
     Saves on the --checkpoint-* rules and at step N; keeps by gc's --keep-* (none: all) after each
@@ -155,12 +155,15 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
     from ..trainer.signals import install  # lazy: the trainer layer, keeps --help fast
     flags = install()           # before the slow imports: a signal during start-up is honoured
     retention = policy_of(**keep)
-    saving = save_policy_of(checkpoint_every, checkpoint_interval, checkpoint_on_best, checkpoint_best_mode)
+    saving = save_policy_of(checkpoint_every, checkpoint_interval, checkpoint_on_best, checkpoint_best_mode,
+                            checkpoint_best_min_delta)
     require_torch("train")
     distributed = int(os.environ.get("WORLD_SIZE", "1")) > 1   # launched by torchrun
     if distributed and (summary or pause_at):
         raise click.UsageError("--summary and --pause-at-step are single-process only (not under torchrun)")
     overrides = _overrides(config_name, sets, seed, threads)
+    from ..trainer.config import METRICS  # lazy: as above
+    require_metrics(METRICS, metric=retention.metric, checkpoint_on_best=saving.on_best)
     from ..trainer.loop import train as run_train  # lazy: imports torch
     code = run_train(run_dir, config_name, steps, seed=seed, threads=threads, sets=overrides, flags=flags,
                      device=device, saving=saving, sample_every=sample_every,

@@ -12,15 +12,14 @@ from pathlib import Path
 from typing import Any
 
 from .. import atomic, shards, writer
-from .. import manifest as mf
-from ..errors import (CheckpointError, GenerationNotFoundError, NoValidGenerationError, SaveError,
+from ..errors import (GenerationNotFoundError, NoValidGenerationError, SaveError,
                       SidecarError, UnsupportedSetupError)
 from ..facts import describe
-from .generations import Generation, Listing, check_bare, check_generation, list_dir, non_finite
+from .generations import Generation, Listing, check_bare, check_generation, list_dir, manifest_of, non_finite
 from .history import History
 from .lease import honoured
 from .lock import sidecar_in_progress
-from .retention import Candidate, Plan, Policy, candidate, plan
+from .retention import Candidate, Plan, Policy, candidate_for, plan
 from .sidecars import PINS, read_json, write_json
 
 
@@ -186,20 +185,10 @@ class Run:
         typo); without it, it is a metric not reported yet (a training loop's own policy)."""
         protect = {g.step: why for g, why in ((choice.gen, "newest finite"), (choice.newest_valid, "newest valid"))
                    if g is not None}
-        candidates = [self._candidate(g, policy) for g in committed]
+        candidates = [candidate_for(policy, g.step, lambda g=g: manifest_of(g)) for g in committed]
         if strict_metric:
             self._check_metric(policy, candidates)
         return plan(policy, candidates, pinned=self.pins(), protect=protect)
-
-    def _candidate(self, gen: Generation, policy: Policy) -> Candidate:
-        """What the policy needs of ``gen``: its step, and its manifest's metrics and commit
-        time when a rule reads them (an unreadable manifest: none, so it is kept by them)."""
-        if not policy.needs_manifests:
-            return Candidate(gen.step)
-        try:
-            return candidate(gen.step, mf.read(gen.manifest))
-        except (CheckpointError, OSError):
-            return Candidate(gen.step)
 
     def _check_metric(self, policy: Policy, candidates: list[Candidate]) -> None:
         """A best-K by a metric no generation records is a mistake (a typo), refused before

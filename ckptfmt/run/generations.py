@@ -102,17 +102,27 @@ def _opens(path: Path, **how: object) -> str | None:
         return f"unreadable: {exc.strerror or exc}"
 
 
+def manifest_of(gen: Generation) -> dict | None:
+    """The generation's manifest, None where there is none or it cannot be read (the checks
+    that report why are ``check_generation``'s)."""
+    if gen.manifest is None:
+        return None
+    try:
+        return mf.read(gen.manifest)
+    except (CheckpointError, OSError):
+        return None
+
+
 def non_finite(gen: Generation) -> dict[str, int]:
     """{region: count} of the NaN and inf values the generation's manifest recorded at save
     (spec/FORMAT.md §5.9): non-empty means the generation is *diverged*. Empty when it is
     finite, or nothing is known (no manifest, no facts, unreadable: other checks report that).
     The facts describe the bytes only while their blake3 matches; callers that act on them
     check that too (``check_generation(deep=True)``)."""
-    if gen.manifest is None:
-        return {}
+    doc = manifest_of(gen)
     try:
-        return valfacts.diverged(mf.read(gen.manifest))
-    except (CheckpointError, OSError):
+        return valfacts.diverged(doc) if doc is not None else {}
+    except CheckpointError:
         return {}
 
 

@@ -42,7 +42,7 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
         pins = set(run.pins())
         bare = bool(listing.generations) and all(g.manifest is None for g in listing.generations)
         rows = [_ls_row(gen, deep, pins, keep_every, holder, bare) for gen in listing.generations]
-        kept = _kept_by(run, listing.generations, policy, deep, pins, strict=shown["from"] == "flags")
+        kept = _kept_by(run, listing.generations, policy, deep, pins, strict=shown["from"] == "given")
         for row in rows:
             row["kept_by"] = kept.get(row["step"], [])
         readers = active_leases(path, own=lease)
@@ -58,18 +58,18 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
 
 
 def _ls_policy(path: "str | os.PathLike[str]", given: Policy) -> tuple[Policy, dict[str, Any]]:
-    """The policy whose rules ``ls`` shows: the one given (flags), else the one the run's writer
-    recorded (spec/RUN.md §5.6), else none; with what ``ls`` says of it (``from``, ``retention``,
+    """The policy whose rules ``ls`` shows: the one given, else the one the run's writer
+    recorded (spec/RUN.md §5.6), else none; with what ``ls`` says of it (``from``: ``given``,
+    ``.policy.json`` or None; ``retention``: its rules, None where every generation is kept;
     ``problem`` for a damaged record)."""
     if given.has_rule:
-        return given, {"from": "flags", "retention": given.to_json()}
+        return given, {"from": "given", "retention": given.to_json()}
     try:
-        recorded = recorded_policy(path)
+        found, recorded = recorded_policy(path)
     except SidecarError as exc:
         return given, {"from": None, "retention": None, "problem": str(exc)}
-    if recorded is None:
-        return given, {"from": None, "retention": None}
-    return recorded, {"from": POLICY, "retention": recorded.to_json()}
+    shown = {"from": POLICY if found else None, "retention": recorded.to_json() if recorded else None}
+    return recorded or given, shown
 
 
 def skipped(path: Path, why: str) -> str:

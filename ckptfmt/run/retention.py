@@ -10,14 +10,15 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping
+from typing import Any, Callable, Iterable, Mapping
 
-__all__ = ["Candidate", "Plan", "Policy", "candidate", "parse_duration", "plan", "plan_retention"]
+__all__ = ["Candidate", "Plan", "Policy", "candidate", "candidate_for", "ordering", "parse_duration", "plan",
+           "plan_retention"]
 
 DURATION = re.compile(r"([1-9][0-9]*)([smhd])")
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MODES = ("min", "max")
-RULES = ("keep_last", "keep_every", "keep_best", "metric", "keep_within", "keep_interval")
+FIELDS = ("keep_last", "keep_every", "keep_best", "metric", "keep_within", "keep_interval")   # as recorded
 
 
 def parse_duration(text: str) -> int:
@@ -49,8 +50,8 @@ class Policy:
     metric: str | None = None
     mode: str = "min"
     keep_missing: bool = True
-    keep_within: int | None = None
-    keep_interval: int | None = None
+    keep_within: int | str | None = None      # seconds once made
+    keep_interval: int | str | None = None
 
     def __post_init__(self) -> None:
         for name in ("keep_within", "keep_interval"):
@@ -73,7 +74,7 @@ class Policy:
 
     def to_json(self) -> dict[str, Any]:
         """The rules that are on, as the run's policy sidecar records them (spec/RUN.md §5.6)."""
-        doc = {name: getattr(self, name) for name in RULES if getattr(self, name) is not None}
+        doc = {name: getattr(self, name) for name in FIELDS if getattr(self, name) is not None}
         if self.keep_best is not None:
             doc.update(mode=self.mode, keep_missing=self.keep_missing)
         return doc
@@ -81,7 +82,7 @@ class Policy:
     @classmethod
     def from_json(cls, doc: Any) -> "Policy":
         """The policy ``to_json`` wrote; ``ValueError`` for what is not one."""
-        if not isinstance(doc, dict) or set(doc) - set(RULES) - {"mode", "keep_missing"}:
+        if not isinstance(doc, dict) or set(doc) - set(FIELDS) - {"mode", "keep_missing"}:
             raise ValueError(f"not a retention policy: {doc!r}")
         try:
             return cls(**doc)
@@ -147,12 +148,19 @@ def _reasons(policy: Policy, gens: list[Candidate]) -> Iterable[tuple[int, str]]
         yield from _by_time(policy, gens)
 
 
+def ordering(mode: str) -> int:
+    """1 when the smallest value is best (``min``), -1 when the largest is (``max``): a value
+    ``a`` is better than ``b`` when ``ordering(mode) * a < ordering(mode) * b``. NaN and inf are
+    never best; callers leave them out first."""
+    return 1 if mode == "min" else -1
+
+
 def _best(policy: Policy, gens: list[Candidate]) -> Iterable[tuple[int, str]]:
     """The best ``keep_best`` finite values of ``metric`` (ties: the newer first); generations
     without the metric while ``keep_missing``."""
     metric = policy.metric
     finite = [g for g in gens if metric in g.metrics and math.isfinite(g.metrics[metric])]
-    sign = 1 if policy.mode == "min" else -1
+    sign = ordering(policy.mode)
     ranked = sorted(finite, key=lambda g: (sign * g.metrics[metric], -g.step))
     yield from ((g.step, f"best {metric}") for g in ranked[:policy.keep_best])
     if policy.keep_missing:
@@ -186,6 +194,12 @@ def candidate(step: int, manifest: Mapping[str, Any] | None) -> Candidate:
     created = _number(doc.get("created"))
     return Candidate(step, {k: v for k, v in values.items() if v is not None},
                      created if created is not None and math.isfinite(created) else None)
+
+
+def candidate_for(policy: Policy, step: int, manifest: Callable[[], Mapping[str, Any] | None]) -> Candidate:
+    """The ``Candidate`` of ``step`` for ``policy``: with its manifest's metrics and commit time
+    (``manifest()``, read only then) where a rule reads them, else the step alone."""
+    return candidate(step, manifest()) if policy.needs_manifests else Candidate(step)
 
 
 def _number(value: Any) -> float | None:

@@ -53,20 +53,25 @@ def record_policy(directory: "str | os.PathLike[str]", retention: Policy | None,
     generation without being told."""
     doc = {"by": by, "retention": retention.to_json() if retention is not None else None,
            "saving": saving.to_json() if saving is not None else None}
-    if read_json(Path(directory) / POLICY, default=None) != doc:
+    try:
+        same = read_json(Path(directory) / POLICY, default=None) == doc
+    except SidecarError:        # a damaged record says nothing: replaced by what is true now
+        same = False
+    if not same:
         write_json(Path(directory) / POLICY, doc)
 
 
-def recorded_policy(directory: "str | os.PathLike[str]") -> Policy | None:
-    """The retention policy the run's writer recorded, None if none did (or it keeps every
-    generation); a sidecar that holds no policy is a ``SidecarError`` naming it."""
+def recorded_policy(directory: "str | os.PathLike[str]") -> tuple[bool, Policy | None]:
+    """(whether the run's writer recorded a policy, the retention policy it recorded: None when
+    it keeps every generation); a sidecar that holds no policy record is a ``SidecarError``
+    naming it."""
     path = Path(directory) / POLICY
     doc = read_json(path, default=None)
     if doc is None:
-        return None
+        return False, None
     try:
         rules = doc["retention"]
-        return None if rules is None else Policy.from_json(rules)
+        return True, None if rules is None else Policy.from_json(rules)
     except (KeyError, TypeError, ValueError) as exc:
         raise SidecarError(str(path), f"not a policy record: {exc}") from None
 

@@ -9,6 +9,7 @@ an index of their digests, then retention at the destination (the pure policy of
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -19,9 +20,9 @@ from .. import companion, facts, fingerprint
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import CheckpointError, FingerprintMismatchError, RemoteError, UnsupportedSetupError
-from ..run import PINS, PIVOT, SAMPLES, STATE, Generation, Run, check_generation
-from ..run.generations import non_finite
-from ..run.retention import Candidate, Policy, candidate, plan
+from ..run import PINS, PIVOT, POLICY, SAMPLES, STATE, Generation, Run, check_generation
+from ..run.generations import manifest_of, non_finite
+from ..run.retention import Candidate, Policy, candidate_for, plan
 from ..run.lease import ReadLease
 from ..run import history as hist
 from ..run import mirrors
@@ -29,7 +30,8 @@ from .remote import Progress, Remote, RemoteGeneration, payload
 
 __all__ = ["INDEX", "SIDECARS", "mirror"]
 
-SIDECARS = (hist.NAME, PINS, PIVOT, STATE, SAMPLES)   # what a resume reads besides the generation
+SIDECARS = (hist.NAME, PINS, PIVOT, STATE, SAMPLES, POLICY)   # what a resume reads besides the generation, and
+                                                              # the policy its writer ran with (for ls there)
 INDEX = ".mirror-index.json"                          # at the destination: the sidecars' digests
 
 
@@ -37,7 +39,7 @@ def mirror(run_dir: "str | os.PathLike[str]", url: str, *, retention: Policy | N
            recheck: bool = True, progress: Progress = None) -> dict[str, Any]:
     """One pass: upload every committed local generation the destination lacks (or holds
     damaged), then the sidecars, then apply ``retention`` there (None: keep every generation;
-    the same plan as local ``gc``, spec/RUN.md §10.9). ``recheck`` reads back the
+    the same plan as local ``gc``, spec/RUN.md §10.5). ``recheck`` reads back the
     generations already at the destination too (a damaged one is replaced); without it they
     are trusted when their manifest and sizes match.
 
@@ -103,16 +105,10 @@ def _candidates(policy: Policy | None, local: dict[int, Generation], there: dict
     manifest's metrics and commit time where a rule reads them (the local manifest, else the
     destination's)."""
     steps = sorted(set(local) | {s for s, g in there.items() if g.committed})
-    if policy is None or not policy.needs_manifests:
+    if policy is None:
         return [Candidate(s) for s in steps]
-    return [candidate(s, _local_doc(local[s]) if s in local else _remote_doc(remote, s)) for s in steps]
-
-
-def _local_doc(gen: Generation) -> dict[str, Any] | None:
-    try:
-        return mf.read(gen.manifest)
-    except (CheckpointError, OSError):
-        return None
+    return [candidate_for(policy, s, lambda s=s: manifest_of(local[s]) if s in local else _remote_doc(remote, s))
+            for s in steps]
 
 
 def _remote_doc(remote: Remote, step: int) -> dict[str, Any] | None:
@@ -231,10 +227,10 @@ def _prune(remote: Remote, policy: Policy, pins: list[int]) -> list[int]:
     """Retention at the destination over its committed generations; the newest and the newest
     finite one are protected, as locally."""
     there = {s: g for s, g in remote.listing().items() if g.committed}
-    docs = {s: _remote_doc(remote, s) for s in there}
-    candidates = [candidate(s, docs[s]) if policy.needs_manifests else Candidate(s) for s in sorted(there)]
+    doc = functools.lru_cache(maxsize=None)(lambda step: _remote_doc(remote, step))   # each read once, if at all
+    candidates = [candidate_for(policy, s, lambda s=s: doc(s)) for s in sorted(there)]
     doomed = _doomed(candidates, policy, pins, max(there, default=None),
-                     _newest_finite(there, lambda s: _diverged(docs[s])))
+                     _newest_finite(there, lambda s: _diverged(doc(s))))
     for step in sorted(doomed):
         _remove_generation(remote, step, there[step])
     return sorted(doomed)

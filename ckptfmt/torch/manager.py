@@ -27,8 +27,8 @@ from typing import Any, Mapping
 
 import torch
 
-from ..errors import ConfigMismatchError
-from ..run import Policy, Run, RunLock, SaveClock, SavePolicy, record_policy
+from ..errors import CheckpointError, ConfigMismatchError
+from ..run import Run, RunLock, SaveClock, SavePolicy, record_policy
 from ..run.saving import best_in_history
 from . import adapter, handlers, optim, ranks, refusals, rng
 from . import restore as restoring
@@ -65,14 +65,14 @@ class CheckpointManager:
     def __init__(self, directory: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: Any = None, scaler: Any = None, *, state: Mapping[str, Any] | None = None,
                  generators: Mapping[str, Any] | None = None, every: Any = refusals.UNSET,
-                 keep_last: Any = refusals.UNSET, keep_every: int | None = None, retention: Policy | None = None,
+                 keep_last: Any = refusals.UNSET, keep_every: int | None = None, retention: Any = refusals.UNSET,
                  saving: SavePolicy | None = None, async_save: bool = False,
                  handle_signals: bool = True, config: Any = None, mirror: str | None = None, **hooks: Any):
         """``directory`` is a run directory (created if needed) or a ``Run``. ``every`` (default
         100) saves every N steps, ``every=None`` only on request and at ``close``; ``keep_last``
         (default 3) and ``keep_every`` are the retention of the last K and every N-th step,
-        ``keep_last=None`` keeps every generation. ``retention=Policy(...)`` instead of them
-        composes every rule (the best K by a metric, time windows; spec/RUN.md §5.1), and
+        ``keep_last=None`` alone keeps every generation. ``retention=Policy(...)`` instead of them
+        (``retention=None``: keep every generation) composes every rule (the best K by a metric, time windows; spec/RUN.md §5.1), and
         ``saving=SavePolicy(...)`` instead of ``every`` saves on a step cadence, on wall time and
         on a new best of a metric (§5.5); the run records both in ``.policy.json`` (§5.6).
         """
@@ -95,8 +95,8 @@ class CheckpointManager:
         locked = self.rank == 0 and hooks.get("lock", True)
         self._lock = RunLock(self.run.path, purpose="checkpoint manager").acquire() if locked else None
         self._dropped = handlers.release_when_collected(self, self._lock)
-        self._policy_recorded = self.rank != 0        # rank 0 records it with its first save
-        self._clock = SaveClock(self.saving, now=time.monotonic())
+        self._policy_recorded = self.rank != 0        # rank 0 records it at the first step
+        self._clock = SaveClock(self.saving)
         self._saver = Saver(self.run, asynchronous=async_save, sharded=self.world > 1,
                             after_commit=self._committed)
         self._mirror = _start_mirror(self, mirror) if mirror and self.rank == 0 else None
@@ -109,6 +109,7 @@ class CheckpointManager:
         self._last_step: int | None = None    # the newest step restored or given to step()
         self._resumed_at: int | None = None
         self._checked = False                 # the run's generations looked at (restore, first step)
+        self._unreported_said = False         # a policy's metric not reported: said once
 
     # ------------------------------------------------------------ driving
     def request_save(self) -> None:
@@ -137,12 +138,14 @@ class CheckpointManager:
         self._metrics.record(step, values)
         if self.rank == 0:
             self.run.history.append(record)
+        self._record_policy()
         due = self._clock.due(step, values, now=time.monotonic())
         # the agreed decision; the local flags are only ever set here, never cleared by the
         # collective, so a signal that lands while it runs counts at the next step. The wall
-        # clock and the metric may differ between ranks: any rank's rule is every rank's save.
+        # clocks may differ between ranks: any rank's is every rank's save; a new best is rank
+        # 0's (the values its history records, where a resumed run's best comes from).
         stop, save, timed, best = ranks.agree(self._stop, self._save_requested, "interval" in due,
-                                              any(r.startswith("best ") for r in due))
+                                              self.rank == 0 and any(r.startswith("best ") for r in due))
         if save:
             self._save_requested = False
         self._stop = self._stop or stop
@@ -151,6 +154,18 @@ class CheckpointManager:
         if reason and self.committed != step:
             self.save(step, reason)
         return stop
+
+    def _record_policy(self) -> None:
+        """Rank 0, at the first step of a start that went through: the policies in
+        ``.policy.json`` (spec/RUN.md §5.6), for ``ls``. Best effort: a record that cannot be
+        written is said in the log, never a failed step."""
+        if self._policy_recorded:
+            return
+        self._policy_recorded = True
+        try:
+            record_policy(self.run.path, self.retention, self.saving)
+        except (CheckpointError, OSError) as exc:
+            self.log(f"the run's policy record was not written: {exc}")
 
     def _check_order(self, step: int) -> None:
         """Steps go forward from where the run is: a loop that restarts at 1 after ``restore()``,
@@ -179,9 +194,6 @@ class CheckpointManager:
         reshard(self.model)                 # FSDP2 after a sample: the optimizer's own tensors
         manifest, extra = self._manifest(step)
         refusals.strict_json(manifest)
-        if not self._policy_recorded:
-            record_policy(self.run.path, self.retention, self.saving)
-            self._policy_recorded = True
         self._saver.save(step, self.model, self.optimizer, manifest, extra)
         self.committed, self.last_save = step, (step, reason)
         self._clock.saved(time.monotonic())
@@ -286,6 +298,8 @@ class CheckpointManager:
         return out + [(f"state.{name}", obj) for name, obj in self.state.items()]
 
     def _committed(self, step: int, manifest: dict[str, Any]) -> None:
+        if self.rank == 0:
+            self._say_unreported(manifest)
         if self.retention is not None and self.rank == 0:
             deleted = self.run.gc(self.retention)
             if deleted:
@@ -294,6 +308,18 @@ class CheckpointManager:
             self.on_commit(step, manifest)
         if self._mirror is not None:
             self._mirror.on_commit(step, manifest)     # wakes the mirror's thread; returns at once
+
+    def _say_unreported(self, manifest: dict[str, Any]) -> None:
+        """Once: a metric the policies name that the generation does not record (not reported
+        yet, e.g. before the first evaluation, or misspelled: nothing else would say so)."""
+        recorded = manifest.get("metrics") or {}
+        names = [m for m in (self.retention.metric if self.retention else None, self.saving.on_best) if m]
+        missing = sorted({m for m in names if m not in recorded})
+        if missing and not self._unreported_said:
+            self._unreported_said = True
+            self.log(f"{self.run.path}: metric {', '.join(missing)} not reported to step() yet (reported: "
+                     f"{', '.join(sorted(recorded)) or 'none'}); until it is, retention keeps generations "
+                     "as 'no <metric>' and no save is made on its best")
 
     # ------------------------------------------------------------ restore
     def restore(self, source: Any = None, *, strict: bool = True, restore_rng: bool = True,
@@ -345,7 +371,7 @@ class CheckpointManager:
         self._metrics.seed(metrics)
         best = self.saving.on_best
         known = best_in_history(self.run.history.path, best, self.saving.mode, step) if best else None
-        self._clock = SaveClock(self.saving, now=time.monotonic(), best=known)
+        self._clock = SaveClock(self.saving, best=known)
 
     def log(self, message: str, *, info: bool = False) -> None:
         """Say what the manager decided: to the ``log`` hook; without one, a warning (an

@@ -14,29 +14,32 @@ from ..errors import SaveError
 from ..run import Policy, SavePolicy
 from . import adapter, optim
 
-UNSET: Any = type("Unset", (), {"__repr__": lambda self: "default"})()   # an argument not given
+UNSET: Any = type("Unset", (), {})()   # an argument not given
 
 HOOKS = ("manifest_fields", "on_restore", "upgrade", "on_commit", "log", "lock")
 
 
-def policies(every: Any, keep_last: Any, keep_every: int | None, retention: Policy | None,
-              saving: SavePolicy | None) -> tuple[Policy | None, SavePolicy]:
-    """(retention, save policy) of the manager's arguments: ``retention`` or the step-only
-    ``keep_last``/``keep_every`` (None: every generation is kept), ``saving`` or ``every``."""
-    if retention is not None and (keep_last is not UNSET or keep_every is not None):
+def policies(every: Any, keep_last: Any, keep_every: int | None, retention: Any,
+             saving: SavePolicy | None) -> tuple[Policy | None, SavePolicy]:
+    """(retention, save policy) of the manager's arguments: ``retention`` (None: every
+    generation is kept) or the step-only ``keep_last`` (default 3; None: no last-K rule) and
+    ``keep_every``; ``saving`` or ``every`` (default 100)."""
+    if retention is not UNSET and (keep_last is not UNSET or keep_every is not None):
         raise TypeError("CheckpointManager: give retention=Policy(...) or keep_last/keep_every, not both")
     if saving is not None and every is not UNSET:
         raise TypeError("CheckpointManager: give saving=SavePolicy(...) or every, not both")
-    for name, value in (("retention", retention), ("saving", saving)):
-        kind = Policy if name == "retention" else SavePolicy
-        if value is not None and not isinstance(value, kind):
+    for name, value, kind in (("retention", retention, Policy), ("saving", saving, SavePolicy)):
+        if value not in (None, UNSET) and not isinstance(value, kind):
             raise TypeError(f"CheckpointManager: {name} must be a {kind.__name__}, got {type(value).__name__}")
-    every, keep_last = (100 if every is UNSET else every), (3 if keep_last is UNSET else keep_last)
-    if (every is not None and every < 1) or (keep_last is not None and keep_last < 1):
-        raise ValueError(f"every and keep_last must be at least 1, got {every} and {keep_last}")
-    if retention is None and keep_last:
-        retention = Policy.by_count(keep_last, keep_every)
-    if retention is not None and not retention.has_rule:
+    every = 100 if every is UNSET else every
+    if every is not None and every < 1:
+        raise ValueError(f"every must be at least 1, got {every}")
+    if retention is UNSET:
+        keep_last = 3 if keep_last is UNSET else keep_last
+        if keep_last is not None and keep_last < 1:
+            raise ValueError(f"keep_last must be at least 1, got {keep_last}")
+        retention = Policy.by_count(keep_last, keep_every) if keep_last or keep_every else None
+    elif retention is not None and not retention.has_rule:
         raise ValueError("CheckpointManager: retention needs at least one keep rule (keep_last, keep_every, "
                          "keep_best, keep_within, keep_interval); None keeps every generation")
     return retention, saving or SavePolicy(every=every)

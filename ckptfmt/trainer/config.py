@@ -10,6 +10,8 @@ from typing import Any
 
 from ..errors import ConfigMismatchError
 
+METRICS = ("loss", "loss_ema", "lr", "tokens", "wall")   # what the reference trainer reports each step
+
 SOURCES = ("code", "topics", "docstrings")
 
 # Fields a polish pivot may change (seed: new caps & floors; the issue: a new lr schedule).

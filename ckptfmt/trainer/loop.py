@@ -71,7 +71,7 @@ class Trainer:
         self.cfg, self.flags = cfg, flags
         self.sample_every = sample_every
         self.saving = saving or SavePolicy(every=checkpoint_every or None)     # when the manager saves
-        self.retention = retention or (Policy.by_count(keep_last, keep_every) if keep_last else None)
+        self.retention = retention or (Policy.by_count(keep_last, keep_every) if keep_last or keep_every else None)
         self.loss_ema: float | None = None        # a metric beside the loss (LOSS_EMA), resumed from the manifest
         self.omit_rng_restore, self.log_every = omit_rng_restore, log_every
         self.allow_nonfinite = allow_nonfinite              # resume a diverged generation too
@@ -111,8 +111,8 @@ class Trainer:
         self.mgr = CheckpointManager(
             self.run, self.model, self.opt, self.sched, self.scaler,
             state={"data": checkpointing.DataState(self), "bandit": self.bandit_state},
-            generators={"bandit": self.bandit.rng}, saving=self.saving,
-            **({"retention": self.retention} if self.retention else {"keep_last": None}), async_save=self.async_save,
+            generators={"bandit": self.bandit.rng}, saving=self.saving, retention=self.retention,
+            async_save=self.async_save,
             handle_signals=False, lock=False, config=cfg.to_dict(), log=self.log, mirror=self.mirror,
             manifest_fields=self.facts, on_restore=self._check_resume, on_commit=self._after_commit,
             upgrade=checkpointing.upgrade)
@@ -217,7 +217,8 @@ class Trainer:
         self.sched.step()
         self.bandit.update(source, float(loss.item()))
         value = mean_over_ranks(loss)          # the history records the mean loss over the ranks
-        self.loss_ema = value if self.loss_ema is None else LOSS_EMA * self.loss_ema + (1 - LOSS_EMA) * value
+        ema = self.loss_ema                    # restarts from a value after a non-finite one
+        self.loss_ema = value if ema is None or not math.isfinite(ema) else LOSS_EMA * ema + (1 - LOSS_EMA) * value
         return {"step": step, "loss": encode_float(value), "loss_ema": encode_float(self.loss_ema), "lr": lr,
                 "source": source,
                 "tokens": step * self.cfg.batch * self.cfg.ctx, "ids": ids,
