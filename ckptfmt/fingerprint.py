@@ -14,14 +14,17 @@ ALGORITHM = "blake3"
 CHUNK = 16 << 20
 
 
-def mismatch(claimed: str, digest: str, what: str = "file") -> str:
+def mismatch(claimed: str, digest: str, what: str = "file", by: str = "manifest") -> str:
     """The one wording of a hash that is not the committed one, wherever it is found (a file, a
-    shard, a companion): what was claimed first, then what the bytes hash to.
+    shard, a companion): what ``by`` (the manifest, a commit record) claimed first, then what
+    the bytes hash to.
 
     >>> mismatch("ab", "cd", "shard")
     'blake3 mismatch: manifest says ab, shard hashes to cd'
+    >>> mismatch("ab", "cd", by="record")
+    'blake3 mismatch: record says ab, file hashes to cd'
     """
-    return f"{ALGORITHM} mismatch: manifest says {claimed}, {what} hashes to {digest}"
+    return f"{ALGORITHM} mismatch: {by} says {claimed}, {what} hashes to {digest}"
 
 
 def hasher(threads: int = 1) -> "blake3.blake3":

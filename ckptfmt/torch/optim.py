@@ -34,6 +34,7 @@ def kind(optimizer: torch.optim.Optimizer) -> str:
     ...
     ckptfmt.errors.UnsupportedOptimizerError: Adagrad keeps state the seed layout cannot hold; supported: Adam, AdamW (without amsgrad) and SGD (momentum or none)
     """
+    optimizer = unwrapped(optimizer)
     name = type(optimizer).__name__
     if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW, torch.optim.SGD):
         raise UnsupportedOptimizerError(None, f"{name} keeps state the seed layout cannot hold; "
@@ -42,6 +43,41 @@ def kind(optimizer: torch.optim.Optimizer) -> str:
         raise UnsupportedOptimizerError(None, f"{name} with amsgrad keeps a third moment the seed "
                                               f"layout cannot hold; supported: {SUPPORTED}")
     return name
+
+
+def unwrapped(optimizer: torch.optim.Optimizer) -> torch.optim.Optimizer:
+    """The optimizer a wrapper holds, where the wrapper is only a view of it: accelerate's
+    ``AcceleratedOptimizer`` (what ``Accelerator.prepare`` returns) keeps the real one as
+    ``.optimizer`` and hands out its very ``state`` and ``param_groups``, so mapping the wrapper
+    is mapping the one inside. Known by that sharing, not by class name; anything else is itself.
+
+    >>> class View(torch.optim.Optimizer):
+    ...     def __init__(self, inner): self.optimizer = inner
+    ...     state = property(lambda self: self.optimizer.state)
+    ...     param_groups = property(lambda self: self.optimizer.param_groups)
+    >>> inner = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(2))])
+    >>> unwrapped(View(inner)) is inner, kind(View(inner))
+    (True, 'AdamW')
+    """
+    seen = 0
+    while seen < 8 and isinstance(getattr(optimizer, "optimizer", None), torch.optim.Optimizer):
+        inner = optimizer.optimizer
+        if getattr(optimizer, "state", None) is not inner.state or \
+                getattr(optimizer, "param_groups", None) is not inner.param_groups:
+            break                           # a wrapper with state of its own: itself, refused by kind
+        optimizer, seen = inner, seen + 1
+    return optimizer
+
+
+def scheduler_type(scheduler: Any) -> str:
+    """The class name a manifest records for a scheduler (``scheduler_type``): the one inside
+    accelerate's ``AcceleratedScheduler`` (``.scheduler``, whose ``state_dict`` it hands out),
+    so a run saved under accelerate resumes in a plain loop and the reverse."""
+    inner = getattr(scheduler, "scheduler", None)
+    if inner is not None and callable(getattr(inner, "state_dict", None)) \
+            and not isinstance(scheduler, torch.optim.lr_scheduler.LRScheduler):
+        return scheduler_type(inner)
+    return type(scheduler).__name__
 
 
 # ---------------------------------------------------------------- names

@@ -28,13 +28,15 @@ UNVERIFIED = "unverified: a foreign file carries no digest of its own"
 
 
 def import_foreign(src: str, kind: str, loaded: Any, dst: str, verify: bool,
-                   groups: "list[list[str]] | None" = None, groups_file: str = "--groups") -> ConvertReport:
-    """``loaded`` (what ``torch.load`` gave, or the ``TensorFile``) as a committed ``.bin``;
-    ``groups``: each param group's parameter names, from the ``--groups`` file."""
-    if kind != "pt" and groups is not None:
+                   groups: "list[list[str]] | None" = None, groups_file: str = "--groups",
+                   checked: str = UNVERIFIED) -> ConvertReport:
+    """``loaded`` (what ``torch.load`` gave, the ``TensorFile``, or a Hugging Face directory as
+    ``convert.hf.load`` gave it: kind ``hf``) as a committed ``.bin``; ``groups``: each param
+    group's parameter names, from the ``--groups`` file; ``checked``: how the source was checked."""
+    if kind not in ("pt", "hf") and groups is not None:
         raise UnsupportedConversionError(groups_file, "--groups names an optimizer's param groups: a "
                                                       "safetensors file has no optimizer")
-    state = torchsave(src).to_state(loaded, src, groups, groups_file) if kind == "pt" \
+    state = torchsave(src).to_state(loaded, src, groups, groups_file) if kind in ("pt", "hf") \
         else safetensors.foreign_state(src, loaded)
     result = statemap.write_bin(state, dst, src)
     how = "skipped"
@@ -44,12 +46,20 @@ def import_foreign(src: str, kind: str, loaded: Any, dst: str, verify: bool,
             discard(dst)
             raise ConvertError(dst, f"round trip failed: {where} differs after converting back")
         how = "bytes"
-    return ConvertReport(src, dst, kind, "bin", result.step, result.n_params, verdict(UNVERIFIED, how),
-                         result.blake3, os.path.getsize(src), result.size, UNVERIFIED, how)
+    said = verdict("manifest" if checked.startswith("verified") else checked, how)   # a record: its digests
+    return ConvertReport(src, dst, kind, "bin", result.step, result.n_params, said, result.blake3, _size(src),
+                         result.size, checked, how)
+
+
+def _size(path: str) -> int:
+    """Bytes of a file, or of every file under a directory (a Hugging Face checkpoint)."""
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
 
 
 def _difference(kind: str, loaded: Any, state: State, back: State, src: str) -> str | None:
-    if kind == "pt":
+    if kind in ("pt", "hf"):
         ts = torchsave(src)
         return ts.difference(loaded, ts.from_state(back, src))
     return _tensors_difference(state, back)

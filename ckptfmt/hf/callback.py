@@ -1,0 +1,287 @@
+"""``Checkpointing``: a ``transformers.TrainerCallback`` that saves on SIGTERM and SIGUSR1 through
+the Trainer's own flags and commits every ``checkpoint-N`` the Trainer writes (spec/RUN.md §12).
+
+Which hook runs when, and what it touches (transformers 5.x):
+
+- ``on_init_end`` (in ``Trainer.__init__``): refuses ``save_total_limit`` (the Trainer's own
+  rotation by mtime; retention here is ``retention=Policy(...)``), naming it.
+- ``on_train_begin``: refuses a hyper-parameter search (the Trainer writes ``run-{trial}/``
+  there), clears requests left by a ``train()`` that raised, installs the SIGTERM and SIGUSR1
+  handlers (main thread only; they set a flag and return; a signal that arrives when no
+  ``train()`` runs, after one raised, goes to the handler that was there before) and makes the
+  Trainer's ``control.should_save`` hold a requested save and read false until the first step
+  (a save then would rewrite the checkpoint resumed from).
+- ``on_step_end`` (every rank, once per optimizer step, after the Trainer's flow callback): the
+  flags of every rank are all-reduced into one decision (a signal reaches one process); a
+  requested save sets ``control.should_save`` (held: an evaluation under
+  ``save_strategy="best"`` that overwrites it cannot drop it) and SIGTERM also
+  ``control.should_training_stop``. The Trainer then saves ``checkpoint-N`` itself and stops.
+  Where a save follows and ``checkpoint-N`` is already there (a lost timeline's, committed or
+  half-written: the run resumed from an earlier one), rank 0 removes it first, record first, so
+  it is never committed while the Trainer rewrites it; a barrier. ``on_epoch_end`` the same, and
+  ``on_evaluate`` under ``save_strategy="best"``.
+- ``on_save`` (every rank, after the Trainer wrote ``checkpoint-N``): a barrier (each rank writes
+  its ``rng_state_K.pth``), then rank 0 fsyncs every file and the directory and writes the
+  commit record last, durably; retention runs after it; a second barrier. The held request
+  is released, and ``should_save`` reads false until the next step begins: ``checkpoint-N`` is
+  written once (``on_epoch_end`` after a stop would ask again).
+- ``on_train_end``: the previous signal handlers are back (one installed outside Python cannot
+  be: ours stays, and drops what arrives after training); ``stopped_by_signal`` says why ``train()`` returned
+  early (None: it ran to the end), a SIGTERM after the last step included.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import threading
+import warnings
+from pathlib import Path
+from types import CodeType, FrameType
+from typing import Any
+
+import torch.distributed as dist
+import transformers
+from transformers import TrainerCallback
+
+from ..errors import UnsupportedSetupError
+from ..run.retention import Policy
+from ..tools import hfdir, hfrun
+from ..torch import optim
+from ..torch.distributed import any_rank, rank_world
+
+__all__ = ["Checkpointing"]
+
+PENDING = "_ckptfmt_save"                  # the held request, in the control's own __dict__
+SAVED = "_ckptfmt_saved"                   # checkpoint-N of this step is written: no second save
+
+
+class _Held:
+    """Mixed into the Trainer's ``TrainerControl`` class: ``should_save`` reads true while a
+    requested save is pending, whatever the Trainer assigns to it meanwhile, and false once this
+    step's checkpoint is written (``SAVED``, until the next step begins). Pickled and copied as
+    the plain class it extends."""
+
+    @property
+    def should_save(self) -> bool:
+        own = self.__dict__
+        return not own.get(SAVED, False) and bool(own.get("should_save", False) or own.get(PENDING, False))
+
+    @should_save.setter
+    def should_save(self, value: bool) -> None:
+        self.__dict__["should_save"] = value
+
+    def __reduce_ex__(self, protocol: Any) -> tuple[Any, ...]:
+        base = next(c for c in type(self).__mro__ if not issubclass(c, _Held))
+        state = {k: v for k, v in self.__dict__.items() if k not in (PENDING, SAVED)}
+        return base, (), state             # TrainerControl(): every field has a default
+
+
+class TrainerControl(_Held, transformers.TrainerControl):
+    """transformers' ``TrainerControl`` that holds a requested save; keeps its name, under which
+    the Trainer stores the control's state (``stateful_callbacks["TrainerControl"]``)."""
+
+
+_HELD: dict[type, type] = {transformers.TrainerControl: TrainerControl}
+
+
+def hold(control: Any) -> Any:
+    """``control`` with a ``should_save`` that holds a pending request (its class keeps its
+    name: the Trainer stores the control's state under it)."""
+    if not isinstance(control, _Held):
+        cls = type(control)
+        if cls not in _HELD:                # a subclass of the Trainer's own: made once
+            _HELD[cls] = type(cls.__name__, (_Held, cls), {"__module__": cls.__module__})
+        control.__class__ = _HELD[cls]
+    return control
+
+
+class Checkpointing(TrainerCallback):
+    """Trainer(..., callbacks=[ckptfmt.hf.Checkpointing()]): SIGTERM saves at the end of the
+    current step and stops (``train()`` returns; ``stopped_by_signal`` is ``"SIGTERM"``);
+    SIGUSR1 saves and goes on; every ``checkpoint-N`` is committed by its record.
+
+    ``retention=Policy(keep_last=3)`` (or ``keep_best`` with ``metric="eval_loss"``) deletes
+    committed checkpoints the policy does not keep, never the newest valid one, the newest
+    finite one, nor ``state.best_model_checkpoint``; ``signals=()`` installs no handlers.
+    """
+
+    def __init__(self, *, retention: Policy | None = None,
+                 signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)):
+        if retention is not None and not isinstance(retention, Policy):
+            raise TypeError(f"Checkpointing: retention must be a ckptfmt.run.Policy, got {type(retention).__name__}")
+        if retention is not None and not retention.has_rule:
+            raise UnsupportedSetupError(None, "Checkpointing(retention=Policy()): no keep rule (keep_last, "
+                                              "keep_every, keep_best, keep_within, keep_interval); it would delete "
+                                              "all but the guarded checkpoints")
+        self.retention, self.signals = retention, tuple(signals)
+        self.stopped_by_signal: str | None = None      # "SIGTERM" when train() returned because of it
+        self.committed: list[str] = []                # checkpoint directories committed, in order
+        self.deleted: list[int] = []                  # steps retention deleted
+        self.diverged: list[str] = []                 # committed checkpoints whose weights hold NaN/inf
+        self._requests: set[str] = set()              # "stop", "save": what signals asked since the last step
+        self._previous: dict[int, Any] = {}           # the handlers ours replaced, to put back
+        self._loop: CodeType | None = None            # the Trainer's training loop while train() runs
+
+    # ------------------------------------------------------------ signals
+    def request_save(self) -> None:
+        """Save at the end of the current step and go on (what SIGUSR1 does)."""
+        self._requests.add("save")
+
+    def request_stop(self) -> None:
+        """Save at the end of the current step and stop (what SIGTERM does)."""
+        self._requests.add("stop")
+
+    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if not self._training(frame):
+            self._pass_on(signum, frame)
+        elif signum == signal.SIGUSR1:
+            self.request_save()
+        else:
+            self.request_stop()
+
+    def _training(self, frame: FrameType | None) -> bool:
+        """Whether the frame a signal interrupted runs inside the training loop of ``train()``
+        (not after it returned or raised)."""
+        if self._loop is None or frame is None:
+            return self._loop is not None
+        while frame is not None and frame.f_code is not self._loop:
+            frame = frame.f_back
+        return frame is not None
+
+    def _pass_on(self, signum: int, frame: FrameType | None) -> None:
+        """No training runs (a ``train()`` raised past ``on_train_end``): the handlers that were
+        there before are back, and this signal goes to its own (the default one raised again)."""
+        previous = self._previous.get(signum)
+        self._restore()
+        if callable(previous):
+            previous(signum, frame)
+        elif previous == signal.SIG_DFL:
+            signal.raise_signal(signum)
+
+    def _restore(self) -> None:
+        """The previous handlers back; one installed outside Python (``signal()`` returned None)
+        cannot be: ours stays, and drops the signals that arrive while no training runs."""
+        self._loop = None
+        for sig, handler in list(self._previous.items()):
+            if handler is not None:
+                signal.signal(sig, handler)
+                del self._previous[sig]
+
+    def _install(self) -> None:
+        self._loop = _training_loop()
+        for sig in self.signals:
+            previous = signal.signal(sig, self._on_signal)
+            self._previous.setdefault(sig, previous)   # a train() that raised left ours: not "previous"
+
+    # ------------------------------------------------------------ hooks
+    def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """In ``Trainer.__init__``: ``save_total_limit`` refused (``refuse_rotation``)."""
+        refuse_rotation(args)
+
+    def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Requests cleared, signal handlers installed (main thread), ``control.should_save``
+        made to hold requests and read false until the first step."""
+        refuse_rotation(args)
+        if getattr(state, "is_hyper_param_search", False):
+            raise UnsupportedSetupError(args.output_dir, "hyperparameter_search: the Trainer saves into run-{trial}/ "
+                                        "there; ckptfmt.hf.Checkpointing commits checkpoint-N of one run")
+        hold(control).__dict__[SAVED] = True
+        self.stopped_by_signal = None
+        self._requests = set()
+        if threading.current_thread() is threading.main_thread():
+            self._install()
+
+    def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """A new step: its checkpoint is not written yet."""
+        hold(control).__dict__.pop(SAVED, None)
+
+    def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Every rank's requests all-reduced into one decision: save (held), and stop after SIGTERM."""
+        hold(control)
+        requests, self._requests = self._requests, set()   # taken first: a signal after counts next step
+        stop, save = any_rank("stop" in requests, "save" in requests)  # one agreed decision on every rank
+        if stop or save:
+            control.__dict__[PENDING] = True
+        if stop:
+            control.should_training_stop = True
+            self.stopped_by_signal = "SIGTERM"
+        self._prepare(args, state, control.should_save)
+
+    def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """A save the flow callback asks for at the epoch's end: prepared as at a step's end."""
+        self._prepare(args, state, hold(control).should_save)
+
+    def on_evaluate(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """Under ``save_strategy="best"`` a save may follow an evaluation, with no hook between."""
+        if self._loop is not None and str(getattr(args, "save_strategy", "")).endswith("best"):
+            self._prepare(args, state, not hold(control).__dict__.get(SAVED, False))
+
+    def on_save(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
+                **kwargs: Any) -> None:
+        """After the Trainer wrote ``checkpoint-N``: barrier, rank 0 commits it (and retention), barrier."""
+        directory = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
+        world = rank_world()[1]
+        if world > 1:
+            dist.barrier()                         # every rank's rng_state_K.pth is written
+        if state.is_world_process_zero:
+            self._commit(directory, state, model, optimizer)
+        if world > 1:
+            dist.barrier()
+        control.__dict__.pop(PENDING, None)
+        control.__dict__[SAVED] = True             # checkpoint-N is written once, until the next step
+
+    def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+        """A SIGTERM after the last step still counts; the previous signal handlers back."""
+        if any_rank("stop" in self._requests)[0]:
+            self.stopped_by_signal = "SIGTERM"
+        self._requests = set()
+        self._restore()
+
+    # ------------------------------------------------------------ commit
+    def _prepare(self, args: Any, state: Any, saving: bool) -> None:
+        """Before the Trainer writes ``checkpoint-N`` (``saving``): a directory of that name it
+        did not write in this run (a lost timeline's) is removed, record first, by rank 0, so it
+        is never committed while rewritten and none of its files is recorded as this save's."""
+        if not saving:
+            return
+        directory = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+        if state.is_world_process_zero and directory.is_dir() and not directory.is_symlink():
+            warnings.warn(f"{directory}: there before this save (a lost timeline's): removed first, "
+                          "so it is never committed while rewritten", stacklevel=2)
+            hfrun.remove(directory)
+        if rank_world()[1] > 1:
+            dist.barrier()                         # no rank writes into it before it is gone
+
+    def _commit(self, directory: str, state: Any, model: Any, optimizer: Any) -> None:
+        names = optim.members(model, optimizer) if model is not None and optimizer is not None else None
+        order = [name for name, _ in model.named_parameters()] if model is not None else None
+        record = hfdir.commit(directory, state.global_step, names, **({"parameters": order} if order else {}))
+        self.committed.append(directory)
+        if hfdir.non_finite(record):
+            self.diverged.append(directory)
+            warnings.warn(f"{directory}: its weights hold {hfdir.non_finite(record)} non-finite values "
+                          "(diverged): resume_path and retention pass it over", stacklevel=2)
+        if self.retention is not None:
+            self.deleted += hfrun.retain(os.path.dirname(directory), self.retention,
+                                         best=state.best_model_checkpoint)
+
+
+def _training_loop() -> CodeType | None:
+    """The code of the Trainer's loop that runs this hook: the first frame up the stack outside
+    this module and transformers' callback handler (a signal whose frame is not under it
+    arrived when no ``train()`` runs)."""
+    frame: FrameType | None = sys._getframe(1)
+    while frame is not None and frame.f_globals.get("__name__") in (__name__, "transformers.trainer_callback"):
+        frame = frame.f_back
+    return frame.f_code if frame is not None else None
+
+
+def refuse_rotation(args: Any) -> None:
+    """``save_total_limit`` rotates checkpoint directories by mtime, unaware of which are
+    committed, valid or finite: refused by name (retention is ``Checkpointing(retention=...)``)."""
+    if getattr(args, "save_total_limit", None) is not None:
+        raise UnsupportedSetupError(None, f"TrainingArguments.save_total_limit={args.save_total_limit}: the "
+                                          "Trainer's rotation would delete checkpoints without checking them; "
+                                          "set save_total_limit=None and give ckptfmt.hf.Checkpointing("
+                                          "retention=Policy(keep_last=K))")

@@ -1,0 +1,307 @@
+"""A Hugging Face Trainer's output directory (``checkpoint-N`` directories, each committed by
+its ckptfmt record, spec/RUN.md §12): which one to resume, retention with the run layer's
+``Policy``, and what ``validate``, ``ls`` and ``inspect`` say of it. Torch-free.
+
+>>> import tempfile, pathlib
+>>> out = pathlib.Path(tempfile.mkdtemp())
+>>> for n in (5, 10):
+...     d = out / f"checkpoint-{n}"; d.mkdir(); _ = (d / "trainer_state.json").write_text("{}")
+...     _ = hfdir.commit(d, n)
+>>> _ = (out / "checkpoint-10" / "trainer_state.json").write_text("[1]")
+>>> path, skipped = choose(out)
+>>> path.endswith("checkpoint-5"), skipped[0][1]
+(True, 'trainer_state.json: size 3, the record says 2')
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import time
+import warnings
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from .. import atomic, fsio, kinds
+from ..errors import CheckpointError, NoValidGenerationError, UnsupportedSetupError
+from ..run.lease import honoured
+from ..run.retention import Policy, candidate, plan
+from ..tensorfile import TensorFile
+from . import hfdir
+from .report import Report
+from .stats import CHUNK, RegionStats
+
+__all__ = ["checkpoints", "choose", "deleting", "hf_kind", "inspect_hf", "ls_hf", "remove", "resume_path", "retain",
+           "sweep_deleting", "validate_hf"]
+
+DELETING = ".ckptfmt-deleting."           # a checkpoint being removed: renamed first, never half there
+
+
+def hf_kind(path: "str | os.PathLike[str]") -> str | None:
+    """'hf-run' or 'hf-checkpoint' when ``path`` is a Trainer's output or checkpoint directory."""
+    try:
+        name = kinds.sniff(path).name
+    except (OSError, CheckpointError):
+        return None
+    return name if name in ("hf-run", "hf-checkpoint") else None
+
+
+def checkpoints(output_dir: "str | os.PathLike[str]") -> list[tuple[int, Path]]:
+    """(step, path) of every ``checkpoint-N`` directory (not a symlink), newest first."""
+    out = []
+    for entry in os.scandir(output_dir):
+        step = hfdir.step_of_dir(entry.name)
+        if step is not None and entry.is_dir(follow_symlinks=False):
+            out.append((step, Path(entry.path)))
+    return sorted(out, reverse=True)
+
+
+def choose(output_dir: "str | os.PathLike[str]", *, allow_nonfinite: bool = False,
+           deep: bool = True) -> tuple[str | None, list[tuple[str, str]]]:
+    """(the newest checkpoint directory that verifies, and is finite unless ``allow_nonfinite``;
+    [(each newer one skipped, why)]). None when there is none."""
+    skipped = []
+    for _, path in checkpoints(output_dir):
+        found = hfdir.problems(path, deep=deep)
+        if not found:
+            bad = hfdir.non_finite(hfdir.read_record(path) or {})
+            if not bad or allow_nonfinite:
+                return str(path), skipped
+            found = [f"diverged: its weights hold {bad} non-finite values"]
+        skipped.append((str(path), "; ".join(found)))
+    return None, skipped
+
+
+def resume_path(output_dir: "str | os.PathLike[str]", *, allow_nonfinite: bool = False) -> str | None:
+    """The newest verified (blake3 of every file against its record) and finite checkpoint
+    directory, for ``trainer.train(resume_from_checkpoint=...)``; a warning names each newer
+    one skipped and why. None when the directory holds no checkpoint at all (a fresh start);
+    ``NoValidGenerationError`` when it holds some and none verifies."""
+    if not os.path.isdir(output_dir):
+        return None
+    path, skipped = choose(output_dir, allow_nonfinite=allow_nonfinite)
+    for where, why in skipped:
+        warnings.warn(f"{where}: skipped for resume: {why}", stacklevel=2)
+    if path is None and skipped:
+        raise NoValidGenerationError(os.fspath(output_dir), "no checkpoint-N verifies: "
+                                     + "; ".join(f"{os.path.basename(p)}: {w}" for p, w in skipped))
+    return path
+
+
+# ---------------------------------------------------------------- retention
+def retain(output_dir: "str | os.PathLike[str]", policy: Policy, *, best: str | None = None,
+           protect: "dict[int, str] | None" = None) -> list[int]:
+    """Delete the committed checkpoints ``policy`` does not keep; never the newest valid one,
+    the newest finite one, ``best`` (the Trainer's ``best_model_checkpoint``), one of ``protect``
+    (step -> why) or one a reader leases (spec/RUN.md §5.3). The checkpoints the guards keep are
+    verified first (blake3 of every file, newest first until one verifies): nothing is deleted
+    while none does. Directories that do not verify are never candidates (nothing is deleted on
+    a guess). ``Policy()`` without a keep rule is refused. Returns the steps deleted."""
+    if not policy.has_rule:
+        raise UnsupportedSetupError(os.fspath(output_dir), "retention Policy() has no keep rule (keep_last, "
+                                    "keep_every, keep_best, keep_within, keep_interval): it would delete all "
+                                    "but the guarded checkpoints")
+    sweep_deleting(output_dir)
+    valid = [(step, path, record) for step, path in checkpoints(output_dir)
+             if not hfdir.problems(path, deep=False) and (record := _record_or_none(path)) is not None]
+    newest, finite, failed = _verified_guards(valid)
+    if newest is None:
+        return []                           # no checkpoint verifies: no guard holds, nothing is deleted
+    valid = [v for v in valid if v[0] not in failed]
+    guards = dict(protect or {})
+    guards.setdefault(newest, "newest valid")
+    if finite is not None:
+        guards.setdefault(finite, "newest finite")
+    if best is not None and hfdir.step_of_dir(best) is not None:
+        guards.setdefault(hfdir.step_of_dir(best), "best_model_checkpoint")
+    doomed = plan(policy, [candidate(s, r) for s, _, r in valid], protect=guards).doomed
+    with honoured(output_dir) as leased:
+        doomed = [s for s in doomed if s not in leased]
+        for step, path, _ in valid:
+            if step in doomed:
+                remove(path)
+    return doomed
+
+
+def _verified_guards(valid: list[tuple[int, Path, dict[str, Any]]]) -> tuple[int | None, int | None, set[int]]:
+    """(the newest checkpoint of ``valid`` (newest first) whose every file matches its blake3,
+    the newest finite one that does, the steps found not to): verify before delete, so a
+    same-size corruption is never the one protected while good ones are deleted."""
+    newest = finite = None
+    failed: set[int] = set()
+    for step, path, record in valid:
+        if newest is not None and (finite is not None or hfdir.non_finite(record)):
+            continue                        # both guards found, or this one cannot be the finite one
+        if hfdir.problems(path):
+            failed.add(step)
+            continue
+        newest = step if newest is None else newest
+        if finite is None and not hfdir.non_finite(record):
+            finite = step
+    return newest, finite, failed
+
+
+def remove(path: Path) -> None:
+    """Remove a checkpoint directory in the run layer's order: its record first (durably: it is
+    uncommitted from then on), then renamed aside (the parent fsynced, so a crash never leaves
+    half a ``checkpoint-N`` under its name), then deleted."""
+    atomic.remove(path / hfdir.RECORD)
+    aside = path.with_name(f"{DELETING}{path.name}.{os.getpid()}")
+    os.rename(path, aside)
+    fsio.fsync_dir(str(path.parent))
+    shutil.rmtree(aside)
+
+
+def deleting(output_dir: "str | os.PathLike[str]") -> list[Path]:
+    """Directories a removal renamed aside and did not finish (a crash): uncommitted, to delete."""
+    return sorted(p for p in Path(output_dir).glob(f"{DELETING}*") if p.is_dir() and not p.is_symlink())
+
+
+def sweep_deleting(output_dir: "str | os.PathLike[str]") -> list[Path]:
+    """Finish what ``deleting`` lists (their records went first); returns them."""
+    found = deleting(output_dir)
+    for path in found:
+        shutil.rmtree(path, ignore_errors=True)     # another retention may be removing it now
+    return found
+
+
+# ---------------------------------------------------------------- validate / ls / inspect
+def validate_hf(path: "str | os.PathLike[str]", *, deep: bool = True) -> Report:
+    """``validate`` of an output directory (every ``checkpoint-N``) or of one checkpoint: a
+    file that differs from its record, a stale record, unreadable weights or non-finite weights
+    are defects (exit 1); a directory without a record is reported (an incomplete save, or a
+    Trainer without the callback: unverified), not a defect."""
+    path = Path(path)
+    kind, dirs = _dirs(path)
+    report = Report(str(path), kind=kind)
+    rows = [_validate_one(report, p, deep) for _, p in dirs]
+    report.details["checkpoints"] = rows
+    if dirs:
+        report.step = dirs[0][0]
+    if report.ok and rows and all(r["status"] == "verified" for r in rows):
+        report.status = "verified"
+    elif not rows:
+        report.status = "no checkpoint"
+    return report
+
+
+def _dirs(path: Path) -> tuple[str, list[tuple[int | None, Path]]]:
+    """(kind, its checkpoint directories newest first): an output directory's, or the one."""
+    if kinds.sniff(path).name == "hf-checkpoint":
+        return "hf-checkpoint", [(_step(path), path)]
+    return "hf-run", list(checkpoints(path))
+
+
+def _step(path: Path) -> int | None:
+    """A checkpoint's step: its name's, else its record's."""
+    step = hfdir.step_of_dir(path)
+    return step if step is not None else (_record_or_none(path) or {}).get("step")
+
+
+def _validate_one(report: Report, path: Path, deep: bool) -> dict[str, Any]:
+    row: dict[str, Any] = {"step": _step(path), "path": str(path)}
+    try:
+        record = hfdir.read_record(path)
+        for f in hfdir.weight_files(path):
+            TensorFile(str(f))
+    except (CheckpointError, OSError) as exc:
+        report.defect("hf_checkpoint_defect", f"{path}: {exc}")
+        return {**row, "status": "damaged"}
+    if record is None:
+        report.warn("unverified", f"{path}: no {hfdir.RECORD}: an incomplete save, or a Trainer without "
+                                  "ckptfmt.hf.Checkpointing (unverified)")
+        return {**row, "status": "unverified"}
+    found = hfdir.problems(path, deep=deep)
+    for problem in found:
+        report.defect("hf_checkpoint_defect", f"{path}/{problem}")
+    bad = hfdir.non_finite(record)
+    if bad and not found:
+        report.defect("diverged", f"{path}: diverged: its weights hold {bad} non-finite values "
+                                  f"({', '.join(sorted(record['facts']['tensors'])[:3])})")
+    status = "damaged" if found else "diverged" if bad else "verified" if deep else "committed"
+    return {**row, "status": status}
+
+
+def ls_hf(path: "str | os.PathLike[str]", *, deep: bool = False) -> dict[str, Any]:
+    """``ls`` of an output directory in the run listing's shape: each ``checkpoint-N`` with its
+    status (verified/committed, damaged, incomplete, diverged), size, age and metrics."""
+    now = time.time()
+    rows = []
+    for step, p in reversed(_dirs(Path(path))[1]):
+        record = _record_or_none(p)
+        found = hfdir.problems(p, deep=deep)
+        status = "incomplete" if record is None else "damaged" if found else \
+            "diverged" if hfdir.non_finite(record) else "verified" if deep else "committed"
+        metrics = (record or {}).get("metrics")
+        rows.append({"step": step, "path": str(p), "size": _size(p), "status": status, "pinned": False,
+                     "committed": record is not None and not found,
+                     "metrics": metrics if isinstance(metrics, dict) else {},
+                     "age_s": None if record is None else _age(record, now),
+                     **({"problems": found} if record is not None and found else {})})
+    leftovers = [f"{p}: a removal that did not finish (uncommitted; the next retention deletes it)"
+                 for p in deleting(path)] if Path(path).is_dir() else []
+    return {"run": str(path), "kind": "hf-run", "generations": rows, "leftovers": leftovers, "in_progress": [],
+            "foreign": [], "lock": None, "leases": [], "mirrors": [], "policy": {}}
+
+
+def _age(record: dict[str, Any], now: float) -> float | None:
+    created = candidate(0, record).committed_at
+    return None if created is None else max(0.0, now - created)
+
+
+def _record_or_none(path: Path) -> dict[str, Any] | None:
+    try:
+        return hfdir.read_record(path)
+    except CheckpointError:
+        return None
+
+
+def _size(path: Path) -> int:
+    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
+
+
+def inspect_hf(path: "str | os.PathLike[str]") -> dict[str, Any]:
+    """``inspect`` of a checkpoint directory (step, files, record, weight statistics) or of an
+    output directory (its listing and the newest verified checkpoint, as for a run)."""
+    path = Path(path)
+    if _dirs(path)[0] == "hf-run":
+        out = ls_hf(path)
+        newest, _ = choose(path)
+        out["latest"] = inspect_hf(newest) if newest else None
+        if newest is None and out["generations"]:
+            out["latest_problem"] = f"{path}: no checkpoint-N verifies"
+        return out
+    return _inspect_checkpoint(path)
+
+
+def _inspect_checkpoint(path: Path) -> dict[str, Any]:
+    record = _record_or_none(path)
+    files = hfdir.weight_files(path)
+    if not files:
+        raise UnsupportedSetupError(str(path), "no model.safetensors (nor its index): nothing to inspect")
+    stats, dtypes, count, tensors = RegionStats(), set(), 0, 0
+    for f in files:
+        tf = TensorFile(str(f))
+        for name in tf.names():
+            dtype = tf.header[name]["dtype"]
+            values = tf.tensor(name)
+            tensors, count = tensors + 1, count + values.size
+            dtypes.add(dtype)
+            if dtype in hfdir.FLOATS or dtype == "BF16":
+                flat = values.reshape(-1)
+                for start in range(0, flat.size, CHUNK):     # one tensor, one chunk at a time
+                    stats.add(_widened(dtype, flat[start:start + CHUNK]))
+    return {"path": str(path), "kind": "hf-checkpoint", "label": kinds.get("hf-checkpoint").label,
+            "origin": "ckptfmt" if record else "foreign", "step": _step(path),
+            "n_params": count, "size": _size(path), "n_tensors": tensors, "dtypes": sorted(dtypes),
+            "recorded_blake3": (record or {}).get("files", {}).get(os.path.relpath(files[0], path), {}).get("blake3"),
+            "record": record, "regions": {"weights": stats.to_dict()}}
+
+
+def _widened(dtype: str, chunk: np.ndarray) -> np.ndarray:
+    """A chunk of float values as float32 (bf16's bits, read as uint16, shifted into float32's
+    high half; fp16 widened); float64 as it is."""
+    if dtype == "BF16":
+        return (chunk.astype("<u4") << 16).view("<f4")
+    return chunk if dtype == "F64" else chunk.astype("<f4")
