@@ -88,6 +88,7 @@ class State:
     optimizer: Optimizer | None = None
     imported: dict[str, Any] = field(default_factory=dict)
     extra: dict[str, Any] = field(default_factory=dict)
+    manifest: dict[str, Any] = field(default_factory=dict)     # read_bin: the verified manifest it read
 
 
 def is_buffer_name(name: str) -> bool:
@@ -258,9 +259,18 @@ def group_members(doc: dict[str, Any], path: str) -> list[list[str]]:
                                            "recorded optimizer.members)")
 
 
-def write_bin(state: State, dst: str, source: str) -> writer.SaveResult:
+def header_step(state: State, named: int) -> int:
+    """The step a ``.bin`` of ``state`` records: the optimizer's own (Adam/AdamW: the largest
+    step any parameter took); ``named`` (what the file's name or the caller says) for SGD, which
+    keeps no step of its own, and without an optimizer."""
+    opt = state.optimizer
+    return opt.step if opt is not None and OPTIMIZERS[opt.kind][1] is not None else named
+
+
+def write_bin(state: State, dst: str, source: str, fields: dict[str, Any] | None = None) -> writer.SaveResult:
     """Map ``state`` by the rule and write it as a committed ``.bin`` (+ companion): layout,
-    aliases, buffers, the optimizer by name, and what the way back needs (``imported``)."""
+    aliases, buffers, the optimizer by name, and what the way back needs (``imported``);
+    ``fields``: further manifest fields of the caller's (a Lightning checkpoint's ``rng``)."""
     params, buffers = split(state, source)
     weights, m, v = regions(params, state.optimizer)
     opt = state.optimizer
@@ -272,11 +282,10 @@ def write_bin(state: State, dst: str, source: str) -> writer.SaveResult:
         manifest["aliases"] = aliases
     imported = {**state.imported, "order": [e.name for e in state.model], "aliases": aliases}
     named = fmt.parse_name(os.path.basename(dst))
-    step = named[0] if named is not None else 0        # what the file's name says, where nothing else does
+    step = header_step(state, named[0] if named is not None else 0)   # the name, where nothing else says
     if opt is None:
         imported["optimizer_state"] = "absent"
     else:
-        step = opt.step if OPTIMIZERS[opt.kind][1] is not None else step   # SGD keeps no step of its own
         manifest["optimizer"] = {"type": opt.kind, "step": step, "hyperparams": opt.groups,
                                  "members": opt.members, "setting_types": opt.types,
                                  "param_steps": [opt.steps.get(e.name) for e in params]}
@@ -287,6 +296,7 @@ def write_bin(state: State, dst: str, source: str) -> writer.SaveResult:
                         param_groups=opt.indices if in_order else None, tuples=opt.tuples,
                         param_names=opt.param_names)
     manifest["imported"] = imported
+    manifest.update(fields or {})
     extra = {f"{BUFFERS}/{e.name}": ("BF16", e.data) if e.dtype == "bfloat16" else e.data for e in buffers}
     extra.update(state.extra)
     return writer.save(dst, step, weights, m, v, manifest=manifest, extra_tensors=extra or None)
@@ -314,7 +324,7 @@ def read_bin(path: str) -> State:
             if k not in ("order", "aliases", "optimizer_state", "param_groups", "indices", "tuples", "param_names")}
     extra = ck.companion()
     tensors = {key: extra.tensor(key) for key in extra.names() if key.startswith(EXTRAS + "/")} if extra else {}
-    return State(model, opt, rest, tensors)
+    return State(model, opt, rest, tensors, doc)
 
 
 def _order(names: list[str], aliases: dict[str, str]) -> list[str]:

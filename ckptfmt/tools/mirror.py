@@ -6,6 +6,8 @@ manifest: the commit marker is the last object written, so an interrupted upload
 destination generation a reader would take as committed. Then the sidecars a resume needs and
 an index of their digests, then retention at the destination (the pure policy of
 ``run.retention``, deleting only once the newer generations are committed there).
+``mirror_runs`` mirrors several runs under one prefix (the Lightning callback's checkpoint
+directories, spec/RUN.md §11.8), each by ``mirror``.
 """
 from __future__ import annotations
 
@@ -14,21 +16,21 @@ import json
 import os
 import time
 import warnings
-from typing import Any, Callable, Iterable
+from typing import Any, Callable, Iterable, Mapping
 
 from .. import companion, facts, fingerprint
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import CheckpointError, FingerprintMismatchError, RemoteError, UnsupportedSetupError
-from ..run import PINS, PIVOT, POLICY, SAMPLES, STATE, Generation, Run, check_generation
+from ..run import PINS, PIVOT, POLICY, SAMPLES, STATE, Generation, Run, check_generation, list_dir
 from ..run.generations import manifest_of, non_finite
 from ..run.retention import Candidate, Policy, candidate_for, plan
 from ..run.lease import ReadLease
 from ..run import history as hist
 from ..run import mirrors
-from .remote import Progress, Remote, RemoteGeneration, payload
+from .remote import Progress, Remote, RemoteGeneration, payload, translated
 
-__all__ = ["INDEX", "SIDECARS", "mirror"]
+__all__ = ["INDEX", "SIDECARS", "mirror", "mirror_runs"]
 
 SIDECARS = (hist.NAME, PINS, PIVOT, STATE, SAMPLES, POLICY)   # what a resume reads besides the generation, and
                                                               # the policy its writer ran with (for ls there)
@@ -245,6 +247,64 @@ def _remove_generation(remote: Remote, step: int, gen: RemoteGeneration) -> None
         remote.remove(fmt.stem(step) + companion.SUFFIX)
     if gen.shards:
         remote.remove(fmt.stem(step) + ".shards", recursive=True)
+
+
+def mirror_runs(runs: Mapping[str, "str | os.PathLike[str]"], url: str, *, recheck: bool = True,
+                owned: Callable[[str], bool] = lambda name: False, trusted: Iterable[str] = (),
+                progress: Progress = None) -> dict[str, Any]:
+    """One pass over several runs under one prefix (a Lightning ``dirpath``, spec/RUN.md §11.8):
+    each ``runs[NAME]`` to ``URL/NAME`` by ``mirror`` (upload, read-back, manifest last); once a
+    run's committed generations are all confirmed there, every other generation at ``URL/NAME``
+    is removed (a run replaced in place, ``last.ckpt``, holds its one generation there too).
+    Then, only if every run was confirmed (a damaged local run holds deletions back), each
+    ``URL/NAME`` not in ``runs`` for which ``owned(NAME)`` holds a run there is removed,
+    manifests first. ``trusted``: names the caller saw confirmed unchanged, not visited again.
+    ``behind``: the names not confirmed; ``removed``: the names removed."""
+    base, trusted = url.rstrip("/"), set(trusted)
+    out: dict[str, Any] = {"url": Remote(base).url, "runs": {}, "behind": [], "removed": []}
+    for name, path in sorted((n, p) for n, p in runs.items() if n not in trusted):
+        result = out["runs"][name] = mirror(path, f"{base}/{name}", recheck=recheck, progress=progress)
+        local = {g.step for g in list_dir(path).generations if g.committed}
+        if local and local <= set(result["present"]) | {u["step"] for u in result["uploaded"]}:
+            _keep_only(Remote(f"{base}/{name}"), local)
+        else:
+            out["behind"].append(name)
+    if not out["behind"]:
+        top = Remote(base)
+        out["removed"] = [name for name in _names(top) if name not in runs and owned(name)
+                          and _remove_run(top, base, name)]
+    return out
+
+
+def _keep_only(remote: Remote, steps: set[int]) -> None:
+    """Remove every generation at the destination but ``steps`` (committed or leftovers)."""
+    for step, gen in remote.listing().items():
+        if step not in steps:
+            _remove_generation(remote, step, gen)
+
+
+def _names(remote: Remote) -> list[str]:
+    """The folders (prefixes) directly under the destination."""
+    with translated(remote.where(), "cannot list"):
+        try:
+            entries = remote.fs.ls(remote.root, detail=True)
+        except FileNotFoundError:
+            return []
+    return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
+
+
+def _remove_run(top: Remote, base: str, name: str) -> bool:
+    """Remove the run at ``base/NAME`` (``top`` is ``base``): each generation's manifest first,
+    then the rest; a folder holding neither a generation nor a mirror's index is not a run
+    and stays (False)."""
+    remote = Remote(f"{base}/{name}")
+    gens = remote.listing()
+    if not gens and not remote.exists(INDEX):
+        return False
+    for step, gen in gens.items():
+        _remove_generation(remote, step, gen)
+    top.remove(name, recursive=True)
+    return True
 
 
 def destination(run_dir: "str | os.PathLike[str]", url: str) -> Remote:

@@ -272,15 +272,16 @@ class Remote:
         fsspec's ``__del__`` would otherwise flush the buffer and complete the upload, publishing
         a partial object at garbage collection."""
         try:
-            if hasattr(out, "discard"):
-                out.discard()
-            if self.local:
+            if self.local:           # its file object writes in place (discard() refuses): close, remove
                 out.close()
                 self.fs.rm(self.path(name))
+            elif hasattr(out, "discard"):
+                out.discard()
         except Exception:  # noqa: BLE001 (best effort while another error propagates)
             pass
         finally:
-            out.closed = True
+            if not self.local:       # a local file object's ``closed`` is a read-only property
+                out.closed = True
 
     def digest(self, name: str, progress: Progress = None) -> tuple[str, int]:
         """(blake3, size) of an object read back from the destination: ranged reads of

@@ -1,10 +1,11 @@
 """``torch.save`` files in and out (spec §10.7, the mapping's rules §10.8): ckptfmt's own
 ``.pt`` form (one tensor per region), and a foreign training checkpoint, a ``torch.save`` of a
 model state dict and an Adam, AdamW or SGD optimizer state dict under ``model``/``optimizer``,
-``state_dict``/``optimizer``, ``model_state_dict``/``optimizer_state_dict``, or a bare model
-state dict. Loaded only with ``torch.load(weights_only=True)`` (``read``). ``to_state`` turns the
-loaded object into a ``statemap.State`` (optimizer state by parameter name); ``from_state``
-builds the object back (``--to torch``); ``difference`` compares two such objects bit for bit.
+``state_dict``/``optimizer``, ``model_state_dict``/``optimizer_state_dict``, Lightning's
+``state_dict``/``optimizer_states`` (a list of one), or a bare model state dict. Loaded only
+with ``torch.load(weights_only=True)`` (``read``). ``to_state`` turns the loaded object into a
+``statemap.State`` (optimizer state by parameter name); ``from_state`` builds the object back
+(``--to torch``); ``difference`` compares two such objects bit for bit.
 The tools layer reaches this module only through ``tools.convert.torchside``.
 """
 from __future__ import annotations
@@ -24,6 +25,7 @@ from . import optim
 from .state import join, split
 
 CONTAINERS = (("model", "optimizer"), ("state_dict", "optimizer"), ("model_state_dict", "optimizer_state_dict"))
+LISTED = "optimizer_states"                # Lightning's list of optimizer state dicts: one maps, more are refused
 PREFIXES = ("module.", "_orig_mod.")       # DDP's and torch.compile's wrappers
 
 
@@ -47,7 +49,8 @@ def read(path: str) -> Any:
         if found:
             raise UnsupportedConversionError(path, f"holds a pickled {found.group(1)}, which "
                                                    "torch.load(weights_only=True) refuses to run: save "
-                                                   "model.state_dict() (and optimizer.state_dict()) instead") from None
+                                                   "plain containers (model.state_dict(), optimizer.state_dict(), "
+                                                   "hyper-parameters as a dict) instead") from None
         # torch's first line for a refused pickle advises weights_only=False: the specific line instead
         lines = [line.strip() for line in text.splitlines() if line.strip()]
         first = next((line for line in lines if line.startswith("Unsupported")), lines[0] if lines else type(exc).__name__)
@@ -127,14 +130,25 @@ def _beside(other: dict[str, Any], path: str) -> tuple[dict[str, Any], dict[str,
 def _container(obj: dict, path: str) -> tuple[dict[str, Any], dict, Any]:
     for model_key, opt_key in CONTAINERS:
         if isinstance(obj.get(model_key), dict):
-            has_opt = isinstance(obj.get(opt_key), dict)
+            if model_key == "state_dict" and opt_key not in obj and isinstance(obj.get(LISTED), list):
+                opt_key = LISTED            # a Lightning checkpoint (RUN §11)
+            opt = _listed(obj[opt_key], path) if opt_key == LISTED else obj.get(opt_key)
+            has_opt = isinstance(opt, dict)
             return {"model": model_key, "optimizer": opt_key if has_opt else None}, obj[model_key], \
-                obj[opt_key] if has_opt else None
+                opt if has_opt else None
     if obj and all(isinstance(k, str) and isinstance(v, torch.Tensor) for k, v in obj.items()):
         return {"model": None, "optimizer": None}, obj, None
     raise UnsupportedConversionError(path, "no model state dict found: expected keys model/optimizer, "
                                            "state_dict/optimizer, model_state_dict/optimizer_state_dict or a "
                                            f"bare state dict of tensors; found {sorted(map(str, obj))[:8]}")
+
+
+def _listed(states: list, path: str) -> Any:
+    """The one optimizer state dict of Lightning's ``optimizer_states`` (None when empty)."""
+    if len(states) > 1:
+        raise UnsupportedConversionError(path, f"{len(states)} optimizers in {LISTED}: the seed layout holds one "
+                                               "optimizer's moments")
+    return states[0] if states else None
 
 
 def _strip(sd: dict) -> tuple[dict, str]:
@@ -312,7 +326,8 @@ def from_state(state: State, path: str) -> Any:
     other = join(imported.get("other") or {}, lambda key: state.extra[key])
     parts = {keys.get("model") or "model": model, **other}
     if state.optimizer is not None:
-        parts[keys.get("optimizer") or "optimizer"] = _optimizer_sd(state.optimizer)
+        key = keys.get("optimizer") or "optimizer"
+        parts[key] = [_optimizer_sd(state.optimizer)] if key == LISTED else _optimizer_sd(state.optimizer)
     top = imported.get("top") or list(parts)
     return {k: parts[k] for k in top + [k for k in parts if k not in top] if k in parts}
 

@@ -1,0 +1,62 @@
+"""Lightning's checkpoints as ckptfmt generations (spec/RUN.md §11): a user adds two things,
+
+    Trainer(plugins=[ckptfmt.lightning.CheckpointIO()], callbacks=[ckptfmt.lightning.Checkpointing(), ...])
+
+and ``fit(ckpt_path=PATH)`` / ``fit(ckpt_path="last")`` resume bit-exactly, verified by blake3.
+
+The pair's contract, in the order Lightning calls it (every rank under DDP):
+
+1. ``Checkpointing.setup`` (every stage): refuses a Trainer whose ``CheckpointIO`` is not the
+   plugin, and one without a ModelCheckpoint when an option needs its directory, in one line.
+2. ``CheckpointIO.load_checkpoint`` (``fit(ckpt_path=...)``, before anything reaches the
+   module): the generation is verified (blake3 of ``.bin`` and companion), then mapped back
+   into Lightning's dict (``files.read``); a plain ``.ckpt`` file is read with
+   ``torch.load(weights_only=True)``.
+3. ``Checkpointing.on_load_checkpoint`` (when fitting, before ``configure_optimizers``): puts
+   this rank's RNG states back; a checkpoint without them is refused by name; a plain ``.ckpt``
+   resumes without them, with a ``PlainCheckpointWarning``.
+4. ``Checkpointing.on_fit_start`` (after ``configure_optimizers``, before the first step):
+   refuses what a save could not hold (several optimizers, one the seed layout cannot hold,
+   optimizer tensors outside the module, hyper-parameters JSON cannot hold) before training.
+5. ``Checkpointing.on_train_start`` (after Lightning registered its signal handlers): with
+   ``signals=True`` installs SIGUSR1 and SIGTERM flags that chain the handlers found; with
+   ``history=True`` opens ``.loss.json`` in ModelCheckpoint's directory (rank 0); with
+   ``mirror=URL`` starts the mirror's thread there (rank 0, ``mirroring``), which makes a first
+   pass at once.
+6. ``Checkpointing.on_train_batch_end`` (before ModelCheckpoint's, every step): the step's
+   metrics to the history; retention over the checkpoints saved since the last step; the
+   ranks agree on the signal flags and, if one was raised, save ``last.ckpt``.
+7. ``Checkpointing.on_save_checkpoint`` (inside Lightning's ``dump_checkpoint``, every rank; a
+   collective under DDP): adds ``checkpoint["ckptfmt"]``: the RNG states Lightning does not save
+   (Python, NumPy, torch CPU, the CUDA device in use; every rank's), each param group's
+   parameter names, read off the live optimizer, and the logged metrics; syncs the history.
+8. ``CheckpointIO.save_checkpoint`` (rank 0): the dict becomes a directory at Lightning's path
+   (``files.write``); without step 7's entry a full checkpoint is refused, naming the callback.
+   With ``async_save=True`` a copy is written by a thread; steps 2, 8, 9 and 11 wait for it.
+   After the commit the mirror, if any, is woken (it returns at once).
+9. ``CheckpointIO.remove_checkpoint`` (top-k, an older ``last``): removes exactly that path;
+   the mirror is woken (it removes the path at the URL once the newer ones are there).
+10. ``Checkpointing.on_train_end`` / ``on_exception``: retention once more, the signal handlers
+    given back, the history closed.
+11. ``CheckpointIO.teardown`` (the strategy's teardown, after a fit and after an exception): the
+    save in flight is committed; the mirror makes its last pass (a failed one retried), then
+    ends; what it could not send is logged, never raised.
+
+``files`` and ``keeping`` need torch and the run layer only, ``mirroring`` the tools' mirror; the
+Lightning classes are imported on first use, so ``import ckptfmt.lightning`` works without
+Lightning and says what to install when a class is asked for.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .files import generation_in, read, remove, write
+
+__all__ = ["CheckpointIO", "Checkpointing", "PlainCheckpointWarning", "generation_in", "read", "remove", "write"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("CheckpointIO", "Checkpointing", "PlainCheckpointWarning"):
+        from . import plugin        # imports Lightning: only when its classes are asked for
+        return getattr(plugin, name)
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,0 +1,105 @@
+"""What the ``Checkpointing`` callback adds to Lightning's checkpoint directory, without Lightning
+(spec/RUN.md §11.8): the run layer's retention over the checkpoint directories there (``prune``:
+one ``Policy``, one ``plan``, the same guards) and signals as flags (``Signals``); the
+``.loss.json`` history of the logged metrics is the run layer's ``History`` itself.
+
+>>> import tempfile
+>>> prune(tempfile.mkdtemp(), Policy(keep_last=1))
+[]
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+from typing import Any, Iterable
+
+from .. import kinds
+from ..run import Run, plan
+from ..run.generations import manifest_of
+from ..run.retention import Policy, candidate_for
+from . import files
+
+__all__ = ["Policy", "prune", "checkpoints", "Signals"]
+
+
+def checkpoints(dirpath: "str | os.PathLike[str]") -> list[tuple[str, Run]]:
+    """The plugin's checkpoint directories in ``dirpath`` (not links: ``save_last="link"``), as
+    one-generation runs, oldest step first."""
+    found = []
+    for name in sorted(os.listdir(dirpath)) if os.path.isdir(dirpath) else []:
+        path = os.path.join(dirpath, name)
+        if name.startswith("."):
+            continue                      # a save in flight (its temp directory) or ours being removed
+        if not os.path.islink(path) and os.path.isdir(path) and kinds.generation_in(path) is not None:
+            found.append((path, Run(path)))
+    return sorted(found, key=lambda pr: (pr[1].generations()[-1].step, os.path.getmtime(pr[0])))
+
+
+def prune(dirpath: "str | os.PathLike[str]", policy: Policy, *, keep: Iterable[str] = ()) -> list[str]:
+    """Remove the checkpoint directories in ``dirpath`` that ``policy`` does not keep (RUN §5.1),
+    under the guards of §5.2 and §5.4: the newest valid one (hashed first: verify before
+    delete) and the newest valid finite one are kept, whatever the rules say; so is every path
+    in ``keep`` (``last.ckpt``, ModelCheckpoint's best). Returns the removed paths."""
+    found = checkpoints(dirpath)
+    if not found:
+        return []
+    protect = _guards(found)
+    newest = [run.generations()[-1] for _, run in found]
+    chosen = plan(policy, [candidate_for(policy, g.step, lambda g=g: manifest_of(g)) for g in newest], protect=protect)
+    doomed, keep = set(chosen.doomed), {os.path.abspath(p) for p in keep}
+    removed = []
+    for path, run in found:
+        if run.generations()[-1].step in doomed and os.path.abspath(path) not in keep:
+            files.remove(path)
+            removed.append(path)
+    return removed
+
+
+def _guards(found: list[tuple[str, Run]]) -> dict[int, str]:
+    """step -> why, for the newest valid and the newest valid finite checkpoint (newest first,
+    each hashed, until both are known)."""
+    protect: dict[int, str] = {}
+    for _, run in reversed(found):
+        choice = run.choose(deep=True)
+        if choice.newest_valid is not None and "newest valid" not in protect.values():
+            protect.setdefault(choice.newest_valid.step, "newest valid")
+        if choice.gen is not None:
+            protect.setdefault(choice.gen.step, "newest finite")
+            break
+    return protect
+
+
+class Signals:
+    """Signals as flags, each set by a handler that then calls the handlers it was given (what
+    was installed before: Lightning's SLURM requeue handler, the user's own). Installed in the
+    main thread only (Python's rule); ``restore`` puts the handlers it replaced back."""
+
+    def __init__(self) -> None:
+        self._raised: set[int] = set()
+        self._replaced: dict[int, Any] = {}
+
+    def install(self, signum: int, chain: list[Any]) -> bool:
+        """Handle ``signum``: note it, then call each of ``chain``; False outside the main thread."""
+        if threading.current_thread() is not threading.main_thread():
+            return False
+        self._replaced.setdefault(signum, signal.getsignal(signum))
+
+        def handle(num: int, frame: Any) -> None:
+            self._raised.add(num)
+            for handler in chain:
+                handler(num, frame)
+        signal.signal(signum, handle)
+        return True
+
+    def take(self, signum: int) -> bool:
+        """Whether ``signum`` arrived since the last call."""
+        raised = signum in self._raised
+        self._raised.discard(signum)
+        return raised
+
+    def restore(self) -> None:
+        if threading.current_thread() is threading.main_thread():
+            for signum, handler in self._replaced.items():
+                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
+            self._replaced.clear()
