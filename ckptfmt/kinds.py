@@ -40,8 +40,8 @@ from typing import Any, Callable, Mapping
 from . import format as fmt
 from .errors import UnsupportedKindError
 
-__all__ = ["KINDS", "COMMANDS", "Kind", "Probe", "by_name", "get", "require", "sniff",
-           "PLANES_MAGIC", "TORCH_LEGACY_MAGIC", "ZSTD_FRAME", "ZSTD_SKIPPABLE"]
+__all__ = ["KINDS", "COMMANDS", "Kind", "Probe", "by_name", "get", "require", "sniff", "generation_in",
+           "resolve", "PLANES_MAGIC", "TORCH_LEGACY_MAGIC", "ZSTD_FRAME", "ZSTD_SKIPPABLE"]
 
 ZSTD_SKIPPABLE = 0x184D2A5C   # ckptfmt's metadata frame (RFC 8878 §3.1.2), spec §10.4
 ZSTD_FRAME = 0xFD2FB528       # an ordinary zstd frame (RFC 8878 §3.1.1)
@@ -51,6 +51,11 @@ ZIP_MAGIC = b"PK\x03\x04"
 HEAD = 64                     # bytes read from every file
 MAX_JSON = 16 << 20           # a manifest or an index.json larger than this is no document we sniff
 COMMANDS = ("inspect", "validate", "diff", "convert", "ls")
+LIGHTNING = "lightning"       # the manifest field of a Lightning checkpoint's generation (RUN.md §11)
+LIGHTNING_ENTRIES = 16        # a Lightning checkpoint directory holds one generation: a few entries
+HF_MARKERS = ("ckptfmt-commit.json", "trainer_state.json")   # a Trainer checkpoint-N (RUN.md §12)
+HF_WEIGHTS = ("model.safetensors.index.json", "model.safetensors")   # a save_pretrained model
+HF_ENTRIES = 4096             # entries of a directory looked at for checkpoint-N directories
 
 
 class Probe:
@@ -179,6 +184,76 @@ def _manifest(p: Probe) -> bool:
     return doc is not None and doc.get("format") == "ckptfmt"
 
 
+def generation_in(directory: "str | os.PathLike[str]") -> str | None:
+    """The ``step_N.bin`` of a Lightning checkpoint directory (spec/RUN.md §11: the path
+    Lightning chose, holding one generation whose manifest has a ``lightning`` field): its
+    newest generation with a manifest; None for any other path. Reads one listing of at most
+    ``LIGHTNING_ENTRIES`` entries and one manifest, so a large run directory costs little."""
+    try:
+        with os.scandir(directory) as entries:
+            names = [e.name for _, e in zip(range(LIGHTNING_ENTRIES + 1), entries)]
+    except OSError:
+        return None
+    steps = [parsed[0] for parsed in map(fmt.parse_name, names) if parsed is not None and parsed[1] == "json"]
+    if not steps or len(names) > LIGHTNING_ENTRIES:
+        return None
+    doc = Probe(os.path.join(directory, fmt.manifest_name(max(steps)))).document
+    if doc is None or doc.get("format") != "ckptfmt" or not isinstance(doc.get(LIGHTNING), dict):
+        return None
+    return os.path.join(os.fspath(directory), fmt.checkpoint_name(max(steps)))
+
+
+def resolve(path: "str | os.PathLike[str]") -> "str | os.PathLike[str]":
+    """The file a command reads for ``path``: a Lightning checkpoint directory's ``.bin``
+    (``generation_in``), any other path as it is."""
+    return (os.path.isdir(path) and generation_in(path)) or path
+
+
+def _lightning(p: Probe) -> bool:
+    return p.is_dir and generation_in(p.path) is not None
+
+
+def _hf_checkpoint(p: Probe) -> bool:
+    """A Hugging Face Trainer ``checkpoint-N`` directory (spec/RUN.md §12): ckptfmt's commit
+    record or the Trainer's ``trainer_state.json`` in it, and no ``checkpoint-N`` directory
+    (an output directory after ``save_model``/``save_state`` has the markers too: ``hf-run``)."""
+    return p.is_dir and any(os.path.isfile(os.path.join(p.path, n)) for n in HF_MARKERS) and \
+        not _hf_checkpoint_dirs(p.path)
+
+
+def _hf_model(p: Probe) -> bool:
+    """A ``save_pretrained`` directory: ``model.safetensors`` or its sharded index in it."""
+    return p.is_dir and any(os.path.isfile(os.path.join(p.path, n)) for n in HF_WEIGHTS)
+
+
+def _hf_entries(path: str) -> list[tuple[str, bool]]:
+    """(name, is a ``checkpoint-N`` directory) of the first ``HF_ENTRIES`` entries of ``path``."""
+    try:
+        with os.scandir(path) as entries:
+            return [(e.name, e.name.startswith("checkpoint-") and e.name[11:].isdigit() and
+                     e.is_dir(follow_symlinks=False)) for _, e in zip(range(HF_ENTRIES), entries)]
+    except OSError:
+        return []
+
+
+def _hf_checkpoint_dirs(path: str) -> list[str]:
+    """The ``checkpoint-N`` directories among the first ``HF_ENTRIES`` entries of ``path``."""
+    return [name for name, is_checkpoint in _hf_entries(path) if is_checkpoint]
+
+
+def _hf_run(p: Probe) -> bool:
+    """A Trainer's output directory: ``checkpoint-N`` directories holding a marker or the
+    Trainer's weights (the first ``HF_ENTRIES`` entries looked at), whatever the top level holds
+    (``save_model`` writes the model there too), and no ``step_N`` generation."""
+    if not p.is_dir:
+        return False
+    entries = _hf_entries(p.path)
+    if any(fmt.parse_name(name) is not None for name, _ in entries):
+        return False
+    return any(os.path.isfile(os.path.join(p.path, name, m))
+               for name, is_checkpoint in entries if is_checkpoint for m in HF_MARKERS + HF_WEIGHTS)
+
+
 def _run(p: Probe) -> bool:
     return p.is_dir
 
@@ -222,6 +297,20 @@ KINDS: tuple[Kind, ...] = (
           "validate": "every shard's structure and the weight map (unverified: no digest of its own)",
           "diff": "its tensors mapped onto weights by name"}, None, (".safetensors.index.json",)),
     Kind("manifest", "generation manifest (step_N.json)", _manifest, {}, None),
+    Kind("lightning", "Lightning checkpoint (a directory of one ckptfmt generation)", _lightning,
+         {"inspect": "its generation, as a run", "validate": "its generation: structure, manifest, blake3, values",
+          "diff": "its generation's regions", "convert": "its generation into any form",
+          "ls": "its generation"}, "bin", ours=True),
+    Kind("hf-run", "Hugging Face Trainer output directory (checkpoint-N directories)", _hf_run,
+         {"inspect": "ls and the newest verified checkpoint", "validate": "every checkpoint-N",
+          "ls": "checkpoints, status, metrics"}, None),
+    Kind("hf-checkpoint", "Hugging Face Trainer checkpoint directory (checkpoint-N)", _hf_checkpoint,
+         {"inspect": "step, weights (model.safetensors), its ckptfmt commit record",
+          "validate": "every file against the blake3 its commit record names; the weights' structure and values",
+          "ls": "as its output directory's checkpoint",
+          "convert": "into a .bin: weights, and optimizer.pt's moments by the record's group names"}, "hf", ours=True),
+    Kind("hf-model", "Hugging Face model directory (model.safetensors, or its shards and index.json)", _hf_model,
+         {"convert": "into a .bin, whole (weights only) or refused"}, "hf"),
     Kind("run", "run directory", _run,
          {"inspect": "ls and the newest valid generation", "validate": "every generation, sidecars, history",
           "ls": "generations, status, pins, leases"}, None),

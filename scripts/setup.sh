@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
-# Create .venv and install ckptfmt with its torch, test, plot and remote extras (the tests
-# start a local S3 server: moto[server], in the test extra). torch==2.13.0 goes
-# first: it is the CPU build that lies on this disk; a bare "torch" would pull a CUDA build.
+# Create .venv and install ckptfmt with its torch, test, plot, remote, lightning and hf extras (the
+# tests start a local S3 server: moto[server], in the test extra). torch==2.13.0 goes
+# first: it is the CPU build that lies on this disk; a bare "torch" would pull a CUDA build
+# (pytorch-lightning asks only for torch>=2.1, so pip keeps the one installed).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
@@ -18,6 +19,6 @@ stamp=.venv/.ckptfmt-installed
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
-  .venv/bin/pip install -q --disable-pip-version-check -e ".[torch,test,plot,remote]"
+  .venv/bin/pip install -q --disable-pip-version-check -e ".[torch,test,plot,remote,lightning,hf]"
   echo "$want" > "$stamp"
 fi

@@ -43,7 +43,9 @@ def test_restore_takes_a_loop_and_returns_what_it_restored(tmp_path):
     twin, twin_opt = small(seed=1)
     loop = loop_of(tmp_path / "r", twin, twin_opt)
     done = restoring.restore(loop, None, True, True)
-    assert done == restoring.Restored(4, str(tmp_path / "r" / "step_000004.bin"), (), None)
+    assert done == restoring.Restored(4, str(tmp_path / "r" / "step_000004.bin"), (), None,
+                                      metrics=done.metrics, tier="disk")
+    assert set(done.metrics) == set()            # the loop reported no metric before step 4
     for a, b in zip(model.parameters(), twin.parameters()):
         assert torch.equal(a, b)
     assert torch.equal(opt.state[next(model.parameters())]["exp_avg"],

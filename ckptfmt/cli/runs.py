@@ -36,6 +36,9 @@ def ls_cmd(run: str, as_json: bool, deep: bool, remote: bool, **policy: Any) -> 
     if is_url(run):
         from .remote import ls_url_out  # lazy: as above
         return ls_url_out(run, as_json)
+    from ..tools.hfrun import hf_kind, ls_hf  # lazy: as above
+    if hf_kind(run):                         # a Trainer's output or checkpoint-N directory
+        return emit(ls_hf(run, deep=deep), as_json, print_ls)
     data = ls_run(run, deep=deep, keep_every=policy["keep_every"], policy=policy_of(**policy))
     if remote:
         from ..tools.remote_check import check_mirrors  # lazy: as above
@@ -61,7 +64,9 @@ def print_ls(d: dict) -> None:
         if g.get("diverged"):
             marks += " (" + ", ".join(f"{r}: {k}" for r, k in g["non_finite"].items()) + " non-finite values)"
         age = "-" if g["age_s"] is None else f"{g['age_s']:.0f}s"
-        click.echo(f"  {g['step']:>10}  {size(g['size']):>10}  {age:>10}  {g['status']}{marks}")
+        step = "-" if g["step"] is None else g["step"]      # a checkpoint directory named by no step
+        click.echo(f"  {step:>10}  {size(g['size']):>10}  {age:>10}  {g['status']}{marks}")
+    _print_memory((d.get("tiers") or {}).get("memory"))
     for t in d.get("in_progress", []):
         click.echo(f"  save in progress: {t}")
     for t in d["leftovers"]:
@@ -78,6 +83,17 @@ def print_ls(d: dict) -> None:
                                                 if m["behind"] else "up to date")
                    + f" (newest confirmed there: {m['newest_confirmed']})"
                    + (f"; checked there now: {m['at_destination']}" if "at_destination" in m else ""))
+
+
+def _print_memory(mem: dict | None) -> None:
+    """The RAM tier's rows (spec/RUN.md §13), under the durable generations."""
+    if not mem:
+        return
+    click.echo(f"  RAM tier {mem['dir']} (run id {mem['run_id']})"
+               + ("" if mem["present"] else ": not there (a reboot or a wipe removed it)"))
+    for g in mem["generations"]:
+        age = "-" if g["age_s"] is None else f"{g['age_s']:.0f}s"
+        click.echo(f"  {g['step']:>10}  {size(g['size']):>10}  {age:>10}  {g['status']} (RAM)")
 
 
 @main.command()

@@ -92,6 +92,10 @@ def _why(check: dict) -> str:
               help="auto: CUDA when available, else the CPU.")
 @click.option("--checkpoint-every", type=click.IntRange(min=1), default=100, show_default=True,
               help="Commit a generation every N steps.")
+@click.option("--memory-every", type=click.IntRange(min=1), metavar="N",
+              help="Also commit a generation to node-local RAM (/dev/shm, or $CKPTFMT_MEMORY_DIR) every N steps "
+                   "between durable ones: it survives a killed process, not a reboot; a restart resumes the "
+                   "newest generation that verifies in either tier.")
 @click.option("--sample-every", type=click.IntRange(min=0), default=100, show_default=True,
               help="Write a generated sample to .samples.json every N steps (0: never).")
 @save_options
@@ -129,7 +133,7 @@ def _why(check: dict) -> str:
               metavar="N MARKER", help="verify-resume: after step N, create MARKER and wait for a signal.")
 @guarded_keeping_tracebacks
 def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_every: int,
-          sample_every: int, seed: int | None, threads: int | None, async_save: bool, amp: str, log_every: int,
+          memory_every: int | None, sample_every: int, seed: int | None, threads: int | None, async_save: bool, amp: str, log_every: int,
           sets: tuple[str, ...], parallel: str, dist_timeout: int, mirror: str | None, allow_nonfinite: bool,
           allow_device_change: bool, force_nonfinite_at: int | None, omit_rng_restore: bool, summary: str | None,
           pause_at: tuple[int, str] | None, checkpoint_interval: str | None, checkpoint_on_best: str | None,
@@ -171,7 +175,8 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
                      log_every=log_every, omit_rng_restore=omit_rng_restore, parallel=parallel,
                      allow_nonfinite=allow_nonfinite, allow_device_change=allow_device_change,
                      force_nonfinite_at=force_nonfinite_at,
-                     summary=summary, pause_at=pause_at, dist_timeout=dist_timeout, mirror=mirror)
+                     summary=summary, pause_at=pause_at, dist_timeout=dist_timeout, mirror=mirror,
+                     memory_every=memory_every)
     if distributed:
         from ..torch.distributed import exit_worker  # lazy: imports torch
         exit_worker(code)          # skip finalization: see exit_worker for the gloo abort it avoids

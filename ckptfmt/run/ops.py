@@ -15,9 +15,9 @@ from .. import manifest as mf
 from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoundError,
                       NoValidGenerationError, SidecarError)
 from . import history as hist
-from . import mirrors, timeline
+from . import mirrors, tiers, timeline
 from .directory import Run
-from .generations import Generation, check_bare, check_generation, non_finite
+from .generations import Generation, check_bare, check_generation, list_dir, non_finite
 from .lease import ReadLease, active_leases
 from .lock import RunLock, lock_holder, publish, refuse_live, save_in_progress, writing_into
 from .retention import Policy
@@ -54,7 +54,25 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
            "mirrors": mirrors.lag(path, [r["step"] for r in rows if r["committed"]]), "policy": shown}
     if lease.problem:
         out["lease_problem"] = lease.problem
+    memory = _ls_memory(path, deep)
+    if memory is not None:
+        out["tiers"] = {"memory": memory}
     return out
+
+
+def _ls_memory(path: "str | os.PathLike[str]", deep: bool) -> dict[str, Any] | None:
+    """The run's RAM tier (spec/RUN.md §13) when it has one: its directory, the run ID, whether
+    it is there (a reboot removes it) and its generations, each row marked ``tier: memory``. Not
+    leased: the writer's RAM retention may remove a generation while it is listed."""
+    found = tiers.listing(path)
+    if found is None:
+        return None
+    gens: list[Generation] = []
+    if found["present"]:
+        with contextlib.suppress(OSError):
+            gens = list_dir(found["dir"]).generations
+    found["generations"] = [dict(_ls_row(g, deep, set(), None, None), tier=tiers.MEMORY) for g in gens]
+    return found
 
 
 def _ls_policy(path: "str | os.PathLike[str]", given: Policy) -> tuple[Policy, dict[str, Any]]:

@@ -194,7 +194,9 @@ def diff(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]", *,
          atol: float = 0.0, rtol: float = 0.0, progress=None) -> DiffResult:
     """Compare two checkpoints of any kinds that hold the same parameters (``ckptfmt.kinds``);
     raises ``CheckpointError`` if either cannot be read. A generation of a run is read under a
-    read lease, so a live run's retention keeps it while it is compared."""
+    read lease, so a live run's retention keeps it while it is compared. A Lightning checkpoint
+    directory is compared as its generation (``kinds.resolve``)."""
+    path_a, path_b = kinds.resolve(path_a), kinds.resolve(path_b)
     with leased(path_a, path_b):
         ka, kb = (kinds.require(kinds.sniff(p), "diff", p) for p in (path_a, path_b))
         if ka.name == kb.name == "bin":

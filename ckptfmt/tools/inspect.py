@@ -26,8 +26,11 @@ def inspect_path(path: "str | os.PathLike[str]", *, tensors: bool = False) -> di
     """``inspect`` of a file or directory of any kind (``ckptfmt.kinds``): a run, a seed
     ``.bin``, or any other kind through ``inspect_other``; ``data["kind"]`` names it."""
     kind = kinds.require(kinds.sniff(path), "inspect", path)
-    if kind.name == "run":
+    if kind.name in ("run", "lightning"):        # a Lightning checkpoint is a run of one generation
         return inspect_run(path, tensors=tensors)
+    if kind.name in ("hf-run", "hf-checkpoint"):     # a Trainer's output or checkpoint-N directory
+        from .hfrun import inspect_hf  # lazy: one more kind, read only when given
+        return inspect_hf(path)
     if kind.name == "bin":
         return inspect_file(path, tensors=tensors)
     return inspect_other(os.fspath(path), kind, tensors=tensors)

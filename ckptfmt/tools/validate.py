@@ -138,10 +138,13 @@ def validate_path(path: "str | os.PathLike[str]", *, deep: bool = True, progress
     directory (or a file's directory) that still carries the ``EXPORT-INCOMPLETE`` marker of an
     export or import is never valid, whatever its files say."""
     kind = kinds.require(kinds.sniff(path), "validate", path)
-    if kind.name == "run":
+    if kind.name in ("run", "lightning"):        # a Lightning checkpoint is a run of one generation
         report = validate_run(path, deep=deep, progress=progress, scan=scan)
         _check_incomplete(report, os.fspath(path))
         return report
+    if kind.name in ("hf-run", "hf-checkpoint"):     # a Trainer's checkpoint-N against its record
+        from .hfrun import validate_hf  # lazy: one more kind, read only when given
+        return validate_hf(path, deep=deep)
     if kind.name == "bin":
         report = validate_file(path, deep=deep, progress=progress, scan=scan)
     else:

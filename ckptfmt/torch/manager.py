@@ -33,12 +33,12 @@ from ..run.saving import best_in_history
 from . import adapter, handlers, optim, ranks, refusals, rng
 from . import restore as restoring
 from .distributed import reshard
+from .memtier import MemoryTier, forget_after
 from .metrics import MetricsBook, history_value
 from .saver import Saver
 from .state import persistent_buffers, split
 
 __all__ = ["CheckpointManager"]
-
 
 
 class CheckpointManager:
@@ -59,14 +59,15 @@ class CheckpointManager:
 
     ``mirror=URL`` (``s3://bucket/runs/x``, any fsspec URL; the ``remote`` extra) uploads each
     committed generation there on a background thread, verified, with the same retention
-    (spec/RUN.md §10); ``close`` waits until the destination has caught up.
+    (spec/RUN.md §10); ``close`` waits until the destination has caught up. ``memory_every=N``
+    also commits a generation to node-local RAM every N steps between durable ones (spec/RUN.md §13).
     """
 
     def __init__(self, directory: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: Any = None, scaler: Any = None, *, state: Mapping[str, Any] | None = None,
                  generators: Mapping[str, Any] | None = None, every: Any = refusals.UNSET,
                  keep_last: Any = refusals.UNSET, keep_every: int | None = None, retention: Any = refusals.UNSET,
-                 saving: SavePolicy | None = None, async_save: bool = False,
+                 saving: SavePolicy | None = None, async_save: bool = False, memory_every: int | None = None,
                  handle_signals: bool = True, config: Any = None, mirror: str | None = None, **hooks: Any):
         """``directory`` is a run directory (created if needed) or a ``Run``. ``every`` (default
         100) saves every N steps, ``every=None`` only on request and at ``close``; ``keep_last``
@@ -100,9 +101,11 @@ class CheckpointManager:
         self._saver = Saver(self.run, asynchronous=async_save, sharded=self.world > 1,
                             after_commit=self._committed)
         self._mirror = _start_mirror(self, mirror) if mirror and self.rank == 0 else None
+        self._memory = MemoryTier(self.run, memory_every, rank=self.rank, world=self.world, log=self.log,
+                                  event=self._event) if memory_every is not None else None
         self.committed: int | None = None
         self.last_save: tuple[int, str] | None = None      # (step, reason) of the newest save
-        self.restored_from: str | None = None
+        self.restored_from = self.restored_tier = None   # restore's generation and its tier (spec/RUN.md §13)
         self.skipped_diverged: str | None = None   # why restore passed newer generations over
         self.fresh: list[str] = []
         self.closed, self._metrics = False, MetricsBook()   # _metrics: the newest given to step()
@@ -122,7 +125,6 @@ class CheckpointManager:
         if not self._stop:
             self._stop_reason = reason
         self._stop = True
-
 
     def step(self, step: int, loss: Any = None, **metrics: Any) -> bool:
         """Record step ``step`` in ``.loss.json``; save on cadence or on request. True once a
@@ -153,6 +155,8 @@ class CheckpointManager:
                   else "interval" if timed else f"best {self.saving.on_best}" if best else None)
         if reason and self.committed != step:
             self.save(step, reason)
+        elif self._memory is not None and self._memory.due(step) and self.committed != step:
+            self._memory.save(step, self.model, self.optimizer, self._manifest)   # RAM: between durable ones
         return stop
 
     def _record_policy(self) -> None:
@@ -280,7 +284,7 @@ class CheckpointManager:
             else:
                 doc.setdefault(doc_key, {})[name] = tree
         if self.scheduler is not None:
-            doc["scheduler_type"] = type(self.scheduler).__name__    # a resume refuses another class
+            doc["scheduler_type"] = optim.scheduler_type(self.scheduler)    # a resume refuses another class
         if self.config is not None:
             doc["config"] = self.config
         ranks.add_ranks(doc, extra)
@@ -351,16 +355,17 @@ class CheckpointManager:
                               self.rank, self.log, self._event, self.upgrade, self.on_restore)
         done = restoring.restore(loop, source, strict, restore_rng, allow_nonfinite, allow_device_change)
         self.fresh, self.restored_from, self.skipped_diverged = list(done.fresh), done.path, done.skipped_diverged
-        step = done.step
+        step, self.restored_tier = done.step, done.tier
+        forget_after(self.run, step or 0, self.rank, self.log)     # RAM generations of a lost timeline
         self._checked, self._last_step = True, step
         self._resumed_at = step
         if step is None:
             self._event("start", 0, world_size=self.world)
             return 0
         self._go_on_from(step, done.metrics)
-        if source is None:
-            self.committed = step
-        passed = {"skipped_diverged": self.skipped_diverged} if self.skipped_diverged else {}
+        if source is None and done.tier != "memory":
+            self.committed = step             # the newest durable generation (a RAM one is not)
+        passed = {k: v for k, v in (("skipped_diverged", self.skipped_diverged), ("tier", done.tier)) if v}
         self._event("resume", step, fresh_pieces=self.fresh, **passed)
         return step
 

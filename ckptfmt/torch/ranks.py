@@ -19,7 +19,8 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedSetupError
-from ..run import Run
+from ..run import Run, tiers
+from . import optim
 from .distributed import any_rank, decided_by_rank0, gather_json, rank_world
 
 
@@ -27,9 +28,10 @@ def check_setup(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tup
     """(rank, world); under torchrun, refuses what a sharded generation cannot hold."""
     rank, world = rank_world()
     if world > 1:
-        if type(optimizer) not in (torch.optim.Adam, torch.optim.AdamW):
+        inner = optim.unwrapped(optimizer)       # accelerate's AcceleratedOptimizer: the one inside
+        if type(inner) not in (torch.optim.Adam, torch.optim.AdamW):
             raise UnsupportedSetupError(None, f"under torchrun the manager saves Adam/AdamW state; "
-                                              f"got {type(optimizer).__name__}")
+                                              f"got {type(inner).__name__}")
         if any(p.dtype != torch.float32 for p in model.parameters()):
             raise UnsupportedSetupError(None, "under torchrun the manager saves float32 parameters")
     return rank, world
@@ -53,18 +55,24 @@ def add_ranks(doc: dict[str, Any], extra: dict[str, Any]) -> None:
     doc["ranks"] = gather_json({"rng": doc["rng"], "state": doc.get("state", {})})
 
 
-def agreed_source(run: Run, allow_nonfinite: bool = False) -> tuple[str | None, str | None]:
-    """(path, why) of the newest valid generation (a ``.bin``, or a sharded generation's
-    manifest), hashed, and finite unless ``allow_nonfinite``; ``why`` says which newer
-    diverged generations were passed over, None if none. Under torchrun rank 0 picks for every
-    rank."""
+def agreed_source(run: Run, allow_nonfinite: bool = False) -> dict[str, Any]:
+    """``path`` of the newest valid generation (a ``.bin``, or a sharded generation's manifest),
+    hashed, and finite unless ``allow_nonfinite``, across the recovery tiers when the run has a
+    RAM tier (spec/RUN.md §13: ``tier`` says which, ``skipped`` which newer RAM generations did not
+    verify); ``why`` says which newer diverged generations were passed over, None if none.
+    Under torchrun rank 0 picks for every rank."""
     def newest() -> dict[str, Any]:
-        choice = run.choose(deep=True, allow_nonfinite=allow_nonfinite)
-        gen = run.chosen(choice)
+        memory = tiers.memory_run(run.path)
+        if memory is None:
+            choice = run.choose(deep=True, allow_nonfinite=allow_nonfinite)
+            gen, tier, skipped = run.chosen(choice), tiers.DISK, []
+        else:
+            choice = tiers.choose_across(run, memory, allow_nonfinite)
+            gen, tier, skipped = choice.chosen(run.path), choice.tier, choice.notes(memory.path)
         path = None if gen is None else str(gen.bin if gen.bin is not None else gen.manifest)
-        return {"path": path, "why": choice.why() if choice.diverged else None}
-    answer = decided_by_rank0(newest)
-    return answer["path"], answer["why"]
+        return {"path": path, "why": choice.why() if choice.diverged else None,
+                "tier": tier if gen is not None else None, "skipped": skipped}
+    return decided_by_rank0(newest)
 
 
 def own_pieces(doc: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None,

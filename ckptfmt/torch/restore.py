@@ -38,7 +38,7 @@ from .. import manifest as mf
 from .. import reader
 from ..errors import (ConfigMismatchError, DeviceChangeError, IncompleteResumeStateError, LayoutMismatchError,
                       NoValidGenerationError, RankDisagreementError, StateRefusedError, UnsupportedSetupError)
-from ..run import Run
+from ..run import Run, tiers
 from ..run.lock import first_writer, keep_unwritten
 from ..shards import ShardedCheckpoint, is_sharded
 from . import adapter, notes, optim, ranks, rng
@@ -72,6 +72,7 @@ class Restored:
     fresh: tuple[str, ...] = ()
     skipped_diverged: str | None = None
     metrics: Mapping[str, Any] = field(default_factory=dict)   # the manifest's, as recorded
+    tier: str | None = None                   # disk or memory (spec/RUN.md §13); None for a source
 
 
 @dataclass
@@ -101,7 +102,7 @@ def restore(loop: Loop, source: Any, strict: bool, restore_rng: bool,
             loop.log(f"removed {len(removed)} temp files of interrupted saves", info=True)
     if source is not None:
         refuse_rollback(loop.run, source)
-    path, why = (source, None) if source is not None else newest(loop, allow_nonfinite)
+    path, why, tier = (source, None, None) if source is not None else newest(loop, allow_nonfinite)
     if path is None:
         return Restored()
     with _open(path, verify=source is not None) as ck:
@@ -128,7 +129,7 @@ def restore(loop: Loop, source: Any, strict: bool, restore_rng: bool,
         if plan.rng is not None:
             rng.restore_rng(plan.rng, dict(loop.generators), plan.path, skip=plan.rng_skip)
         metrics = doc.get("metrics")
-        return Restored(ck.step, str(path), tuple(plan.fresh), why, metrics if isinstance(metrics, dict) else {})
+        return Restored(ck.step, str(path), tuple(plan.fresh), why, metrics if isinstance(metrics, dict) else {}, tier)
 
 
 def make_plan(loop: Loop, ck: Any, doc: dict[str, Any], strict: bool,
@@ -184,7 +185,7 @@ def _unfit(loop: Loop, doc: dict[str, Any], path: str, strict: bool) -> dict[str
     them fresh (piece -> its ``fresh`` entry)."""
     out = {}
     scheduler, scaler = dict(loop.pieces).get("scheduler"), dict(loop.pieces).get("amp.scaler")
-    saved, here = doc.get("scheduler_type"), type(scheduler).__name__
+    saved, here = doc.get("scheduler_type"), optim.scheduler_type(scheduler)
     if scheduler is not None and doc.get("scheduler") is not None and saved not in (None, here):
         out["scheduler"] = (f"the checkpoint holds {saved} state, the loop uses {here}",
                             f"{saved} in the checkpoint, {here} in the loop")
@@ -334,28 +335,32 @@ def refuse_rollback(run: Run, source: Any) -> None:
                                                  f"{run.path} --step STEP NEW_RUN, and resume NEW_RUN")
 
 
-def newest(loop: Loop, allow_nonfinite: bool = False) -> tuple[Any, str | None]:
-    """(path of the newest valid finite generation, hashed here so the open does not again; why
-    newer ones were passed over, or None); (None, None) on a fresh run, and for only the
-    uncommitted leftovers of an interrupted first save. Newer diverged generations (their
-    recorded values hold NaN or inf) are passed over and the log says which and why;
+def newest(loop: Loop, allow_nonfinite: bool = False) -> tuple[Any, str | None, str | None]:
+    """(path of the newest valid finite generation across the recovery tiers, hashed here so the
+    open does not again; why newer ones were passed over, or None; its tier, ``disk`` or
+    ``memory``); (None, None, None) on a fresh run, and for only the uncommitted leftovers of an
+    interrupted first save. Newer diverged generations (their recorded values hold NaN or inf)
+    and newer RAM generations that do not verify are passed over and the log says which and why;
     ``allow_nonfinite`` resumes the newest valid one."""
     run = loop.run
     try:
-        path, why = ranks.agreed_source(run, allow_nonfinite)
+        answer = ranks.agreed_source(run, allow_nonfinite)
+        path, why = answer["path"], answer["why"]
+        for note in answer["skipped"]:
+            loop.log(note)
         if why is not None and path is not None:
             loop.log(f"{run.path}: resuming from the newest finite generation, "
                      f"{Path(path).name}, not a newer one: {why}; resuming a diverged generation "
                      "would only carry its NaN/inf on (restore(allow_nonfinite=True) or "
                      "`ckptfmt train --allow-nonfinite` resumes the newest)")
-        return path, why if path is not None else None
+        return path, why if path is not None else None, answer["tier"]
     except (NoValidGenerationError, RankDisagreementError):
-        if any(g.manifest is not None for g in run.generations()):
+        if tiers.has_manifests(run):
             raise                         # committed generations exist and all fail: refuse
         _refuse_bare(run)
         warnings.warn(f"{run.path}: only uncommitted leftovers of an interrupted first save; "
                       "starting fresh", stacklevel=4)
-        return None, None
+        return None, None, None
 
 
 def _refuse_bare(run: Run) -> None:

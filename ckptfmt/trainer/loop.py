@@ -67,9 +67,8 @@ class Trainer:
                  omit_rng_restore: bool = False, log_every: int = 50, flags: Flags = FLAGS,
                  parallel: str = "ddp", mirror: str | None = None, allow_nonfinite: bool = False,
                  force_nonfinite_at: int | None = None, log: Callable[[str], None] | None = None,
-                 allow_device_change: bool = False):
-        self.cfg, self.flags = cfg, flags
-        self.sample_every = sample_every
+                 allow_device_change: bool = False, memory_every: int | None = None):
+        self.cfg, self.flags, self.sample_every = cfg, flags, sample_every
         self.saving = saving or SavePolicy(every=checkpoint_every or None)     # when the manager saves
         self.retention = retention or (Policy.by_count(keep_last, keep_every) if keep_last or keep_every else None)
         self.loss_ema: float | None = None        # a metric beside the loss (LOSS_EMA), resumed from the manifest
@@ -83,7 +82,7 @@ class Trainer:
         self.is_main = self.rank == 0           # rank 0 writes the history and the sidecars
         self.device = rank_device(pick_device(device))
         self.amp = ("bf16" if self.device.type == "cuda" else "none") if amp == "auto" else amp
-        self.parallel, self.async_save, self.mirror = parallel, async_save, mirror
+        self.parallel, self.async_save, self.mirror, self.memory_every = parallel, async_save, mirror, memory_every
         self.mgr: CheckpointManager | None = None
         self.pivot = False                       # set when a resume finds a pivot record
         self.provenance: dict[str, Any] | None = None
@@ -112,7 +111,7 @@ class Trainer:
             self.run, self.model, self.opt, self.sched, self.scaler,
             state={"data": checkpointing.DataState(self), "bandit": self.bandit_state},
             generators={"bandit": self.bandit.rng}, saving=self.saving, retention=self.retention,
-            async_save=self.async_save,
+            async_save=self.async_save, memory_every=self.memory_every,
             handle_signals=False, lock=False, config=cfg.to_dict(), log=self.log, mirror=self.mirror,
             manifest_fields=self.facts, on_restore=self._check_resume, on_commit=self._after_commit,
             upgrade=checkpointing.upgrade)
@@ -145,8 +144,8 @@ class Trainer:
             self._apply_new_schedule()
             self.bandit = self._fresh_bandit(phase=self.bandit_state.saved_phase + 1)
             self.mgr.generators["bandit"] = self.bandit.rng
-        self.log(f"resumed from {os.path.basename(self.mgr.restored_from)}"
-                 + (" after a pivot: fresh bandit" if self.pivot else ""))
+        self.log(f"resumed from {os.path.basename(self.mgr.restored_from)}" + (" (RAM tier)" if self.mgr.restored_tier
+                 == "memory" else "") + (" after a pivot: fresh bandit" if self.pivot else ""))
         return step
 
     def _check_resume(self, doc: dict[str, Any], path: str) -> None:
@@ -256,6 +255,8 @@ class Trainer:
         step = self.data_step = self.resume()
         if step >= target:
             self.log(f"run is at step {step}, target {target}: nothing to do")
+            if self.mgr.restored_tier == "memory":      # "train to N" ends with N on disk
+                self.mgr.save(step, "target")
             return 0
         stop = any_rank(self.flags.stop)[0]        # a SIGTERM during start-up, on any rank
         while step < target and not stop:

@@ -23,7 +23,7 @@ from ...errors import (ConvertError, DestinationExistsError, UnsupportedConversi
                        parse_json)
 from ...tensorfile import TensorFile
 from ...run.lock import writing_file, writing_generations
-from . import bin, bridge, check, npz, planes, pt, safetensors, torchside, zst
+from . import bin, bridge, check, hf, npz, planes, pt, safetensors, torchside, zst
 from .planes import planes as planes_of, unplanes
 from .shards import convert_distributed
 from .source import ConvertReport, Source, cast, discard, regions_of, verdict
@@ -130,11 +130,12 @@ def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = F
     each group's parameter names (a JSON file holding a list of lists, or the lists)."""
     if not os.path.exists(src):
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", src)
+    src = os.fspath(kinds.resolve(src))         # a Lightning checkpoint directory: its generation
     src_kind, dst_kind = detect(src), target(dst, to)
     check_options(dst, dst_kind, weights_only, dtype, shards)
-    if groups is not None and (src_kind != "pt" or dst_kind != "bin"):
-        raise UnsupportedConversionError(dst, "--groups names the param groups of a foreign .pt converted "
-                                              "into a .bin; it does nothing here")
+    if groups is not None and (src_kind not in ("pt", "hf") or dst_kind != "bin"):
+        raise UnsupportedConversionError(dst, "--groups names the param groups of a foreign .pt (or a Trainer "
+                                              "checkpoint-N) converted into a .bin; it does nothing here")
     group_names, groups_file = read_groups(groups)
     if dst_kind != "shards" and os.path.lexists(dst) and not overwrite:
         raise DestinationExistsError(dst, "exists already; refusing to overwrite")
@@ -184,6 +185,13 @@ def _convert_file(src: str, dst: str, src_kind: str, dst_kind: str, weights_only
     ``verify``, prove it by going back."""
     if dst_kind in ("torch", "weights"):
         return bridge.export_foreign(src, src_kind, dst, dst_kind, verify)
+    if src_kind == "hf":                    # a Trainer checkpoint-N, a sharded save_pretrained directory
+        if dst_kind != "bin":
+            raise UnsupportedConversionError(src, "a Hugging Face directory converts to .bin only (then from .bin "
+                                                  "to any other form)")
+        loaded, checked, recorded = hf.load(src)
+        return bridge.import_foreign(src, "hf", loaded, dst, verify, groups or recorded,
+                                     groups_file if groups else hf.hfdir.RECORD, checked)
     opened = open_file(src, src_kind)
     if not isinstance(opened, Source):
         if dst_kind != "bin":

@@ -1,0 +1,186 @@
+"""Recovery tiers (spec/RUN.md §13): the run directory (durable) and a RAM tier beside it.
+
+The RAM tier is a second run directory in node-local shared memory, ``/dev/shm/ckptfmt/<run
+id>/`` (``CKPTFMT_MEMORY_DIR`` instead of ``/dev/shm/ckptfmt``), whose generations are written
+the same way as the durable ones (``.bin`` + manifest + companion, blake3, the atomic commit).
+It is keyed by the run's ID, not its path: ``.run-id.json``, written once (atomically) by the
+first writer that uses the tier, so a run directory deleted and recreated gets a new ID and never
+finds the old run's RAM generations. No copy of a run (fork, export, mirror) carries the ID.
+
+A restore takes the newest generation that verifies (blake3) across both tiers, the durable one
+first at the same step; a RAM generation that is damaged, incomplete or diverged is passed over
+with its reason (``choose_across``). RAM generations newer than the step a run resumed from
+belong to a lost timeline and are removed (``forget_after``).
+
+>>> import tempfile
+>>> run = tempfile.mkdtemp()
+>>> memory_dir(run) is None, run_id(run, create=True) == run_id(run), memory_dir(run).parent == memory_root()
+(True, True, True)
+"""
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import time
+import uuid
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from .. import atomic, shards
+from ..errors import CheckpointError, NoValidGenerationError
+from ..facts import describe
+from .directory import Run
+from .generations import Generation, check_generation, list_dir, non_finite
+from .retention import Policy
+from .sidecars import read_json, write_json
+
+RUN_ID = ".run-id.json"
+MEMORY_ENV = "CKPTFMT_MEMORY_DIR"
+DEFAULT_MEMORY_ROOT = "/dev/shm/ckptfmt"
+MEMORY_KEEP = Policy(keep_last=2)      # the newest two RAM generations (one may be damaged)
+DISK, MEMORY = "disk", "memory"
+_ID = re.compile(r"[0-9a-f]{32}")      # never a path of the sidecar's choosing
+
+
+def memory_root() -> Path:
+    """Where RAM tiers live: ``$CKPTFMT_MEMORY_DIR``, else ``/dev/shm/ckptfmt``."""
+    return Path(os.environ.get(MEMORY_ENV) or DEFAULT_MEMORY_ROOT)
+
+
+def run_id(run: "str | os.PathLike[str]", *, create: bool = False) -> str | None:
+    """The run's ID from ``.run-id.json``; None when it has none (or a damaged one). ``create``
+    (the writer, holding the run lock): a new ID is written once, atomically, if there is none."""
+    path = Path(run) / RUN_ID
+    try:
+        doc = read_json(path, default=None)
+    except CheckpointError:
+        doc = None                       # damaged: a new ID orphans the old RAM generations (safe)
+    found = doc.get("id") if isinstance(doc, dict) else None
+    if isinstance(found, str) and _ID.fullmatch(found):
+        return found
+    if not create:
+        return None
+    new = uuid.uuid4().hex
+    write_json(path, {"id": new, "created": round(time.time(), 3), "path": str(Path(run).resolve())})
+    return new
+
+
+def memory_dir(run: "str | os.PathLike[str]", *, create: bool = False) -> Path | None:
+    """The run's RAM tier directory (made or not), None when the run has no ID."""
+    found = run_id(run, create=create)
+    return None if found is None else memory_root() / found
+
+
+def memory_run(run: "str | os.PathLike[str]") -> Run | None:
+    """The RAM tier as a ``Run`` when its directory exists (a reboot removes it), else None."""
+    where = memory_dir(run)
+    return Run(where) if where is not None and where.is_dir() else None
+
+
+@dataclass
+class TierChoice:
+    """What a restore across tiers found, newest first: ``gen`` in ``tier`` (None: nothing
+    valid), the newer diverged generations passed over and the newer invalid ones, each with its
+    tier (``skipped``: (tier, step, reason))."""
+
+    gen: Generation | None = None
+    tier: str | None = None
+    diverged: list[tuple[str, Generation, dict[str, int]]] = field(default_factory=list)
+    skipped: list[tuple[str, int, str]] = field(default_factory=list)
+
+    def why(self) -> str:
+        """One line: why the newer diverged generations were passed over (as ``Choice.why``)."""
+        passed = "; ".join(f"{g.step}{' (RAM)' if t == MEMORY else ''} ({describe(bad)})" for t, g, bad in self.diverged)
+        return f"generation(s) {passed} diverged: their values, recorded at save, are not finite"
+
+    def notes(self, memory: Path) -> list[str]:
+        """One log line per RAM generation passed over because it did not verify."""
+        return [f"{memory}: skipping RAM generation {step}: {reason}" for tier, step, reason in self.skipped
+                if tier == MEMORY]
+
+    def chosen(self, run: Path) -> Generation | None:
+        """``gen``, or the error of a run whose generations, in every tier, are all invalid or diverged."""
+        if self.gen is not None or not (self.skipped or self.diverged):
+            return self.gen
+        if self.diverged:
+            raise NoValidGenerationError(str(run), "no finite generation to resume from: " + self.why()
+                                         + " (allow_nonfinite / --allow-nonfinite resumes the newest, "
+                                         f"{self.diverged[0][1].step})")
+        raise NoValidGenerationError(str(run), "no valid generation in any tier: " + "; ".join(
+            f"{'RAM ' if t == MEMORY else ''}step {s}: {why}" for t, s, why in self.skipped))
+
+
+def choose_across(run: Run, memory: Run | None, allow_nonfinite: bool = False) -> TierChoice:
+    """The newest committed generation that verifies (deep: blake3) and is finite (unless
+    ``allow_nonfinite``) in the run or its RAM tier; at the same step the durable one."""
+    gens = [(g, DISK) for g in run.generations()] + [(g, MEMORY) for g in (memory.generations() if memory else [])]
+    gens.sort(key=lambda pair: (pair[0].step, pair[1] == DISK))
+    out = TierChoice()
+    for gen, tier in reversed(gens):
+        reason = check_generation(gen, deep=True)
+        if reason is not None:
+            out.skipped.append((tier, gen.step, reason))
+            if tier == DISK:             # as Run.choose says it
+                warnings.warn(f"{run.path}: skipping generation {gen.step}: {reason}", stacklevel=3)
+            continue
+        bad = {} if allow_nonfinite else non_finite(gen)
+        if not bad:
+            out.gen, out.tier = gen, tier
+            return out
+        out.diverged.append((tier, gen, bad))
+    return out
+
+
+def has_manifests(run: Run) -> bool:
+    """Committed (or half-committed) generations exist in the run or its RAM tier: a resume
+    that finds none valid is refused, never a fresh start."""
+    memory = memory_run(run.path)
+    return any(g.manifest is not None for r in (run, memory) if r is not None for g in r.generations())
+
+
+def forget_after(run: "str | os.PathLike[str]", step: int) -> list[int]:
+    """Remove the RAM tier's generations newer than ``step`` (where the run resumed: they belong
+    to a lost timeline) and its temp files of interrupted saves; the steps removed."""
+    where = memory_dir(run)
+    if where is None or not where.is_dir():
+        return []
+    listing = list_dir(where)
+    for temp in listing.temps:
+        if temp.is_file() and not temp.is_symlink():
+            atomic.remove(temp)
+    gone = [g for g in listing.generations if g.step > step]
+    for gen in gone:
+        _remove(gen)
+    return [g.step for g in gone]
+
+
+def prune(memory: Run) -> list[int]:
+    """The RAM tier's retention (``MEMORY_KEEP``), with the guards of every retention."""
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")          # a skipped leftover there is said by restore
+        return memory.gc(MEMORY_KEEP)
+
+
+def _remove(gen: Generation) -> None:
+    """Uncommit (manifest first), then the data."""
+    if gen.bin is None and gen.shards is not None and gen.manifest is not None:
+        shards.remove(gen.manifest, gen.shards)
+        return
+    if gen.shards is not None:               # an interrupted sharded save
+        shutil.rmtree(gen.shards, ignore_errors=True)
+    for part in (gen.manifest, gen.bin, gen.companion):
+        if part is not None:
+            atomic.remove(part)
+
+
+def listing(run: "str | os.PathLike[str]") -> dict[str, Any] | None:
+    """What ``ls`` says of the RAM tier: its directory, the run ID and whether it exists
+    (generations: the caller's rows); None when the run has no ID."""
+    found = run_id(run)
+    if found is None:
+        return None
+    where = memory_root() / found
+    return {"dir": str(where), "run_id": found, "present": where.is_dir()}

@@ -1,0 +1,101 @@
+"""The checkpoint manager's RAM tier (``memory_every=N``, spec/RUN.md §13).
+
+Every N steps that are not saved durably anyway, the manager commits a generation to the run's
+RAM tier (``ckptfmt.run.tiers``: node-local shared memory, keyed by the run's ID) through a
+second ``Saver``: the same manifest, the same files, the same atomic commit, into a ``Run`` at
+the tier's directory. It keeps the newest two there. A RAM generation survives the process
+(SIGKILL, an OOM kill, a crash in a collective), not a reboot, and is never acknowledged as
+durable: no ``on_commit`` hook, no mirror, no durable retention, no fsync of the history (its
+records were written with ``write(2)`` before the commit, so they are in the page cache, which a
+process kill does not lose). The history gets a ``checkpoint`` event with ``tier: "memory"``.
+
+A save the tier cannot take (a full tmpfs: ENOSPC, a missing ``/dev/shm``) is said in the log and
+skipped, never a failed step: the log says the first failure and when saves work again.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any, Callable
+
+import torch
+
+from ..errors import CheckpointError, UnsupportedSetupError
+from ..run import Run, SaveClock, SavePolicy, tiers
+from . import refusals
+from .distributed import decided_by_rank0, reshard
+from .saver import Saver
+
+
+class MemoryTier:
+    """The RAM tier of one manager: ``due(step)``, then ``save``."""
+
+    def __init__(self, run: Run, every: int, *, rank: int, world: int, log: Callable[..., None],
+                 event: Callable[..., None]):
+        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
+            raise ValueError(f"memory_every must be a whole number of at least 1, got {every!r}")
+        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
+        if world > 1 and local != world:
+            raise UnsupportedSetupError(str(run.path), f"memory_every on {world // max(local, 1)} nodes: the RAM "
+                                        "tier is one node's (copies to a peer node are not there yet)")
+        self.run, self.path = run, None     # the tier's directory, known at the first RAM save
+        self.rank, self.world, self.log, self.event = rank, world, log, event
+        self.clock = SaveClock(SavePolicy(every=every))
+        self._saver: Saver | None = None
+        self._skipped = 0                # RAM saves skipped since the last that worked
+
+    def due(self, step: int) -> bool:
+        """The tier's cadence asks for ``step``."""
+        return "cadence" in self.clock.due(step, {}, now=0.0)
+
+    def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+             manifest_of: Callable[[int], tuple[dict[str, Any], dict[str, Any]]]) -> bool:
+        """Commit generation ``step`` to RAM; False (said in the log) when the tier refused it."""
+        reshard(model)
+        manifest, extra = manifest_of(step)
+        refusals.strict_json(manifest)             # a refusal of the loop's own state: raised
+        try:
+            if self._saver is None:
+                self._saver = Saver(self._open(), sharded=self.world > 1, after_commit=self._prune)
+            self._saver.save(step, model, optimizer, manifest, extra)
+        except (CheckpointError, OSError) as exc:
+            if not self._skipped:
+                self.log(f"RAM tier {self.path or tiers.memory_root()}: skipped the save of step {step}: {exc}; training goes on "
+                         "(the durable generations are unaffected; said again when RAM saves work again)")
+            self._skipped += 1
+            return False
+        if self._skipped:
+            self.log(f"RAM tier {self.path}: saves work again at step {step} ({self._skipped} skipped)")
+            self._skipped = 0
+        self.event("checkpoint", step, reason="cadence", tier=tiers.MEMORY,
+                   stall_ms=round(self._saver.last_stall_s * 1e3, 3))
+        return True
+
+    def _open(self) -> Run:
+        """The tier's ``Run``: the run's ID written once by the first writer (rank 0, which holds
+        the run lock), the directory made (a full or missing tmpfs: an ``OSError`` here)."""
+        if self.path is None:
+            self.path = tiers.memory_root() / decided_by_rank0(lambda: tiers.run_id(self.run.path, create=True))
+        return Run(self.path, create=True)
+
+    def _prune(self, step: int, manifest: dict[str, Any]) -> None:
+        """The tier's retention after each RAM commit (rank 0); a failure is only said."""
+        if self.rank != 0 or self._saver is None:
+            return
+        try:
+            tiers.prune(self._saver.run)
+        except (CheckpointError, OSError) as exc:
+            self.log(f"RAM tier {self.path}: retention after step {step} failed: {exc}")
+
+
+def forget_after(run: Run, step: int, rank: int, log: Callable[..., None]) -> None:
+    """After a restore to ``step`` (rank 0): the RAM generations newer than it are a lost
+    timeline's, removed so that no later restore mixes the two timelines."""
+    if rank != 0:
+        return
+    try:
+        gone = tiers.forget_after(run.path, step)
+    except (CheckpointError, OSError) as exc:
+        log(f"{run.path}: the RAM tier's generations after step {step} could not be removed: {exc}")
+        return
+    if gone:
+        log(f"{run.path}: removed RAM generations {gone} of the timeline after step {step}", info=True)
