@@ -306,3 +306,20 @@ def test_a_checkpoint_saved_again_at_its_path_is_replaced_whole(tmp_path, monkey
     assert sorted(os.listdir(path)) == ["step_000007.bin", "step_000007.json"]
     assert os.listdir(tmp_path / "ckpt") == ["last.ckpt"]
     assert torch.equal(read(path)["state_dict"]["weight"], torch.full((2, 3), 7.0))
+
+
+def test_every_n_epochs_and_trainer_save_checkpoint_write_directories_that_validate_and_resume(tmp_path):
+    """ModelCheckpoint(every_n_epochs=2) and a checkpoint the user asks for with
+    ``trainer.save_checkpoint`` go through the plugin as every other save does: directories of
+    one committed generation, valid, and a fit resumes from them."""
+    _, trainer = fit(tmp_path, 4, checkpoint={"save_top_k": -1, "every_n_epochs": 2})
+    made = sorted(os.listdir(tmp_path / "ckpt"))
+    assert made == ["epoch=1-step=16.ckpt", "epoch=3-step=32.ckpt"]
+    asked = tmp_path / "asked.ckpt"
+    trainer.save_checkpoint(str(asked))
+    assert asked.is_dir() and generation_in(asked).endswith("step_000032.bin")
+    for path in (tmp_path / "ckpt" / made[0], asked):
+        result = invoke("validate", path)
+        assert result.exit_code == 0, result.output
+    model, _ = fit(tmp_path / "again", 5, str(asked))
+    assert model.trainer.global_step == 40
