@@ -88,3 +88,10 @@ def unlink(path: str) -> None:
 def link(src: str, dst: str) -> None:
     _call("link", dst)
     os.link(src, dst)
+
+
+def tree_size(path: "str | os.PathLike[str]") -> int:
+    """Bytes of a file, or of every file under a directory (a DCP or Hugging Face checkpoint)."""
+    if not os.path.isdir(path):
+        return os.path.getsize(path)
+    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)

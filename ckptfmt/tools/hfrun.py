@@ -234,7 +234,7 @@ def ls_hf(path: "str | os.PathLike[str]", *, deep: bool = False) -> dict[str, An
         status = "incomplete" if record is None else "damaged" if found else \
             "diverged" if hfdir.non_finite(record) else "verified" if deep else "committed"
         metrics = (record or {}).get("metrics")
-        rows.append({"step": step, "path": str(p), "size": _size(p), "status": status, "pinned": False,
+        rows.append({"step": step, "path": str(p), "size": fsio.tree_size(p), "status": status, "pinned": False,
                      "committed": record is not None and not found,
                      "metrics": metrics if isinstance(metrics, dict) else {},
                      "age_s": None if record is None else _age(record, now),
@@ -255,10 +255,6 @@ def _record_or_none(path: Path) -> dict[str, Any] | None:
         return hfdir.read_record(path)
     except CheckpointError:
         return None
-
-
-def _size(path: Path) -> int:
-    return sum(f.stat().st_size for f in path.rglob("*") if f.is_file() and not f.is_symlink())
 
 
 def inspect_hf(path: "str | os.PathLike[str]") -> dict[str, Any]:
@@ -294,7 +290,7 @@ def _inspect_checkpoint(path: Path) -> dict[str, Any]:
                     stats.add(_widened(dtype, flat[start:start + CHUNK]))
     return {"path": str(path), "kind": "hf-checkpoint", "label": kinds.get("hf-checkpoint").label,
             "origin": "ckptfmt" if record else "foreign", "step": _step(path),
-            "n_params": count, "size": _size(path), "n_tensors": tensors, "dtypes": sorted(dtypes),
+            "n_params": count, "size": fsio.tree_size(path), "n_tensors": tensors, "dtypes": sorted(dtypes),
             "recorded_blake3": (record or {}).get("files", {}).get(os.path.relpath(files[0], path), {}).get("blake3"),
             "record": record, "regions": {"weights": stats.to_dict()}}
 

@@ -5,7 +5,7 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .. import companion, kinds
+from .. import companion, fsio, kinds
 from .. import format as fmt
 from .. import manifest as mf
 from .. import reader
@@ -41,7 +41,7 @@ def inspect_other(path: str, kind: kinds.Kind, *, tensors: bool = False) -> dict
     ``.bin``, read as convert reads it (``anyfile.open_source``)."""
     src = open_source(path, kind)
     out: dict[str, Any] = {"path": path, "kind": kind.name, "label": kind.label, "step": src.step,
-                           "n_params": src.n_params, "size": _size(path), **describe(src)}
+                           "n_params": src.n_params, "size": fsio.tree_size(path), **describe(src)}
     out["regions"] = {r: region_stats(getattr(src, r)).to_dict() for r in fmt.REGIONS
                       if getattr(src, r) is not None}
     if tensors and src.layout:
@@ -55,13 +55,6 @@ def _span(row: dict[str, Any]) -> slice:
     for d in row["shape"]:
         count *= d
     return slice(row["offset"], row["offset"] + count)
-
-
-def _size(path: str) -> int:
-    """Bytes of a file, or of every file under a directory."""
-    if not os.path.isdir(path):
-        return os.path.getsize(path)
-    return sum(os.path.getsize(os.path.join(d, f)) for d, _, files in os.walk(path) for f in files)
 
 
 def inspect_file(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dict[str, Any]:

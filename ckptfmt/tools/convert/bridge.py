@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 from typing import Any
 
-from ... import statemap
+from ... import fsio, statemap
 from ...errors import ConvertError, UnsupportedConversionError
 from ...statemap import State
 from ...tensorfile import TensorFile
@@ -47,15 +47,8 @@ def import_foreign(src: str, kind: str, loaded: Any, dst: str, verify: bool,
             raise ConvertError(dst, f"round trip failed: {where} differs after converting back")
         how = "bytes"
     said = verdict("manifest" if checked.startswith("verified") else checked, how)   # a record: its digests
-    return ConvertReport(src, dst, kind, "bin", result.step, result.n_params, said, result.blake3, _size(src),
+    return ConvertReport(src, dst, kind, "bin", result.step, result.n_params, said, result.blake3, fsio.tree_size(src),
                          result.size, checked, how)
-
-
-def _size(path: str) -> int:
-    """Bytes of a file, or of every file under a directory (a Hugging Face checkpoint)."""
-    if not os.path.isdir(path):
-        return os.path.getsize(path)
-    return sum(os.path.getsize(os.path.join(root, f)) for root, _, files in os.walk(path) for f in files)
 
 
 def _difference(kind: str, loaded: Any, state: State, back: State, src: str) -> str | None:
