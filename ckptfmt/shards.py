@@ -67,27 +67,33 @@ def save_shard(run_dir: "str | os.PathLike[str]", step: int, rank: int, world: i
 
 def commit(run_dir: "str | os.PathLike[str]", step: int, rows: list[dict[str, Any]],
            manifest: dict[str, Any] | None = None) -> Path:
-    """Write the manifest once every shard is durable; refuses an incomplete or holed set.
-    The generation's ``facts`` are the combination of its shards' (none if any shard has none)."""
+    """Write the manifest once every shard is durable; refuses an incomplete or holed set."""
+    path = Path(run_dir) / fmt.manifest_name(step)
+    mf.write(path, manifest_for(run_dir, step, rows, manifest))
+    return path
+
+
+def manifest_for(run_dir: "str | os.PathLike[str]", step: int, rows: list[dict[str, Any]],
+                 manifest: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The manifest of a sharded generation from its shards' rows; refuses an incomplete or
+    holed set. The generation's ``facts`` are the combination of its shards' (none if any shard
+    has none)."""
     rows = sorted(rows, key=lambda r: r["rank"])
-    _check_rows(str(shards_dir(run_dir, step)), rows)
+    check_rows(str(shards_dir(run_dir, step)), rows)
     rows = [{k: v for k, v in r.items() if not (k == valfacts.FIELD and v is None)} for r in rows]
     extra = {k: v for k, v in (manifest or {}).items() if k != valfacts.FIELD}
     extra.update(shards=rows, world_size=len(rows))
     combined = valfacts.combine([r.get(valfacts.FIELD) for r in rows])
     if combined is not None:
         extra[valfacts.FIELD] = combined
-    doc = mf.build(file=shards_dir(run_dir, step).name, size=sum(r["size"] for r in rows), step=step,
-                   n_params=rows[-1]["stop"], digest=root_digest(rows), extra=extra)
-    path = Path(run_dir) / fmt.manifest_name(step)
-    mf.write(path, doc)
-    return path
+    return mf.build(file=shards_dir(run_dir, step).name, size=sum(r["size"] for r in rows), step=step,
+                    n_params=rows[-1]["stop"], digest=root_digest(rows), extra=extra)
 
 
 ROW = {"file": str, "rank": int, "start": int, "stop": int, "size": int, "blake3": str}
 
 
-def _check_rows(where: str, rows: list[dict[str, Any]]) -> None:
+def check_rows(where: str, rows: list[dict[str, Any]]) -> None:
     """The shard list must tile 0..n in rank order. It comes from a manifest, so each row's
     fields are checked to be there with their types before any is used."""
     if not rows:
@@ -123,7 +129,7 @@ class ShardedCheckpoint:
         self.path = str(self.manifest_path.with_suffix(SUFFIX))
         self.step, self.n_params = doc["step"], doc["n_params"]
         rows = doc["shards"]
-        _check_rows(self.path, rows)
+        check_rows(self.path, rows)
         if rows[-1]["stop"] != self.n_params or root_digest(rows) != doc["blake3"] or \
                 sum(r["size"] for r in rows) != doc["size"]:
             raise ManifestMismatchError(str(manifest_path), "shard list does not add up to the manifest")

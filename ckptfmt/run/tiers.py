@@ -41,8 +41,14 @@ RUN_ID = ".run-id.json"
 MEMORY_ENV = "CKPTFMT_MEMORY_DIR"
 DEFAULT_MEMORY_ROOT = "/dev/shm/ckptfmt"
 MEMORY_KEEP = Policy(keep_last=2)      # the newest two RAM generations (one may be damaged)
-DISK, MEMORY = "disk", "memory"
+DISK, MEMORY, PEER = "disk", "memory", "peer"   # PEER: from RAM, fetched from another node
+NOTE = {MEMORY: " (RAM tier)", PEER: " (RAM tier, fetched from a peer node)"}   # after "resumed from X"
 _ID = re.compile(r"[0-9a-f]{32}")      # never a path of the sidecar's choosing
+
+
+def in_ram(tier: str | None) -> bool:
+    """A generation restored from RAM (this node's, or a peer's copy), not a durable one."""
+    return tier in (MEMORY, PEER)
 
 
 def memory_root() -> Path:

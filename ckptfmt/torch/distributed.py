@@ -217,20 +217,28 @@ def save_sharded(run_dir: "str | Path", step: int, model: torch.nn.Module, optim
                  manifest: dict[str, Any] | None = None) -> dict[str, Any]:
     """Collective: every rank writes its shard; rank 0 commits. Returns this rank's row."""
     rank, world = rank_world()
-    params = list(model.parameters())
-    ms, vs, _ = ct.moments(model, optimizer)
-    n = sum(p.numel() for p in params)
-    start, stop = shards.partition(n, world, rank)
-    stager = staging.Stager()   # this save's pair, shared by its three regions (FORMAT §5.7.2)
-    collect = _range_from_dtensors if is_sharded_model(model) else partial(_range_views, stager=stager)
-    row = shards.save_shard(run_dir, step, rank, world, start, stop, collect(params, start, stop),
-                            collect(ms, start, stop), collect(vs, start, stop))
+    row = own_shard(run_dir, step, model, optimizer)
     rows = gather_json(row)              # returns only when every rank's shard is durable
     if rank == 0:
         shards.commit(run_dir, step, rows, manifest)
     if world > 1:
         dist.barrier()
     return row
+
+
+def own_shard(run_dir: "str | Path", step: int, model: torch.nn.Module,
+              optimizer: torch.optim.Optimizer) -> dict[str, Any]:
+    """Write this rank's shard of generation ``step`` (weights, m and v over its contiguous
+    range) into ``run_dir``; its manifest row. Collective for FSDP2 models only."""
+    rank, world = rank_world()
+    params = list(model.parameters())
+    ms, vs, _ = ct.moments(model, optimizer)
+    n = sum(p.numel() for p in params)
+    start, stop = shards.partition(n, world, rank)
+    stager = staging.Stager()   # this save's pair, shared by its three regions (FORMAT §5.7.2)
+    collect = _range_from_dtensors if is_sharded_model(model) else partial(_range_views, stager=stager)
+    return shards.save_shard(run_dir, step, rank, world, start, stop, collect(params, start, stop),
+                             collect(ms, start, stop), collect(vs, start, stop))
 
 
 def load_range(manifest_path: "str | Path", region: str, start: int, stop: int, *, verify: bool = True):

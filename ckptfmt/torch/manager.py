@@ -28,7 +28,7 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import CheckpointError, ConfigMismatchError
-from ..run import Run, RunLock, SaveClock, SavePolicy, record_policy
+from ..run import Run, RunLock, SaveClock, SavePolicy, record_policy, tiers
 from ..run.saving import best_in_history
 from . import adapter, handlers, optim, ranks, refusals, rng
 from . import restore as restoring
@@ -356,14 +356,14 @@ class CheckpointManager:
         done = restoring.restore(loop, source, strict, restore_rng, allow_nonfinite, allow_device_change)
         self.fresh, self.restored_from, self.skipped_diverged = list(done.fresh), done.path, done.skipped_diverged
         step, self.restored_tier = done.step, done.tier
-        forget_after(self.run, step or 0, self.rank, self.log)     # RAM generations of a lost timeline
+        forget_after(self.run, step or 0, self.log)     # RAM generations of a lost timeline
         self._checked, self._last_step = True, step
         self._resumed_at = step
         if step is None:
             self._event("start", 0, world_size=self.world)
             return 0
         self._go_on_from(step, done.metrics)
-        if source is None and done.tier != "memory":
+        if source is None and not tiers.in_ram(done.tier):
             self.committed = step             # the newest durable generation (a RAM one is not)
         passed = {k: v for k, v in (("skipped_diverged", self.skipped_diverged), ("tier", done.tier)) if v}
         self._event("resume", step, fresh_pieces=self.fresh, **passed)

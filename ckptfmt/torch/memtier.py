@@ -3,7 +3,8 @@
 Every N steps that are not saved durably anyway, the manager commits a generation to the run's
 RAM tier (``ckptfmt.run.tiers``: node-local shared memory, keyed by the run's ID) through a
 second ``Saver``: the same manifest, the same files, the same atomic commit, into a ``Run`` at
-the tier's directory. It keeps the newest two there. A RAM generation survives the process
+the tier's directory. It keeps the newest two there. Under torchrun every rank writes its shard
+and, on more than one node, sends it to a partner rank on the next node (``peers``). A RAM generation survives the process
 (SIGKILL, an OOM kill, a crash in a collective), not a reboot, and is never acknowledged as
 durable: no ``on_commit`` hook, no mirror, no durable retention, no fsync of the history (its
 records were written with ``write(2)`` before the commit, so they are in the page cache, which a
@@ -14,14 +15,14 @@ skipped, never a failed step: the log says the first failure and when saves work
 """
 from __future__ import annotations
 
-import os
+import time
 from typing import Any, Callable
 
 import torch
 
-from ..errors import CheckpointError, UnsupportedSetupError
-from ..run import Run, SaveClock, SavePolicy, tiers
-from . import refusals
+from ..errors import CheckpointError
+from ..run import Run, SaveClock, SavePolicy, replicas, tiers
+from . import peers, refusals
 from .distributed import decided_by_rank0, reshard
 from .saver import Saver
 
@@ -33,10 +34,7 @@ class MemoryTier:
                  event: Callable[..., None]):
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"memory_every must be a whole number of at least 1, got {every!r}")
-        local = int(os.environ.get("LOCAL_WORLD_SIZE", world))
-        if world > 1 and local != world:
-            raise UnsupportedSetupError(str(run.path), f"memory_every on {world // max(local, 1)} nodes: the RAM "
-                                        "tier is one node's (copies to a peer node are not there yet)")
+        self.topology = peers.topology()   # nodes of equal size, or refused here
         self.run, self.path = run, None     # the tier's directory, known at the first RAM save
         self.rank, self.world, self.log, self.event = rank, world, log, event
         self.clock = SaveClock(SavePolicy(every=every))
@@ -53,10 +51,15 @@ class MemoryTier:
         reshard(model)
         manifest, extra = manifest_of(step)
         refusals.strict_json(manifest)             # a refusal of the loop's own state: raised
+        started = time.perf_counter()
         try:
-            if self._saver is None:
-                self._saver = Saver(self._open(), sharded=self.world > 1, after_commit=self._prune)
-            self._saver.save(step, model, optimizer, manifest, extra)
+            if self.world > 1:           # every rank's shard, and a partner's copy on the next node
+                peers.save(self._open().path, step, model, optimizer, manifest, extra)
+                self._prune(step, manifest)
+            else:
+                if self._saver is None:
+                    self._saver = Saver(self._open(), after_commit=self._prune)
+                self._saver.save(step, model, optimizer, manifest, extra)
         except (CheckpointError, OSError) as exc:
             if not self._skipped:
                 self.log(f"RAM tier {self.path or tiers.memory_root()}: skipped the save of step {step}: {exc}; training goes on "
@@ -67,7 +70,7 @@ class MemoryTier:
             self.log(f"RAM tier {self.path}: saves work again at step {step} ({self._skipped} skipped)")
             self._skipped = 0
         self.event("checkpoint", step, reason="cadence", tier=tiers.MEMORY,
-                   stall_ms=round(self._saver.last_stall_s * 1e3, 3))
+                   stall_ms=round((time.perf_counter() - started) * 1e3, 3))
         return True
 
     def _open(self) -> Run:
@@ -78,19 +81,24 @@ class MemoryTier:
         return Run(self.path, create=True)
 
     def _prune(self, step: int, manifest: dict[str, Any]) -> None:
-        """The tier's retention after each RAM commit (rank 0); a failure is only said."""
-        if self.rank != 0 or self._saver is None:
+        """The tier's retention after each RAM commit (each node's first rank); a failure is
+        only said. On more than one node a tier holds only some shards of a generation."""
+        if not self.topology.leader or self.path is None:
             return
         try:
-            tiers.prune(self._saver.run)
+            if self.topology.nodes > 1:
+                replicas.prune(self.path, tiers.MEMORY_KEEP.keep_last)
+            else:
+                tiers.prune(Run(self.path))
         except (CheckpointError, OSError) as exc:
             self.log(f"RAM tier {self.path}: retention after step {step} failed: {exc}")
 
 
-def forget_after(run: Run, step: int, rank: int, log: Callable[..., None]) -> None:
-    """After a restore to ``step`` (rank 0): the RAM generations newer than it are a lost
-    timeline's, removed so that no later restore mixes the two timelines."""
-    if rank != 0:
+def forget_after(run: Run, step: int, log: Callable[..., None]) -> None:
+    """After a restore to ``step`` (each node's first rank, in its node's tier): the RAM
+    generations newer than it are a lost timeline's, removed so that no later restore mixes the
+    two timelines."""
+    if not peers.topology().leader:
         return
     try:
         gone = tiers.forget_after(run.path, step)

@@ -20,7 +20,7 @@ import torch
 
 from ..errors import UnsupportedSetupError
 from ..run import Run, tiers
-from . import optim
+from . import optim, peers
 from .distributed import any_rank, decided_by_rank0, gather_json, rank_world
 
 
@@ -60,7 +60,11 @@ def agreed_source(run: Run, allow_nonfinite: bool = False) -> dict[str, Any]:
     hashed, and finite unless ``allow_nonfinite``, across the recovery tiers when the run has a
     RAM tier (spec/RUN.md §13: ``tier`` says which, ``skipped`` which newer RAM generations did not
     verify); ``why`` says which newer diverged generations were passed over, None if none.
-    Under torchrun rank 0 picks for every rank."""
+    Under torchrun rank 0 picks for every rank; on more than one node the RAM tier is each
+    node's and ``peers`` finds what every rank can reach (``tier`` ``peer``: fetched)."""
+    if tiers.run_id(run.path) is not None and peers.topology().nodes > 1:
+        return peers.agreed_source(run, allow_nonfinite)
+
     def newest() -> dict[str, Any]:
         memory = tiers.memory_run(run.path)
         if memory is None:

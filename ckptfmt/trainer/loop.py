@@ -28,7 +28,7 @@ from .. import manifest as mf
 from .. import torch as ct
 from ..errors import (CheckpointError, ConfigMismatchError, DeviceChangeError, IncompleteResumeStateError,
                       StorageError)
-from ..run import LOCK, PIVOT, SAMPLES, STATE, Policy, Run, RunLock, SavePolicy
+from ..run import LOCK, PIVOT, SAMPLES, STATE, Policy, Run, RunLock, SavePolicy, tiers
 from ..run.history import encode_float
 from ..torch import CheckpointManager, ranks
 from ..torch.distributed import any_rank, launched_by_torchrun, mean_over_ranks, rank_world
@@ -144,8 +144,8 @@ class Trainer:
             self._apply_new_schedule()
             self.bandit = self._fresh_bandit(phase=self.bandit_state.saved_phase + 1)
             self.mgr.generators["bandit"] = self.bandit.rng
-        self.log(f"resumed from {os.path.basename(self.mgr.restored_from)}" + (" (RAM tier)" if self.mgr.restored_tier
-                 == "memory" else "") + (" after a pivot: fresh bandit" if self.pivot else ""))
+        self.log(f"resumed from {os.path.basename(self.mgr.restored_from)}" + tiers.NOTE.get(self.mgr.restored_tier, "")
+                 + (" after a pivot: fresh bandit" if self.pivot else ""))
         return step
 
     def _check_resume(self, doc: dict[str, Any], path: str) -> None:
@@ -255,7 +255,7 @@ class Trainer:
         step = self.data_step = self.resume()
         if step >= target:
             self.log(f"run is at step {step}, target {target}: nothing to do")
-            if self.mgr.restored_tier == "memory":      # "train to N" ends with N on disk
+            if tiers.in_ram(self.mgr.restored_tier):     # "train to N" ends with N on disk
                 self.mgr.save(step, "target")
             return 0
         stop = any_rank(self.flags.stop)[0]        # a SIGTERM during start-up, on any rank
