@@ -95,7 +95,9 @@ def _why(check: dict) -> str:
 @click.option("--memory-every", type=click.IntRange(min=1), metavar="N",
               help="Also commit a generation to node-local RAM (/dev/shm, or $CKPTFMT_MEMORY_DIR) every N steps "
                    "between durable ones: it survives a killed process, not a reboot; a restart resumes the "
-                   "newest generation that verifies in either tier.")
+                   "newest generation that verifies in either tier. Under torchrun on several nodes each "
+                   "rank's shard is also copied to a partner rank on the next node, so a lost node's "
+                   "replacement resumes from its peers' copies.")
 @click.option("--sample-every", type=click.IntRange(min=0), default=100, show_default=True,
               help="Write a generated sample to .samples.json every N steps (0: never).")
 @save_options
