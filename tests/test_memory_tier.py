@@ -166,12 +166,14 @@ LOOP = """
 import os, signal, sys, torch
 from ckptfmt.torch import CheckpointManager
 run, kill_at, nan_at, memory_every = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+async_save = sys.argv[5] == "async"
 torch.manual_seed(0)
 model = torch.nn.Linear(16, 8)
 opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
 data = torch.Generator().manual_seed(1)
 mgr = CheckpointManager(run, model, opt, generators={"data": data}, every=50,
-                        memory_every=memory_every or None, log=lambda m: print("LOG", m, flush=True))
+                        memory_every=memory_every or None, async_save=async_save,
+                        log=lambda m: print("LOG", m, flush=True))
 start = mgr.restore()
 print("START", start, mgr.restored_tier, flush=True)
 for step in range(start + 1, 121):
@@ -189,10 +191,10 @@ mgr.close(120)
 """
 
 
-def loop(tmp_path, run, memory, kill_at=0, nan_at=0, memory_every=5):
+def loop(tmp_path, run, memory, kill_at=0, nan_at=0, memory_every=5, mode="sync"):
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
-    return subprocess.run([PY, str(script), str(run), str(kill_at), str(nan_at), str(memory_every)],
+    return subprocess.run([PY, str(script), str(run), str(kill_at), str(nan_at), str(memory_every), mode],
                           env=env(memory), capture_output=True, text=True, timeout=120)
 
 
@@ -207,6 +209,22 @@ def test_the_manager_resumes_a_plain_loop_from_ram_bit_exactly(tmp_path):
     assert "START 70 memory" in again.stdout
     assert (run / "step_000120.bin").read_bytes() == (tmp_path / "plain" / "step_000120.bin").read_bytes()
     assert (events(run, "resume")[-1]["step"], events(run, "resume")[-1]["tier"]) == (70, "memory")
+
+
+def test_async_ram_saves_resume_the_newest_committed_one_bit_exactly(tmp_path):
+    plain = loop(tmp_path, tmp_path / "plain", tmp_path / "shm", memory_every=0)
+    assert plain.returncode == 0, plain.stderr
+    run = tmp_path / "run"
+    killed = loop(tmp_path, run, tmp_path / "shm", kill_at=73, mode="async")   # 70's save may be in flight
+    assert killed.returncode == -signal.SIGKILL
+    saved = {e["step"] for e in events(run, "checkpoint") if e.get("tier") == "memory"}
+    assert {5, 10, 60} <= saved <= set(range(5, 71, 5)) - {50}      # each event once its save committed
+    again = loop(tmp_path, run, tmp_path / "shm", mode="async")
+    assert again.returncode == 0, again.stderr
+    start = events(run, "resume")[-1]
+    assert start["tier"] == "memory" and start["step"] in (65, 70)
+    assert (run / "step_000120.bin").read_bytes() == (tmp_path / "plain" / "step_000120.bin").read_bytes()
+    assert {e["step"] for e in events(run, "checkpoint") if e.get("tier") == "memory"} >= {75, 115}
 
 
 def test_an_incomplete_ram_generation_is_skipped_and_its_timeline_removed(tmp_path):

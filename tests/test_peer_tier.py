@@ -1,4 +1,4 @@
-"""The RAM tier on two "nodes" (spec/RUN.md §13.2): two torchrun launches (``--nnodes 2``, one
+"""The RAM tier on two "nodes" (spec/RUN.md §13.9): two torchrun launches (``--nnodes 2``, one
 rank each, c10d rendezvous on 127.0.0.1, ``--max-restarts 1`` so a survivor waits for a new
 round), one shared run directory, a RAM tier (``CKPTFMT_MEMORY_DIR``) per node, gloo on the CPU.
 Each rank's shard is copied to its partner on the other node; a node killed with its RAM tier
@@ -21,7 +21,7 @@ from ckptfmt.run import Run, tiers  # noqa: E402
 from ckptfmt.run import history as hist  # noqa: E402
 from ckptfmt.tools.validate import validate_run  # noqa: E402
 
-from conftest import last_step  # noqa: E402
+from conftest import last_step, small_tmpfs  # noqa: E402
 
 pytestmark = pytest.mark.xdist_group("torchrun")   # 2 ranks: never beside another torchrun job
 PY = sys.executable
@@ -153,6 +153,24 @@ def test_a_node_lost_with_its_ram_comes_back_from_its_peers_copies_bit_identical
     assert final(nodes.run) == final(straight)
     assert canonical(nodes.run) == canonical(straight)
     assert validate_run(nodes.run).ok
+
+
+def test_a_replacement_whose_ram_is_full_falls_back_to_disk_and_all_ranks_skip_ram_saves_together(nodes, straight):
+    nodes.both()
+    nodes.until(KILL)
+    nodes.kill(1)
+    shutil.rmtree(nodes.memory(1))
+    with small_tmpfs(nodes.memory(1)):                     # 64 KiB: no shard fits on node 1
+        nodes.start(1)
+        nodes.wait()
+    logs = nodes.log(0) + nodes.log(1)
+    assert "not restored, falling back" in logs and "No space left" in logs
+    assert [(r["step"], r["tier"]) for r in resumes(nodes.run)][-1] == (DURABLE, "disk")
+    assert "skipped the save of step 55: another rank could not write its shard" in nodes.log(0) + nodes.log(1)
+    after = hist.read(nodes.run / ".loss.json").events()
+    after = after[max(i for i, e in enumerate(after) if e["event"] == "resume"):]
+    assert not [e for e in after if e.get("tier") == "memory"]      # no rank saved alone
+    assert final(nodes.run) == final(straight)
 
 
 def test_a_killed_rank_resumes_from_its_own_nodes_ram(nodes, straight):

@@ -9,7 +9,7 @@ import pytest
 import ckptfmt
 from ckptfmt import facts, shards
 from ckptfmt.errors import ManifestError
-from ckptfmt.run import replicas
+from ckptfmt.run import Run, replicas
 
 N = 1000
 
@@ -133,3 +133,22 @@ def test_a_nodes_tier_keeps_its_newest_two_committed_steps(tmp_path):
     assert sorted(p.name for p in tier.iterdir()) == ["step_000065.json", "step_000065.shards",
                                                       "step_000070.json", "step_000070.shards",
                                                       "step_000075.shards"]
+
+
+def test_a_ram_generation_of_a_lost_timeline_is_passed_over(tmp_path):
+    """A node away when the run went back to step 50 brings 70 of the old timeline; 65, saved
+    since (its blake3 in the history), is this timeline's."""
+    a, b = two_nodes(tmp_path)
+    digest = {s: json.loads((a / f"step_{s:06d}.json").read_text())["blake3"] for s in (65, 70)}
+    run = tmp_path / "run"
+    run.mkdir()
+    events = [{"event": "start", "step": 0}, {"event": "checkpoint", "step": 70, "tier": "memory", "blake3": digest[70]},
+              {"event": "resume", "step": 50, "tier": "disk"},
+              {"event": "checkpoint", "step": 65, "tier": "memory", "blake3": digest[65]}]
+    (run / ".loss.json").write_text("".join(json.dumps({**e, "time": 1.0}) + "\n" for e in events))
+    line = replicas.timeline(Run(run))
+    assert line == {"since": 50, "saved": {"65": digest[65]}}
+    reach = replicas.reachable([replicas.inventory(a), replicas.inventory(b)], None, timeline=line)
+    assert reach.step == 65
+    assert reach.skipped == [(70, "a lost timeline's: the run went back to step 50 and has not saved this one since")]
+    assert replicas.inventory(a, above=65).keys() == {"70"}

@@ -11,11 +11,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import atomic, shards, writer
+from .. import atomic, writer
 from ..errors import (GenerationNotFoundError, NoValidGenerationError, SaveError,
                       SidecarError, UnsupportedSetupError)
 from ..facts import describe
-from .generations import Generation, Listing, check_bare, check_generation, list_dir, manifest_of, non_finite
+from .generations import Generation, Listing, check_bare, check_generation, list_dir, manifest_of, non_finite, remove
 from .history import History
 from .lease import honoured
 from .lock import sidecar_in_progress
@@ -221,7 +221,7 @@ class Run:
             doomed = [g for g in doomed if g.step not in leased]
             if not dry_run:
                 for gen in doomed:
-                    _delete(gen)
+                    remove(gen)
         return [g.step for g in doomed], dict(sorted(kept.items()))
 
     def sweep_temps(self) -> list[Path]:
@@ -243,14 +243,3 @@ class Run:
     def write_sidecar(self, name: str, value: Any) -> None:
         """Replace a sidecar atomically (temp, fsync, rename, fsync the directory)."""
         write_json(self.path / name, value)
-
-
-def _delete(gen: Generation) -> None:
-    """Uncommit (manifest first), then remove the data; only files of our own naming."""
-    if gen.bin is None and gen.shards is not None:
-        shards.remove(gen.manifest, gen.shards)
-        return
-    atomic.remove(gen.manifest)
-    atomic.remove(gen.bin)
-    if gen.companion is not None:
-        atomic.remove(gen.companion)

@@ -6,13 +6,14 @@ A generation is ``step_NNNNNN.bin`` + ``step_NNNNNN.json`` (or a sharded generat
 from __future__ import annotations
 
 import os
+import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from .. import facts as valfacts
 from .. import format as fmt
 from .. import manifest as mf
-from .. import reader, shards
+from .. import atomic, reader, shards
 from ..errors import CheckpointError
 
 
@@ -132,3 +133,18 @@ def check_bare(gen: Generation) -> str | None:
     if gen.bin is None:
         return "manifest without its .bin"
     return _opens(gen.bin, manifest="ignore")
+
+
+def remove(gen: Generation) -> None:
+    """Uncommit (manifest first), then remove the data: only files of our own naming, and the
+    shard directory of a sharded one (committed, or interrupted before its manifest)."""
+    if gen.manifest is not None and gen.bin is None and gen.shards is not None:
+        shards.remove(gen.manifest, gen.shards)
+        return
+    if gen.manifest is not None:
+        atomic.remove(gen.manifest)
+    if gen.shards is not None:
+        shutil.rmtree(gen.shards, ignore_errors=True)
+    for part in (gen.bin, gen.companion):
+        if part is not None:
+            atomic.remove(part)

@@ -1,4 +1,4 @@
-"""Peer copies of RAM generations across nodes (spec/RUN.md §13.2): the pairing of ranks, what a
+"""Peer copies of RAM generations across nodes (spec/RUN.md §13.9): the pairing of ranks, what a
 node's RAM tier holds, and which generation every rank can still reach after a node is lost.
 
 torchrun numbers the ranks node by node: with L ranks per node, node k holds ranks kL..kL+L-1.
@@ -22,18 +22,18 @@ from a node that holds it (``transfers``), verified by blake3 on arrival.
 """
 from __future__ import annotations
 
-import shutil
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import atomic, companion, fingerprint, shards
+from .. import companion, fingerprint, shards
 from .. import facts as valfacts
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import CheckpointError, ManifestMismatchError
 from ..facts import describe
-from .generations import list_dir
+from .directory import Run
+from .generations import list_dir, remove
 
 
 def partner(rank: int, local: int, world: int) -> int:
@@ -54,6 +54,8 @@ def files_of(doc: dict[str, Any]) -> dict[str, tuple[int, str]]:
     shards.check_rows(where, rows)
     if rows[-1]["stop"] != doc["n_params"] or shards.root_digest(rows) != doc["blake3"]:
         raise ManifestMismatchError(where, "shard list does not add up to the manifest")
+    if sum(r["size"] for r in rows) != doc["size"]:
+        raise ManifestMismatchError(where, "shard sizes do not add up to the manifest's size")
     out = {f"{where}/{row['file']}": (row["size"], row["blake3"]) for row in rows}
     entry = doc.get(companion.FIELD)
     if isinstance(entry, dict):
@@ -61,13 +63,16 @@ def files_of(doc: dict[str, Any]) -> dict[str, tuple[int, str]]:
     return out
 
 
-def inventory(where: "Path | None") -> dict[str, dict[str, Any]]:
+def inventory(where: "Path | None", above: int | None = None) -> dict[str, dict[str, Any]]:
     """What one node's RAM tier holds: ``{step: {"manifest": doc or None, "digests": {file:
-    blake3}}}`` for each generation there (its shard files and companion, hashed now)."""
+    blake3}}}`` for each generation there newer than ``above`` (its shard files and companion,
+    hashed now)."""
     if where is None or not where.is_dir():
         return {}
     out = {}
     for gen in list_dir(where).generations:
+        if above is not None and gen.step <= above:
+            continue
         doc = None
         if gen.manifest is not None:
             try:
@@ -96,16 +101,36 @@ class Reach:
     skipped: list[tuple[int, str]] = field(default_factory=list)
 
 
-def reachable(nodes: list[dict[str, Any]], newer_than: int | None, allow_nonfinite: bool = False) -> Reach:
+def timeline(run: Run) -> dict[str, Any]:
+    """The run's current timeline as its history says it: ``since``, the step of its newest start
+    (``start``, ``resume`` or ``fork`` event), and ``saved``, the root blake3 of each RAM generation
+    committed since (its ``checkpoint`` event). A RAM generation newer than ``since`` that is not
+    one of those is a lost timeline's: a node that was away when the run went back kept it."""
+    since, saved = None, {}
+    try:
+        events = run.history.read().events()
+    except CheckpointError:
+        return {"since": None, "saved": {}}      # no history to go by: no guard
+    for event in events:
+        if event.get("event") in ("start", "resume", "fork"):
+            since, saved = event.get("step"), {}
+        elif event.get("event") == "checkpoint" and event.get("tier") and "blake3" in event:
+            saved[str(event.get("step"))] = event["blake3"]
+    return {"since": since, "saved": saved}
+
+
+def reachable(nodes: list[dict[str, Any]], newer_than: int | None, allow_nonfinite: bool = False,
+              timeline: dict[str, Any] | None = None) -> Reach:
     """The newest step above ``newer_than`` (the durable choice; at the same step the durable
-    generation wins) that some node's manifest commits and whose every file some node holds
-    intact, from every node's ``inventory``; the same answer on every rank."""
+    generation wins) that some node's manifest commits, that is of the run's current ``timeline``
+    (when given), and whose every file some node holds intact, from every node's ``inventory``;
+    the same answer on every rank."""
     out = Reach()
     for step in sorted({int(s) for inv in nodes for s in inv}, reverse=True):
         if newer_than is not None and step <= newer_than:
             break
         entries = [inv.get(str(step), {}) for inv in nodes]
-        reason, holders = _reason(step, entries, allow_nonfinite)
+        reason, holders = _reason(step, entries, allow_nonfinite, timeline or {})
         if reason is not None:
             out.skipped.append((step, reason))
             continue
@@ -115,7 +140,8 @@ def reachable(nodes: list[dict[str, Any]], newer_than: int | None, allow_nonfini
     return out
 
 
-def _reason(step: int, entries: list[dict[str, Any]], allow_nonfinite: bool) -> tuple[str | None, dict[str, list[int]]]:
+def _reason(step: int, entries: list[dict[str, Any]], allow_nonfinite: bool,
+            timeline: dict[str, Any]) -> tuple[str | None, dict[str, list[int]]]:
     """Why generation ``step`` cannot be restored from the nodes' RAM tiers (None: it can), and
     which nodes hold each of its files intact."""
     docs = [e["manifest"] for e in entries if e.get("manifest")]
@@ -123,6 +149,9 @@ def _reason(step: int, entries: list[dict[str, Any]], allow_nonfinite: bool) -> 
         return "no node holds its manifest (a save interrupted before its commit)", {}
     if any(d != docs[0] for d in docs):
         return "the nodes' manifests of it differ", {}
+    since = timeline.get("since")
+    if since is not None and step > since and timeline.get("saved", {}).get(str(step)) != docs[0].get("blake3"):
+        return f"a lost timeline's: the run went back to step {since} and has not saved this one since", {}
     try:
         need = files_of(docs[0])
     except (CheckpointError, KeyError, TypeError) as exc:
@@ -158,11 +187,5 @@ def prune(where: Path, keep: int) -> list[int]:
     kept = sorted(g.step for g in gens if g.manifest is not None)[-keep:]
     gone = [g for g in gens if kept and g.step < kept[0]]
     for gen in gone:
-        if gen.manifest is not None:
-            atomic.remove(gen.manifest)          # uncommit first
-        if gen.shards is not None:
-            shutil.rmtree(gen.shards, ignore_errors=True)
-        for part in (gen.bin, gen.companion):
-            if part is not None:
-                atomic.remove(part)
+        remove(gen)
     return [g.step for g in gone]

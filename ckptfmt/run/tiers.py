@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import os
 import re
-import shutil
 import time
 import uuid
 import warnings
@@ -29,11 +28,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import atomic, shards
+from .. import atomic
 from ..errors import CheckpointError, NoValidGenerationError
 from ..facts import describe
 from .directory import Run
-from .generations import Generation, check_generation, list_dir, non_finite
+from .generations import Generation, check_generation, list_dir, non_finite, remove
 from .retention import Policy
 from .sidecars import read_json, write_json
 
@@ -159,7 +158,7 @@ def forget_after(run: "str | os.PathLike[str]", step: int) -> list[int]:
             atomic.remove(temp)
     gone = [g for g in listing.generations if g.step > step]
     for gen in gone:
-        _remove(gen)
+        remove(gen)
     return [g.step for g in gone]
 
 
@@ -168,18 +167,6 @@ def prune(memory: Run) -> list[int]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")          # a skipped leftover there is said by restore
         return memory.gc(MEMORY_KEEP)
-
-
-def _remove(gen: Generation) -> None:
-    """Uncommit (manifest first), then the data."""
-    if gen.bin is None and gen.shards is not None and gen.manifest is not None:
-        shards.remove(gen.manifest, gen.shards)
-        return
-    if gen.shards is not None:               # an interrupted sharded save
-        shutil.rmtree(gen.shards, ignore_errors=True)
-    for part in (gen.manifest, gen.bin, gen.companion):
-        if part is not None:
-            atomic.remove(part)
 
 
 def listing(run: "str | os.PathLike[str]") -> dict[str, Any] | None:

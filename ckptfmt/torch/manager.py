@@ -54,8 +54,7 @@ class CheckpointManager:
     (raise a ``CheckpointError`` to refuse it); ``upgrade(manifest) -> manifest`` views
     manifests the loop's earlier versions wrote; ``on_commit(step, manifest)`` runs after
     each commit and retention (on the save thread with ``async_save``); ``log(message)``
-    says what the manager decided (default: ``warnings.warn``); ``lock=False`` when the
-    caller already holds the run lock.
+    says what the manager decided (default: ``warnings.warn``); ``lock=False`` when the caller holds the run lock.
 
     ``mirror=URL`` (``s3://bucket/runs/x``, any fsspec URL; the ``remote`` extra) uploads each
     committed generation there on a background thread, verified, with the same retention
@@ -102,7 +101,7 @@ class CheckpointManager:
                             after_commit=self._committed)
         self._mirror = _start_mirror(self, mirror) if mirror and self.rank == 0 else None
         self._memory = MemoryTier(self.run, memory_every, rank=self.rank, world=self.world, log=self.log,
-                                  event=self._event) if memory_every is not None else None
+                                  event=self._event, asynchronous=async_save) if memory_every is not None else None
         self.committed: int | None = None
         self.last_save: tuple[int, str] | None = None      # (step, reason) of the newest save
         self.restored_from = self.restored_tier = None   # restore's generation and its tier (spec/RUN.md §13)
@@ -227,6 +226,8 @@ class CheckpointManager:
             if step is not None and self.committed != step:
                 self.save(step, "close")
             self._saver.wait()
+            if self._memory is not None:
+                self._memory.settle()            # the RAM save in flight
         finally:
             self.closed = True
             if self._mirror is not None:

@@ -3,8 +3,12 @@
 Every N steps that are not saved durably anyway, the manager commits a generation to the run's
 RAM tier (``ckptfmt.run.tiers``: node-local shared memory, keyed by the run's ID) through a
 second ``Saver``: the same manifest, the same files, the same atomic commit, into a ``Run`` at
-the tier's directory. It keeps the newest two there. Under torchrun every rank writes its shard
-and, on more than one node, sends it to a partner rank on the next node (``peers``). A RAM generation survives the process
+the tier's directory. With ``async_save`` (one process) the RAM saves go to the background too,
+after a snapshot of the tensors into the tier's own host buffers: the step loop pays for the
+copy, one RAM save is in flight at most, its event is written once it committed, and a process
+killed while it is in flight resumes the RAM generation before it. It keeps the newest two there. Under torchrun every
+rank writes its shard, at once, and on more than one node sends it to a partner rank on the next
+node (``peers``). A RAM generation survives the process
 (SIGKILL, an OOM kill, a crash in a collective), not a reboot, and is never acknowledged as
 durable: no ``on_commit`` hook, no mirror, no durable retention, no fsync of the history (its
 records were written with ``write(2)`` before the commit, so they are in the page cache, which a
@@ -16,6 +20,7 @@ skipped, never a failed step: the log says the first failure and when saves work
 from __future__ import annotations
 
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import torch
@@ -31,54 +36,85 @@ class MemoryTier:
     """The RAM tier of one manager: ``due(step)``, then ``save``."""
 
     def __init__(self, run: Run, every: int, *, rank: int, world: int, log: Callable[..., None],
-                 event: Callable[..., None]):
+                 event: Callable[..., None], asynchronous: bool = False):
         if isinstance(every, bool) or not isinstance(every, int) or every < 1:
             raise ValueError(f"memory_every must be a whole number of at least 1, got {every!r}")
-        self.topology = peers.topology()   # nodes of equal size, or refused here
+        self.topology = peers.checked() if world > 1 else peers.topology()   # equal nodes, or refused
         self.run, self.path = run, None     # the tier's directory, known at the first RAM save
         self.rank, self.world, self.log, self.event = rank, world, log, event
         self.clock = SaveClock(SavePolicy(every=every))
+        self.asynchronous = asynchronous   # as the durable saves (async_save): one process only
         self._saver: Saver | None = None
         self._skipped = 0                # RAM saves skipped since the last that worked
+        self._pending: int | None = None  # the step of the newest RAM save (in flight, one process)
 
     def due(self, step: int) -> bool:
-        """The tier's cadence asks for ``step``."""
+        """The tier's cadence asks for ``step``; a RAM save that finished in the background is
+        settled first (its event written, or its failure said)."""
+        self.settle(block=False)
         return "cadence" in self.clock.due(step, {}, now=0.0)
 
     def save(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
              manifest_of: Callable[[int], tuple[dict[str, Any], dict[str, Any]]]) -> bool:
-        """Commit generation ``step`` to RAM; False (said in the log) when the tier refused it."""
+        """Commit generation ``step`` to RAM (with ``asynchronous``, in one process: in the
+        background after a snapshot of the tensors); False (said in the log) when the tier
+        refused it."""
         reshard(model)
         manifest, extra = manifest_of(step)
         refusals.strict_json(manifest)             # a refusal of the loop's own state: raised
-        started = time.perf_counter()
+        self.settle()                              # one RAM save in flight at most
+        started, doc = time.perf_counter(), None
         try:
             if self.world > 1:           # every rank's shard, and a partner's copy on the next node
-                peers.save(self._open().path, step, model, optimizer, manifest, extra)
+                doc = peers.save(self._where(), step, model, optimizer, manifest, extra)
                 self._prune(step, manifest)
             else:
                 if self._saver is None:
-                    self._saver = Saver(self._open(), after_commit=self._prune)
+                    self._saver = Saver(self._open(), asynchronous=self.asynchronous, after_commit=self._prune)
                 self._saver.save(step, model, optimizer, manifest, extra)
         except (CheckpointError, OSError) as exc:
-            if not self._skipped:
-                self.log(f"RAM tier {self.path or tiers.memory_root()}: skipped the save of step {step}: {exc}; training goes on "
-                         "(the durable generations are unaffected; said again when RAM saves work again)")
-            self._skipped += 1
+            self._failed(step, exc)
             return False
+        stall_ms, self._pending = round((time.perf_counter() - started) * 1e3, 3), step
+        if self._saver is not None:
+            self._saver.then(lambda: self._committed(step, stall_ms))
+        else:                            # the manifest's blake3: which RAM generation is this timeline's
+            self._committed(step, stall_ms, blake3=(doc or {}).get("blake3"))
+        return True
+
+    def settle(self, block: bool = True) -> None:
+        """The RAM save in flight (one process): wait for its commit (``block``), or only look
+        whether it has finished; its event once committed, its failure said in the log."""
+        if self._saver is None:
+            return
+        try:
+            self._saver.wait() if block else self._saver.poll()
+        except (CheckpointError, OSError) as exc:
+            self._failed(self._pending, exc)
+
+    def _committed(self, step: int, stall_ms: float, **more: Any) -> None:
         if self._skipped:
             self.log(f"RAM tier {self.path}: saves work again at step {step} ({self._skipped} skipped)")
             self._skipped = 0
-        self.event("checkpoint", step, reason="cadence", tier=tiers.MEMORY,
-                   stall_ms=round((time.perf_counter() - started) * 1e3, 3))
-        return True
+        self.event("checkpoint", step, reason="cadence", tier=tiers.MEMORY, stall_ms=stall_ms,
+                   **{k: v for k, v in more.items() if v is not None})
 
-    def _open(self) -> Run:
-        """The tier's ``Run``: the run's ID written once by the first writer (rank 0, which holds
-        the run lock), the directory made (a full or missing tmpfs: an ``OSError`` here)."""
+    def _failed(self, step: int | None, exc: BaseException) -> None:
+        if not self._skipped:
+            self.log(f"RAM tier {self.path or tiers.memory_root()}: skipped the save of step {step}: {exc}; training "
+                     "goes on (the durable generations are unaffected; said again when RAM saves work again)")
+        self._skipped += 1
+
+    def _where(self) -> Path:
+        """The tier's directory (not made here): the run's ID is written once by the first
+        writer (rank 0, which holds the run lock)."""
         if self.path is None:
             self.path = tiers.memory_root() / decided_by_rank0(lambda: tiers.run_id(self.run.path, create=True))
-        return Run(self.path, create=True)
+        return self.path
+
+    def _open(self) -> Run:
+        """The tier's ``Run``, its directory made (a full or missing tmpfs: an ``OSError`` here)."""
+        return Run(self._where(), create=True)
 
     def _prune(self, step: int, manifest: dict[str, Any]) -> None:
         """The tier's retention after each RAM commit (each node's first rank); a failure is

@@ -62,7 +62,7 @@ def agreed_source(run: Run, allow_nonfinite: bool = False) -> dict[str, Any]:
     verify); ``why`` says which newer diverged generations were passed over, None if none.
     Under torchrun rank 0 picks for every rank; on more than one node the RAM tier is each
     node's and ``peers`` finds what every rank can reach (``tier`` ``peer``: fetched)."""
-    if tiers.run_id(run.path) is not None and peers.topology().nodes > 1:
+    if peers.across_nodes(run):
         return peers.agreed_source(run, allow_nonfinite)
 
     def newest() -> dict[str, Any]:

@@ -72,7 +72,7 @@ class Restored:
     fresh: tuple[str, ...] = ()
     skipped_diverged: str | None = None
     metrics: Mapping[str, Any] = field(default_factory=dict)   # the manifest's, as recorded
-    tier: str | None = None                   # disk or memory (spec/RUN.md §13); None for a source
+    tier: str | None = None                   # disk, memory or peer (spec/RUN.md §13); None for a source
 
 
 @dataclass
@@ -337,8 +337,8 @@ def refuse_rollback(run: Run, source: Any) -> None:
 
 def newest(loop: Loop, allow_nonfinite: bool = False) -> tuple[Any, str | None, str | None]:
     """(path of the newest valid finite generation across the recovery tiers, hashed here so the
-    open does not again; why newer ones were passed over, or None; its tier, ``disk`` or
-    ``memory``); (None, None, None) on a fresh run, and for only the uncommitted leftovers of an
+    open does not again; why newer ones were passed over, or None; its tier, ``disk``,
+    ``memory`` or ``peer``); (None, None, None) on a fresh run, and for only the uncommitted leftovers of an
     interrupted first save. Newer diverged generations (their recorded values hold NaN or inf)
     and newer RAM generations that do not verify are passed over and the log says which and why;
     ``allow_nonfinite`` resumes the newest valid one."""
@@ -355,8 +355,8 @@ def newest(loop: Loop, allow_nonfinite: bool = False) -> tuple[Any, str | None, 
                      "`ckptfmt train --allow-nonfinite` resumes the newest)")
         return path, why if path is not None else None, answer["tier"]
     except (NoValidGenerationError, RankDisagreementError):
-        if tiers.has_manifests(run):
-            raise                         # committed generations exist and all fail: refuse
+        if any_rank(tiers.has_manifests(run))[0]:
+            raise                         # committed generations exist (on some node) and all fail: refuse
         _refuse_bare(run)
         warnings.warn(f"{run.path}: only uncommitted leftovers of an interrupted first save; "
                       "starting fresh", stacklevel=4)
