@@ -44,17 +44,17 @@ class Nodes:
     def memory(self, node: int) -> Path:
         return self.root / f"shm{node}"
 
-    def start(self, node: int) -> None:
+    def start(self, node: int, launch: tuple = ()) -> None:
         env = {**os.environ, tiers.MEMORY_ENV: str(self.memory(node)), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                "OMP_NUM_THREADS": "1"}
-        argv = [PY, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d",
-                "--rdzv-endpoint", f"127.0.0.1:{self.port}", "--rdzv-id", "peer-tier", "--max-restarts", "1",
-                "-m", "ckptfmt.cli", "train", "--run-dir", str(self.run), "--config", "tiny",
-                "--steps", str(N), "--checkpoint-every", str(DURABLE), "--memory-every", str(RAM),
+        argv_launch = launch or ("--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
+                            f"127.0.0.1:{self.port}", "--rdzv-id", "peer-tier", "--max-restarts", "1")
+        argv = [PY, "-m", "torch.distributed.run", *argv_launch, "-m", "ckptfmt.cli", "train", "--run-dir", str(self.run),
+                "--config", "tiny", "--steps", str(N), "--checkpoint-every", str(DURABLE), "--memory-every", str(RAM),
                 "--sample-every", "0", "--log-every", "100000"]
         log = open(self.root / f"node{node}.log", "a")
         self.procs[node] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        if node == 0:                           # node 0 hosts the rendezvous store: it goes first
+        if node == 0 and not launch:            # node 0 hosts the rendezvous store: it goes first
             deadline = time.monotonic() + 60
             while not _listening(self.port):
                 assert self.procs[0].poll() is None and time.monotonic() < deadline, self.log(0)
@@ -68,9 +68,10 @@ class Nodes:
     def kill(self, node: int) -> None:
         """SIGKILL the node's agent and its worker, as a lost machine (torchrun starts each
         worker in a session of its own)."""
-        worker = _worker_of(self.procs[node].pid)
+        workers = _workers_of(self.procs[node].pid)
         os.killpg(self.procs[node].pid, signal.SIGKILL)
-        os.killpg(worker, signal.SIGKILL)
+        for worker in workers:
+            os.killpg(worker, signal.SIGKILL)
         self.procs[node].wait()
 
     def wait(self, timeout: float = 400) -> None:
@@ -176,8 +177,7 @@ def test_a_replacement_whose_ram_is_full_falls_back_to_disk_and_all_ranks_skip_r
 def test_a_killed_rank_resumes_from_its_own_nodes_ram(nodes, straight):
     nodes.both()
     nodes.until(KILL)
-    worker = _worker_of(nodes.procs[1].pid)
-    os.kill(worker, signal.SIGKILL)                        # one process, not the node: both agents restart
+    os.kill(_workers_of(nodes.procs[1].pid)[0], signal.SIGKILL)                        # one process, not the node: both agents restart
     nodes.wait()
     resume = resumes(nodes.run)[-1]
     assert resume["tier"] == "memory" and resume["step"] >= KILL - RAM
@@ -216,10 +216,11 @@ def test_a_ram_generation_damaged_on_every_node_is_skipped_with_its_reason(nodes
     assert final(nodes.run) == final(straight)
 
 
-def _worker_of(agent: int) -> int:
-    """The PID of the torchrun agent's worker (its child running the trainer)."""
+def _workers_of(agent: int) -> list[int]:
+    """The PIDs of the torchrun agent's workers (its children running the trainer)."""
     deadline = time.monotonic() + 30
     while time.monotonic() < deadline:
+        found = []
         for entry in os.listdir("/proc"):
             if entry.isdigit():
                 try:
@@ -227,6 +228,22 @@ def _worker_of(agent: int) -> int:
                 except OSError:
                     continue
                 if int(stat.rsplit(")", 1)[1].split()[1]) == agent:
-                    return int(entry)
+                    found.append(int(entry))
+        if found:
+            return found
         time.sleep(0.05)
     raise AssertionError(f"no worker under agent {agent}")
+
+
+def test_one_node_of_two_ranks_shares_its_ram_tier_and_resumes_from_it(nodes, straight):
+    """Both ranks on one node: both shards in one tier, no partner; the same trajectory as on two nodes."""
+    one_node = ("--standalone", "--nproc-per-node", "2")
+    nodes.start(0, one_node)
+    nodes.until(KILL)
+    held = ram_steps(nodes, 0)
+    nodes.kill(0)
+    nodes.start(0, one_node)
+    nodes.wait()
+    resume = resumes(nodes.run)[-1]
+    assert resume["tier"] == "memory" and resume["step"] == max(held) >= KILL - RAM
+    assert final(nodes.run) == final(straight)
