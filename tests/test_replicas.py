@@ -9,7 +9,7 @@ import pytest
 import ckptfmt
 from ckptfmt import facts, shards
 from ckptfmt.errors import ManifestError
-from ckptfmt.run import Run, replicas
+from ckptfmt.run import Run, replicas, tiers
 
 N = 1000
 
@@ -129,7 +129,7 @@ def test_a_nodes_tier_keeps_its_newest_two_committed_steps(tmp_path):
     partial = tier / "step_000075.shards"
     partial.mkdir()
     (partial / "00000-of-00002.bin").write_bytes(b"x")      # a save interrupted before its commit
-    assert replicas.prune(tier, 2) == [55, 60]
+    assert tiers.prune(tier, 2) == [55, 60]
     assert sorted(p.name for p in tier.iterdir()) == ["step_000065.json", "step_000065.shards",
                                                       "step_000070.json", "step_000070.shards",
                                                       "step_000075.shards"]

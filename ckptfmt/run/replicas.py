@@ -33,7 +33,7 @@ from .. import manifest as mf
 from ..errors import CheckpointError, ManifestMismatchError
 from ..facts import describe
 from .directory import Run
-from .generations import list_dir, remove
+from .generations import list_dir
 
 
 def partner(rank: int, local: int, world: int) -> int:
@@ -177,15 +177,3 @@ def transfers(reach: Reach, nodes: int) -> list[tuple[str, int, int]]:
         held = reach.holders[name]
         out += [(name, held[node % len(held)], node) for node in range(nodes) if node not in held]
     return out
-
-
-def prune(where: Path, keep: int) -> list[int]:
-    """A node's RAM tier keeps the generations of its newest ``keep`` committed steps (there, a
-    generation may hold only some shards: its node's and its partners' copies); older ones,
-    committed or not, are removed. The steps removed."""
-    gens = list_dir(where).generations
-    kept = sorted(g.step for g in gens if g.manifest is not None)[-keep:]
-    gone = [g for g in gens if kept and g.step < kept[0]]
-    for gen in gone:
-        remove(gen)
-    return [g.step for g in gone]

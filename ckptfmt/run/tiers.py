@@ -33,13 +33,12 @@ from ..errors import CheckpointError, NoValidGenerationError
 from ..facts import describe
 from .directory import Run
 from .generations import Generation, check_generation, list_dir, non_finite, remove
-from .retention import Policy
 from .sidecars import read_json, write_json
 
 RUN_ID = ".run-id.json"
 MEMORY_ENV = "CKPTFMT_MEMORY_DIR"
 DEFAULT_MEMORY_ROOT = "/dev/shm/ckptfmt"
-MEMORY_KEEP = Policy(keep_last=2)      # the newest two RAM generations (one may be damaged)
+MEMORY_KEEP = 2                        # the newest two RAM generations (one may be damaged)
 DISK, MEMORY, PEER = "disk", "memory", "peer"   # PEER: from RAM, fetched from another node
 NOTE = {MEMORY: " (RAM tier)", PEER: " (RAM tier, fetched from a peer node)"}   # after "resumed from X"
 _ID = re.compile(r"[0-9a-f]{32}")      # never a path of the sidecar's choosing
@@ -162,11 +161,16 @@ def forget_after(run: "str | os.PathLike[str]", step: int) -> list[int]:
     return [g.step for g in gone]
 
 
-def prune(memory: Run) -> list[int]:
-    """The RAM tier's retention (``MEMORY_KEEP``), with the guards of every retention."""
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")          # a skipped leftover there is said by restore
-        return memory.gc(MEMORY_KEEP)
+def prune(where: Path, keep: int = MEMORY_KEEP) -> list[int]:
+    """The RAM tier's retention: the generations of its newest ``keep`` committed steps stay,
+    older ones, committed or not, are removed (nothing is hashed: a restore checks what it takes,
+    and on more than one node a tier may hold only some shards of a generation). The steps removed."""
+    gens = list_dir(where).generations
+    kept = sorted(g.step for g in gens if g.manifest is not None)[-keep:]
+    gone = [g for g in gens if kept and g.step < kept[0]]
+    for gen in gone:
+        remove(gen)
+    return [g.step for g in gone]
 
 
 def listing(run: "str | os.PathLike[str]") -> dict[str, Any] | None:

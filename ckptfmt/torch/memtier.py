@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import CheckpointError
-from ..run import Run, SaveClock, SavePolicy, replicas, tiers
+from ..run import Run, SaveClock, SavePolicy, tiers
 from . import peers, refusals
 from .distributed import decided_by_rank0, reshard
 from .saver import Saver
@@ -118,14 +118,11 @@ class MemoryTier:
 
     def _prune(self, step: int, manifest: dict[str, Any]) -> None:
         """The tier's retention after each RAM commit (each node's first rank); a failure is
-        only said. On more than one node a tier holds only some shards of a generation."""
+        only said."""
         if not self.topology.leader or self.path is None:
             return
         try:
-            if self.topology.nodes > 1:
-                replicas.prune(self.path, tiers.MEMORY_KEEP.keep_last)
-            else:
-                tiers.prune(Run(self.path))
+            tiers.prune(self.path)
         except (CheckpointError, OSError) as exc:
             self.log(f"RAM tier {self.path}: retention after step {step} failed: {exc}")
 
