@@ -61,10 +61,53 @@ def last_step(run: Path) -> int:
     return max((json.loads(x)["step"] for x in lines if '"loss"' in x and x.endswith("}")), default=0)
 
 
-def cli(*args: str, cwd=None, env=None, timeout=300) -> subprocess.CompletedProcess:
-    """Run the real console entry point in a fresh process."""
-    return subprocess.run([PY, "-m", "ckptfmt.cli", *args], capture_output=True, text=True,
-                          cwd=cwd, env={**os.environ, **(env or {})}, timeout=timeout)
+# Commands that read and write files only: run in this process through click's CliRunner (a
+# fresh interpreter costs a second of imports). The rest start a process of their own: train and
+# verify-resume run trainers and take signals; mirror and import talk to object storage on
+# threads of their own.
+IN_PROCESS = frozenset({"inspect", "validate", "diff", "convert", "ls", "gc", "pin", "pivot", "fork",
+                        "bisect", "plot", "export"})
+
+
+def cli(*args: str, cwd=None, env=None, timeout=300, process: bool = False) -> subprocess.CompletedProcess:
+    """Run a ckptfmt command line: the file commands in this process (click's CliRunner, with the
+    console's exit code, stdout and stderr, warnings on stderr and an internal error's traceback),
+    the others, or any with ``process=True``, through the real entry point in a fresh process."""
+    if process or not args or args[0] not in IN_PROCESS:
+        return subprocess.run([PY, "-m", "ckptfmt.cli", *args], capture_output=True, text=True,
+                              cwd=cwd, env={**os.environ, **(env or {})}, timeout=timeout)
+    return _cli_in_process(list(map(str, args)), cwd, env)
+
+
+def _warning_on_stderr(message, category, filename, lineno, file=None, line=None):
+    import warnings
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+def _cli_in_process(args: list, cwd, env) -> subprocess.CompletedProcess:
+    import traceback
+    import warnings
+
+    from click.testing import CliRunner
+
+    from ckptfmt.cli import main
+    here = os.getcwd()
+    try:
+        if cwd is not None:
+            os.chdir(cwd)
+        with warnings.catch_warnings():     # as a fresh interpreter shows them: once, on stderr
+            warnings.resetwarnings()
+            warnings.simplefilter("default")
+            warnings.simplefilter("ignore", DeprecationWarning)
+            warnings.simplefilter("ignore", PendingDeprecationWarning)
+            warnings.showwarning = _warning_on_stderr
+            result = CliRunner().invoke(main, args, env=env, prog_name="ckptfmt")
+    finally:
+        os.chdir(here)
+    stderr = result.stderr
+    if result.exc_info is not None and not issubclass(result.exc_info[0], SystemExit):
+        stderr += "".join(traceback.format_exception(*result.exc_info))   # what the console prints
+    return subprocess.CompletedProcess(["ckptfmt", *args], result.exit_code, result.stdout, stderr)
 
 
 @pytest.fixture
@@ -84,3 +127,48 @@ def small_tmpfs(path: Path, size: str = "64k"):
         yield path
     finally:
         subprocess.run(["umount", str(path)], check=True)
+
+
+# ------------------------------------------------ what the children said, shown when a test fails
+# Every subprocess a test waits on through communicate() (subprocess.run, cli(), the library's own
+# runs) is remembered with its exit code and output; a failing test's report ends with them, so a
+# bare `assert 1 == 0` on a return code still shows why the child failed.
+_children: list = []
+_communicate = subprocess.Popen.communicate
+
+
+def _remembering_communicate(self, *args, **kwargs):
+    try:
+        out, err = _communicate(self, *args, **kwargs)
+    except subprocess.TimeoutExpired as exc:
+        _children.append((self.args, "timed out", exc.output, exc.stderr))
+        raise
+    _children.append((self.args, self.returncode, out, err))
+    return out, err
+
+
+subprocess.Popen.communicate = _remembering_communicate
+
+
+def _tail(data, lines: int = 25) -> str:
+    if data is None:
+        return ""
+    text = data.decode(errors="replace") if isinstance(data, bytes) else data
+    return "\n".join(text.rstrip().splitlines()[-lines:])
+
+
+def pytest_runtest_logstart(nodeid, location):
+    _children.clear()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    outcome = yield
+    report = outcome.get_result()
+    if report.failed and _children:
+        parts = []
+        for argv, code, out, err in _children[-6:]:
+            command = " ".join(map(str, argv)) if isinstance(argv, (list, tuple)) else str(argv)
+            parts.append(f"$ {command[:300]}\nexit: {code}\n--- stderr (tail)\n{_tail(err)}"
+                         f"\n--- stdout (tail)\n{_tail(out, 10)}")
+        report.sections.append(("child processes (the last 6 this test waited on)", "\n\n".join(parts)))

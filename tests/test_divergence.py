@@ -2,7 +2,6 @@
 but marked diverged; ls shows it, validate fails naming region and count, retention keeps the
 newest finite generation, and latest-valid resume picks it and says why."""
 import json
-import subprocess
 import sys
 import warnings
 
@@ -13,6 +12,7 @@ from ckptfmt.errors import NoValidGenerationError
 from ckptfmt.run import Run
 from ckptfmt.run.ops import ls_run
 from conftest import arrays, cli
+import warm  # noqa: E402
 
 PY = sys.executable
 
@@ -138,7 +138,7 @@ def test_manager_restores_the_newest_finite_generation_and_says_why(tmp_path):
 def train(run, steps, *extra):
     argv = [PY, "-m", "ckptfmt.cli", "train", "--run", str(run), "--config", "tiny", "--steps", str(steps),
             "--checkpoint-every", "50", "--sample-every", "0", "--log-every", "100000", *extra]
-    return subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    return warm.run(argv, capture_output=True, text=True, timeout=300)
 
 
 def test_trainer_stops_with_exit_3_at_a_non_finite_loss_and_resumes_the_last_finite(tmp_path):

@@ -1,5 +1,4 @@
 import json
-import subprocess
 import sys
 
 import pytest
@@ -11,12 +10,13 @@ from ckptfmt.errors import DestinationExistsError, ExportError  # noqa: E402
 from ckptfmt.tools.export import INCOMPLETE, archive, export, import_archive  # noqa: E402
 from ckptfmt.trainer.export_check import export_check  # noqa: E402
 from conftest import arrays, cli, seed_write  # noqa: E402
+import warm  # noqa: E402
 
 PY = sys.executable
 
 
 def train(run, steps):
-    proc = subprocess.run([PY, "-m", "ckptfmt.cli", "train", "--run", str(run), "--steps", str(steps), "--config", "tiny",
+    proc = warm.run([PY, "-m", "ckptfmt.cli", "train", "--run", str(run), "--steps", str(steps), "--config", "tiny",
                            "--checkpoint-every", "20", "--sample-every", "20", "--log-every", "100000"],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr

@@ -31,6 +31,7 @@ EXAMPLE = ROOT / "examples" / "hf_trainer.py"
 sys.path.insert(0, str(ROOT / "examples"))
 from hf_trainer import Tokens, tiny_gpt2  # noqa: E402
 from test_accelerate import worker_of_rank  # noqa: E402
+import warm  # noqa: E402
 
 FILES = ("model.safetensors", "optimizer.pt", "scheduler.pt")
 
@@ -151,7 +152,7 @@ def test_save_total_limit_is_refused_naming_it(tmp_path):
 
 def test_the_example_exits_0_on_sigterm_with_its_newest_checkpoint_committed(tmp_path):
     out = tmp_path / "example"
-    proc = subprocess.Popen([sys.executable, str(EXAMPLE), "--output", str(out), "--steps", "400"],
+    proc = warm.Popen([sys.executable, str(EXAMPLE), "--output", str(out), "--steps", "400"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while not (out / "checkpoint-5" / hfdir.RECORD).exists() and proc.poll() is None and time.monotonic() < deadline:

@@ -22,6 +22,7 @@ from ckptfmt.run import fork, list_dir, ls_run  # noqa: E402
 from ckptfmt.tools.export import INCOMPLETE, export  # noqa: E402
 from ckptfmt.tools.validate import validate_path, validate_run  # noqa: E402
 from conftest import cli  # noqa: E402
+import warm  # noqa: E402
 
 EVERY, KEEP = 3, 2
 
@@ -47,7 +48,7 @@ def live(tmp_path_factory):
     """A trainer committing every 3 steps with --keep-last 2, for the whole module."""
     run = tmp_path_factory.mktemp("live") / "run"
     log = open(run.parent / "train.log", "w")
-    proc = subprocess.Popen([sys.executable, "-m", "ckptfmt.cli", "train", "--run", str(run), "--config", "tiny",
+    proc = warm.Popen([sys.executable, "-m", "ckptfmt.cli", "train", "--run", str(run), "--config", "tiny",
                              "--steps", "1000000", "--checkpoint-every", str(EVERY), "--keep-last", str(KEEP),
                              "--sample-every", "0", "--log-every", "1000000", "--threads", "1"],
                             stdout=log, stderr=subprocess.STDOUT)

@@ -20,6 +20,7 @@ from ckptfmt.run import Run, tiers  # noqa: E402
 from ckptfmt.tools.validate import validate_run  # noqa: E402
 
 from conftest import cli, last_step, small_tmpfs  # noqa: E402
+import warm  # noqa: E402
 
 PY = sys.executable
 N = 120
@@ -35,13 +36,13 @@ def cmd(run, *extra):
 
 
 def train(run, memory, *extra):
-    return subprocess.run(cmd(run, *extra), env=env(memory), capture_output=True, text=True, timeout=300)
+    return warm.run(cmd(run, *extra), env=env(memory), capture_output=True, text=True, timeout=300)
 
 
 def killed_after(run, memory, step=73) -> int:
     """Train with --memory-every 5 and SIGKILL the trainer once step ``step`` is recorded; the
     last step recorded."""
-    proc = subprocess.Popen(cmd(run, "--memory-every", 5), env=env(memory), stdout=subprocess.DEVNULL,
+    proc = warm.Popen(cmd(run, "--memory-every", 5), env=env(memory), stdout=subprocess.DEVNULL,
                             stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     while last_step(run) < step:
@@ -194,8 +195,8 @@ mgr.close(120)
 def loop(tmp_path, run, memory, kill_at=0, nan_at=0, memory_every=5, mode="sync"):
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
-    return subprocess.run([PY, str(script), str(run), str(kill_at), str(nan_at), str(memory_every), mode],
-                          env=env(memory), capture_output=True, text=True, timeout=120)
+    return warm.run([PY, str(script), str(run), str(kill_at), str(nan_at), str(memory_every), mode],
+                    env=env(memory), capture_output=True, text=True, timeout=120)
 
 
 def test_the_manager_resumes_a_plain_loop_from_ram_bit_exactly(tmp_path):

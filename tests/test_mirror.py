@@ -19,6 +19,7 @@ import ckptfmt
 from ckptfmt import shards
 from ckptfmt.run.ops import ls_run
 from conftest import ROOT, arrays, cli
+import warm  # noqa: E402
 from s3server import S3Server, fixtures
 
 PY = sys.executable
@@ -149,7 +150,7 @@ def test_a_damaged_local_generation_is_not_sent(s3, bucket, tmp_path):
 
 def test_restore_then_resume_is_bit_identical_to_the_straight_run(s3, bucket, tmp_path):
     def train(run, steps):
-        proc = subprocess.run([PY, "-m", "ckptfmt.cli", "train", "--run", str(run), "--steps", str(steps),
+        proc = warm.run([PY, "-m", "ckptfmt.cli", "train", "--run", str(run), "--steps", str(steps),
                                "--config", "tiny", "--checkpoint-every", "20", "--sample-every", "20",
                                "--log-every", "100000"], capture_output=True, text=True, timeout=300)
         assert proc.returncode == 0, proc.stderr
@@ -400,7 +401,7 @@ def test_watch_beside_a_trainer_with_sigterm_and_resume_cycles_then_import_resum
     def train(run, steps, stop_at=None):
         args = [PY, "-m", "ckptfmt.cli", "train", "--run", str(run), "--steps", str(steps), "--config", "tiny",
                 "--checkpoint-every", "10", "--keep-last", "3", "--sample-every", "20", "--log-every", "100000"]
-        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = warm.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         if stop_at is not None:
             deadline = time.monotonic() + 120
             while last_step(run) < stop_at and proc.poll() is None and time.monotonic() < deadline:
@@ -503,7 +504,7 @@ def test_train_mirrors_each_generation_in_the_background_with_the_same_retention
     exactly what local retention keeps, each generation validating there, and ls reports no lag."""
     pytest.importorskip("torch")
     run, url = tmp_path / "run", f"s3://{bucket}/live"
-    proc = subprocess.run([PY, "-m", "ckptfmt.cli", "train", "--run", str(run), "--steps", "50", "--config", "tiny",
+    proc = warm.run([PY, "-m", "ckptfmt.cli", "train", "--run", str(run), "--steps", "50", "--config", "tiny",
                            "--checkpoint-every", "10", "--keep-last", "2", "--sample-every", "0",
                            "--log-every", "100000", "--async-save", "--mirror", url],
                           capture_output=True, text=True, timeout=300)

@@ -95,7 +95,7 @@ def test_stratified_sigkill_of_a_writer(tmp_path):
     """Kills aimed at each phase of the save (before the .bin rename, between the two commits,
     after the manifest commit, during pruning): 0 torn files accepted, never 'no valid
     generation', and one sweep leaves 0 orphan temp files."""
-    kills = int(os.environ.get("RELIABILITY_KILLS", scale(200, 1000)))
+    kills = int(os.environ.get("RELIABILITY_KILLS", scale(50, 1000)))
     n = scale(N, 12_500_000)       # long tier: 150 MB files
     run = base_run(tmp_path / "run", n)
     rng = random.Random(1)

@@ -143,11 +143,11 @@ def cycles(disk: Disk, count: int, seed: int) -> tuple[int, int, int]:
 
 
 def test_power_cuts_lose_nothing_acknowledged(disk):
-    count = scale(100, 2000)
+    count = scale(30, 2000)
     acked, present, torn = cycles(disk, count, seed=1)
     print(f"FIGURE power cuts: {count} cycles, {acked} acknowledged saves, {present} present and intact, "
           f"{torn} torn files accepted")
-    assert acked > 50
+    assert acked > count // 2
     assert present == acked and torn == 0
 
 

@@ -16,6 +16,7 @@ from ckptfmt.tools.validate import validate_run  # noqa: E402
 from faults import scale  # noqa: E402
 
 from conftest import last_step  # noqa: E402
+import warm  # noqa: E402
 
 PY = sys.executable
 
@@ -34,7 +35,7 @@ def wait_step(run, step, proc, timeout=120):
 
 def test_100_sigusr1_each_followed_by_a_committed_checkpoint(tmp_path):
     run = tmp_path / "run"
-    proc = subprocess.Popen(cmd(run, 10**6, every=10**6), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    proc = warm.Popen(cmd(run, 10**6, every=10**6), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     rng = random.Random(3)
     sent = []
     try:
@@ -60,9 +61,9 @@ def test_100_sigusr1_each_followed_by_a_committed_checkpoint(tmp_path):
 
 def test_sigterm_at_random_points_checkpoints_the_last_completed_step(tmp_path):
     rng = random.Random(4)
-    for i in range(scale(5, 50)):
+    for i in range(scale(3, 50)):
         run = tmp_path / f"r{i}"
-        proc = subprocess.Popen(cmd(run, 10**6), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        proc = warm.Popen(cmd(run, 10**6), stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
         wait_step(run, rng.randint(1, 60), proc)
         time.sleep(rng.uniform(0, 0.05))
         proc.send_signal(signal.SIGTERM)
@@ -73,9 +74,9 @@ def test_sigterm_at_random_points_checkpoints_the_last_completed_step(tmp_path):
 
 def test_sigterm_then_sigkill_during_the_final_save_keeps_the_previous_generation(tmp_path):
     rng = random.Random(5)
-    for i in range(scale(10, 100)):
+    for i in range(scale(4, 100)):
         run = tmp_path / f"r{i}"
-        proc = subprocess.Popen(cmd(run, 10**6, every=5), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        proc = warm.Popen(cmd(run, 10**6, every=5), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_step(run, rng.randint(6, 40), proc)
         proc.send_signal(signal.SIGTERM)
         time.sleep(rng.uniform(0, 0.02))
@@ -88,11 +89,11 @@ def test_sigterm_then_sigkill_during_the_final_save_keeps_the_previous_generatio
 def test_kill_and_resume_cycles_end_bit_identical(tmp_path):
     target = 200
     straight = tmp_path / "straight"
-    subprocess.run(cmd(straight, target), check=True, capture_output=True)
+    warm.run(cmd(straight, target), check=True, capture_output=True)
     run = tmp_path / "run"
     rng = random.Random(6)
-    for cycle in range(scale(20, 100)):
-        proc = subprocess.Popen(cmd(run, target), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    for cycle in range(scale(6, 100)):
+        proc = warm.Popen(cmd(run, target), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         start = last_step(run)
         try:
             wait_step(run, min(target - 1, start + rng.randint(3, 12)), proc)
@@ -100,7 +101,7 @@ def test_kill_and_resume_cycles_end_bit_identical(tmp_path):
             break                                   # it finished before we could kill it
         proc.kill()
         proc.wait()
-    subprocess.run(cmd(run, target), check=True, capture_output=True)
+    warm.run(cmd(run, target), check=True, capture_output=True)
     a = ckptfmt.open(straight / "step_000200.bin").fingerprint()
     assert ckptfmt.open(run / "step_000200.bin", verify=True).fingerprint() == a
     keep = ("step", "loss", "lr", "source")

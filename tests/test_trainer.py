@@ -17,6 +17,7 @@ from ckptfmt.run import Run  # noqa: E402
 from ckptfmt.tools.validate import validate_run  # noqa: E402
 
 from conftest import last_step  # noqa: E402
+import warm  # noqa: E402
 
 PY = sys.executable
 N = 120
@@ -28,11 +29,11 @@ def cmd(run, steps, *extra):
 
 
 def train(run, steps, *extra, **kw):
-    return subprocess.run(cmd(run, steps, *extra), capture_output=True, text=True, timeout=300, **kw)
+    return warm.run(cmd(run, steps, *extra), capture_output=True, text=True, timeout=300, **kw)
 
 
 def start(run, steps, *extra):
-    return subprocess.Popen(cmd(run, steps, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return warm.Popen(cmd(run, steps, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
 
 
 def wait_for(pred, proc, timeout=120):
@@ -289,7 +290,7 @@ def test_failed_final_save_exits_75_and_keeps_the_previous_generation(tmp_path):
         "sys.argv = ['ckptfmt'] + sys.argv[1:]\n"
         "main()\n")
     argv = [PY, "-c", wrapper] + cmd(run, 100000)[3:]
-    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = warm.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     wait_for(lambda: gens(run) and last_step(run) > 25, proc)
     before = Run(run).latest()
     data = before.bin.read_bytes()
