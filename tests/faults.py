@@ -1,4 +1,4 @@
-"""Fault-injection helpers for the reliability suite (issue 8).
+"""Fault-injection helpers for the reliability suite.
 
 Scale: RELIABILITY_SCALE=long multiplies the counts (the long tier, scripts/long-tier.sh).
 """

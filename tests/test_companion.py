@@ -1,4 +1,4 @@
-"""The companion file of a generation (issue 16; spec/FORMAT.md §4.6): committed with it,
+"""The companion file of a generation (spec/FORMAT.md §4.6): committed with it,
 listed by the manifest with its blake3, checked wherever the generation is."""
 from __future__ import annotations
 

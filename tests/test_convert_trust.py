@@ -1,4 +1,4 @@
-"""Conversions trust nothing (issue 18 §3): the source is checked against its own digest
+"""Conversions trust nothing: the source is checked against its own digest
 before anything is written, "verified" is printed only when source and round trip both hold,
 and a target extension that disagrees with --to, or an option that does nothing for the
 target, is refused (exit 2) before anything is read or written."""

@@ -1,4 +1,4 @@
-"""Issue 20 item 4: a run resumed on another device type is refused by name, or, when asked
+"""A run resumed on another device type is refused by name, or, when asked
 for, goes on and says so.
 
 A CUDA run is simulated on the CPU by writing into a saved manifest what a CUDA process writes

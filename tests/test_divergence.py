@@ -1,4 +1,4 @@
-"""The divergence guard (issue 17): a generation whose recorded values hold NaN or inf is committed
+"""The divergence guard: a generation whose recorded values hold NaN or inf is committed
 but marked diverged; ls shows it, validate fails naming region and count, retention keeps the
 newest finite generation, and latest-valid resume picks it and says why."""
 import json

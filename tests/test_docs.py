@@ -1,4 +1,4 @@
-"""Docs that run (issue 15 §6): every docstring example in the library, the public API's
+"""Docs that run: every docstring example in the library, the public API's
 docstrings, and the README's library example."""
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Value facts recorded at save (issue 17): deep validation of a committed generation is one hash,
+"""Value facts recorded at save: deep validation of a committed generation is one hash,
 and what the facts say is what a scan finds, in every region, in shards, with reused buffers."""
 import json
 

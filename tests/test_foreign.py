@@ -1,4 +1,4 @@
-"""Foreign checkpoints come in (issue 18 §4): a real ``torch.save`` of a small model with
+"""Foreign checkpoints come in: a real ``torch.save`` of a small model with
 BatchNorm + Adam/AdamW after a few steps, and a real ``safetensors.torch.save_file`` of
 weights, convert into a committed .bin and back, bit-identical where the form holds the data;
 what cannot be mapped is refused in one line naming it (spec/FORMAT.md §10.7)."""

@@ -31,7 +31,7 @@ def test_random_mutations_raise_only_checkpoint_errors():
 
 def test_conversion_and_archive_readers_have_seeds():
     """The corpus covers the readers of the conversions (.npz, .safetensors, .zst, .pt) and of
-    export archives (issue 18): each selector byte has a seed written by fuzz/seeds.py."""
+    export archives: each selector byte has a seed written by fuzz/seeds.py."""
     from target import ARCHIVE, CONVERSION_READERS, TORCH
     firsts = {f.read_bytes()[:1] for f in (ROOT / "fuzz" / "corpus").iterdir()}
     for selector in (*CONVERSION_READERS, ARCHIVE, TORCH):

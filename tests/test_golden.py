@@ -1,4 +1,4 @@
-"""Golden files of every earlier format keep loading (issue 15 §7; spec/FORMAT.md "Schema").
+"""Golden files of every earlier format keep loading (spec/FORMAT.md "Schema").
 
 tests/golden/v1/ was written once by the code before the layout change (make_v1.py says how);
 tests/golden/mapping/ by the code that added the mapping's fields (make_mapping.py).

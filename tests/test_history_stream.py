@@ -1,4 +1,4 @@
-"""The streamed history (issue 17 part 5) is the history as it was read whole: the same
+"""The streamed history is the history as it was read whole: the same
 canonical records, counts, warnings and problems, the same first difference for bisect, and
 plot's downsampled curve keeps the lowest and highest loss of each bucket.
 

@@ -1,5 +1,5 @@
 """CheckpointManager at the edges a review found: what it cannot store is refused before a byte
-is written, and what it stores comes back exactly (issue 16)."""
+is written, and what it stores comes back exactly."""
 from __future__ import annotations
 
 import json

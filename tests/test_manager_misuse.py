@@ -1,4 +1,4 @@
-"""CheckpointManager against what users commonly get wrong (review-user): each is one line, a
+"""CheckpointManager against what users commonly get wrong: each is one line, a
 ``CheckpointError``, before anything is written or copied."""
 from __future__ import annotations
 

@@ -107,7 +107,7 @@ def test_an_empty_path_segment_is_refused_before_anything_is_sent(s3, bucket, tm
 
 def test_a_watch_stops_on_a_refused_url_instead_of_retrying_it(s3, bucket, tmp_path):
     """A watch took every RemoteError for a network failure: a URL that is the run itself, or
-    has an empty path segment, was a warning retried every interval, for ever (review). It is
+    has an empty path segment, was a warning retried every interval, for ever. It is
     refused at once, exit 2, also while the run directory does not exist yet."""
     run = make_run(tmp_path / "run", steps=(10,))
     for where, url in ((run, f"file://{run}"), (run, f"s3://{bucket}//x"), (tmp_path / "later", f"s3://{bucket}//x")):

@@ -247,7 +247,7 @@ def test_pivot_archives_samples_and_state_but_keeps_history_and_generations(tmp_
 
 def test_pivot_is_at_the_generation_the_trainer_resumes_from(tmp_path):
     """A newest generation damaged after its commit is skipped by the trainer (latest, deep):
-    the pivot must be recorded at the one before it, or it never applies (review-seeds)."""
+    the pivot must be recorded at the one before it, or it never applies."""
     make(tmp_path, 100)
     make(tmp_path, 200, seed=2)
     corrupt(tmp_path, 200, "bit_flip")

@@ -1,4 +1,4 @@
-"""The library refuses before it writes (issue 18, deliverable 2).
+"""The library refuses before it writes.
 
 ``ckptfmt.save`` checks every argument before the first byte reaches the disk; each refusal
 below is tried in an empty directory, which is listed afterwards: nothing may be there, and

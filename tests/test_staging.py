@@ -1,4 +1,4 @@
-"""Issue 20: device tensors reach the writer through one save's staging pair, the copy of the
+"""Device tensors reach the writer through one save's staging pair, the copy of the
 next piece overlapped with the writing of this one (spec/FORMAT.md §5.7.2).
 
 The CUDA calls live in ``staging.CudaCopies``; these tests drive the same ``Stager`` with its CPU

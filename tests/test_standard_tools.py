@@ -1,4 +1,4 @@
-"""Standard tools work on what we write (issue 18 §5): ``zstd -d`` gives back the exact
+"""Standard tools work on what we write: ``zstd -d`` gives back the exact
 ``.bin`` of a ``.zst`` and ``b3sum`` of it prints the manifest's blake3; ``b3sum --check``
 passes on the B3SUMS of an export and of a run (and fails when a byte changes). The real
 ``zstd`` and ``b3sum`` are called: the README's set-up installs them; never skipped."""

@@ -1,4 +1,4 @@
-"""The reference trainer in fresh processes with real signals (issue 5)."""
+"""The reference trainer in fresh processes with real signals."""
 import json
 import random
 import signal
@@ -382,7 +382,7 @@ def test_the_manifest_records_the_kernels_that_ran(tmp_path):
 def test_every_field_a_pivot_may_change_is_named_where_the_pivot_is_explained():
     """spec/RUN.md §6.2's list (config.POLICY_FIELDS) in `train --help`, `pivot --help` and the
     refusal's hint; they named 'caps, floors and the lr schedule' (sources and bandit_temperature
-    left out) (review-seeds)."""
+    left out)."""
     from ckptfmt.errors import ConfigMismatchError
     from ckptfmt.trainer import config as cfgmod
     helps = [subprocess.run([PY, "-m", "ckptfmt.cli", c, "--help"], capture_output=True, text=True).stdout

@@ -1,4 +1,4 @@
-"""Issue 14: a producer that reuses its buffers must never corrupt the manifest's digest.
+"""A producer that reuses its buffers must never corrupt the manifest's digest.
 
 The writer hashes on a second thread. A region iterator that refills the buffer it yielded
 before (the torch adapter's CUDA staging pair, or any generator with one scratch buffer) must
