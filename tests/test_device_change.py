@@ -19,6 +19,7 @@ from ckptfmt.errors import DeviceChangeError  # noqa: E402
 from ckptfmt.run import history as hist  # noqa: E402
 from ckptfmt.torch import CheckpointManager, rng  # noqa: E402
 from ckptfmt.trainer.checkpointing import device_refusal  # noqa: E402
+from models import train_steps, two_layer_adamw  # noqa: E402
 
 CUDA_STATE = base64.b64encode(bytes(16)).decode()      # a philox seed and offset: 16 bytes
 ACCEPT = " (restore(allow_device_change=True) goes on with those RNGs as this process has them; " \
@@ -26,9 +27,7 @@ ACCEPT = " (restore(allow_device_change=True) goes on with those RNGs as this pr
 
 
 def loop(run, seed=0, logs=None):
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.Linear(8, 1))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = two_layer_adamw(seed)
     noise = torch.Generator().manual_seed(seed + 7)
     mgr = CheckpointManager(run, model, opt, generators={"noise": noise}, handle_signals=False,
                             every=None, log=(logs.append if logs is not None else None))
@@ -39,10 +38,7 @@ def saved_run(tmp_path, edit):
     """A CPU run with one generation at step 3, its manifest edited by ``edit``."""
     run = tmp_path / "run"
     model, opt, noise, mgr = loop(run)
-    for _ in range(3):
-        opt.zero_grad()
-        model(torch.randn(5, 4, generator=noise)).square().mean().backward()
-        opt.step()
+    train_steps(model, opt, 3, generator=noise)
     mgr.close(3)
     path = run / "step_000003.json"
     doc = json.loads(path.read_text())

@@ -97,12 +97,12 @@ def test_a_diverged_generation_is_replaced_when_the_run_reaches_its_step_again(t
 # ---------------------------------------------------------------- the checkpoint manager
 torch = pytest.importorskip("torch")
 
+from models import tiny_adamw, train_steps  # noqa: E402
+
 
 def manager_run(tmp_path, **kwargs):
     from ckptfmt.torch import CheckpointManager
-    torch.manual_seed(0)
-    model = torch.nn.Linear(4, 3)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model, opt = tiny_adamw(lr=0.1)
     logged = []
     mgr = CheckpointManager(tmp_path, model, opt, every=None, keep_last=None, handle_signals=False,
                             log=logged.append, **kwargs)
@@ -112,8 +112,7 @@ def manager_run(tmp_path, **kwargs):
 def test_manager_restores_the_newest_finite_generation_and_says_why(tmp_path):
     model, opt, mgr, _ = manager_run(tmp_path)
     for step in (100, 200, 300):
-        model(torch.ones(2, 4)).sum().backward()
-        opt.step()
+        train_steps(model, opt, 1)
         if step == 300:
             with torch.no_grad():
                 model.weight[0, 0] = float("nan")

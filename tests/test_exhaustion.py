@@ -90,10 +90,12 @@ def test_a_sidecar_the_disk_refuses_is_named_and_the_previous_one_stays(tmp_path
 
 torch = pytest.importorskip("torch")
 
+from models import tiny_linear  # noqa: E402
+
 
 def _manager(path, **kw):
     from ckptfmt.torch import CheckpointManager
-    model = torch.nn.Linear(3, 2)
+    model = tiny_linear()
     opt = torch.optim.Adam(model.parameters())
     return CheckpointManager(path, model, opt, handle_signals=False, **kw)
 

@@ -16,6 +16,7 @@ import ckptfmt.torch as ct
 from ckptfmt.cli import main
 from ckptfmt.tools.convert import convert
 from ckptfmt.torch.torchsave import difference
+from models import train_steps, two_layer_adamw
 
 
 def run(runner, *args):
@@ -186,19 +187,13 @@ def test_cli_reports_an_unverified_source_and_a_checked_round_trip(runner, tmp_p
 
 
 def test_a_bin_saved_by_ckptfmt_torch_goes_out_as_a_torch_checkpoint(tmp_path):
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
-    opt = torch.optim.AdamW(model.parameters(), lr=3e-3)
-    for _ in range(2):
-        opt.zero_grad()
-        model(torch.randn(6, 3)).sum().backward()
-        opt.step()
+    model, opt = two_layer_adamw(lr=3e-3)
+    train_steps(model, opt, 2)
     ct.save(str(tmp_path / "step_000002.bin"), model, opt)
     convert(str(tmp_path / "step_000002.bin"), str(tmp_path / "out.pt"), to="torch")
     obj = torch.load(tmp_path / "out.pt", weights_only=True)
     assert_same(obj["model"], model.state_dict())
-    fresh = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 2))
-    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1.0)
+    fresh, fresh_opt = two_layer_adamw(seed=1, lr=1.0)
     fresh.load_state_dict(obj["model"])
     fresh_opt.load_state_dict(obj["optimizer"])
     assert_same(fresh_opt.state_dict(), opt.state_dict())

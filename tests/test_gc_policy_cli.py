@@ -14,6 +14,7 @@ from ckptfmt import manifest as mf
 from ckptfmt.cli import main
 from ckptfmt.run import Policy, Run
 from ckptfmt.torch import CheckpointManager
+from models import tiny_linear, train_steps
 
 VAL_LOSS = {10: 5.0, 20: 3.0, 30: math.nan, 40: 4.0, 50: 2.0, 60: 6.0}
 
@@ -21,17 +22,13 @@ VAL_LOSS = {10: 5.0, 20: 3.0, 30: math.nan, 40: 4.0, 50: 2.0, 60: 6.0}
 @pytest.fixture(scope="module")
 def built(tmp_path_factory):
     """A run of six generations, each with the val_loss reported at its step (one NaN)."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(2, 1)
+    model = tiny_linear()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     path = tmp_path_factory.mktemp("policy") / "run"
     with CheckpointManager(path, model, opt, every=10, keep_last=None, handle_signals=False) as mgr:
         for step in range(1, 61):
-            loss = model(torch.ones(1, 2)).pow(2).sum()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
-            mgr.step(step, loss=loss.detach(), **({"val_loss": VAL_LOSS[step]} if step in VAL_LOSS else {}))
+            loss = train_steps(model, opt, 1)
+            mgr.step(step, loss=loss, **({"val_loss": VAL_LOSS[step]} if step in VAL_LOSS else {}))
     return path
 
 
@@ -171,8 +168,7 @@ def test_the_mirror_destination_holds_what_local_gc_keeps_with_the_same_flags(ru
 def test_the_manager_applies_its_policy_and_records_it_for_ls(tmp_path, runner):
     """A manager with ``retention=Policy(...)`` keeps what the policy keeps after each commit, and
     records it in ``.policy.json``, so ``ls`` without flags says which rule keeps each generation."""
-    torch.manual_seed(0)
-    model = torch.nn.Linear(2, 1)
+    model = tiny_linear()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
     path = tmp_path / "run"
     policy = Policy(keep_last=1, keep_best=2, metric="val_loss")

@@ -14,10 +14,10 @@ import threading
 import time
 
 import pytest
-import torch
 
 from ckptfmt.cli.output import error_doc
 from ckptfmt.torch import CheckpointManager
+from models import tiny_adamw
 
 
 @pytest.fixture
@@ -28,11 +28,6 @@ def python_sigint():
     yield
     for sig, handler in before.items():
         signal.signal(sig, handler)
-
-
-def tiny():
-    model = torch.nn.Linear(2, 2)
-    return model, torch.optim.AdamW(model.parameters())
 
 
 def blocked_on(fifo: str, proc: subprocess.Popen, deadline_s: float = 120) -> int:
@@ -114,7 +109,7 @@ def test_a_manager_built_in_a_worker_thread_runs_without_signals_and_says_so(tmp
     said, result = [], {}
 
     def work():
-        model, opt = tiny()
+        model, opt = tiny_adamw()
         with CheckpointManager(tmp_path / "run", model, opt, every=1, keep_last=None, log=said.append) as mgr:
             result["start"] = mgr.restore()
             result["stop"] = mgr.step(1, loss=1.0)
@@ -128,7 +123,7 @@ def test_a_manager_built_in_a_worker_thread_runs_without_signals_and_says_so(tmp
 
 
 def test_a_second_ctrl_c_after_a_stop_was_requested_raises_keyboard_interrupt(tmp_path, python_sigint):
-    model, opt = tiny()
+    model, opt = tiny_adamw()
     with CheckpointManager(tmp_path / "run", model, opt, every=None, keep_last=None) as mgr:
         mgr.restore()
         os.kill(os.getpid(), signal.SIGINT)          # the first asks for a stop
@@ -140,7 +135,7 @@ def test_a_second_ctrl_c_after_a_stop_was_requested_raises_keyboard_interrupt(tm
 
 
 def test_ctrl_c_after_a_manager_was_dropped_unclosed_raises_keyboard_interrupt(tmp_path, python_sigint):
-    model, opt = tiny()
+    model, opt = tiny_adamw()
     mgr = CheckpointManager(tmp_path / "run", model, opt, every=None, keep_last=None)
     mgr.restore()
     del mgr
@@ -148,13 +143,13 @@ def test_ctrl_c_after_a_manager_was_dropped_unclosed_raises_keyboard_interrupt(t
     with pytest.raises(KeyboardInterrupt):
         os.kill(os.getpid(), signal.SIGINT)
         time.sleep(1)
-    model, opt = tiny()
+    model, opt = tiny_adamw()
     with CheckpointManager(tmp_path / "run", model, opt, every=None, keep_last=None) as again:
         assert again.restore() == 0                  # its lock went with it
 
 
 def test_the_checkpoint_event_names_the_signal_that_asked_for_it(tmp_path, python_sigint):
-    model, opt = tiny()
+    model, opt = tiny_adamw()
     with CheckpointManager(tmp_path / "run", model, opt, every=None, keep_last=None) as mgr:
         mgr.restore()
         os.kill(os.getpid(), signal.SIGINT)

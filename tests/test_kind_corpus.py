@@ -17,6 +17,7 @@ from ckptfmt.cli import main
 from ckptfmt.run import active_leases
 from ckptfmt.tools.convert import convert
 from ckptfmt.tools.diff import leased
+from models import train_steps, two_layer_adamw
 
 B = "step_000003.bin"
 
@@ -25,20 +26,10 @@ def run(runner, *args):
     return runner.invoke(main, list(map(str, args)), catch_exceptions=False)
 
 
-def _model_and_optimizer():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(4, 6), torch.nn.LayerNorm(6), torch.nn.Linear(6, 2))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    for _ in range(3):
-        opt.zero_grad()
-        model(torch.randn(5, 4)).pow(2).mean().backward()
-        opt.step()
-    return model, opt
-
-
 def _foreign(root):
     """name -> (path, the .bin it converts into, or None where convert cannot read it)."""
-    model, opt = _model_and_optimizer()
+    model, opt = two_layer_adamw()
+    train_steps(model, opt, 3)
     obj = {"model": model.state_dict(), "optimizer": opt.state_dict(), "iter_num": 3}
     (root / "hf").mkdir()
     files = {"torch-zip.pt": root / "ck.pt", "torch-zip.ckpt": root / "lightning.ckpt",

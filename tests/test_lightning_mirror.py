@@ -23,6 +23,7 @@ from ckptfmt.errors import UnsupportedSetupError                              # 
 from ckptfmt.lightning import CheckpointIO, Checkpointing, files, mirroring   # noqa: E402
 from ckptfmt.run import Policy                                                # noqa: E402
 from ckptfmt.tools.mirror import mirror_runs                                  # noqa: E402
+from models import tiny_linear                                                # noqa: E402
 
 s3, bucket = fixtures("lmirror")
 TOP_K = {"every_n_train_steps": 2, "save_top_k": 2, "monitor": "loss", "save_last": True}
@@ -122,7 +123,7 @@ def test_a_failed_pass_is_logged_and_retried_never_a_failed_fit(tmp_path):
 
 
 def write(root, step: int) -> str:
-    net = torch.nn.Linear(2, 1)
+    net = tiny_linear()
     return files.write({"epoch": 0, "global_step": step, "state_dict": net.state_dict()}, root / f"step={step}.ckpt")
 
 

@@ -20,6 +20,7 @@ from ckptfmt.errors import UnsupportedConversionError                   # noqa: 
 from ckptfmt.lightning import Checkpointing, CheckpointIO, generation_in  # noqa: E402
 from ckptfmt.lightning.plugin import PlainCheckpointWarning              # noqa: E402
 from ckptfmt.torch import torchsave                                      # noqa: E402
+from models import tiny_adamw, train_steps                               # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -42,10 +43,8 @@ def test_a_plain_ckpt_resumes_through_the_plugin_as_through_torch_checkpoint_io(
 
 
 def namespace_ckpt(path, **extra) -> str:
-    net = torch.nn.Linear(2, 1)
-    opt = torch.optim.AdamW(net.parameters())
-    net(torch.ones(1, 2)).sum().backward()
-    opt.step()
+    net, opt = tiny_adamw()
+    train_steps(net, opt, 1)
     torch.save({"epoch": 0, "global_step": 1, "pytorch-lightning_version": "2.6.6", "state_dict": net.state_dict(),
                 "optimizer_states": [opt.state_dict()], **extra}, path)
     return str(path)

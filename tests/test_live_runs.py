@@ -152,7 +152,8 @@ def test_the_checkpoint_managers_retention_honours_a_lease(tmp_path):
 
     from ckptfmt.run import ReadLease
     from ckptfmt.torch import CheckpointManager
-    model = torch.nn.Linear(4, 2)
+    from models import tiny_linear
+    model = tiny_linear()
     opt = torch.optim.Adam(model.parameters())
     mgr = CheckpointManager(tmp_path, model, opt, every=1, keep_last=1, handle_signals=False)
     mgr.save(1)

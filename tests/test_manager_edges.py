@@ -13,6 +13,7 @@ torch = pytest.importorskip("torch")
 from ckptfmt.errors import (IncompleteResumeStateError, UnsupportedSetupError)  # noqa: E402
 from ckptfmt.torch import CheckpointManager  # noqa: E402
 from ckptfmt.torch.state import join, split  # noqa: E402
+from models import inputs, two_layer  # noqa: E402
 
 
 def mgr(path, model, opt, **kw):
@@ -21,18 +22,13 @@ def mgr(path, model, opt, **kw):
 
 def steps(model, opt, n, pick=lambda i: True):
     for i in range(n):
-        out = model[0](torch.randn(8, 4))
+        out = model[0](inputs(8))
         if pick(i):
             out = model[1](out)
         loss = out.square().mean()
         opt.zero_grad()
         loss.backward()
         opt.step()
-
-
-def net():
-    torch.manual_seed(0)
-    return torch.nn.Sequential(torch.nn.Linear(4, 4), torch.nn.Linear(4, 4))
 
 
 def test_split_join_keeps_colliding_paths_byte_order_scalars_and_marker_keys():
@@ -52,10 +48,10 @@ def test_split_join_keeps_colliding_paths_byte_order_scalars_and_marker_keys():
 
 
 def test_what_cannot_be_stored_is_refused_at_construction(tmp_path):
-    model = net()
+    model = two_layer()
     with pytest.raises(UnsupportedSetupError, match="float64"):
         mgr(tmp_path / "a", model.double(), torch.optim.Adam(model.parameters()))
-    model = net()
+    model = two_layer()
     extra = torch.nn.Parameter(torch.ones(1))
     with pytest.raises(UnsupportedSetupError, match="not parameters of the model"):
         mgr(tmp_path / "b", model, torch.optim.Adam([*model.parameters(), extra]))
@@ -66,7 +62,7 @@ def test_what_cannot_be_stored_is_refused_at_construction(tmp_path):
 
 
 def test_a_refused_save_writes_nothing(tmp_path):
-    model = net()
+    model = two_layer()
     opt = torch.optim.Adam(model.parameters())
     with pytest.raises(TypeError, match="strict JSON"):
         mgr(tmp_path / "r", model, opt, config={"lr": float("nan")})
@@ -79,12 +75,12 @@ def test_a_refused_save_writes_nothing(tmp_path):
 
 
 def test_parameters_outside_the_optimizer_and_on_different_steps_resume_exactly(tmp_path):
-    model = net()
+    model = two_layer()
     opt = torch.optim.Adam(model[1].parameters(), lr=1e-2)   # model[0] frozen: not in the optimizer
     steps(model, opt, 5, pick=lambda i: i % 2 == 0)
     with mgr(tmp_path / "r", model, opt) as m:
         m.save(5)
-    model2 = net()
+    model2 = two_layer()
     opt2 = torch.optim.Adam(model2[1].parameters(), lr=1e-2)
     with mgr(tmp_path / "r", model2, opt2) as m:
         assert m.restore() == 5
@@ -95,14 +91,14 @@ def test_parameters_outside_the_optimizer_and_on_different_steps_resume_exactly(
 
 
 def test_branch_parameters_with_fewer_steps_save_and_resume(tmp_path):
-    model = net()
+    model = two_layer()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     steps(model, opt, 4, pick=lambda i: i % 3 == 0)           # model[1] takes 2 steps, model[0] 4
     with mgr(tmp_path / "r", model, opt) as m:
         m.save(4)
     doc = json.loads((tmp_path / "r" / "step_000004.json").read_text())
     assert doc["optimizer"]["param_steps"] == [4, 4, 2, 2]
-    model2 = net()
+    model2 = two_layer()
     opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
     with mgr(tmp_path / "r", model2, opt2) as m:
         m.restore()
@@ -110,7 +106,7 @@ def test_branch_parameters_with_fewer_steps_save_and_resume(tmp_path):
 
 
 def test_rollback_inside_the_run_is_refused_with_the_fork_advice(tmp_path):
-    model = net()
+    model = two_layer()
     opt = torch.optim.Adam(model.parameters())
     with mgr(tmp_path / "r", model, opt) as m:
         for s in (2, 4):
@@ -121,7 +117,7 @@ def test_rollback_inside_the_run_is_refused_with_the_fork_advice(tmp_path):
 
 
 def test_a_first_save_cut_before_its_manifest_is_a_fresh_start(tmp_path):
-    model = net()
+    model = two_layer()
     opt = torch.optim.Adam(model.parameters())
     with mgr(tmp_path / "r", model, opt) as m:
         m.save(3)
@@ -132,7 +128,7 @@ def test_a_first_save_cut_before_its_manifest_is_a_fresh_start(tmp_path):
 
 
 def test_pieces_in_the_checkpoint_but_not_given_are_refused(tmp_path):
-    model = net()
+    model = two_layer()
     opt = torch.optim.Adam(model.parameters())
     sched = torch.optim.lr_scheduler.StepLR(opt, 3)
     with mgr(tmp_path / "r", model, opt, scheduler=sched, generators={"g": np.random.default_rng(1)}) as m:
@@ -168,7 +164,7 @@ def test_tied_weights_numpy_losses_closed_managers_and_thread_construction(tmp_p
 
 
 def test_a_tensor_learning_rate_comes_back_as_the_same_tensor(tmp_path):
-    model = net()
+    model = two_layer()
     opt = torch.optim.AdamW(model.parameters(), lr=torch.tensor(0.0123))
     sched = torch.optim.lr_scheduler.StepLR(opt, step_size=2, gamma=0.5)
     for _ in range(3):
@@ -176,7 +172,7 @@ def test_a_tensor_learning_rate_comes_back_as_the_same_tensor(tmp_path):
         sched.step()
     with mgr(tmp_path / "r", model, opt, scheduler=sched) as m:
         m.save(3)
-    model2 = net()
+    model2 = two_layer()
     opt2 = torch.optim.AdamW(model2.parameters(), lr=torch.tensor(0.5))
     sched2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=2, gamma=0.5)
     with mgr(tmp_path / "r", model2, opt2, scheduler=sched2) as m:
@@ -190,12 +186,12 @@ def test_a_tensor_learning_rate_comes_back_as_the_same_tensor(tmp_path):
 
 
 def test_a_refused_restore_names_every_missing_piece_and_changes_nothing(tmp_path):
-    model, noise = net(), np.random.default_rng(1)
+    model, noise = two_layer(), np.random.default_rng(1)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     steps(model, opt, 2)
     with mgr(tmp_path / "r", model, opt) as m:
         m.save(2)
-    model2 = net()
+    model2 = two_layer()
     opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
     sched2 = torch.optim.lr_scheduler.StepLR(opt2, step_size=2)
     before = [p.detach().clone() for p in model2.parameters()]
@@ -208,7 +204,7 @@ def test_a_refused_restore_names_every_missing_piece_and_changes_nothing(tmp_pat
 
 
 def test_hooks_add_fields_see_the_manifest_first_and_upgrade_old_ones(tmp_path):
-    model = net()
+    model = two_layer()
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     committed = []
     with mgr(tmp_path / "r", model, opt, manifest_fields=lambda step: {"mine": {"at": step}},
@@ -220,7 +216,7 @@ def test_hooks_add_fields_see_the_manifest_first_and_upgrade_old_ones(tmp_path):
     def refuse(doc, path):
         seen.append(doc["mine"])
         raise IncompleteResumeStateError(path, "not mine")
-    model2 = net()
+    model2 = two_layer()
     opt2 = torch.optim.AdamW(model2.parameters(), lr=1e-2)
     before = [p.detach().clone() for p in model2.parameters()]
     upgrade = lambda doc: {**doc, "mine": {"at": doc["mine"]["at"] * 10}}   # noqa: E731
@@ -228,7 +224,7 @@ def test_hooks_add_fields_see_the_manifest_first_and_upgrade_old_ones(tmp_path):
         with pytest.raises(IncompleteResumeStateError, match="not mine"):
             m.restore()
     assert seen == [{"at": 40}] and all(torch.equal(a, b) for a, b in zip(before, model2.parameters()))
-    model3 = net()
+    model3 = two_layer()
     with pytest.raises(ValueError, match="'rng' is a field the manager writes"):
         with mgr(tmp_path / "r2", model3, torch.optim.SGD(model3.parameters(), lr=0.1),
                  manifest_fields=lambda step: {"rng": 1}) as m:
@@ -240,7 +236,7 @@ def test_hooks_add_fields_see_the_manifest_first_and_upgrade_old_ones(tmp_path):
 
 def test_history_keeps_integers_and_a_fresh_run_starts_once(tmp_path):
     from ckptfmt.run import history as hist
-    model = net()
+    model = two_layer()
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     with mgr(tmp_path / "r", model, opt) as m:
         assert m.restore() == 0
@@ -261,7 +257,7 @@ def test_bare_checkpoints_that_no_ckptfmt_writer_held_are_never_replaced(tmp_pat
     from ckptfmt.errors import NoValidGenerationError
     from ckptfmt.run.ops import gc, pivot
     from conftest import arrays
-    model = net()
+    model = two_layer()
     opt = torch.optim.Adam(model.parameters())
     run = tmp_path / "bare"
     run.mkdir()

@@ -9,6 +9,7 @@ torch = pytest.importorskip("torch")
 from ckptfmt.errors import (ConfigMismatchError, LayoutMismatchError, OptimizerMismatchError,  # noqa: E402
                             RunLockedError, StateRefusedError)
 from ckptfmt.torch import CheckpointManager  # noqa: E402
+from models import tiny_adamw, train_steps  # noqa: E402
 
 
 def mgr(path, model, opt, **kw):
@@ -16,18 +17,13 @@ def mgr(path, model, opt, **kw):
 
 
 def setup(sched=lambda opt: torch.optim.lr_scheduler.StepLR(opt, 3)):
-    torch.manual_seed(0)
-    model = torch.nn.Linear(3, 2)
-    opt = torch.optim.AdamW(model.parameters(), lr=0.1)
+    model, opt = tiny_adamw(lr=0.1)
     return model, opt, sched(opt)
 
 
 def train(model, opt, sched, m, first, last):
     for step in range(first, last + 1):
-        loss = model(torch.randn(4, 3)).square().mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
+        loss = train_steps(model, opt, 1)
         sched.step()
         m.step(step, loss=loss.item())
 

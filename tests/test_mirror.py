@@ -458,13 +458,12 @@ def test_ls_remote_checks_the_destination(s3, bucket, tmp_path):
 
 
 def test_a_checkpoint_manager_mirrors_on_a_background_thread_through_its_on_commit_hook(s3, bucket, tmp_path):
-    torch = pytest.importorskip("torch")
+    pytest.importorskip("torch")
     from ckptfmt.tools.mirror_thread import BackgroundMirror
     from ckptfmt.torch import CheckpointManager
+    from models import tiny_adamw, train_steps
     run, url = tmp_path / "run", f"s3://{bucket}/mgr"
-    torch.manual_seed(0)
-    model = torch.nn.Linear(8, 4)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    model, opt = tiny_adamw()
     bg = BackgroundMirror(run, url)
     hook_seconds = []
 
@@ -475,10 +474,7 @@ def test_a_checkpoint_manager_mirrors_on_a_background_thread_through_its_on_comm
     with CheckpointManager(run, model, opt, every=5, keep_last=2, handle_signals=False, on_commit=on_commit) as mgr:
         mgr.restore()
         for step in range(1, 21):
-            loss = model(torch.randn(16, 8)).pow(2).mean()
-            opt.zero_grad()
-            loss.backward()
-            opt.step()
+            loss = train_steps(model, opt, 1)
             mgr.step(step, loss=loss.item())
         mgr.close(20)
     done = bg.close(timeout=120)

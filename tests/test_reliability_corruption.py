@@ -136,10 +136,9 @@ def test_no_pickle_or_eval_at_run_time(tmp_path, monkeypatch):
     from ckptfmt.tools.convert import convert
     from ckptfmt.tools.diff import diff
     from ckptfmt.tools.validate import validate_run
-    model = torch.nn.Linear(3, 2)
-    opt = torch.optim.AdamW(model.parameters())
-    model(torch.ones(1, 3)).sum().backward()
-    opt.step()
+    from models import tiny_adamw, tiny_linear, train_steps
+    model, opt = tiny_adamw()
+    train_steps(model, opt, 1)
     r = ct.save(str(tmp_path / "step_000001.bin"), model, opt,
                 manifest={"rng": ct.rng_state({"g": np.random.default_rng(0)})})
 
@@ -151,7 +150,7 @@ def test_no_pickle_or_eval_at_run_time(tmp_path, monkeypatch):
             if out.exists():
                 out.unlink()
             convert(r.path, str(out))
-        fresh = torch.nn.Linear(3, 2)
+        fresh = tiny_linear(seed=1)
         ct.load(r.path, fresh, torch.optim.AdamW(fresh.parameters()))
         assert torch.equal(fresh.weight, model.weight)
         ct.restore_rng(ck.manifest["rng"], {"g": np.random.default_rng(1)})

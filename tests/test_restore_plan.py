@@ -13,18 +13,7 @@ torch = pytest.importorskip("torch")
 from ckptfmt.run import Run, zombie_arms  # noqa: E402
 from ckptfmt.torch import CheckpointManager, notes  # noqa: E402
 from ckptfmt.torch import restore as restoring  # noqa: E402
-
-
-def small(seed: int = 0):
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
-
-
-def step(model, opt):
-    model(torch.randn(5, 3)).square().mean().backward()
-    opt.step()
-    opt.zero_grad()
+from models import train_steps, two_layer_adamw  # noqa: E402
 
 
 def loop_of(run, model, opt, pieces=(), generators=None, said=None, events=None) -> restoring.Loop:
@@ -36,11 +25,11 @@ def loop_of(run, model, opt, pieces=(), generators=None, said=None, events=None)
 
 
 def test_restore_takes_a_loop_and_returns_what_it_restored(tmp_path):
-    model, opt = small()
-    step(model, opt)
+    model, opt = two_layer_adamw()
+    train_steps(model, opt, 1)
     with CheckpointManager(tmp_path / "r", model, opt, handle_signals=False) as mgr:
         mgr.save(4)
-    twin, twin_opt = small(seed=1)
+    twin, twin_opt = two_layer_adamw(seed=1)
     loop = loop_of(tmp_path / "r", twin, twin_opt)
     done = restoring.restore(loop, None, True, True)
     assert done == restoring.Restored(4, str(tmp_path / "r" / "step_000004.bin"), (), None,
@@ -55,13 +44,13 @@ def test_restore_takes_a_loop_and_returns_what_it_restored(tmp_path):
 
 
 def test_a_fresh_run_restores_nothing_and_says_so_in_the_result(tmp_path):
-    model, opt = small()
+    model, opt = two_layer_adamw()
     (tmp_path / "empty").mkdir()
     assert restoring.restore(loop_of(tmp_path / "empty", model, opt), None, True, True) == restoring.Restored()
 
 
 def test_pieces_left_fresh_are_in_the_result_and_the_manager_keeps_them(tmp_path):
-    model, opt = small()
+    model, opt = two_layer_adamw()
     with CheckpointManager(tmp_path / "r", model, opt, handle_signals=False) as mgr:
         mgr.save(2)
     sched = torch.optim.lr_scheduler.StepLR(opt, 5)
@@ -94,7 +83,7 @@ def test_what_a_restore_says_goes_through_the_log_and_event_it_is_given():
 
 
 def test_the_sidecar_rules_take_a_run_directory_path_or_its_run(tmp_path):
-    model, opt = small()
+    model, opt = two_layer_adamw()
     with CheckpointManager(tmp_path, model, opt, config={"sources": ["code"]}, handle_signals=False) as mgr:
         mgr.save(1)
     (tmp_path / ".state.json").write_text('{"arms": {"code": {}, "gone": {}}}')

@@ -16,24 +16,20 @@ import ckptfmt  # noqa: E402
 import ckptfmt.torch as ct  # noqa: E402
 from ckptfmt.errors import IncompleteResumeStateError  # noqa: E402
 from ckptfmt.torch import CheckpointManager  # noqa: E402
+from models import train_steps, two_layer  # noqa: E402
 
 RNG_PIECES = ["rng.python", "rng.numpy_global", "rng.torch_cpu"]
 
 
 def trained():
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    model = two_layer()
     opt = torch.optim.Adam(model.parameters(), lr=1e-2)
-    for _ in range(3):
-        model(torch.randn(5, 3)).square().mean().backward()
-        opt.step()
-        opt.zero_grad()
+    train_steps(model, opt, 3)
     return model, opt
 
 
 def manager(run, generators=None):
-    torch.manual_seed(1)
-    model = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.Linear(4, 1))
+    model = two_layer(seed=1)
     return model, CheckpointManager(run, model, torch.optim.Adam(model.parameters(), lr=1e-2),
                                     generators=generators, handle_signals=False)
 

@@ -20,6 +20,7 @@ import ckptfmt.torch as ct
 from ckptfmt import errors as E
 from ckptfmt.cli import main
 from ckptfmt.torch import CheckpointManager
+from models import inputs, tiny_adamw, tiny_linear, two_layer, two_layer_adamw
 
 
 # ---------------------------------------------------------------- helpers
@@ -226,8 +227,7 @@ def test_llrd_checkpoint_goes_back_to_torch_and_loads_into_the_same_groups(runne
 
 # ---------------------------------------------------------------- 2. NumPy and tensor hyper-parameters
 def numpy_lr_model_and_optimizer(seed, lr, lr_scale):
-    torch.manual_seed(seed)
-    model = nn.Linear(3, 2)
+    model = tiny_linear(seed)
     opt = torch.optim.AdamW([{"params": list(model.parameters()), "lr": np.float32(lr),
                               "lr_scale": np.float32(lr_scale)}])
     return model, opt
@@ -242,7 +242,7 @@ def assert_numpy_settings_restored(opt):
 
 def test_numpy_hyperparameters_survive_a_manager_save_and_restore(tmp_path):
     model, opt = numpy_lr_model_and_optimizer(0, 1e-3, 0.5)
-    batch = torch.randn(4, 3)
+    batch = inputs(4)
     train(model, opt, batch)
     mgr = manager(tmp_path / "run", model, opt)
     mgr.close(3)
@@ -257,7 +257,7 @@ def test_numpy_hyperparameters_survive_a_manager_save_and_restore(tmp_path):
 
 def test_numpy_hyperparameters_survive_ckptfmt_torch_save_and_load(tmp_path):
     model, opt = numpy_lr_model_and_optimizer(0, 1e-3, 0.5)
-    batch = torch.randn(4, 3)
+    batch = inputs(4)
     train(model, opt, batch)
     ct.save(str(tmp_path / "step_000003.bin"), model, opt)
     fresh, fresh_opt = numpy_lr_model_and_optimizer(7, 5e-2, 1.0)
@@ -268,14 +268,12 @@ def test_numpy_hyperparameters_survive_ckptfmt_torch_save_and_load(tmp_path):
 
 
 def test_a_tensor_learning_rate_comes_back_as_a_tensor(tmp_path):
-    torch.manual_seed(0)
-    model = nn.Linear(3, 2)
+    model = tiny_linear()
     opt = torch.optim.Adam(model.parameters(), lr=torch.tensor(1e-3), foreach=False)
-    batch = torch.randn(4, 3)
+    batch = inputs(4)
     train(model, opt, batch)
     manager(tmp_path / "run", model, opt).close(3)
-    torch.manual_seed(7)
-    fresh = nn.Linear(3, 2)
+    fresh = tiny_linear(seed=7)
     fresh_opt = torch.optim.Adam(fresh.parameters(), lr=torch.tensor(5e-2), foreach=False)
     mgr = manager(tmp_path / "run", fresh, fresh_opt)
     assert mgr.restore() == 3
@@ -296,10 +294,9 @@ def _group_and_key_named(message):
 
 @pytest.mark.parametrize("value", [v for v, _ in UNSTORABLE], ids=[i for _, i in UNSTORABLE])
 def test_an_unstorable_group_setting_is_refused_by_the_manager_before_writing(tmp_path, value):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
+    model = two_layer()
     opt = torch.optim.AdamW([{"params": model[0].parameters()}, {"params": model[1].parameters()}], lr=1e-3)
-    train(model, opt, torch.randn(4, 3), steps=1)
+    train(model, opt, inputs(4), steps=1)
     opt.param_groups[1]["schedule"] = value
     with pytest.raises(E.CheckpointError) as info:      # at construction or at the save: before a byte
         mgr = manager(tmp_path / "run", model, opt)
@@ -313,10 +310,9 @@ def test_an_unstorable_group_setting_is_refused_by_the_manager_before_writing(tm
 
 @pytest.mark.parametrize("value", [v for v, _ in UNSTORABLE], ids=[i for _, i in UNSTORABLE])
 def test_an_unstorable_group_setting_is_refused_by_torch_save_before_writing(tmp_path, value):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 3), nn.Linear(3, 2))
+    model = two_layer()
     opt = torch.optim.AdamW([{"params": model[0].parameters()}, {"params": model[1].parameters()}], lr=1e-3)
-    train(model, opt, torch.randn(4, 3), steps=1)
+    train(model, opt, inputs(4), steps=1)
     opt.param_groups[1]["schedule"] = value
     with pytest.raises(E.CheckpointError) as info:
         ct.save(str(tmp_path / "step_000001.bin"), model, opt)
@@ -485,14 +481,11 @@ def test_an_unmaterialised_lazy_parameter_is_refused_by_torch_save_by_name(tmp_p
 
 
 def test_a_data_parallel_run_restored_unwrapped_names_the_module_prefix_and_the_fix(tmp_path):
-    torch.manual_seed(0)
-    inner = nn.Linear(3, 2)
-    wrapped = nn.DataParallel(inner)
+    wrapped = nn.DataParallel(tiny_linear())
     opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-3)
-    train(wrapped, opt, torch.randn(4, 3))
+    train(wrapped, opt, inputs(4))
     manager(tmp_path / "run", wrapped, opt).close(3)
-    torch.manual_seed(1)
-    fresh = nn.Linear(3, 2)
+    fresh = tiny_linear(seed=1)
     mgr = manager(tmp_path / "run", fresh, torch.optim.AdamW(fresh.parameters(), lr=1e-3))
     try:
         with pytest.raises(E.LayoutMismatchError) as info:
@@ -506,10 +499,8 @@ def test_a_data_parallel_run_restored_unwrapped_names_the_module_prefix_and_the_
 
 
 def foreign_adam_checkpoint(path):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
-    train(model, opt, torch.randn(5, 3))
+    model, opt = two_layer_adamw(lr=1e-3)
+    train(model, opt, inputs(5))
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, path)
     return model, opt
 
@@ -519,9 +510,7 @@ def test_a_converted_checkpoint_without_rng_restores_only_when_not_strict(runner
     (tmp_path / "run").mkdir()
     result = cli(runner, "convert", tmp_path / "foreign.pt", tmp_path / "run" / "step_000003.bin")
     assert result.exit_code == 0, result.output
-    torch.manual_seed(5)
-    fresh = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
-    fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1e-3)
+    fresh, fresh_opt = two_layer_adamw(seed=5, lr=1e-3)
     mgr = manager(tmp_path / "run", fresh, fresh_opt)
     try:
         with pytest.raises(E.IncompleteResumeStateError, match="rng"):
@@ -669,9 +658,9 @@ def test_a_groups_file_may_name_the_parameters_with_the_files_own_prefix(runner,
 
 
 def test_param_names_that_name_no_key_are_not_used_but_come_back_on_the_way_back(runner, tmp_path):
-    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    model = two_layer()
     opt = torch.optim.AdamW([{"params": list(model.parameters()), "param_names": ["w", "b", "w2", "b2"]}])
-    train(model, opt, torch.randn(3, 4))
+    train(model, opt, inputs(3))
     torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "x.pt")
     (tmp_path / "run").mkdir()
     result = cli(runner, "convert", tmp_path / "x.pt", tmp_path / "run" / "step_000003.bin")
@@ -697,8 +686,7 @@ def test_a_multi_group_import_leaves_released_readers_no_index_lists_to_misread(
 
 
 def test_a_non_finite_group_setting_is_refused_by_name(tmp_path):
-    model = nn.Linear(2, 2)
-    opt = torch.optim.AdamW(model.parameters())
+    model, opt = tiny_adamw()
     opt.param_groups[0]["max_norm"] = float("inf")
     with pytest.raises(E.CheckpointError, match=r"param group 0: setting 'max_norm' is inf: a manifest holds "
                                                 r"finite numbers only"):
@@ -706,7 +694,7 @@ def test_a_non_finite_group_setting_is_refused_by_name(tmp_path):
 
 
 def test_torch_save_refuses_an_optimizer_tensor_outside_the_model(tmp_path):
-    model = nn.Linear(2, 2)
+    model = tiny_linear()
     stray = nn.Parameter(torch.zeros(3))
     opt = torch.optim.AdamW([*model.parameters(), stray])
     with pytest.raises(E.UnsupportedSetupError, match="the optimizer holds 1 tensor"):
@@ -715,13 +703,12 @@ def test_torch_save_refuses_an_optimizer_tensor_outside_the_model(tmp_path):
 
 
 def test_a_resume_that_unfreezes_a_parameter_into_its_group_takes_the_groups_settings(tmp_path):
-    torch.manual_seed(0)
-    model = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    model = two_layer()
     model[0].weight.requires_grad_(False)
     opt = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=3e-3, weight_decay=0.2)
-    train(model, opt, torch.randn(3, 4))
+    train(model, opt, inputs(3))
     manager(tmp_path / "run", model, opt, handle_signals=False).close(3)
-    fresh = nn.Sequential(nn.Linear(4, 4), nn.Linear(4, 2))
+    fresh = two_layer(seed=1)
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=1.0)         # 0.weight trains from here on
     with manager(tmp_path / "run", fresh, fresh_opt, handle_signals=False) as m:
         assert m.restore() == 3
@@ -731,20 +718,20 @@ def test_a_resume_that_unfreezes_a_parameter_into_its_group_takes_the_groups_set
 
 
 def test_a_setting_an_earlier_writer_left_out_keeps_the_live_groups_value(tmp_path):
-    model = nn.Linear(2, 2)
+    model = tiny_linear()
     opt = torch.optim.AdamW(model.parameters(), lr=np.float32(1e-3))
-    train(model, opt, torch.randn(3, 2))
+    train(model, opt, inputs(3))
     manager(tmp_path / "run", model, opt, handle_signals=False).close(3)
     path = tmp_path / "run" / "step_000003.json"
     doc = json.loads(path.read_text())                  # as the release before this one wrote it
     del doc["optimizer"]["hyperparams"][0]["lr"], doc["optimizer"]["setting_types"]
     path.write_text(json.dumps(doc))
-    fresh = nn.Linear(2, 2)
+    fresh = tiny_linear(seed=1)
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=5e-2)
     with manager(tmp_path / "run", fresh, fresh_opt, handle_signals=False) as m:
         m.restore()
     assert fresh_opt.param_groups[0]["lr"] == 5e-2
-    train(fresh, fresh_opt, torch.randn(3, 2), 1)       # no KeyError: 'lr'
+    train(fresh, fresh_opt, inputs(3), 1)       # no KeyError: 'lr'
 
 
 def test_a_manager_run_of_named_groups_exports_their_param_names(runner, tmp_path):
