@@ -182,3 +182,21 @@ def test_lint_imports_counts_type_checking_imports_in_its_cycle_contract(tmp_pat
     assert broken.returncode == 1
     assert "No cycles are allowed in ckptfmt.torch." in broken.stdout, broken.stdout[-2000:]
     assert "- .restore -> .manager" in broken.stdout
+
+
+def test_an_xdist_group_runs_on_one_worker(tmp_path):
+    """The suite keeps the tests that launch several processes (torchrun, two nodes) in one
+    ``xdist_group`` so that two never run side by side on 2 cores; the installed pytest and
+    pytest-xdist must honour the mark under scripts/test.sh's ``--dist loadgroup``."""
+    (tmp_path / "test_group.py").write_text(
+        "import os, pytest\n"
+        "pytestmark = pytest.mark.xdist_group('g')\n"
+        "@pytest.mark.parametrize('i', range(6))\n"
+        "def test_where(i):\n"
+        "    open(f'w{i}', 'w').write(os.environ['PYTEST_XDIST_WORKER'])\n")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+                           "--dist", "loadgroup", "test_group.py"], cwd=tmp_path, capture_output=True, text=True,
+                          timeout=110)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    workers = {(tmp_path / f"w{i}").read_text() for i in range(6)}
+    assert len(workers) == 1, f"one group ran on {sorted(workers)}"

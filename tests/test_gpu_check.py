@@ -1,4 +1,4 @@
-"""benchmarks/gpu_check.py's plumbing on the CPU (issue 20 deliverable 3): the GPU machine gives
+"""benchmarks/gpu_check.py's plumbing on the CPU: the GPU machine gives
 one try of a few minutes, so what can go wrong without a GPU is proven here with ``--dry-run``:
 the stages' verdicts, budgets that cut a stage and keep what it had, the report rewritten after
 every stage, a trainer's error reaching the log, a SIGTERM to the driver, and the refusal to run
@@ -21,8 +21,11 @@ ROOT = Path(__file__).resolve().parent.parent
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 sys.path.insert(0, str(SCRIPT.parent))
 import gpu_check  # noqa: E402  (benchmarks/ is no package)
+from verify_runs import once_per_session  # noqa: E402
 
-pytestmark = pytest.mark.xdist_group("gpu-check")     # one worker: the module's runs share a fixture
+# One worker for the module, where --dist loadgroup honours the mark (with pytest 9.2 it does not;
+# the clean run is made once in the session either way: verify_runs.once_per_session).
+pytestmark = pytest.mark.xdist_group("gpu-check")
 NAMES = [s.name for s in gpu_check.STAGES]
 CLEAN = ("environment", "save_digests", "resume_tiny_bf16", "throughput_limits")
 
@@ -42,11 +45,16 @@ def report(out: Path) -> dict:
 
 @pytest.fixture(scope="module")
 def clean(tmp_path_factory):
-    out = tmp_path_factory.mktemp("clean")
-    proc = check(out, "--dry-run", *only(*CLEAN))
-    return proc, report(out), (out / "gpu_check.log").read_text()
+    """The dry run of the CLEAN stages, made once in the session for every test that reads it,
+    whichever worker runs it."""
+    def make(out):
+        done = check(out, "--dry-run", *only(*CLEAN))
+        return [done.args, done.returncode, done.stdout, done.stderr]
+    out, done = once_per_session(tmp_path_factory, "gpu-check-clean", make)
+    return subprocess.CompletedProcess(*done), report(out), (out / "gpu_check.log").read_text()
 
 
+@pytest.mark.timeout(120)
 def test_the_dry_run_passes_every_stage_it_ran(clean):
     proc, doc, _ = clean
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -60,6 +68,7 @@ def test_the_dry_run_passes_every_stage_it_ran(clean):
         [n for n in NAMES if n not in CLEAN] + list(CLEAN)     # the caller's skips first, then each stage
 
 
+@pytest.mark.timeout(120)
 def test_every_save_matches_its_independent_hash_and_bytes(clean):
     stage = clean[1]["stages"]["save_digests"]
     assert stage["saves_planned"] == 5 and [s["step"] for s in stage["saves"]] == [1, 2, 3, 4, 5]
@@ -68,6 +77,7 @@ def test_every_save_matches_its_independent_hash_and_bytes(clean):
     assert stage["mismatched_steps"] == [] and stage["bytes"] == 8 + 12 * stage["n_params"]
 
 
+@pytest.mark.timeout(120)
 def test_resume_controls_give_the_first_divergent_step_and_the_resume_step(clean):
     _, doc, log = clean
     stage = doc["stages"]["resume_tiny_bf16"]
@@ -83,6 +93,7 @@ def test_resume_controls_give_the_first_divergent_step_and_the_resume_step(clean
     assert f"resumed from step_{cut:06d}.bin" in log and f"stopped at step {cut}" in log   # the trainers' stderr
 
 
+@pytest.mark.timeout(120)
 def test_cuda_only_figures_are_recorded_as_skipped(clean):
     doc = clean[1]
     limits = doc["stages"]["throughput_limits"]
@@ -91,6 +102,7 @@ def test_cuda_only_figures_are_recorded_as_skipped(clean):
     assert doc["summary"]["save_floor_gbps"] == min(limits["gbps"]["blake3_all_cores"], limits["gbps"]["write_fsync"])
 
 
+@pytest.mark.timeout(30)
 def test_an_over_budget_stage_is_cut_and_a_failing_trainer_reaches_the_log(tmp_path):
     out = tmp_path / "out"
     proc = check(out, "--dry-run", *only("save_digests", "resume_tiny_fp16", "throughput_limits"),
@@ -122,6 +134,7 @@ def _processes_under(folder: Path) -> list[str]:
     return found
 
 
+@pytest.mark.timeout(30)
 def test_the_report_is_complete_after_each_stage_and_survives_sigterm(tmp_path):
     out, work = tmp_path / "out", tmp_path / "work"
     proc = subprocess.Popen([sys.executable, str(SCRIPT), "--out", str(out), "--work", str(work), "--dry-run",
@@ -155,6 +168,7 @@ def test_the_report_is_complete_after_each_stage_and_survives_sigterm(tmp_path):
     assert _processes_under(work) == []
 
 
+@pytest.mark.timeout(30)
 def test_without_cuda_it_does_not_run(tmp_path):
     out = tmp_path / "out"
     proc = check(out, env={**os.environ, "CUDA_VISIBLE_DEVICES": ""})

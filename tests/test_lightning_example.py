@@ -1,22 +1,26 @@
 """examples/lightning_loop.py under the verify-resume protocol (spec/RUN.md §11): its mid-epoch
 checkpoints (ModelCheckpoint every_n_train_steps, a resumable sampler) resume bit-exactly through
 the ckptfmt plugin, with a diverging negative control; the same runs through Lightning's own
-TorchCheckpointIO diverge. Each run is a fresh process, as the protocol asks."""
+TorchCheckpointIO diverge. Each run is a process of its own, as the protocol asks (forked from the
+warm parent, tests/warm.py)."""
 from __future__ import annotations
 
 import json
 import os
 import shlex
-import subprocess
 import sys
 
 import pytest
-from click.testing import CliRunner
 
 pytest.importorskip("pytorch_lightning")
 
-from ckptfmt.cli import main                        # noqa: E402
+import warm                                         # noqa: E402
 from ckptfmt.verify.protocol import check_pair      # noqa: E402
+from verify_runs import once_per_session, verify_resume   # noqa: E402
+
+# One worker for the module, where --dist loadgroup honours the mark (with pytest 9.2 it does not;
+# the proof is made once in the session either way: verify_runs.once_per_session).
+pytestmark = pytest.mark.xdist_group("lightning-example")
 
 EXAMPLE = os.path.join(os.path.dirname(__file__), "..", "examples", "lightning_loop.py")
 STEPS, CUT = 18, 11          # 8 steps an epoch: the cut is mid-epoch, the rest crosses an epoch's end
@@ -25,14 +29,18 @@ COMMAND = f"{shlex.quote(sys.executable)} {shlex.quote(EXAMPLE)} --updates {{ste
 
 @pytest.fixture(scope="module")
 def proof(tmp_path_factory):
-    """verify-resume of the example through the ckptfmt plugin: (exit code, verdict, its directory)."""
-    out = tmp_path_factory.mktemp("proof") / "verify"
-    result = CliRunner().invoke(main, ["verify-resume", "--output", str(out), "--steps", str(STEPS), "--cut", str(CUT),
-                                       "--trainer", "command", "--command", COMMAND, "--json"])
-    assert result.output.lstrip().startswith("{"), f"exit {result.exit_code}: {result.output[-2000:]}"
-    return result.exit_code, json.loads(result.output), out
+    """verify-resume of the example through the ckptfmt plugin: (exit code, verdict, its directory),
+    made once in the session for every test here, whichever worker runs it."""
+    def make(folder):
+        done = verify_resume("--output", folder / "verify", "--steps", STEPS, "--cut", CUT,
+                             "--trainer", "command", "--command", COMMAND, "--json")
+        return {"code": done.returncode, "stdout": done.stdout, "stderr": done.stderr}
+    folder, done = once_per_session(tmp_path_factory, "lightning-example-proof", make)
+    assert done["stdout"].lstrip().startswith("{"), f"exit {done['code']}: {done['stdout'][-2000:]}{done['stderr']}"
+    return done["code"], json.loads(done["stdout"]), folder / "verify"
 
 
+@pytest.mark.timeout(60)
 def test_verify_resume_of_the_lightning_example_passes_with_deviation_zero(proof):
     code, verdict, out = proof
     assert code == 0, verdict.get("failed_checks")
@@ -46,6 +54,7 @@ def test_verify_resume_of_the_lightning_example_passes_with_deviation_zero(proof
         [f"step_{CUT:06d}.bin", f"step_{CUT:06d}.extra.safetensors", f"step_{CUT:06d}.json"]
 
 
+@pytest.mark.timeout(60)
 def test_the_resume_without_rng_restore_diverges(proof):
     _, verdict, _ = proof
     assert verdict["negative_divergence_detected"]
@@ -56,11 +65,12 @@ def test_the_resume_without_rng_restore_diverges(proof):
 
 def run_example(output, updates: int, *extra: str) -> dict:
     argv = [sys.executable, EXAMPLE, "--updates", str(updates), "--output", str(output), *extra]
-    done = subprocess.run(argv, capture_output=True, text=True, timeout=300)
+    done = warm.run(argv, capture_output=True, text=True, timeout=60)
     assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
     return json.loads((output / "summary.json").read_text())
 
 
+@pytest.mark.timeout(60)
 def test_the_same_resume_through_torch_checkpoint_io_diverges(proof, tmp_path):
     """Lightning's own CheckpointIO saves no RNG state: its mid-epoch resume of the same loop
     (the same continuous run: checkpointing draws nothing) takes the same batches and schedule,

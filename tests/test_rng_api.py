@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import random
-import subprocess
 import sys
 
 import numpy as np
@@ -15,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 import ckptfmt  # noqa: E402
 import ckptfmt.torch as ct  # noqa: E402
+import warm  # noqa: E402
 from ckptfmt.errors import IncompleteResumeStateError  # noqa: E402
 from ckptfmt.torch import CheckpointManager  # noqa: E402
 
@@ -85,11 +85,12 @@ ct.save(sys.argv[1], m.model, m.opt, m.step, manifest=doc)
 
 
 def mini(*args: str) -> None:
-    proc = subprocess.run([PY, "-B", "-m", "ckptfmt.trainer.mini", *args], capture_output=True, text=True,
-                          timeout=300)
+    """A run of the mini trainer: a process of its own, forked from the warm parent (tests/warm.py)."""
+    proc = warm.run([PY, "-B", "-m", "ckptfmt.trainer.mini", *args], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
 
 
+@pytest.mark.timeout(30)
 def test_the_mini_trainer_uses_the_same_pair_and_still_resumes_its_earlier_shape(tmp_path):
     mini("--steps", "5", "--output", str(tmp_path / "cut"))
     now = tmp_path / "cut" / "step_000005.bin"
@@ -98,7 +99,7 @@ def test_the_mini_trainer_uses_the_same_pair_and_still_resumes_its_earlier_shape
     assert rng["generators"]["pcg64"]["kind"] == "numpy"
     (tmp_path / "old").mkdir()
     before = tmp_path / "old" / "step_000005.bin"
-    proc = subprocess.run([PY, "-B", "-c", OLD_SHAPE, str(before)], capture_output=True, text=True, timeout=300)
+    proc = warm.run([PY, "-B", "-c", OLD_SHAPE, str(before)], capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "numpy" in ckptfmt.open(before).manifest["rng"]
     mini("--steps", "4", "--resume", str(now), "--output", str(tmp_path / "a"))

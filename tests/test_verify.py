@@ -1,5 +1,9 @@
 """verify-resume: the protocol passes, each broken piece is caught by name, a toothless
-negative control fails, and a protocol that cannot complete exits 2."""
+negative control fails, and a protocol that cannot complete exits 2.
+
+The protocol with the seed's defaults runs as a user runs it (the console entry point, every
+trainer run a cold interpreter); the other protocols run in this process with their trainer runs
+forked from the warm parent (tests/verify_runs.py), each still a process of its own."""
 import json
 import shlex
 import subprocess
@@ -9,14 +13,17 @@ import pytest
 
 pytest.importorskip("torch")
 
+import warm  # noqa: E402
 from ckptfmt.verify.protocol import Deviation, check_pair, compare  # noqa: E402
 from conftest import cli  # noqa: E402
+from verify_runs import verify_resume  # noqa: E402
 
 
 def verification(path):
     return json.loads((path / "verification.json").read_text())
 
 
+@pytest.mark.timeout(60)
 def test_mini_protocol_passes_with_zero_deviation(tmp_path):
     out = tmp_path / "proof"
     proc = cli("verify-resume", "--output", str(out))
@@ -37,26 +44,29 @@ def test_mini_protocol_passes_with_zero_deviation(tmp_path):
 @pytest.mark.parametrize("fault,check", [("optimizer", "resume.optimizer"), ("scheduler", "resume.learning_rates"),
                                          ("cursor", "resume.sample_ids"), ("rng-python", "resume.next_draws"),
                                          ("rng-numpy", "resume.sample_ids"), ("rng-torch", "resume.next_draws")])
+@pytest.mark.timeout(30)
 def test_each_broken_piece_exits_1_and_names_its_check(tmp_path, fault, check):
-    proc = cli("verify-resume", "--output", str(tmp_path / "p"), "--fault", fault, "--json")
-    assert proc.returncode == 1
+    proc = verify_resume("--output", tmp_path / "p", "--fault", fault, "--json")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
     result = json.loads(proc.stdout)
-    assert not result["positive"] and check in result["failed_checks"]
+    assert not result["positive"] and check in result["failed_checks"], result["failed_checks"]
 
 
+@pytest.mark.timeout(30)
 def test_a_toothless_negative_control_fails(tmp_path):
     mini = f"{shlex.quote(sys.executable)} -B -m ckptfmt.trainer.mini --steps {{steps}} --output {{output}} {{resume}}"
-    proc = cli("verify-resume", "--output", str(tmp_path / "p"), "--trainer", "command", "--command", mini, "--json")
-    assert proc.returncode == 1
+    proc = verify_resume("--output", tmp_path / "p", "--trainer", "command", "--command", mini, "--json")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
     result = json.loads(proc.stdout)
     assert result["positive"] and not result["negative_divergence_detected"]
     assert any("did not diverge" in f for f in result["failed_checks"])
 
 
+@pytest.mark.timeout(30)
 def test_andrea_protocol_with_a_real_sigterm(tmp_path):
     out = tmp_path / "proof"
-    proc = cli("verify-resume", "--output", str(out), "--trainer", "andrea", "--json")
-    assert proc.returncode == 0, proc.stderr
+    proc = verify_resume("--output", out, "--trainer", "andrea", "--json")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
     v = json.loads(proc.stdout)
     assert all(c["max_deviation"] == 0 for c in v["checks"]["resume"].values())
     assert v["checks"]["resume_without_rng"]["parameters"]["max_deviation"] > 1e-4
@@ -64,6 +74,7 @@ def test_andrea_protocol_with_a_real_sigterm(tmp_path):
     assert any(e.get("event") == "checkpoint" and e.get("reason") == "SIGTERM" and e["step"] == 5 for e in events)
 
 
+@pytest.mark.timeout(30)
 def test_cannot_complete_exits_2(tmp_path):
     (tmp_path / "exists").mkdir()
     proc = cli("verify-resume", "--output", str(tmp_path / "exists"))
@@ -86,21 +97,35 @@ def test_comparison_reports_structure_and_non_finite():
     assert not result["parameters"]["ok"] and "missing" in result["parameters"]["structural"][0]
 
 
+def mini(*args: str, cold: bool = False) -> subprocess.CompletedProcess:
+    """``python -B -m ckptfmt.trainer.mini ARGS``: a cold interpreter, or forked from the warm parent."""
+    start = subprocess.run if cold else warm.run
+    return start([sys.executable, "-B", "-m", "ckptfmt.trainer.mini", *args], capture_output=True, text=True,
+                 timeout=60)
+
+
+# The trainer's entry point as ``python -m ckptfmt.trainer.mini`` runs it, for a warm child (run
+# with -m, a module the warm parent has imported gets a warning from runpy on stderr).
+MINI_MAIN = [sys.executable, "-B", "-c", "import sys; from ckptfmt.trainer.mini import main; sys.exit(main())"]
+
+
+@pytest.mark.timeout(30)
 def test_mini_runs_standalone_with_the_seed_flags(tmp_path):
-    run = lambda *a: subprocess.run([sys.executable, "-B", "-m", "ckptfmt.trainer.mini", *a], capture_output=True, text=True)  # noqa: E731
-    assert run("--steps", "5", "--output", str(tmp_path / "cut")).returncode == 0
+    assert mini("--steps", "5", "--output", str(tmp_path / "cut")).returncode == 0
     ckpt = tmp_path / "cut" / "step_000005.bin"
     import blake3
     assert (tmp_path / "cut" / "step_000005.bin.b3").read_text() == \
         f"{blake3.blake3(ckpt.read_bytes()).hexdigest()}  step_000005.bin\n"
-    assert run("--steps", "5", "--resume", str(ckpt), "--output", str(tmp_path / "r")).returncode == 0
+    assert mini("--steps", "5", "--resume", str(ckpt), "--output", str(tmp_path / "r")).returncode == 0
     assert (tmp_path / "r" / "step_000010.bin").exists()
     doc = json.loads(ckpt.with_suffix(".json").read_text())
     doc.pop("scheduler")
     ckpt.with_suffix(".json").write_text(json.dumps(doc))
-    proc = run("--steps", "5", "--resume", str(ckpt), "--output", str(tmp_path / "r2"))
-    assert proc.returncode == 2 and "lacks scheduler" in proc.stderr
-    assert run("--steps", "1", "--output", str(tmp_path / "r")).returncode == 2     # existing output refused
+    proc = mini("--steps", "5", "--resume", str(ckpt), "--output", str(tmp_path / "r2"), cold=True)
+    assert proc.returncode == 2 and "lacks scheduler" in proc.stderr, proc.stderr
+    assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
+    existing = mini("--steps", "1", "--output", str(tmp_path / "r"))          # existing output refused
+    assert existing.returncode == 2 and "exists already" in existing.stderr, existing.stderr
 
 
 MINI_TAMPER = [  # (change to the cut's manifest, what the refusal names)
@@ -116,11 +141,12 @@ MINI_TAMPER = [  # (change to the cut's manifest, what the refusal names)
 ]
 
 
+@pytest.mark.timeout(30)
 def test_mini_refuses_an_inconsistent_resume_by_name(tmp_path):
     """Seed 001: the loader checks the progress, the versions and the identity of code and data,
     and refuses an inconsistent state (it resumed all of these; a cursor past the data was a
     traceback). A refused resume leaves no output directory behind."""
-    run = lambda *a: subprocess.run([sys.executable, "-B", "-m", "ckptfmt.trainer.mini", *a], capture_output=True, text=True)  # noqa: E731
+    run = lambda *a: warm.run([*MINI_MAIN, *a], capture_output=True, text=True, timeout=60)  # noqa: E731
     assert run("--steps", "5", "--output", str(tmp_path / "cut")).returncode == 0
     ckpt = tmp_path / "cut" / "step_000005.bin"
     original = ckpt.with_suffix(".json").read_text()
@@ -139,7 +165,7 @@ def test_mini_refuses_an_inconsistent_resume_by_name(tmp_path):
 
 def test_the_console_says_why_a_check_with_no_deviation_failed(capsys):
     """A non-finite value or a structural difference fails a check whose max deviation is 0: the
-    console line names it (it said 'resume FAIL (max dev 0)' and nothing more) (review-seeds)."""
+    console line names it (it said 'resume FAIL (max dev 0)' and nothing more)."""
     from ckptfmt.cli.train import _print_verification
     ok = {"max_deviation": 0.0, "ok": True, "structural": [], "non_finite": []}
     r = {"trainer": "command", "steps": 10, "cut": 5, "atol": 1e-12, "rtol": 0.0, "positive": False,
