@@ -8,9 +8,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,6 +15,7 @@ import pytest
 torch = pytest.importorskip("torch")
 accelerate = pytest.importorskip("accelerate")
 from conftest import cli, last_step  # noqa: E402
+from torchrun import PY, Job, standalone, succeeds  # noqa: E402
 
 import ckptfmt.torch as ct  # noqa: E402
 from ckptfmt.errors import UnsupportedOptimizerError  # noqa: E402
@@ -25,8 +23,6 @@ from ckptfmt.torch import CheckpointManager  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 LOOP = ROOT / "examples" / "accelerate_loop.py"
-PY = sys.executable
-TORCHRUN = [PY, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"]
 STEPS = 60
 
 
@@ -101,7 +97,7 @@ def test_a_wrapper_with_state_of_its_own_is_still_refused(tmp_path):
 
 
 def loop(run: Path, *extra: str, world: int = 1) -> list[str]:
-    launcher = TORCHRUN if world > 1 else [PY]
+    launcher = standalone(2) if world > 1 else [PY]
     return [*launcher, str(LOOP), "--steps", str(STEPS), "--output", str(run), "--every", "20", *extra]
 
 
@@ -111,47 +107,32 @@ def finished(run: Path, world: int) -> list[bytes]:
     return [p.read_bytes() for p in sorted((run / f"step_{STEPS:06d}.shards").iterdir())]
 
 
-def worker_of_rank(launcher: int, rank: int, timeout: float = 60) -> int:
-    """PID of the torchrun worker of ``rank`` under the launcher process ``launcher``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for entry in filter(str.isdigit, os.listdir("/proc")):
-            try:
-                stat = Path(f"/proc/{entry}/stat").read_text()
-                environ = Path(f"/proc/{entry}/environ").read_bytes().split(b"\0")
-            except OSError:
-                continue
-            if int(stat.rsplit(")", 1)[1].split()[1]) == launcher and f"RANK={rank}".encode() in environ:
-                return int(entry)
-        time.sleep(0.05)
-    raise AssertionError(f"no worker of rank {rank} under {launcher}")
-
-
-@pytest.mark.parametrize("world", [1, 2], ids=["one-process", "two-gloo-processes"])
+@pytest.mark.timeout(90)                    # 8-15 s in one process, 12-23 s in two
+@pytest.mark.parametrize("world", [1, pytest.param(2, marks=pytest.mark.xdist_group("torchrun"))],
+                         ids=["one-process", "two-gloo-processes"])      # 2 ranks: never beside another torchrun job
 def test_an_accelerate_loop_sigtermed_and_resumed_ends_bit_identical_to_a_straight_run(tmp_path, world):
     straight = tmp_path / "straight"
-    assert subprocess.run(loop(straight, world=world), capture_output=True, timeout=300).returncode == 0
+    succeeds(loop(straight, world=world), tmp_path / "straight.log")
     run = tmp_path / "cut"
-    proc = subprocess.Popen(loop(run, world=world), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    target = worker_of_rank(proc.pid, 1) if world > 1 else proc.pid      # a signal reaching one rank
-    while last_step(run) < 27 and proc.poll() is None:
-        time.sleep(0.002)
-    os.kill(target, signal.SIGTERM)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
+    with Job(loop(run, world=world), tmp_path / "cut.log") as job:
+        target = job.worker_of_rank(1) if world > 1 else job.pid      # a signal reaching one rank
+        job.wait_for(lambda: last_step(run) >= 27, "step 27")
+        os.kill(target, signal.SIGTERM)
+        assert job.finish(120) == 0, job.tail()
     stopped = last_step(run)
-    assert 27 <= stopped < STEPS and stopped % 20 != 0                   # committed where it stopped
+    assert 27 <= stopped < STEPS and stopped % 20 != 0, job.tail()     # committed where it stopped
     marker = "json" if world > 1 else "bin"
     assert (run / f"step_{stopped:06d}.{marker}").exists()
-    assert cli("validate", str(run)).returncode == 0
+    checked = cli("validate", str(run))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
     if world > 1:
         names = [e["name"] for e in json.loads((run / f"step_{stopped:06d}.json").read_text())["layout"]]
         assert names[0] == "module.0.weight"                            # DDP-wrapped under MULTI_CPU
-    proc = subprocess.run(loop(run, world=world), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    succeeds(loop(run, world=world), tmp_path / "resume.log")
     assert finished(run, world) == finished(straight, world)
 
 
+@pytest.mark.timeout(60)                    # 12-18 s: four runs in one process each
 def test_verify_resume_passes_on_the_accelerate_loop_and_its_negative_control_diverges(tmp_path):
     command = f"{PY} {LOOP} --updates {{steps}} --output {{output}} {{resume}} {{omit_rng}}"
     proc = cli("verify-resume", "--output", str(tmp_path / "proof"), "--trainer", "command",

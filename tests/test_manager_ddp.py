@@ -1,31 +1,40 @@
-"""CheckpointManager under torchrun with DDP and FSDP2 (issue 16): sharded generations, one
+"""CheckpointManager under torchrun with DDP and FSDP2: sharded generations, one
 decision per step when a signal reaches any one rank, and a bit-exact resume (2 gloo ranks on
-the CPU)."""
+the CPU).
+
+The straight run a SIGTERMed run must end bit-identical to is verify-resume's continuous run of
+the same loop (``verified``): STEPS steps from scratch, a generation every EVERY steps, in a fresh
+torchrun job, as a straight run is; verify-resume's own verdict on the loop is checked there too."""
 from __future__ import annotations
 
 import json
 import os
 import random
 import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
 
 pytest.importorskip("torch")
 from conftest import cli, last_step  # noqa: E402
+from faults import scale  # noqa: E402
+from torchrun import PY, Job, standalone, succeeds  # noqa: E402
 
-pytestmark = pytest.mark.xdist_group("torchrun")
+# 2 ranks: never beside another torchrun job; a hang fails in minutes (a test takes 10-30 s)
+pytestmark = [pytest.mark.xdist_group("torchrun"), pytest.mark.timeout(120)]
 ROOT = Path(__file__).resolve().parent.parent
-DDP = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-       str(ROOT / "examples" / "ddp_loop.py")]
-STEPS = 300
+DDP = [*standalone(2), str(ROOT / "examples" / "ddp_loop.py")]
+STEPS, EVERY = 150, 50
+# Where a SIGTERM to one rank lands, one point per phase of the run (a generation every EVERY
+# steps): before the first commit (the SIGTERM's generation is the only one to resume from) and at
+# a save step (the signal comes as generation 100 is written) under DDP, between two saves under
+# FSDP2; the long tier adds random points under DDP.
+DDP_POINTS = sorted({25, 2 * EVERY} | set(random.Random(16).sample(range(5, STEPS - 5), scale(0, 3))))
+FSDP_POINT = 70
 
 
 def ddp(run: Path, *extra: str) -> list[str]:
-    return [*DDP, "--steps", str(STEPS), "--output", str(run), "--every", "100", *extra]
+    return [*DDP, "--steps", str(STEPS), "--output", str(run), "--every", str(EVERY), *extra]
 
 
 def final(run: Path) -> tuple[str, list[bytes]]:
@@ -34,78 +43,68 @@ def final(run: Path) -> tuple[str, list[bytes]]:
     return doc["blake3"], [p.read_bytes() for p in shards]
 
 
-def worker_of_rank(launcher: int, rank: int, timeout: float = 60) -> int:
-    """PID of the torchrun worker of ``rank`` under the launcher process ``launcher``."""
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        for entry in os.listdir("/proc"):
-            if not entry.isdigit():
-                continue
+@pytest.fixture(scope="module")
+def verified(tmp_path_factory):
+    """``verified(mode)``: verify-resume on the loop under torchrun ("" DDP, "--fsdp" FSDP2),
+    STEPS steps cut at the middle: (its JSON verdict, its continuous run's directory)."""
+    made = {}
+
+    def get(mode: str) -> tuple[dict, Path]:
+        if isinstance(made.get(mode), BaseException):     # a failure is kept: the next test fails at once
+            raise AssertionError(f"verify-resume {mode or 'DDP'} failed in an earlier test") from made[mode]
+        if mode not in made:
             try:
-                stat = open(f"/proc/{entry}/stat").read()
-                environ = open(f"/proc/{entry}/environ", "rb").read().split(b"\0")
-            except OSError:
-                continue
-            ppid = int(stat.rsplit(")", 1)[1].split()[1])
-            if ppid == launcher and f"RANK={rank}".encode() in environ:
-                return int(entry)
-        time.sleep(0.05)
-    raise AssertionError(f"no worker of rank {rank} under {launcher}")
+                made[mode] = verify(tmp_path_factory, mode)
+            except BaseException as exc:
+                made[mode] = exc
+                raise
+        return made[mode]
+    return get
 
 
-@pytest.fixture(scope="module")
-def straight(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("ddp") / "straight"
-    proc = subprocess.run(ddp(run), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return run
+def verify(tmp_path_factory, mode: str) -> tuple[dict, Path]:
+    root = tmp_path_factory.mktemp("verify" + mode.replace("-", "_"))
+    command = " ".join(DDP) + f" {mode} --every {EVERY} --updates {{steps}} --output {{output}} {{resume}} {{omit_rng}}"
+    job = succeeds([PY, "-m", "ckptfmt.cli", "verify-resume", "--output", root / "proof", "--trainer", "command",
+                    "--command", command, "--steps", str(STEPS), "--cut", str(STEPS // 2), "--json"],
+                   root / "verify.log", split=True, timeout=200)
+    doc = json.loads(job.stdout())
+    assert doc["checkpoints"]["continuous"]["file"] == f"step_{STEPS:06d}.json", job.stdout()[-2000:]
+    return doc, root / "proof" / "continuous"
 
 
-@pytest.fixture(scope="module")
-def straight_fsdp(tmp_path_factory) -> Path:
-    run = tmp_path_factory.mktemp("fsdp") / "straight"
-    proc = subprocess.run(ddp(run, "--fsdp"), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    return run
+@pytest.mark.parametrize("point", DDP_POINTS)
+def test_sigterm_to_one_rank_stops_all_at_one_step_and_the_resume_is_bit_exact(verified, tmp_path, point):
+    sigterm_one_rank_then_resume(tmp_path, point, verified("")[1])
 
 
-@pytest.mark.parametrize("point", random.Random(16).sample(range(5, STEPS - 5), 3))
-def test_sigterm_to_one_rank_stops_all_at_one_step_and_the_resume_is_bit_exact(straight, tmp_path, point):
-    sigterm_one_rank_then_resume(tmp_path / "run", point, straight)
-
-
-def test_fsdp2_sigterm_and_resume_are_bit_exact(straight_fsdp, tmp_path):
+def test_fsdp2_sigterm_and_resume_are_bit_exact(verified, tmp_path):
     """FSDP2 (fully_shard): each rank saves and restores its own rows; the sharded generation
     validates and the resumed run ends bit-identical to the straight FSDP2 run."""
-    run = sigterm_one_rank_then_resume(tmp_path / "run", 140, straight_fsdp, "--fsdp")
+    run = sigterm_one_rank_then_resume(tmp_path, FSDP_POINT, verified("--fsdp")[1], "--fsdp")
     doc = json.loads((run / f"step_{STEPS:06d}.json").read_text())
     assert doc["world_size"] == 2 and len(doc["ranks"]) == 2
     noise = [r["rng"]["generators"]["noise"]["state"] for r in doc["ranks"]]
     assert noise[0] != noise[1]                  # each rank's own generator, restored to each rank
 
 
-def sigterm_one_rank_then_resume(run: Path, point: int, straight: Path, *extra: str) -> Path:
-    proc = subprocess.Popen(ddp(run, *extra), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-    rank1 = worker_of_rank(proc.pid, 1)
-    while last_step(run) < point and proc.poll() is None:
-        time.sleep(0.005)
-    os.kill(rank1, signal.SIGTERM)
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-3000:]
+def sigterm_one_rank_then_resume(tmp_path: Path, point: int, straight: Path, *extra: str) -> Path:
+    run = tmp_path / "run"
+    with Job(ddp(run, *extra), tmp_path / "cut.log") as job:
+        rank1 = job.worker_of_rank(1)
+        job.wait_for(lambda: last_step(run) >= point, f"step {point}")
+        os.kill(rank1, signal.SIGTERM)
+        assert job.finish(120) == 0, job.tail()
     committed = sorted(int(p.name[5:11]) for p in run.glob("step_*.json"))
-    assert committed[-1] == last_step(run) < STEPS               # both ranks saved the same step
-    assert cli("validate", str(run)).returncode == 0
-    proc = subprocess.run(ddp(run, *extra), capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert committed[-1] == last_step(run) < STEPS, job.tail()    # both ranks saved the same step
+    checked = cli("validate", str(run))
+    assert checked.returncode == 0, checked.stdout + checked.stderr
+    succeeds(ddp(run, *extra), tmp_path / "resume.log")
     assert final(run) == final(straight)
     return run
 
 
 @pytest.mark.parametrize("mode", ["", "--fsdp"])
-def test_verify_resume_passes_under_torchrun(tmp_path, mode):
-    command = " ".join(DDP) + f" {mode} --updates {{steps}} --output {{output}} {{resume}} {{omit_rng}}"
-    proc = cli("verify-resume", "--output", str(tmp_path / "proof"), "--trainer", "command",
-               "--command", command, "--json")
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
-    doc = json.loads(proc.stdout)
-    assert doc["positive"] and doc["negative_divergence_detected"]
+def test_verify_resume_passes_under_torchrun(verified, mode):
+    doc, _ = verified(mode)
+    assert doc["positive"] and doc["negative_divergence_detected"], json.dumps(doc["failed_checks"])

@@ -1,15 +1,17 @@
 """The RAM tier on two "nodes" (spec/RUN.md §13.9): two torchrun launches (``--nnodes 2``, one
-rank each, c10d rendezvous on 127.0.0.1, ``--max-restarts 1`` so a survivor waits for a new
-round), one shared run directory, a RAM tier (``CKPTFMT_MEMORY_DIR``) per node, gloo on the CPU.
-Each rank's shard is copied to its partner on the other node; a node killed with its RAM tier
-gone comes back from its peer's copies, bit-identical to a run never interrupted."""
+rank each, c10d rendezvous on 127.0.0.1, ``--max-restarts`` so a survivor waits for a new round),
+one shared run directory, a RAM tier (``CKPTFMT_MEMORY_DIR``) per node, gloo on the CPU. Each
+rank's shard is copied to its partner on the other node; a node killed with its RAM tier gone
+comes back from its peer's copies, bit-identical to a run never interrupted.
+
+Three failures that leave a survivor happen one after another in one run (``failures``), each
+once the previous resume has saved to RAM again, the last one's fallback to disk to a generation
+the resumed timeline wrote (so the final generation still depends on every restore); runs whose
+two nodes die at once start from copies of one run killed that way (``both_killed``)."""
 import json
 import os
 import shutil
 import signal
-import socket
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,89 +24,112 @@ from ckptfmt.run import history as hist  # noqa: E402
 from ckptfmt.tools.validate import validate_run  # noqa: E402
 
 from conftest import last_step, small_tmpfs  # noqa: E402
+from torchrun import FAST_RDZV, TORCHRUN, Job, free_port, kill_tree, workers_of  # noqa: E402
 
-pytestmark = pytest.mark.xdist_group("torchrun")   # 2 ranks: never beside another torchrun job
-PY = sys.executable
-N, DURABLE, RAM, KILL = 120, 50, 5, 73
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+# 2 ranks: never beside another torchrun job; a hang fails in a minute or two, not at the suite's
+# 10 (a test takes 6-15 s with the run it copies)
+pytestmark = [pytest.mark.xdist_group("torchrun"), pytest.mark.timeout(60)]
+N, DURABLE, RAM, KILL = 90, 25, 5, 63
+ON_DISK = KILL // DURABLE * DURABLE           # the newest durable generation when a run is killed at KILL
 
 
 class Nodes:
-    """Two torchrun agents, each a process group of its own (a node's processes die together)."""
+    """Two torchrun agents on one machine, node 0 hosting the rendezvous store, each agent with
+    its worker a process tree of its own (a node's processes die together)."""
 
-    def __init__(self, run: Path, root: Path):
-        self.run, self.root, self.port = run, root, free_port()
-        self.procs: dict[int, subprocess.Popen] = {}
+    def __init__(self, root: Path):
+        self.root, self.run, self.port = root, root / "run", free_port()
+        self.jobs: dict[int, Job] = {}
 
     def memory(self, node: int) -> Path:
         return self.root / f"shm{node}"
 
     def start(self, node: int, launch: tuple = ()) -> None:
-        env = {**os.environ, tiers.MEMORY_ENV: str(self.memory(node)), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
+        env = {tiers.MEMORY_ENV: str(self.memory(node)), "TORCH_DISABLE_SHARE_RDZV_TCP_STORE": "1",
                "OMP_NUM_THREADS": "1"}
         argv_launch = launch or ("--nnodes", "2", "--nproc-per-node", "1", "--rdzv-backend", "c10d", "--rdzv-endpoint",
-                            f"127.0.0.1:{self.port}", "--rdzv-id", "peer-tier", "--max-restarts", "1")
-        argv = [PY, "-m", "torch.distributed.run", *argv_launch, "-m", "ckptfmt.cli", "train", "--run-dir", str(self.run),
+                                 f"127.0.0.1:{self.port}", "--rdzv-id", "peer-tier", "--max-restarts", "3",
+                                 "--rdzv-conf", f"{FAST_RDZV},is_host={int(node == 0)}")
+        argv = [*TORCHRUN, *argv_launch, "-m", "ckptfmt.cli", "train", "--run-dir", str(self.run),
                 "--config", "tiny", "--steps", str(N), "--checkpoint-every", str(DURABLE), "--memory-every", str(RAM),
-                "--sample-every", "0", "--log-every", "100000"]
-        log = open(self.root / f"node{node}.log", "a")
-        self.procs[node] = subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
-        if node == 0 and not launch:            # node 0 hosts the rendezvous store: it goes first
-            deadline = time.monotonic() + 60
-            while not _listening(self.port):
-                assert self.procs[0].poll() is None and time.monotonic() < deadline, self.log(0)
-                time.sleep(0.1)
+                "--sample-every", "0", "--log-every", "100000", "--dist-timeout", "30"]
+        self.jobs[node] = Job(argv, self.root / f"node{node}.log", env=env)
 
     def both(self) -> "Nodes":
-        self.start(0)
+        self.start(0)                            # node 0 hosts the store (is_host=1); node 1 connects to it
         self.start(1)
         return self
 
     def kill(self, node: int) -> None:
-        """SIGKILL the node's agent and its worker, as a lost machine (torchrun starts each
-        worker in a session of its own)."""
-        workers = _workers_of(self.procs[node].pid)
-        os.killpg(self.procs[node].pid, signal.SIGKILL)
-        for worker in workers:
-            os.killpg(worker, signal.SIGKILL)
-        self.procs[node].wait()
+        """SIGKILL the node's agent and its worker, as a lost machine."""
+        kill_tree(self.jobs[node].pid)
+        self.jobs[node].proc.wait()
 
-    def wait(self, timeout: float = 400) -> None:
-        for node, proc in self.procs.items():
-            assert proc.wait(timeout=timeout) == 0, self.log(node)
+    def wait(self, timeout: float = 240) -> None:
+        for node, job in self.jobs.items():
+            assert job.finish(timeout) == 0, self.logs()
 
     def log(self, node: int) -> str:
         return (self.root / f"node{node}.log").read_text()[-3000:]
 
-    def until(self, step: int, timeout: float = 300) -> int:
+    def logs(self) -> str:
+        return "".join(f"--- node {node}\n{self.log(node)}\n" for node in self.jobs)
+
+    def wait_for(self, condition, what: str, timeout: float = 120) -> None:
+        """Poll ``condition``; fail (with the nodes' logs) if a node's job ends first or ``timeout`` passes."""
         deadline = time.monotonic() + timeout
-        while last_step(self.run) < step:
-            assert all(p.poll() is None for p in self.procs.values()), self.log(0) + self.log(1)
-            assert time.monotonic() < deadline
+        while not condition():
+            assert all(job.returncode is None for job in self.jobs.values()), self.logs()
+            assert time.monotonic() < deadline, f"no {what} in {timeout} s\n{self.logs()}"
             time.sleep(0.01)
+
+    def until(self, step: int) -> int:
+        self.wait_for(lambda: last_step(self.run) >= step, f"step {step}")
         return last_step(self.run)
 
+    def resumed(self, count: int) -> dict:
+        """The run's ``count``-th resume (waiting until it is in the history)."""
+        self.wait_for(lambda: len(resumes(self.run)) >= count, f"resume {count}")
+        return resumes(self.run)[count - 1]
+
+    def saved_to_ram_after(self, step: int) -> int:
+        """Wait until both nodes hold a RAM generation newer than ``step`` and training is 3 steps
+        past it (a kill then falls between two RAM saves, after the tiers' retention); that step."""
+        def newest() -> int:                          # the newest RAM step both nodes hold
+            return min(max(ram_steps(self, node), default=0) for node in (0, 1))
+        self.wait_for(lambda: newest() > step, f"a RAM save after step {step}")
+        return self.until(newest() + 3)
+
+    def mark(self) -> dict[int, int]:
+        """Where each node's log ends now (``since``: what the nodes logged after)."""
+        return {node: (self.root / f"node{node}.log").stat().st_size for node in (0, 1)}
+
+    def since(self, mark: dict[int, int]) -> str:
+        return "".join((self.root / f"node{node}.log").read_bytes()[mark[node]:].decode(errors="replace")
+                       for node in (0, 1))
+
+    def copy_of(self, other: "Nodes") -> "Nodes":
+        """This run directory and these RAM tiers as ``other``'s (its jobs ended)."""
+        shutil.copytree(other.run, self.run, symlinks=True)
+        for node in (0, 1):
+            shutil.copytree(other.memory(node), self.memory(node), symlinks=True)
+        return self
+
     def stop(self) -> None:
-        for node, proc in self.procs.items():
-            if proc.poll() is None:
-                self.kill(node)
-
-
-def _listening(port: int) -> bool:
-    with socket.socket() as s:
-        return s.connect_ex(("127.0.0.1", port)) == 0
+        for job in self.jobs.values():
+            job.kill()
 
 
 @pytest.fixture
 def nodes(tmp_path):
-    made = Nodes(tmp_path / "run", tmp_path)
+    made = Nodes(tmp_path)
     yield made
     made.stop()
+
+
+def durable(run: Path) -> int:
+    """The newest committed generation of the run directory (0 before the first)."""
+    return max((g.step for g in Run(run).generations() if g.committed), default=0)
 
 
 def ram_steps(nodes: Nodes, node: int) -> list[int]:
@@ -129,80 +154,121 @@ def canonical(run: Path) -> list[dict]:
 @pytest.fixture(scope="module")
 def straight(tmp_path_factory):
     """The same two-node run, never interrupted."""
-    root = tmp_path_factory.mktemp("straight")
-    made = Nodes(root / "run", root).both()
+    made = Nodes(tmp_path_factory.mktemp("straight"))
     try:
-        made.wait()
+        made.both().wait()
     finally:
         made.stop()
     return made.run
 
 
-def test_a_node_lost_with_its_ram_comes_back_from_its_peers_copies_bit_identical(nodes, straight):
-    nodes.both()
-    killed_at = nodes.until(KILL)
-    held = ram_steps(nodes, 1)
-    assert held and held == ram_steps(nodes, 0)           # each node holds every shard: its own and its partner's
-    nodes.kill(1)
-    shutil.rmtree(nodes.memory(1))                         # the node's /dev/shm is gone with it
-    nodes.start(1)                                         # the replacement joins the survivor's new round
-    nodes.wait()
-    resume = resumes(nodes.run)[-1]
+@pytest.fixture(scope="module")
+def both_killed(tmp_path_factory):
+    """A two-node run whose two nodes were killed at once after step KILL: its run directory and
+    both RAM tiers as they were left (each test restarts a copy)."""
+    made = Nodes(tmp_path_factory.mktemp("both-killed"))
+    try:
+        made.both().until(KILL)
+        made.kill(1)
+        made.kill(0)
+    finally:
+        made.stop()
+    return made
+
+
+@pytest.fixture(scope="module")
+def failures(tmp_path_factory):
+    """One two-node run through three failures, each after the previous resume saved to RAM
+    again: after step KILL one rank's process killed (both agents restart their workers); then
+    node 1 lost with its RAM (a replacement joins the survivor's new round); then, once a durable
+    generation and a newer RAM one follow that resume, node 1 lost again, its replacement's RAM
+    full. Per failure: the resume, what the nodes logged after it, and for the lost node the RAM
+    steps it held and the step it was killed at; for the last, the newest durable step then."""
+    made = Nodes(tmp_path_factory.mktemp("failures"))
+    seen = {}
+    try:
+        made.both().until(KILL)
+        os.kill(workers_of(made.jobs[1].pid)[0], signal.SIGKILL)   # one process, not the node
+        seen["rank"] = {"resume": made.resumed(1)}
+
+        killed_at = made.saved_to_ram_after(seen["rank"]["resume"]["step"])
+        held, node_0_held, mark = ram_steps(made, 1), ram_steps(made, 0), made.mark()
+        made.kill(1)
+        shutil.rmtree(made.memory(1))                      # the node's /dev/shm is gone with it
+        made.start(1)                                      # the replacement joins the survivor's new round
+        seen["node"] = {"resume": made.resumed(2), "held": held, "node_0_held": node_0_held, "killed_at": killed_at}
+
+        made.wait_for(lambda: durable(made.run) > seen["node"]["resume"]["step"], "a durable save after the resume")
+        on_disk = durable(made.run)
+        made.saved_to_ram_after(on_disk)                   # a RAM generation newer than the disk's: tried first
+        seen["node"]["log"], mark = made.since(mark), made.mark()
+        made.kill(1)
+        shutil.rmtree(made.memory(1))
+        with small_tmpfs(made.memory(1)):                  # 64 KiB: no shard fits on node 1
+            try:
+                made.start(1)
+                seen["full"] = {"resume": made.resumed(3), "on_disk": on_disk}
+                made.wait()
+            finally:
+                made.stop()
+        seen["full"]["log"] = made.since(mark)
+    finally:
+        made.stop()
+    seen["run"] = made.run
+    return seen
+
+
+@pytest.mark.timeout(150)     # the first of the three makes the straight and the failures' runs (30-40 s)
+def test_a_killed_rank_resumes_from_its_own_nodes_ram(failures, straight):
+    resume = failures["rank"]["resume"]
+    assert resume["tier"] == "memory" and resume["step"] >= KILL - RAM
+    assert failures["full"]["resume"]["step"] > resume["step"]    # the final generation descends from this restore
+    assert final(failures["run"]) == final(straight)
+
+
+@pytest.mark.timeout(150)     # the first of the three makes the straight and the failures' runs (30-40 s)
+def test_a_node_lost_with_its_ram_comes_back_from_its_peers_copies_bit_identical(failures, straight):
+    lost = failures["node"]
+    held, resume, killed_at = lost["held"], lost["resume"], lost["killed_at"]
+    assert held and held == lost["node_0_held"]          # each node holds every shard: its own and its partner's
     assert resume["tier"] == "peer" and max(held) <= resume["step"] <= killed_at and resume["step"] % RAM == 0
     assert killed_at - resume["step"] <= RAM
-    assert "(RAM tier, fetched from a peer node)" in nodes.log(0) + nodes.log(1)
-    assert final(nodes.run) == final(straight)
-    assert canonical(nodes.run) == canonical(straight)
-    assert validate_run(nodes.run).ok
+    assert "(RAM tier, fetched from a peer node)" in lost["log"], lost["log"][-3000:]
+    assert failures["full"]["resume"]["step"] > resume["step"]    # the final generation descends from this restore
+    run = failures["run"]
+    assert final(run) == final(straight)
+    assert canonical(run) == canonical(straight)
+    assert validate_run(run).ok
 
 
-def test_a_replacement_whose_ram_is_full_falls_back_to_disk_and_all_ranks_skip_ram_saves_together(nodes, straight):
-    nodes.both()
-    nodes.until(KILL)
-    nodes.kill(1)
-    shutil.rmtree(nodes.memory(1))
-    with small_tmpfs(nodes.memory(1)):                     # 64 KiB: no shard fits on node 1
-        nodes.start(1)
-        nodes.wait()
-    logs = nodes.log(0) + nodes.log(1)
-    assert "not restored, falling back" in logs and "No space left" in logs
-    assert [(r["step"], r["tier"]) for r in resumes(nodes.run)][-1] == (DURABLE, "disk")
-    assert "skipped the save of step 55: another rank could not write its shard" in nodes.log(0) + nodes.log(1)
-    after = hist.read(nodes.run / ".loss.json").events()
+@pytest.mark.timeout(150)     # the first of the three makes the straight and the failures' runs (30-40 s)
+def test_a_replacement_whose_ram_is_full_falls_back_to_disk_and_all_ranks_skip_ram_saves_together(failures,
+                                                                                                  straight):
+    logs, run = failures["full"]["log"], failures["run"]
+    assert "not restored, falling back" in logs and "No space left" in logs, logs[-3000:]
+    resume, on_disk = failures["full"]["resume"], failures["full"]["on_disk"]
+    assert (resume["step"], resume["tier"]) == (on_disk, "disk") and resumes(run)[-1] == resume
+    assert f"skipped the save of step {on_disk + RAM}: another rank could not write its shard" in logs, logs[-3000:]
+    after = hist.read(run / ".loss.json").events()
     after = after[max(i for i, e in enumerate(after) if e["event"] == "resume"):]
     assert not [e for e in after if e.get("tier") == "memory"]      # no rank saved alone
-    assert final(nodes.run) == final(straight)
+    assert final(run) == final(straight)
 
 
-def test_a_killed_rank_resumes_from_its_own_nodes_ram(nodes, straight):
-    nodes.both()
-    nodes.until(KILL)
-    os.kill(_workers_of(nodes.procs[1].pid)[0], signal.SIGKILL)                        # one process, not the node: both agents restart
-    nodes.wait()
-    resume = resumes(nodes.run)[-1]
-    assert resume["tier"] == "memory" and resume["step"] >= KILL - RAM
-    assert final(nodes.run) == final(straight)
-
-
-def test_with_every_ram_tier_wiped_the_run_resumes_from_disk(nodes, straight):
-    nodes.both()
-    nodes.until(KILL)
-    nodes.kill(1)
-    nodes.kill(0)
+def test_with_every_ram_tier_wiped_the_run_resumes_from_disk(nodes, straight, both_killed):
+    nodes.copy_of(both_killed)
     for node in (0, 1):
         shutil.rmtree(nodes.memory(node))                  # what a reboot of both does
     nodes.both()
     nodes.wait()
-    assert [(r["step"], r["tier"]) for r in resumes(nodes.run)][-1] == (DURABLE, "disk")
+    assert [(r["step"], r["tier"]) for r in resumes(nodes.run)][-1] == (ON_DISK, "disk")
     assert final(nodes.run) == final(straight)
 
 
-def test_a_ram_generation_damaged_on_every_node_is_skipped_with_its_reason(nodes, straight):
-    nodes.both()
-    nodes.until(KILL)
-    nodes.kill(1)
-    nodes.kill(0)
+def test_a_ram_generation_damaged_on_every_node_is_skipped_with_its_reason(nodes, straight, both_killed):
+    nodes.copy_of(both_killed)
     newest, older = ram_steps(nodes, 0)[-1], ram_steps(nodes, 0)[0]
+    assert ON_DISK < older < newest and ram_steps(nodes, 1) == [older, newest]     # the older one only in RAM
     for node in (0, 1):                                    # shard 0, one flipped bit, on both nodes
         shard = nodes.memory(node) / tiers.run_id(nodes.run) / f"step_{newest:06d}.shards" / "00000-of-00002.bin"
         data = bytearray(shard.read_bytes())
@@ -211,28 +277,10 @@ def test_a_ram_generation_damaged_on_every_node_is_skipped_with_its_reason(nodes
     nodes.both()
     nodes.wait()
     logs = nodes.log(0) + nodes.log(1)
-    assert f"skipping RAM generation {newest}: step_{newest:06d}.shards/00000-of-00002.bin fails blake3" in logs
+    assert f"skipping RAM generation {newest}: step_{newest:06d}.shards/00000-of-00002.bin fails blake3" in logs, \
+        nodes.logs()
     assert (resumes(nodes.run)[-1]["step"], resumes(nodes.run)[-1]["tier"]) == (older, "memory")
     assert final(nodes.run) == final(straight)
-
-
-def _workers_of(agent: int) -> list[int]:
-    """The PIDs of the torchrun agent's workers (its children running the trainer)."""
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        found = []
-        for entry in os.listdir("/proc"):
-            if entry.isdigit():
-                try:
-                    stat = open(f"/proc/{entry}/stat").read()
-                except OSError:
-                    continue
-                if int(stat.rsplit(")", 1)[1].split()[1]) == agent:
-                    found.append(int(entry))
-        if found:
-            return found
-        time.sleep(0.05)
-    raise AssertionError(f"no worker under agent {agent}")
 
 
 def test_one_node_of_two_ranks_shares_its_ram_tier_and_resumes_from_it(nodes, straight):

@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -171,18 +169,18 @@ exit_worker(0)
 '''
 
 
-@pytest.mark.xdist_group("torchrun")
+@pytest.mark.xdist_group("torchrun")      # 2 ranks: never beside another torchrun job
+@pytest.mark.timeout(45)                   # 5-8 s; a rank left alone in the save fails here, not at 10 min
 def test_under_torchrun_rank_0s_new_best_is_every_ranks_save(tmp_path):
     """Each rank's metric may differ: a rank whose own value improved would enter the save (a
     collective) alone and wait for ever. The decision is agreed, and a new best is rank 0's (the
     values its history records, where a resumed run's best comes from): every rank saves there,
     and only there."""
+    from torchrun import standalone, succeeds
     script = tmp_path / "agree.py"
     script.write_text(AGREE)
     run = tmp_path / "run"
-    proc = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-                           str(script), str(run)], capture_output=True, text=True, timeout=240, cwd=ROOT)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    succeeds([*standalone(2), script, run], tmp_path / "agree.log", timeout=35, cwd=ROOT)
     assert [g.step for g in Run(run).generations() if g.committed] == [1, 2, 4]
     assert [s for s, _ in saves(run)] == [1, 2, 4]   # rank 1's 3 and 5 are no save
 
