@@ -278,3 +278,37 @@ def test_bare_checkpoints_that_no_ckptfmt_writer_held_are_never_replaced(tmp_pat
     with mgr(run, model, opt) as m, pytest.raises(UnsupportedSetupError, match="was never a ckptfmt run"):
         m.restore()
     assert (run / "step_000003.bin").read_bytes() == before
+
+
+def test_an_async_save_waits_for_the_one_in_flight_before_it_takes_its_snapshot(tmp_path, monkeypatch):
+    """With ``async_save`` the snapshot buffers are reused: a save while the previous one is still
+    writing must wait for it, or the new snapshot overwrites what the old commit is writing. The
+    first commit is held mid-write until the second save has asked; each generation must still
+    hold exactly the weights of its own step."""
+    import time
+
+    import ckptfmt
+    from ckptfmt import fsio
+    from models import two_layer_adamw, train_steps
+    model, opt = two_layer_adamw()
+    held = threading.Event()
+
+    def hook(op, path):
+        if op == "write" and "step_000001" in path and not held.is_set():
+            held.set()
+            time.sleep(0.5)             # the second save is asked for while this one writes
+    monkeypatch.setattr(fsio, "hook", hook)
+    want = {}
+    with CheckpointManager(tmp_path / "run", model, opt, every=None, keep_last=None, async_save=True,
+                           handle_signals=False) as mgr:
+        mgr.restore()
+        for step in (1, 2):
+            train_steps(model, opt, 1)
+            want[step] = np.concatenate([p.detach().numpy().ravel() for p in model.parameters()])
+            mgr.save(step)
+            if step == 1:
+                assert held.wait(10)
+        mgr.wait()
+    for step in (1, 2):
+        with ckptfmt.open(tmp_path / "run" / f"step_{step:06d}.bin", verify=True) as ck:
+            assert np.array_equal(np.asarray(ck.weights), want[step]), f"generation {step} holds another step's weights"
