@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parent.parent
 EXAMPLE = ROOT / "examples" / "hf_trainer.py"
 sys.path.insert(0, str(ROOT / "examples"))
 from hf_trainer import Tokens, tiny_gpt2  # noqa: E402
-from test_accelerate import worker_of_rank  # noqa: E402
+from torchrun import worker_of_rank  # noqa: E402
 import warm  # noqa: E402
 
 FILES = ("model.safetensors", "optimizer.pt", "scheduler.pt")
@@ -165,6 +165,8 @@ def test_the_example_exits_0_on_sigterm_with_its_newest_checkpoint_committed(tmp
     assert not hfdir.problems(newest)
 
 
+@pytest.mark.xdist_group("torchrun")     # two ranks: never beside another multi-rank job
+@pytest.mark.timeout(90)
 def test_under_two_processes_a_sigterm_to_one_rank_stops_both_at_one_committed_step(tmp_path):
     out = tmp_path / "ddp"
     proc = subprocess.Popen([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
