@@ -76,7 +76,7 @@ def cli(*args: str, cwd=None, env=None, timeout=300, process: bool = False) -> s
     if process or not args or args[0] not in IN_PROCESS:
         return subprocess.run([PY, "-m", "ckptfmt.cli", *args], capture_output=True, text=True,
                               cwd=cwd, env={**os.environ, **(env or {})}, timeout=timeout)
-    return _cli_in_process(list(map(str, args)), cwd, env)
+    return cli_in_process(args, cwd, env)
 
 
 def _warning_on_stderr(message, category, filename, lineno, file=None, line=None):
@@ -84,7 +84,9 @@ def _warning_on_stderr(message, category, filename, lineno, file=None, line=None
     sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
 
 
-def _cli_in_process(args: list, cwd, env) -> subprocess.CompletedProcess:
+def cli_in_process(args, cwd=None, env=None) -> subprocess.CompletedProcess:
+    """``ckptfmt ARGS`` through click's CliRunner in this process, as the console would end it."""
+    args = list(map(str, args))
     import traceback
     import warnings
 

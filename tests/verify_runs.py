@@ -46,15 +46,11 @@ def runs_from_the_warm_parent():
 
 
 def verify_resume(*args: str) -> subprocess.CompletedProcess:
-    """``ckptfmt verify-resume ARGS`` in this process: the console's exit code, stdout and stderr
-    (an internal error raises here, with its traceback, rather than pass for an exit code)."""
-    from click.testing import CliRunner
-
-    from ckptfmt.cli import main
-    argv = ["verify-resume", *map(str, args)]
+    """``ckptfmt verify-resume ARGS`` in this process (conftest's ``cli_in_process``): the console's
+    exit code, stdout and stderr, an internal error's traceback on stderr."""
+    from conftest import cli_in_process
     with runs_from_the_warm_parent():
-        result = CliRunner().invoke(main, argv, catch_exceptions=False, prog_name="ckptfmt")
-    return subprocess.CompletedProcess(["ckptfmt", *argv], result.exit_code, result.stdout, result.stderr)
+        return cli_in_process(["verify-resume", *args])
 
 
 def once_per_session(tmp_path_factory, name: str, make: Callable[[Path], Any]) -> tuple[Path, Any]:
