@@ -2,7 +2,7 @@
 torch generator on the device, async saves and bf16 parameters, resumed in a fresh process,
 must end bit-identical to a straight run; resumed without its RNGs it must not (the negative
 control). ``--device cpu`` runs the same check on the CPU (the CPU path is also covered in CI by
-tests/test_manager.py's SIGTERM/SIGKILL resumes of examples/plain_loop.py).
+tests/manager/test_manager.py's SIGTERM/SIGKILL resumes of examples/plain_loop.py).
 
     python benchmarks/cuda_manager_check.py --device cuda --out results/cuda_manager.json
     python benchmarks/cuda_manager_check.py --device cpu --steps 12      # the CPU twin

@@ -470,7 +470,7 @@ def _listening(port: int) -> bool:
 
 
 def _worker_of(agent: int) -> int:
-    """The PID of a torchrun agent's worker (its child), as tests/test_peer_tier.py finds it."""
+    """The PID of a torchrun agent's worker (its child), as tests/tiers/test_peer_tier.py finds it."""
     deadline = time.monotonic() + 60
     while time.monotonic() < deadline:
         for entry in os.listdir("/proc"):

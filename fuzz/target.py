@@ -11,7 +11,7 @@ meaning as targets are added.
     .venv/bin/python fuzz/target.py fuzz/corpus -max_total_time=600    # coverage-guided, 10 min
     .venv/bin/python fuzz/target.py -merge=1 fuzz/min fuzz/corpus      # minimise the corpus
 
-tests/test_fuzz_corpus.py replays fuzz/corpus in CI without atheris.
+tests/reliability/test_fuzz_corpus.py replays fuzz/corpus in CI without atheris.
 """
 from __future__ import annotations
 

@@ -13,7 +13,7 @@ rm -rf fuzz/new fuzz/min && mkdir -p fuzz/new fuzz/min
     -print_final_stats=1 > fuzz/last-run.log 2>&1 &
 fuzz=$!
 set +o pipefail     # a failing test must not skip the corpus merge below; the summary says it
-RELIABILITY_SCALE=long .venv/bin/python -m pytest -q -s -p no:warnings --timeout 0 tests/test_reliability_*.py tests/test_manager.py tests/test_manager_ddp.py "$@" \
+RELIABILITY_SCALE=long .venv/bin/python -m pytest -q -s -p no:warnings --timeout 0 tests/reliability tests/manager/test_manager.py tests/distributed/test_manager_ddp.py "$@" \
     | tee /tmp/long-tier.log | grep -E "FIGURE|crash states|passed|failed"
 wait "$fuzz" || { echo "fuzzing found a crash: see fuzz/last-run.log"; exit 1; }
 # libFuzzer's merge re-executes fuzz/target.py: its shebang must find the venv's python first

@@ -79,6 +79,15 @@ def cli(*args: str, cwd=None, env=None, timeout=300, process: bool = False) -> s
     return cli_in_process(args, cwd, env)
 
 
+# The console script's main where ``import torch`` fails: what a user without the torch extra gets.
+BLOCKED = "import sys; sys.modules['torch'] = None; from ckptfmt.cli import main; sys.argv = ['ckptfmt', *sys.argv[1:]]; main()"
+
+
+def without_torch(*args: str) -> subprocess.CompletedProcess:
+    """A ckptfmt command line in a fresh process where ``import torch`` fails."""
+    return subprocess.run([PY, "-c", BLOCKED, *map(str, args)], capture_output=True, text=True, timeout=300)
+
+
 def _warning_on_stderr(message, category, filename, lineno, file=None, line=None):
     import warnings
     sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))

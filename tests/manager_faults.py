@@ -1,5 +1,5 @@
 """Run examples/plain_loop.py with one piece of its state lost after every restore, as a loop
-that forgot that piece would: verify-resume must catch it and name it (tests/test_manager.py).
+that forgot that piece would: verify-resume must catch it and name it (tests/manager/test_manager.py).
 
     python tests/manager_faults.py PIECE <plain_loop.py arguments>
 """

@@ -9,7 +9,7 @@ line; ``trainer.loop.train`` takes them as arguments), single process only:
   --omit-rng-restore             the negative control: resume without restoring any RNG
                                  (``omit_rng_restore=True``, a Trainer option)
 
-One more hidden option, a test hook of the divergence guard (tests/test_divergence.py), also
+One more hidden option, a test hook of the divergence guard (tests/run/test_divergence.py), also
 under torchrun:
 
   --force-nonfinite-at STEP      multiply the loss by NaN at STEP, so the weights, m and v turn

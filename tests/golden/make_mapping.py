@@ -1,6 +1,6 @@
 """How the golden files in tests/golden/mapping/ were made: run once, by the commit that added
 the mapping's manifest fields (``optimizer.members``, ``optimizer.setting_types``, ``aliases``;
-spec/FORMAT.md §10.8), and never again. tests/test_golden.py must restore every one with the
+spec/FORMAT.md §10.8), and never again. tests/format/test_golden.py must restore every one with the
 code of every later commit, each tensor on its named parameter and each setting in its type.
 
     .venv/bin/python tests/golden/make_mapping.py

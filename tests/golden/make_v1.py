@@ -1,5 +1,5 @@
 """How the golden files in tests/golden/v1/ were made: run once, at commit fe7d78e (the module
-layout before folders became layers), and never again. The files are committed; tests/test_golden.py must read every
+layout before folders became layers), and never again. The files are committed; tests/format/test_golden.py must read every
 one with the code of every later commit. Kept as the record of how they were made; it imports
 the module paths of that commit, so it does not run on today's layout. A later format writes
 its own make_vN.py and vN/ beside these.
