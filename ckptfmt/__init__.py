@@ -9,9 +9,8 @@
 from .errors import *  # noqa: F401,F403  (the hierarchy is part of the public API)
 from .errors import CheckpointError
 from .reader import Checkpoint, open, read_header
+from .version import __version__
 from .writer import SaveResult, save, save_generation
-
-__version__ = "0.1.0"
 
 
 def validate(path, *, deep: bool = True):

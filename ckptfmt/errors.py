@@ -17,7 +17,7 @@ import os
 from typing import Any
 
 __all__ = ["CheckpointError", "NotACheckpointError", "BadHeaderError", "TruncatedError",
-           "TrailingDataError", "BadNameError", "ManifestError", "ManifestMismatchError",
+           "TrailingDataError", "BadNameError", "ManifestError", "ManifestMismatchError", "ManifestSealError",
            "UnsupportedVersionError", "FingerprintMismatchError", "IncompleteResumeStateError", "ConfigMismatchError",
            "StateRefusedError", "DeviceChangeError", "LayoutMismatchError", "OptimizerMismatchError", "UnsupportedOptimizerError", "NoValidGenerationError",
            "GenerationNotFoundError", "EmptyRunError", "RunLockedError", "HistoryCorruptError", "SidecarError",
@@ -84,6 +84,11 @@ class ManifestError(CheckpointError):
 
 class ManifestMismatchError(ManifestError):
     """The manifest is well formed but describes another file (size, step, n_params, name)."""
+
+
+class ManifestSealError(ManifestError):
+    """The manifest does not match its own seal (spec §4.7): a flipped bit or an edit after it was
+    written. The generation is damaged, whatever the fields now say."""
 
 
 class UnsupportedVersionError(ManifestError):

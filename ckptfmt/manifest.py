@@ -9,7 +9,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from . import atomic, companion
+from . import atomic, companion, seal
 from .errors import (IncompleteResumeStateError, ManifestError, ManifestMismatchError,
                      UnsupportedVersionError, parse_json)
 
@@ -34,9 +34,15 @@ def build(*, file: str, size: int, step: int, n_params: int, digest: str,
     return merged
 
 
+def sealed(manifest: dict[str, Any]) -> dict[str, Any]:
+    """``manifest`` as its file holds it once written: JSON values, sealed over what it holds
+    now (§4.7; an old seal is replaced). NaN/inf are refused (they are not JSON)."""
+    return seal.apply(json.loads(json.dumps(manifest, allow_nan=False)))
+
+
 def dumps(manifest: dict[str, Any]) -> bytes:
-    """Canonical JSON; NaN/inf are refused (they are not JSON) rather than written loosely."""
-    return (json.dumps(manifest, indent=1, sort_keys=True, allow_nan=False) + "\n").encode()
+    """The manifest's file: sealed, keys sorted, one field per line."""
+    return (json.dumps(sealed(manifest), indent=1, sort_keys=True) + "\n").encode()
 
 
 def write(path: "str | os.PathLike[str]", manifest: dict[str, Any]) -> None:
@@ -48,6 +54,12 @@ def read(path: "str | os.PathLike[str]") -> dict[str, Any]:
     path = os.fspath(path)
     with open(path, "rb") as f:
         data = f.read(MAX_MANIFEST_BYTES + 1)
+    return parse(data, path)
+
+
+def parse(data: bytes, path: str) -> dict[str, Any]:
+    """A manifest's bytes (from a file or a mirror) as a checked document: its seal first (§4.7),
+    then the schema. ``ManifestError`` names what is wrong."""
     if len(data) > MAX_MANIFEST_BYTES:
         raise ManifestError(path, f"manifest larger than {MAX_MANIFEST_BYTES} bytes")
     try:
@@ -57,8 +69,15 @@ def read(path: "str | os.PathLike[str]") -> dict[str, Any]:
     doc = parse_json(text, ManifestError, path, parse_constant=_refuse_constant, object_pairs_hook=_unique_keys)
     if not isinstance(doc, dict):
         raise ManifestError(path, f"expected a JSON object, got {type(doc).__name__}")
+    seal.check(path, doc)
     check_schema(path, doc)
     return doc
+
+
+def self_checked(path: str, doc: dict[str, Any]) -> str | None:
+    """None when ``doc``'s seal covers all of it, else what is not covered and why (an older
+    writer made it, or added fields to it). ``doc`` comes from ``read``: its seal held."""
+    return seal.check(path, doc)
 
 
 def _refuse_constant(name: str) -> None:
@@ -88,6 +107,9 @@ def check_schema(path: str, doc: dict[str, Any]) -> None:
     if doc["format_version"] > FORMAT_VERSION:
         raise UnsupportedVersionError(path, f"format_version {doc['format_version']} is newer than this "
                                   f"ckptfmt understands ({FORMAT_VERSION})")
+    if "shards" in doc and "world_size" in doc and (not isinstance(doc["shards"], list)
+                                                   or doc["world_size"] != len(doc["shards"])):
+        raise ManifestError(path, f"world_size {doc['world_size']!r} is not the number of shards")
     if os.path.basename(doc["file"]) != doc["file"]:
         raise ManifestError(path, f"field 'file' must be a bare name, got {doc['file']!r}")
     if not is_digest(doc["blake3"]):

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The long tier, run by hand, not in CI: the reliability suite at its large counts
 # (RELIABILITY_SCALE=long: 1,000 SIGKILLs at 150 MB, 2,000 power cuts, 10^6 bit flips, 1,000
-# SIGUSR1, 100 kill/resume cycles) and the full interruption sweeps of the manager (13 points per
+# SIGUSR1, 100 kill/resume cycles, 20,000 bit flips in each kind of manifest, the fuzz corpus with
+# its mutations) and the full interruption sweeps of the manager (13 points per
 # signal) and of the manager under torchrun, which CI checks at one point per phase; and beside
 # them 10 minutes of coverage-guided fuzzing whose minimised corpus replaces fuzz/corpus. Figures go to spec/RELIABILITY.md with date and command.
 set -euo pipefail
@@ -13,7 +14,7 @@ rm -rf fuzz/new fuzz/min && mkdir -p fuzz/new fuzz/min
     -print_final_stats=1 > fuzz/last-run.log 2>&1 &
 fuzz=$!
 set +o pipefail     # a failing test must not skip the corpus merge below; the summary says it
-RELIABILITY_SCALE=long .venv/bin/python -m pytest -q -s -p no:warnings --timeout 0 tests/reliability tests/manager/test_manager.py tests/distributed/test_manager_ddp.py "$@" \
+RELIABILITY_SCALE=long .venv/bin/python -m pytest -q -s -p no:warnings --timeout 0 tests/reliability tests/format/test_seal.py tests/manager/test_manager.py tests/distributed/test_manager_ddp.py "$@" \
     | tee /tmp/long-tier.log | grep -E "FIGURE|crash states|passed|failed"
 wait "$fuzz" || { echo "fuzzing found a crash: see fuzz/last-run.log"; exit 1; }
 # libFuzzer's merge re-executes fuzz/target.py: its shebang must find the venv's python first

@@ -5,6 +5,8 @@ Library imports stay inside the commands: each tool module costs milliseconds th
 """
 from __future__ import annotations
 
+import json
+
 import os
 import sys
 
@@ -51,14 +53,21 @@ def _print_inspect(d: dict) -> None:
         click.echo(f"  manifest problem (the fingerprint cannot be checked): {d['manifest_problem']}")
     if d.get("manifest"):
         man = d["manifest"]
-        click.echo(f"  manifest: {man.get('layout_tensors', 0)} tensors in layout"
-                   + (f", config {man['config'].get('name')}" if isinstance(man.get("config"), dict) else ""))
+        click.echo(f"  manifest: {man.get('layout_tensors', 0)} tensors in layout; seal: {man.get('seal')}")
+        if isinstance(man.get("config"), dict):
+            click.echo("  config: " + _words(man["config"]))
         if man.get("metrics"):
             click.echo("  metrics: " + " ".join(metrics_words(man["metrics"], d["step"])))
     _print_stats_table(d["regions"])
     for name, regions in (d.get("tensors") or {}).items():
         click.echo(f"  {name}")
         _print_stats_table(regions, indent="    ")
+
+
+def _words(config: dict, width: int = 200) -> str:
+    """A config as ``key=value`` words on one line, cut at ``width`` characters."""
+    text = " ".join(f"{k}={json.dumps(v, allow_nan=True)}" for k, v in sorted(config.items())) or "{}"
+    return text if len(text) <= width else text[:width - 1] + "…"
 
 
 def _print_other(d: dict) -> None:
@@ -111,7 +120,8 @@ def _print_run_inspect(d: dict) -> None:
 @guarded
 def validate(paths: tuple[str, ...], as_json: bool, fast: bool, scan: bool, b3sums_out: str | None) -> None:
     """Check files or run directories of any kind (known by content, spec/FORMAT.md §8.6): a
-    seed .bin's structure, fingerprint, manifest, values; a run's generations and sidecars;
+    seed .bin's structure, fingerprint, manifest (its seal: every field against its own digest,
+    §4.7), values; a run's generations and sidecars;
     ckptfmt's .zst, .ckz, .safetensors, .pt, .npz and sharded generations against the blake3
     they record; a foreign file (torch.save, safetensors, index.json, .npz, DCP) by its structure
     and values ("unverified: no digest of its own") (a URL: every committed object read back and

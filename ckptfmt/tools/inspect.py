@@ -84,6 +84,7 @@ def inspect_file(path: "str | os.PathLike[str]", *, tensors: bool = False) -> di
     if doc:
         out["manifest"] = {k: doc[k] for k in MANIFEST_SUMMARY if k in doc}
         out["manifest"]["layout_tensors"] = len(doc.get("layout") or [])
+        out["manifest"]["seal"] = mf.self_checked(str(mf.path_for(path)), doc) or "self-checked"
     return out
 
 

@@ -21,7 +21,7 @@ from typing import Any, Callable, Iterable, Mapping
 from .. import companion, facts, fingerprint
 from .. import format as fmt
 from .. import manifest as mf
-from ..errors import CheckpointError, FingerprintMismatchError, RemoteError, UnsupportedSetupError
+from ..errors import CheckpointError, FingerprintMismatchError, ManifestError, RemoteError, UnsupportedSetupError
 from ..run import PINS, PIVOT, POLICY, SAMPLES, STATE, Generation, Run, check_generation, list_dir
 from ..run.generations import manifest_of, non_finite
 from ..run.retention import Candidate, Policy, candidate_for, plan
@@ -116,10 +116,9 @@ def _candidates(policy: Policy | None, local: dict[int, Generation], there: dict
 def _remote_doc(remote: Remote, step: int) -> dict[str, Any] | None:
     """The destination's manifest of ``step``, None where it cannot be read as one."""
     try:
-        doc = json.loads(remote.read_bytes(fmt.manifest_name(step)))
-    except (RemoteError, ValueError):
+        return remote.read_manifest(step)[0]
+    except (RemoteError, ManifestError):
         return None
-    return doc if isinstance(doc, dict) else None
 
 
 def _doomed(candidates: list[Candidate], policy: Policy | None, pins: list[int], newest: int | None,

@@ -9,7 +9,6 @@ AWS config files, read by botocore); ckptfmt stores none of them.
 """
 from __future__ import annotations
 
-import json
 import re
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -217,19 +216,10 @@ class Remote:
             return self.fs.cat_file(self.path(name))
 
     def read_manifest(self, step: int) -> tuple[dict[str, Any], bytes]:
-        """A manifest at the destination, parsed and schema-checked like a local one, and its bytes."""
+        """A manifest at the destination, its seal and schema checked as a local one's, and its bytes."""
         where = self.where(fmt.manifest_name(step))
         data = self.read_bytes(fmt.manifest_name(step))
-        if len(data) > mf.MAX_MANIFEST_BYTES:
-            raise ManifestError(where, f"manifest larger than {mf.MAX_MANIFEST_BYTES} bytes")
-        try:
-            doc = json.loads(data.decode("utf-8"))
-        except (UnicodeDecodeError, ValueError) as exc:
-            raise ManifestError(where, f"not valid JSON: {exc}") from None
-        if not isinstance(doc, dict):
-            raise ManifestError(where, f"expected a JSON object, got {type(doc).__name__}")
-        mf.check_schema(where, doc)
-        return doc, data
+        return mf.parse(data, where), data
 
     def put_bytes(self, name: str, data: bytes) -> None:
         """One small object (a manifest, a sidecar), written whole: S3 publishes a PUT at once."""

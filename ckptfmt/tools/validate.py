@@ -71,9 +71,18 @@ def _check_manifest(report: Report, ckpt: reader.Checkpoint) -> dict[str, Any] |
     if doc is None:
         report.warn("unverified", f"{ckpt.path}: no manifest, contents cannot be verified")
         return None
+    _note_unsealed(report, mpath, doc)
     if report.ok:
         report.status = "committed"
     return doc
+
+
+def _note_unsealed(report: Report, path: str, doc: dict[str, Any]) -> None:
+    """A manifest whose seal does not cover all of it (an older writer made it or added to it)
+    is valid, and the report says what was not self-checked."""
+    note = mf.self_checked(path, doc)
+    if note is not None:
+        report.warn("manifest_unchecked", f"{path}: {note}")
 
 
 def _check_incomplete(report: Report, directory: str) -> None:
@@ -291,6 +300,7 @@ def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=N
         reason = check_generation(gen, deep=deep)
         if reason is None:
             row["status"] = "verified" if deep else "committed"
+            _note_unsealed(report, str(gen.manifest), mf.read(gen.manifest))
             if deep:
                 _check_shard_values(report, row, gen.manifest, scan)
         elif gen.manifest is None:

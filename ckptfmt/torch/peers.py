@@ -316,6 +316,6 @@ def _arrivals(size: int, src: int) -> Iterator[torch.Tensor]:
 
 def _same(path: Path, doc: dict[str, Any]) -> bool:
     try:
-        return path.is_file() and mf.read(path) == doc
+        return path.is_file() and mf.read(path) == mf.sealed(doc)
     except CheckpointError:
         return False

@@ -30,7 +30,7 @@ import pytest
 import zstandard
 
 import ckptfmt
-from ckptfmt import tensorfile
+from ckptfmt import seal, tensorfile
 from ckptfmt.cli import main
 from conftest import arrays, cli, make, small_tmpfs
 
@@ -54,15 +54,18 @@ def _history(directory, steps):
             f.write(json.dumps({"step": s, "loss": 5.0 - 0.1 * s, "source": "code"}) + "\n")
 
 
-def _manifest_variant(root, name, edit):
+def _manifest_variant(root, name, edit, sealed=True):
+    """A generation whose manifest ``edit`` changed: resealed (what a writer that seals what it
+    writes wrong would leave: the schema is what fails) unless ``sealed`` is False (an edit after
+    the commit: the seal is what fails)."""
     d = os.path.join(root, name)
-    _save(d, 1, manifest={"layout": LAYOUT})
+    _save(d, 1, manifest={"layout": LAYOUT, "config": {"lr": 0.1}})
     mpath = os.path.join(d, "step_000001.json")
     with open(mpath) as f:
         doc = json.load(f)
     text = edit(doc)
     with open(mpath, "w") as f:
-        f.write(text if isinstance(text, str) else json.dumps(doc))
+        f.write(text if isinstance(text, str) else json.dumps(seal.apply(doc) if sealed else doc))
 
 
 def _safetensors(path, meta, regions=None, code="F32"):
@@ -174,6 +177,8 @@ def build_corpus(root):
     _manifest_variant(root, "mf_digest", lambda d: d.update(blake3="0" * 64))
     _manifest_variant(root, "mf_version", lambda d: d.update(format_version=99))
     _manifest_variant(root, "mf_layout", lambda d: d.update(layout=[{"name": "a", "shape": [3], "offset": 0}]))
+    _manifest_variant(root, "mf_edited", lambda d: d["config"].update(lr=0.2), sealed=False)
+    _manifest_variant(root, "mf_version_flipped", lambda d: d.update(format_version=3), sealed=False)
     _manifest_variant(root, "mf_dupkey", lambda d: json.dumps(d)[:-1] + ', "step": 2}')   # which step?
     _manifest_variant(root, "mf_deep", lambda d: json.dumps(d)[:-1] + ', "x": ' + "[" * 100_000 + "]" * 100_000 + "}")
     for field, value in (("rng", "x"), ("config", []), ("state", 7), ("buffers", [1])):   # not objects
@@ -266,6 +271,8 @@ FILE_INPUTS = {   # name -> (path, exit code of inspect and validate, a word the
     "manifest_wrong_digest": (f"mf_digest/{B}", 1, "mismatch"),
     "manifest_unknown_version": (f"mf_version/{B}", 2, "newer than this ckptfmt"),
     "manifest_bad_layout": (f"mf_layout/{B}", 1, "layout covers"),
+    "manifest_edited_after_its_seal": (f"mf_edited/{B}", 1, "field 'config' does not match the manifest's seal"),
+    "manifest_version_flipped": (f"mf_version_flipped/{B}", 1, "field 'format_version' does not match"),
     "manifest_duplicate_name": (f"mf_dupkey/{B}", 1, "duplicate name 'step'"),
     "manifest_nested_too_deeply": (f"mf_deep/{B}", 1, "nested too deeply"),
     "directory_without_generations": ("existing_dir", 1, "no generation"),
@@ -376,6 +383,7 @@ def _run_cases():
         ("fork-existing-destination", ["fork", "{w}/run", "{w}/existing_dir", "--step", "1"], 2, "exists", []),
         ("fork-readonly-destination", ["fork", "{w}/run", "{ro}/child", "--step", "1"], 2, "{ro}", []),
         ("fork-damaged", ["fork", "{w}/mf_digest", "{w}/forked", "--step", "1"], 1, "blake3", ["{w}/forked"]),
+        ("fork-manifest-edited", ["fork", "{w}/mf_edited", "{w}/forked", "--step", "1"], 1, "seal", ["{w}/forked"]),
         ("fork-spaces", ["fork", "{w}/spaced ü run", "{w}/fork ü", "--step", "1"], 0, "", []),
         ("gc-missing-keep-last", ["gc", "{w}/run"], 2, "--keep-last", []),
         ("gc-readonly", ["gc", "{ro}", "--keep-last", "1"], 2, "{ro}", []),

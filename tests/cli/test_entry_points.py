@@ -11,6 +11,7 @@ import pytest
 import ckptfmt
 from conftest import without_torch
 
+
 def run(*argv: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, *argv], capture_output=True, text=True, timeout=300)
 

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 
 import ckptfmt
+from ckptfmt import manifest as mf
 from ckptfmt.tools.diff import diff, ordered_bits
 from ckptfmt.tools.validate import validate_file
 from conftest import arrays, make, seed_write
@@ -58,6 +59,8 @@ def test_structural_and_manifest_defects(tmp_path):
     mpath = tmp_path / "step_000001.json"
     doc = json.loads(mpath.read_text())
     mpath.write_text(json.dumps({**doc, "n_params": 3}))
+    assert codes(validate_file(path)) == ["manifest_seal"]        # edited after its seal
+    mf.write(mpath, {**doc, "n_params": 3})                          # sealed by a writer that got n wrong
     assert codes(validate_file(path)) == ["manifest_mismatch"]
 
 

@@ -14,6 +14,7 @@ import pytest
 pytest.importorskip("torch")
 
 import warm  # noqa: E402
+from ckptfmt import manifest as mf  # noqa: E402
 from ckptfmt.verify.protocol import Deviation, check_pair, compare  # noqa: E402
 from conftest import cli  # noqa: E402
 from verify_runs import verify_resume  # noqa: E402
@@ -120,7 +121,7 @@ def test_mini_runs_standalone_with_the_seed_flags(tmp_path):
     assert (tmp_path / "r" / "step_000010.bin").exists()
     doc = json.loads(ckpt.with_suffix(".json").read_text())
     doc.pop("scheduler")
-    ckpt.with_suffix(".json").write_text(json.dumps(doc))
+    mf.write(ckpt.with_suffix(".json"), doc)                  # a writer that sealed it without one
     proc = mini("--steps", "5", "--resume", str(ckpt), "--output", str(tmp_path / "r2"), cold=True)
     assert proc.returncode == 2 and "lacks scheduler" in proc.stderr, proc.stderr
     assert len(proc.stderr.splitlines()) == 1 and "Traceback" not in proc.stderr, proc.stderr
@@ -153,12 +154,17 @@ def test_mini_refuses_an_inconsistent_resume_by_name(tmp_path):
     for i, (change, named) in enumerate(MINI_TAMPER):
         d = json.loads(original)
         exec(change)
-        ckpt.with_suffix(".json").write_text(json.dumps(d))
+        mf.write(ckpt.with_suffix(".json"), d)         # sealed: what is refused is the state, not damage
         out = tmp_path / f"r{i}"
         proc = run("--steps", "5", "--resume", str(ckpt), "--output", str(out))
         assert (proc.returncode, "Traceback" in proc.stderr) == (2, False), (change, proc.stderr)
         assert named in proc.stderr and len(proc.stderr.splitlines()) == 1, (change, proc.stderr)
         assert not out.exists(), change
+    d = json.loads(original)
+    d["config"]["lr"] = 0.5
+    ckpt.with_suffix(".json").write_text(json.dumps(d))     # edited after its seal: damage, named
+    proc = run("--steps", "5", "--resume", str(ckpt), "--output", str(tmp_path / "edited"))
+    assert proc.returncode == 2 and "field 'config' does not match the manifest's seal" in proc.stderr, proc.stderr
     ckpt.with_suffix(".json").write_text(original)
     assert run("--steps", "5", "--resume", str(ckpt), "--output", str(tmp_path / "ok")).returncode == 0
 

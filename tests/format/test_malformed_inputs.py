@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 import ckptfmt
 from ckptfmt import errors as E
+from ckptfmt import seal
 from ckptfmt.reader import from_bytes
 from conftest import arrays, make, seed_write
 
@@ -74,21 +75,27 @@ def test_missing_file_stays_an_os_error(tmp_path):
         ckptfmt.open(tmp_path / "nope.bin")
 
 
+def sealed(doc: dict) -> str:
+    """A manifest as a writer that seals what it writes would leave it: what fails is the schema."""
+    return json.dumps(seal.apply(doc))
+
+
 @pytest.mark.parametrize("mutate,cls,text", [
     (lambda d: "{not json", E.ManifestError, "not valid JSON"),
     (lambda d: json.dumps([1]), E.ManifestError, "expected a JSON object"),
-    (lambda d: json.dumps({k: v for k, v in d.items() if k != "blake3"}), E.ManifestError, "missing field 'blake3'"),
-    (lambda d: json.dumps({**d, "format": "other"}), E.ManifestError, "format: expected 'ckptfmt'"),
-    (lambda d: json.dumps({**d, "format_version": 99}), E.UnsupportedVersionError, "newer than this ckptfmt"),
-    (lambda d: json.dumps({**d, "file": "../x.bin"}), E.ManifestError, "must be a bare name"),
-    (lambda d: json.dumps({**d, "blake3": "zz"}), E.ManifestError, "not a 64-digit hex digest"),
-    (lambda d: json.dumps({**d, "step": 4}), E.ManifestMismatchError, "step: manifest says 4"),
-    (lambda d: json.dumps({**d, "size": 1}), E.ManifestMismatchError, "size: manifest says 1"),
-    (lambda d: json.dumps({**d, "layout": [{"name": "a", "shape": [3], "offset": 1}]}), E.ManifestError,
+    (lambda d: sealed({k: v for k, v in d.items() if k != "blake3"}), E.ManifestError, "missing field 'blake3'"),
+    (lambda d: sealed({**d, "format": "other"}), E.ManifestError, "format: expected 'ckptfmt'"),
+    (lambda d: sealed({**d, "format_version": 99}), E.UnsupportedVersionError, "newer than this ckptfmt"),
+    (lambda d: sealed({**d, "file": "../x.bin"}), E.ManifestError, "must be a bare name"),
+    (lambda d: sealed({**d, "blake3": "zz"}), E.ManifestError, "not a 64-digit hex digest"),
+    (lambda d: sealed({**d, "step": 4}), E.ManifestMismatchError, "step: manifest says 4"),
+    (lambda d: sealed({**d, "size": 1}), E.ManifestMismatchError, "size: manifest says 1"),
+    (lambda d: sealed({**d, "layout": [{"name": "a", "shape": [3], "offset": 1}]}), E.ManifestError,
      "expected offset 0"),
-    (lambda d: json.dumps({**d, "layout": [{"name": "a", "shape": [3], "offset": 0}]}), E.ManifestError,
+    (lambda d: sealed({**d, "layout": [{"name": "a", "shape": [3], "offset": 0}]}), E.ManifestError,
      "layout covers 3 parameters, n_params is 100"),
     (lambda d: json.dumps(d).replace('"step": 3', '"step": NaN'), E.ManifestError, "not valid JSON"),
+    (lambda d: json.dumps({**d, "step": 4}), E.ManifestSealError, "field 'step' does not match the manifest's seal"),
 ])
 def test_manifest_defects(tmp_path, mutate, cls, text):
     path = make(tmp_path, 3)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 import ckptfmt
+from ckptfmt import manifest as mf
 from ckptfmt import facts as valfacts
 from ckptfmt import format as fmt
 from ckptfmt import shards
@@ -104,6 +105,8 @@ def test_scan_finds_what_hand_edited_facts_hide(tmp_path):
     doc = json.loads(mpath.read_text())
     doc["facts"]["m"] = {"finite": True, "non_finite": 0}
     mpath.write_text(json.dumps(doc))
+    assert not validate_file(path).ok                 # edited after its seal: damaged
+    mf.write(mpath, doc)                              # a writer that sealed facts it got wrong
     assert validate_file(path).ok
     proc = cli("validate", "--scan", str(path))
     assert proc.returncode == 1 and "region m holds 1 NaN and 0 inf values" in proc.stdout
@@ -114,7 +117,7 @@ def test_malformed_facts_are_ignored_and_the_values_scanned(tmp_path):
     mpath = path.with_suffix(".json")
     doc = json.loads(mpath.read_text())
     doc["facts"]["v"]["negative"] = -1
-    mpath.write_text(json.dumps(doc))
+    mf.write(mpath, doc)                              # as a writer that seals what it writes left it
     report = validate_file(path)
     assert report.ok and report.details["values"] == "scanned"
 

@@ -15,6 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
+from ckptfmt import manifest as mf  # noqa: E402
 from ckptfmt.errors import DeviceChangeError  # noqa: E402
 from ckptfmt.run import history as hist  # noqa: E402
 from ckptfmt.torch import CheckpointManager, rng  # noqa: E402
@@ -43,7 +44,7 @@ def saved_run(tmp_path, edit):
     path = run / "step_000003.json"
     doc = json.loads(path.read_text())
     edit(doc)
-    path.write_text(json.dumps(doc))
+    mf.write(path, doc)                                 # as a writer on that device sealed it
     return run, model
 
 

@@ -192,6 +192,26 @@ def test_restore_takes_the_newest_valid_generation_or_the_one_asked_for(s3, buck
     assert cli("validate", str(tmp_path / "newest")).returncode == 0
 
 
+def test_an_edited_manifest_at_the_destination_is_damage_that_validate_names_and_import_passes_over(s3, bucket, tmp_path):
+    """One field of the newest mirrored manifest edited (its config, valid JSON still): validate
+    URL exits 1 naming the manifest, import takes the previous generation saying why, and a
+    mirror that runs again replaces the damaged manifest."""
+    run = make_run(tmp_path / "run", steps=(10, 20))
+    url = f"s3://{bucket}/seal"
+    assert cli("mirror", str(run), url).returncode == 0
+    doc = json.loads(objects(s3, bucket, "seal/")["step_000020.json"])
+    doc["edited"] = True
+    s3.client().put_object(Bucket=bucket, Key="seal/step_000020.json", Body=json.dumps(doc).encode())
+    proc = cli("validate", url)
+    assert proc.returncode == 1 and "field 'edited' is not covered by the manifest's seal" in proc.stdout, proc.stdout
+    proc = cli("import", url, str(tmp_path / "back"), "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["step"] == 10, proc.stderr
+    assert "skipping generation 20" in proc.stderr and "seal" in proc.stderr
+    assert cli("mirror", str(run), url).returncode == 0
+    assert objects(s3, bucket, "seal/")["step_000020.json"] == (run / "step_000020.json").read_bytes()
+    assert cli("validate", url).returncode == 0
+
+
 def test_restore_refuses_a_non_empty_destination(s3, bucket, tmp_path):
     run = make_run(tmp_path / "run", steps=(10,))
     url = f"s3://{bucket}/ne"
@@ -515,8 +535,6 @@ def test_train_mirrors_each_generation_in_the_background_with_the_same_retention
     assert cli("validate", url).returncode == 0
     doc = ls_run(run)
     assert len(doc["mirrors"]) == 1 and not set(doc["mirrors"][0]["behind"]) & {40, 50}, doc["mirrors"]
-
-
 
 
 def nan_generation(run, step: int, n: int = 1000) -> None:

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 import ckptfmt
+from ckptfmt import manifest as mf
 from ckptfmt import facts, shards
 from ckptfmt.errors import ManifestError
 from ckptfmt.run import Run, replicas, tiers
@@ -96,7 +97,7 @@ def test_lost_shards_a_missing_manifest_and_different_manifests_are_said(tmp_pat
     inv_a, inv_b = two_nodes(tmp_path / "x")
     other = json.loads((inv_b / "step_000070.json").read_text())
     other["note"] = "written by another rank"
-    (inv_b / "step_000070.json").write_text(json.dumps(other))
+    mf.write(inv_b / "step_000070.json", other)
     reach = replicas.reachable([replicas.inventory(inv_a), replicas.inventory(inv_b)], newer_than=None)
     assert (reach.step, reach.skipped) == (65, [(70, "the nodes' manifests of it differ")])
 

@@ -12,6 +12,7 @@ import pytest
 pytest.importorskip("torch")
 
 import ckptfmt  # noqa: E402
+from ckptfmt import manifest as mf  # noqa: E402
 from ckptfmt.run import history as hist  # noqa: E402
 from ckptfmt.run import Run  # noqa: E402
 from ckptfmt.tools.validate import validate_run  # noqa: E402
@@ -220,7 +221,7 @@ def test_a_device_change_is_refused_naming_the_flags_and_goes_on_when_allowed(tm
     doc = json.loads(mpath.read_text())
     doc["run"]["device"] = "cuda:0"
     doc["rng"]["torch_cuda"] = {"device": 0, "state": "AAAAAAAAAAAAAAAAAAAAAA=="}
-    mpath.write_text(json.dumps(doc))
+    mf.write(mpath, doc)                                   # as the CUDA process sealed it
     proc = train(run, 40, "--device", "cpu")
     assert proc.returncode == 1 and proc.stderr.count("Traceback") == 0
     assert ("step_000020.bin: the run trained on cuda:0, this start runs on cpu: resume it where CUDA is "
@@ -257,7 +258,7 @@ def test_missing_resume_component_is_refused_by_name(tmp_path):
     doc = json.loads(mpath.read_text())
     del doc["scheduler"]
     del doc["rng"]["generators"]
-    mpath.write_text(json.dumps(doc))
+    mf.write(mpath, doc)                                   # a writer that sealed it without them
     proc = train(run, 40)
     assert proc.returncode == 1
     assert "the checkpoint lacks scheduler, rng.generators.bandit" in proc.stderr
@@ -329,6 +330,30 @@ def test_damaged_newest_generation_is_skipped_and_replaced(tmp_path, straight):
     assert validate_run(run).ok
 
 
+@pytest.mark.parametrize("edit", ["config", "scheduler"])
+def test_an_edited_field_of_the_newest_manifest_is_a_damaged_generation_never_a_config_error(tmp_path, straight, edit):
+    """One value of the newest manifest changed, the JSON still valid (``weight_decay`` in the
+    config, ``last_epoch`` of the scheduler): validate names the manifest and exits 1, and the
+    resume falls back to the generation before instead of blaming the command line or resuming
+    a schedule that is not the run's; it ends byte-identical to the straight run."""
+    run = tmp_path / "run"
+    assert train(run, 60).returncode == 0
+    path = run / "step_000060.json"
+    doc = json.loads(path.read_text())
+    if edit == "config":
+        doc["config"]["weight_decay"] = doc["config"]["weight_decay"] * 2
+    else:
+        doc["scheduler"]["last_epoch"] += 2
+    path.write_text(json.dumps(doc, indent=1, sort_keys=True))
+    assert not validate_run(run).ok
+    proc = train(run, N)
+    assert proc.returncode == 0, proc.stderr
+    assert f"skipping generation 60: field '{edit}' does not match the manifest's seal" in proc.stderr
+    assert "resumed from step_000040.bin" in proc.stderr and "config differs" not in proc.stderr
+    assert final(run) == final(straight) and canonical(run) == canonical(straight)[:N]
+    assert validate_run(run).ok
+
+
 def test_resume_hashes_the_generation_once(tmp_path, monkeypatch):
     """The deep latest-valid check hashes the newest generation; opening it must not hash it
     again (a second full read of a 1.46 GB file at every restart)."""
@@ -358,7 +383,7 @@ def test_a_run_written_before_the_manager_resumes_bit_exactly(tmp_path):
     mpath = old / "step_000020.json"
     doc = json.loads(mpath.read_text())
     state, rng = doc.pop("state"), doc.pop("rng")
-    for key in ("buffers", "progress"):
+    for key in ("buffers", "progress", "seal"):           # that trainer wrote no seal either
         doc.pop(key)
     doc["data"], doc["bandit"] = state["data"], state["bandit"]
     doc["rng"] = {"python": rng["python"], "torch_cpu": rng["torch_cpu"],
