@@ -10,6 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from . import atomic, companion, seal
+from . import facts as valfacts
 from .errors import (IncompleteResumeStateError, ManifestError, ManifestMismatchError,
                      UnsupportedVersionError, parse_json)
 
@@ -110,6 +111,10 @@ def check_schema(path: str, doc: dict[str, Any]) -> None:
     if "shards" in doc and "world_size" in doc and (not isinstance(doc["shards"], list)
                                                    or doc["world_size"] != len(doc["shards"])):
         raise ManifestError(path, f"world_size {doc['world_size']!r} is not the number of shards")
+    if isinstance(doc.get("shards"), list) and isinstance(doc.get(valfacts.FIELD), dict):
+        parts = [r.get(valfacts.FIELD) if isinstance(r, dict) else None for r in doc["shards"]]
+        if all(isinstance(p, dict) for p in parts) and valfacts.combine(parts) != doc[valfacts.FIELD]:
+            raise ManifestError(path, "the shards' facts do not add up to the generation's facts")  # sealed: binds each row's
     if os.path.basename(doc["file"]) != doc["file"]:
         raise ManifestError(path, f"field 'file' must be a bare name, got {doc['file']!r}")
     if not is_digest(doc["blake3"]):

@@ -13,8 +13,9 @@ Released writers copy a seal they do not know into manifests they rewrite. A for
 ``provenance``; a split into shards or a join of them re-points the payload fields (``file``,
 ``size``, ``blake3``, ``shards``, ``world_size``) at a new payload and a join adds
 ``consolidated_from``. Such a manifest is not damaged: the payload fields may differ from their
-digests when ``file`` does (the payload's own digests bind them then), those two fields may stand
-outside the seal, and the note says what is not self-checked. Any other difference is damage. A
+digests when ``file`` names the other form of the sealed payload (``step_N.bin`` for the sealed
+``step_N.shards``, or the reverse: the payload's own digests bind them then), those two fields may
+stand outside the seal, and the note says what is not self-checked. Any other difference is damage. A
 manifest without a seal was written before it existed: "not self-checked". One flipped bit cannot
 make a sealed manifest pass as such: in the name ``seal`` it leaves a record of the seal's shape
 under another name, which is damage.
@@ -54,11 +55,12 @@ WRITER = f"ckptfmt {__version__}"
 
 def canonical(value: Any) -> str:
     """The canonical text of a JSON value: objects by sorted keys, no whitespace, strings as
-    ``json.dumps`` escapes them (ASCII), integers and integral floats below 2**53 as integers,
-    other floats as their shortest round-trip repr; NaN and infinities are refused.
+    ``json.dumps`` escapes them (ASCII), integers and integral floats below 2**53 as integers
+    (``-0.0`` stays ``-0.0``), other floats as their shortest round-trip repr; NaN and infinities
+    are refused.
 
     >>> canonical({"b": [1.0, 2.5, -0.0, 1e300], "a": "é", "c": None})
-    '{"a":"\\\\u00e9","b":[1,2.5,0,1e+300],"c":null}'
+    '{"a":"\\\\u00e9","b":[1,2.5,-0.0,1e+300],"c":null}'
     """
     if value is None or isinstance(value, bool):
         return json.dumps(value)
@@ -67,6 +69,8 @@ def canonical(value: Any) -> str:
     if isinstance(value, float):
         if not math.isfinite(value):
             raise ValueError(f"{value!r} is not JSON")
+        if value == 0 and math.copysign(1.0, value) < 0:
+            return "-0.0"                      # a zero's sign is kept: a flip that drops it is damage
         return str(int(value)) if value.is_integer() and abs(value) < EXACT else repr(value)
     if isinstance(value, str):
         return json.dumps(value)
@@ -111,7 +115,7 @@ def check(path: str, doc: dict[str, Any]) -> str | None:
     fields = _record_fields(path, record)
     differ = [k for k, d in sorted(fields.items()) if k not in doc or _digest_of(path, k, doc[k]) != d]
     outside = sorted(k for k in doc if k != FIELD and k not in fields)
-    repointed = "file" in differ                 # a released split or join: a new payload
+    repointed = "file" in differ and _repointed(doc.get("file"), fields.get("file"))
     damaged = [k for k in differ if not (repointed and k in PAYLOAD)]
     damaged += [k for k in outside if k not in LATER and not (repointed and k in PAYLOAD)]
     if damaged:
@@ -125,6 +129,17 @@ def check(path: str, doc: dict[str, Any]) -> str | None:
         return None
     return (f"manifest self-checked but for {' and '.join(notes)} by a writer that did not know the seal "
             "(not covered)")
+
+
+def _repointed(file: Any, sealed: str | None) -> bool:
+    """``file`` is the other form of the payload the seal was made for (``step_N.bin`` where it
+    sealed ``step_N.shards``, or the reverse): what a released split or join does, and what no
+    flipped bit can (it would have to rename the payload and keep its step)."""
+    if not isinstance(file, str):
+        return False
+    stem, dot, suffix = file.rpartition(".")
+    other = {"bin": "shards", "shards": "bin"}.get(suffix) if dot else None
+    return other is not None and field_digest(f"{stem}.{other}") == sealed
 
 
 def _record_fields(path: str, record: Any) -> dict[str, str]:

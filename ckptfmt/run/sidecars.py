@@ -84,13 +84,13 @@ def zombie_arms(directory: "str | os.PathLike[str]") -> list[str]:
     state = read_json(path / STATE, default=None)
     if not isinstance(state, dict) or not isinstance(state.get("arms"), dict):
         return []
-    gen = next((g for g in reversed(list_dir(path).generations) if g.committed), None)
-    if gen is None:
-        return []
-    try:
-        config = mf.read(gen.manifest).get("config")
-    except CheckpointError:
-        return []
+    config = None
+    for gen in reversed([g for g in list_dir(path).generations if g.committed]):
+        try:                                # the newest manifest that reads: a damaged one is passed over
+            config = mf.read(gen.manifest).get("config")
+            break
+        except CheckpointError:
+            continue
     sources = config.get("sources") if isinstance(config, dict) else None
     if not isinstance(sources, list) or not sources:     # none, or not the trainer's config
         return []

@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import atomic, fingerprint, fsio
+from .. import atomic, fingerprint, fsio, seal
 from .. import format as fmt
 from ..errors import CheckpointError, TensorFileError
 from ..facts import PASS
@@ -108,6 +108,7 @@ def commit(directory: "str | os.PathLike[str]", step: int, param_names: list[lis
     if facts is not None:
         record["facts"] = facts
     record.update(fields)
+    record = seal.apply(json.loads(json.dumps(record, allow_nan=False)))    # sealed as a manifest is (§4.7)
     atomic.write_bytes(directory / RECORD, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
     return record
 
@@ -219,7 +220,10 @@ def read_record(directory: Path) -> dict[str, Any] | None:
         return None
     except (OSError, ValueError) as exc:
         raise CheckpointError(str(path), f"commit record unreadable: {exc}") from None
-    if not isinstance(doc, dict) or doc.get("format") != FORMAT_ID or not isinstance(doc.get("files"), dict):
+    if not isinstance(doc, dict):
+        raise CheckpointError(str(path), f"not a commit record (format {FORMAT_ID!r} with files expected)")
+    seal.check(str(path), doc)                  # before any field is believed; records before it: unsealed
+    if doc.get("format") != FORMAT_ID or not isinstance(doc.get("files"), dict):
         raise CheckpointError(str(path), f"not a commit record (format {FORMAT_ID!r} with files expected)")
     return doc
 

@@ -25,8 +25,8 @@ import torch.distributed.checkpoint as dcp
 
 from .. import format as fmt
 from .. import manifest as mf
-from .. import reader, writer
-from ..errors import ConvertError
+from .. import reader, seal, writer
+from ..errors import ConvertError, parse_json
 
 
 @contextlib.contextmanager
@@ -61,6 +61,7 @@ def to_dcp(src: str, dst: str) -> None:
         extra.setdefault("layout", layout)
         opt = (ck.manifest or {}).get("optimizer", {})
         weights, m, v = (_tensors(getattr(ck, r), layout) for r in fmt.REGIONS)
+        extra = mf.sealed(extra)                  # its own seal: a flip inside the DCP is damage too
         manifest_bytes = torch.frombuffer(bytearray(json.dumps(extra).encode()), dtype=torch.uint8)
         state = {"model": weights,
                  "optim": {"state": {name: {"exp_avg": m[name], "exp_avg_sq": v[name],
@@ -70,6 +71,22 @@ def to_dcp(src: str, dst: str) -> None:
                  "ckptfmt": {"step": torch.tensor(ck.step, dtype=torch.int64), "manifest": manifest_bytes}}
         with _one_process():
             dcp.save(state, checkpoint_id=dst)
+
+
+def _checked(src: str, data: bytes) -> dict:
+    """The manifest ``to_dcp`` embedded, its seal checked (§4.7) and dropped (the .bin's manifest
+    gets its own). A released ``to_dcp`` copied the source's seal without the fields it leaves
+    out: that one cannot be checked, as a manifest before the seal cannot."""
+    extra = parse_json(data, ConvertError, src, "the embedded ckptfmt manifest is not valid JSON")
+    if not isinstance(extra, dict):
+        raise ConvertError(src, "the embedded ckptfmt manifest is not a JSON object")
+    record = extra.get(seal.FIELD)
+    copied = isinstance(record, dict) and isinstance(record.get("fields"), dict) \
+        and bool(set(record["fields"]) - set(extra)) and set(record["fields"]) - set(extra) <= set(mf.REQUIRED)
+    if not copied:
+        seal.check(src, extra)
+    extra.pop(seal.FIELD, None)
+    return extra
 
 
 def from_dcp(src: str, dst: str) -> writer.SaveResult:
@@ -82,7 +99,7 @@ def from_dcp(src: str, dst: str) -> writer.SaveResult:
                         "manifest": torch.zeros(meta["ckptfmt.manifest"].size, dtype=torch.uint8)}}
     with _one_process():
         dcp.load(head, checkpoint_id=src)
-    extra = json.loads(bytes(head["ckptfmt"]["manifest"].tolist()).decode())
+    extra = _checked(src, bytes(head["ckptfmt"]["manifest"].tolist()))
     layout = extra["layout"]
     n = sum(math.prod(e["shape"]) for e in layout)
     regions = {r: np.empty(n, dtype=fmt.DTYPE) for r in fmt.REGIONS}

@@ -16,7 +16,7 @@ import pytest
 import ckptfmt
 from ckptfmt import manifest as mf
 from ckptfmt import seal
-from ckptfmt.errors import ManifestSealError, UnsupportedVersionError
+from ckptfmt.errors import ManifestError, ManifestSealError, UnsupportedVersionError
 from conftest import cli, make
 from faults import scale
 
@@ -58,12 +58,16 @@ def same_values(a: bytes, b: bytes) -> bool:
 
 
 def bits_to_try(data: bytes, count: int) -> list[int]:
-    """Every bit of the seal's own name and of the version field, and ``count`` more at random."""
+    """Every bit of the seal's own name, the version field, the payload's name (and, sharded, the
+    first shard's row: its name and a count of its facts), and ``count`` more at random."""
     text = data.decode()
     aimed = []
-    for needle in ('"seal"', '"format_version": 1'):
-        at = text.index(needle)
-        aimed += range(at * 8, (at + len(needle)) * 8)
+    needles = ['"seal"', '"format_version": 1', '"file": "step_']
+    if '"shards"' in text:                             # a shard's row: its name and its facts
+        needles += ['"file": "00000-of', '"non_finite": 0']
+    for needle in needles:
+        at = text.index(needle, text.index('"shards"') if needle == '"non_finite": 0' else 0)
+        aimed += range(at * 8, (at + len(needle) + 12) * 8)
     return aimed + random.Random(len(data)).sample(range(len(data) * 8), min(count, len(data) * 8))
 
 
@@ -178,6 +182,20 @@ def test_a_manifest_rewritten_by_the_released_ckptfmt_is_not_damaged(rewrite, no
     assert (note in result.stdout) if note else "warning" not in result.stdout
 
 
+def test_the_shard_rows_of_a_released_split_are_bound_by_the_sealed_facts(tmp_path):
+    """A released split wrote its rows outside the seal; each row's facts must add up to the
+    generation's sealed facts, so a flipped count in a row is damage there too."""
+    run = tmp_path / "shards"
+    shutil.copytree(GOLDEN / "sealed" / "shards", run)
+    path = run / "step_000009.json"
+    doc = json.loads(path.read_text())
+    doc["shards"][0]["facts"]["m"]["non_finite"] = 1
+    path.write_text(json.dumps(doc))
+    with pytest.raises(ManifestError, match="do not add up"):
+        mf.read(path)
+    assert not ckptfmt.validate(run).ok
+
+
 def test_a_field_added_outside_the_seal_is_damage_and_named(manager_run):
     """Only what a released writer adds to a copied seal may stand outside it: a field slipped in
     later (a scheduler would be resumed) is damage, named; so is a payload field changed while
@@ -191,6 +209,21 @@ def test_a_field_added_outside_the_seal_is_damage_and_named(manager_run):
         seal.check("m.json", {**doc, "size": doc["size"] + 1})
     with pytest.raises(ManifestSealError, match="field 'seal' does not match its own digest"):
         seal.check("m.json", {**doc, "seal": {**doc["seal"], "writer": "ckptfmt 9"}})
+
+
+def test_the_manifest_a_dcp_directory_embeds_is_checked_before_it_is_used():
+    pytest.importorskip("torch")
+    from ckptfmt.errors import CheckpointError
+    from ckptfmt.torch.dcp import _checked
+    extra = {"layout": [{"name": "w", "shape": [2], "offset": 0}], "config": {"lr": 0.1}}
+    sealed = mf.sealed(extra)
+    assert _checked("d", json.dumps(sealed).encode()) == extra
+    with pytest.raises(ManifestSealError, match="field 'config'"):
+        _checked("d", json.dumps({**sealed, "config": {"lr": 0.2}}).encode())
+    released = {**extra, "seal": mf.sealed({**extra, "file": "step_000001.bin", "step": 1})["seal"]}
+    assert _checked("d", json.dumps(released).encode()) == extra     # a copied seal: cannot be checked
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        _checked("d", b"{")
 
 
 def test_every_writer_seals_what_it_writes(tmp_path):

@@ -44,6 +44,22 @@ def steps(out: Path) -> list[int]:
     return sorted(hfdir.step_of_dir(p) for p in out.glob("checkpoint-*"))
 
 
+def test_a_commit_record_edited_after_its_seal_is_damage_and_resume_passes_it_over(tmp_path):
+    """The record's own fields decide verdicts (its facts: a diverged checkpoint is passed over):
+    one edited after the commit is damage, named, and the resume takes the one before."""
+    for s in (5, 10):
+        checkpoint(tmp_path, s)
+    checkpoint(tmp_path, 15, nan=True)
+    path = tmp_path / "checkpoint-15" / hfdir.RECORD
+    doc = json.loads(path.read_text())
+    doc["facts"]["weights"] = {"finite": True, "non_finite": 0}      # hides the NaN
+    path.write_text(json.dumps(doc))
+    assert any("field 'facts' does not match" in p for p in hfdir.problems(tmp_path / "checkpoint-15"))
+    assert hfrun.resume_path(tmp_path) == str(tmp_path / "checkpoint-10")
+    code, out = cli("validate", tmp_path / "checkpoint-15")
+    assert code == 1 and "field 'facts' does not match the manifest's seal" in out, out
+
+
 def test_keep_last_1_keeps_the_newest_and_deletes_the_others(tmp_path):
     for s in (5, 10, 15):
         checkpoint(tmp_path, s)

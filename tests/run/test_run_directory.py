@@ -303,6 +303,10 @@ def test_zombie_arms_are_flagged(tmp_path):
     assert zombie_arms(Run(tmp_path)) == ["repo-docstrings"]
     report = validate_run(tmp_path)
     assert report.ok and any(f.code == "zombie_arm" and "repo-docstrings" in f.message for f in report.findings)
+    make(tmp_path, 200, manifest={"config": {"sources": ["code", "topics"]}})
+    damaged = tmp_path / "step_000200.json"
+    damaged.write_text(damaged.read_text().replace('"topics"', '"topicz"'))     # edited after its seal
+    assert zombie_arms(Run(tmp_path)) == ["repo-docstrings"]     # from the newest manifest that reads
 
 
 # ---------------------------------------------------------------- validate / ls of a run
