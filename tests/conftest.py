@@ -184,16 +184,3 @@ def pytest_runtest_makereport(item, call):
                          f"\n--- stdout (tail)\n{_tail(out, 10)}")
         report.sections.append(("child processes (the last 6 this test waited on)", "\n\n".join(parts)))
 
-
-# The longest xdist group first: --dist loadgroup hands out whole groups and modules in collection
-# order, and the torchrun group (several minutes on one worker) must start while the other
-# worker has the rest of the suite to do, not at the end, when it would run alone.
-GROUP_ORDER = ("torchrun", "gpu-check", "lightning-example", "live-trainer")
-
-
-def pytest_collection_modifyitems(config, items):
-    def rank(item):
-        mark = item.get_closest_marker("xdist_group")
-        name = (mark.args[0] if mark and mark.args else mark.kwargs.get("name")) if mark else None
-        return GROUP_ORDER.index(name) if name in GROUP_ORDER else len(GROUP_ORDER)
-    items.sort(key=rank)          # stable: within a rank, collection order

@@ -415,6 +415,7 @@ def test_an_index_naming_a_path_outside_the_run_is_refused(s3, bucket, tmp_path)
     assert not (tmp_path / "escaped").exists() and not (tmp_path / "dest").exists()
 
 
+@pytest.mark.timeout(300)      # four trainings and a mirror catching up (120 s at most) on 2 loaded cores
 def test_watch_beside_a_trainer_with_sigterm_and_resume_cycles_then_import_resumes_bit_exactly(s3, bucket, tmp_path):
     """The issue's end-to-end check: the destination ends with exactly what its retention keeps,
     each generation validating there, and import + resume reproduces the straight run."""
