@@ -34,6 +34,7 @@ import numpy as np
 
 from .. import atomic, fingerprint, fsio, seal
 from .. import format as fmt
+from .. import manifest as mf
 from ..errors import CheckpointError, TensorFileError
 from ..facts import PASS
 from ..tensorfile import TensorFile
@@ -108,7 +109,7 @@ def commit(directory: "str | os.PathLike[str]", step: int, param_names: list[lis
     if facts is not None:
         record["facts"] = facts
     record.update(fields)
-    record = seal.apply(json.loads(json.dumps(record, allow_nan=False)))    # sealed as a manifest is (§4.7)
+    record = mf.sealed(record)                     # sealed as a manifest is (§4.7)
     atomic.write_bytes(directory / RECORD, (json.dumps(record, indent=1, sort_keys=True) + "\n").encode())
     return record
 
