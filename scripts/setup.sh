@@ -18,15 +18,14 @@ fi
 stamp=.venv/.ckptfmt-installed
 want=$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -c1-16)
 if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
-  # --no-compile: Python writes the .pyc of what is imported on first import; compiling all of
-  # torch up front costs seconds that a test run never uses.
-  .venv/bin/python -c "import torch" 2>/dev/null \
-    || .venv/bin/pip install -q --disable-pip-version-check --no-compile torch==2.13.0
-  # The rest through uv when the registry has it (13 s against pip's 92 s on a cold cache);
-  # it keeps the torch installed above. pip when uv cannot be had.
+  .venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/pip install -q --disable-pip-version-check torch==2.13.0
+  # The rest through uv when the registry has it (seconds against pip's 92 s on a cold cache);
+  # it keeps the torch installed above. Byte-compiled at install: with PYTHONDONTWRITEBYTECODE
+  # set (as on this project's machines) nothing else ever writes the .pyc files, and every test
+  # process would compile transformers and Lightning again. pip when uv cannot be had.
   extras=".[torch,test,plot,remote,lightning,hf]"
   if .venv/bin/pip install -q --disable-pip-version-check uv 2>/dev/null; then
-    .venv/bin/uv pip install -q --python .venv/bin/python -e "$extras"
+    .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python -e "$extras"
   else
     .venv/bin/pip install -q --disable-pip-version-check -e "$extras"
   fi
