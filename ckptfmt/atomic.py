@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, BinaryIO, Iterable, Iterator
 
 from . import fingerprint, fsio
-from .errors import SaveError
+from .errors import FingerprintMismatchError, SaveError
 from .format import TEMP_PREFIX, is_temp_name
 
 WRITEBACK_EVERY = 64 << 20   # start writeback every 64 MiB (spec §5: speed-up only)
@@ -233,8 +233,9 @@ def copy_verified(src: Path, dst: Path, expected: str | None, progress=None,
             if progress is not None:
                 progress(len(chunk))
         digest = h.hexdigest()
-        if expected is not None and digest != expected:
-            raise SaveError(str(dst), f"copy of {src} hashes to {digest}, expected {expected}")
+        if expected is not None and digest != expected:      # the source is damaged: name it
+            raise FingerprintMismatchError(str(src), fingerprint.mismatch(expected, digest) + "; not copied",
+                                           expected=expected, got=digest)
         if out.offset != size:
             raise SaveError(str(dst), f"copied {out.offset} bytes, source has {size}")
         out.commit()

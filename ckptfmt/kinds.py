@@ -38,6 +38,7 @@ from functools import cached_property
 from typing import Any, Callable, Mapping
 
 from . import format as fmt
+from . import seal
 from .errors import UnsupportedKindError
 
 __all__ = ["KINDS", "COMMANDS", "Kind", "Probe", "by_name", "get", "require", "sniff", "generation_in",
@@ -166,12 +167,45 @@ def _dcp(p: Probe) -> bool:
     return p.is_dir and os.path.isfile(os.path.join(p.path, ".metadata"))
 
 
+def sealed_fields(doc: dict[str, Any]) -> set[str]:
+    """The field names a manifest's seal (FORMAT.md §4.7) was made over, wherever a record of the
+    seal's shape sits: what the file is is decided by them too, so a flipped bit in a field's name
+    (``shards``, ``format``, ``lightning``) leaves the kind as it was and the seal, checked when
+    the file is read, names the damage, instead of the file passing as another kind."""
+    names: set[str] = set()
+    for value in doc.values():
+        if isinstance(value, dict) and set(value) == set(seal.RECORD) and isinstance(value["fields"], dict):
+            names |= set(value["fields"])
+    return names
+
+
+def _ours(doc: dict[str, Any] | None) -> bool:
+    return doc is not None and (doc.get("format") == "ckptfmt" or "format" in sealed_fields(doc))
+
+
+def _has(doc: dict[str, Any], name: str, kind: type) -> bool:
+    """The manifest holds field ``name`` of that type, or its seal says it was written with it."""
+    return isinstance(doc.get(name), kind) or name in sealed_fields(doc)
+
+
+def _beside(p: Probe, suffix: str) -> bool:
+    """``p`` is a canonical ``step_N.json`` with its generation's ``step_N`` + ``suffix`` beside
+    it: a manifest by its name and place, whatever its bytes say (a damaged one is still the
+    manifest of that generation, and reading it names the damage)."""
+    parsed = fmt.parse_name(p.name)
+    if not (p.is_file and parsed is not None and parsed[1] == "json"):
+        return False
+    sibling = os.path.join(os.path.dirname(p.path), fmt.stem(parsed[0]) + suffix)
+    return os.path.isdir(sibling) if suffix == ".shards" else os.path.isfile(sibling)
+
+
 def _sharded(p: Probe) -> bool:
-    """A sharded generation: its manifest (``shards`` rows) or its ``step_N.shards`` directory."""
+    """A sharded generation: its manifest (``shards`` rows, or by its name beside its
+    ``step_N.shards``) or that directory."""
     if p.is_dir:
         return p.name.endswith(".shards")
     doc = p.document
-    return doc is not None and doc.get("format") == "ckptfmt" and isinstance(doc.get("shards"), list)
+    return (_ours(doc) and _has(doc, "shards", list)) or _beside(p, ".shards")
 
 
 def _index(p: Probe) -> bool:
@@ -180,8 +214,7 @@ def _index(p: Probe) -> bool:
 
 
 def _manifest(p: Probe) -> bool:
-    doc = p.document
-    return doc is not None and doc.get("format") == "ckptfmt"
+    return _ours(p.document) or _beside(p, ".bin")
 
 
 def generation_in(directory: "str | os.PathLike[str]") -> str | None:
@@ -198,7 +231,7 @@ def generation_in(directory: "str | os.PathLike[str]") -> str | None:
     if not steps or len(names) > LIGHTNING_ENTRIES:
         return None
     doc = Probe(os.path.join(directory, fmt.manifest_name(max(steps)))).document
-    if doc is None or doc.get("format") != "ckptfmt" or not isinstance(doc.get(LIGHTNING), dict):
+    if not _ours(doc) or not _has(doc, LIGHTNING, dict):
         return None
     return os.path.join(os.fspath(directory), fmt.checkpoint_name(max(steps)))
 
@@ -287,10 +320,10 @@ KINDS: tuple[Kind, ...] = (
     Kind("dcp", "torch.distributed.checkpoint directory", _dcp,
          {"inspect": "step, parameters, per-region statistics (read through a temporary .bin)",
           "validate": "structure (unverified: no digest ckptfmt checks)", "diff": "its regions",
-          "convert": "into a .bin"}, "dcp", needs="torch"),
+          "convert": "into any form, through a .bin"}, "dcp", needs="torch"),
     Kind("shards", "sharded generation (step_N.json of shards)", _sharded,
          {"inspect": "step, shards, per-region statistics", "validate": "every shard against its row's blake3",
-          "diff": "its regions, consolidated", "convert": "consolidated into a .bin"}, "shards", (".shards",),
+          "diff": "its regions, consolidated", "convert": "into any form, consolidated into a .bin first"}, "shards", (".shards",),
          ours=True),
     Kind("safetensors-index", "sharded safetensors (model.safetensors.index.json)", _index,
          {"inspect": "shards, tensors, parameter count, dtypes",

@@ -156,13 +156,14 @@ class ShardedCheckpoint:
         ck = reader.open(path, manifest="ignore", check_name=False)
         if (ck.step, ck.n_params, ck.size) != (self.step, row["stop"] - row["start"], row["size"]):
             ck.close()
-            raise ManifestMismatchError(path, f"shard header/size ({ck.step}, {ck.n_params}, {ck.size}) is not "
-                                              f"the manifest's ({self.step}, {row['stop'] - row['start']}, {row['size']})")
+            raise ManifestMismatchError(self.path, f"shard {row['file']}: header/size ({ck.step}, {ck.n_params}, "
+                                                   f"{ck.size}) is not the manifest's ({self.step}, "
+                                                   f"{row['stop'] - row['start']}, {row['size']})")
         if verify:
             digest = ck.fingerprint()
             if digest != row["blake3"]:
                 ck.close()
-                raise FingerprintMismatchError(path, fingerprint.mismatch(row["blake3"], digest, "shard"),
+                raise FingerprintMismatchError(self.path, fingerprint.mismatch(row["blake3"], digest, f"shard {row['file']}"),
                                                expected=row["blake3"], got=digest)
         return ck
 
@@ -260,10 +261,13 @@ def split(src: "str | os.PathLike[str]", run_dir: "str | os.PathLike[str]", worl
                 rows.append(save_shard(run_dir, ck.step, rank, world, lo, hi, ck.weights[lo:hi], ck.m[lo:hi],
                                        ck.v[lo:hi]))
             extra = {k: v for k, v in (ck.manifest or {}).items() if k not in mf.REQUIRED}
+            if companion.FIELD in extra:        # the generation's other file goes with it, verified
+                extra[companion.FIELD] = companion.copy(src, directory, ck.manifest)
             return commit(run_dir, ck.step, rows, extra)
         except BaseException:
             if not existed:
                 shutil.rmtree(directory, ignore_errors=True)
+                atomic.remove(companion.path_for(directory))
             atomic.remove_dirs(made)
             raise
 
@@ -273,5 +277,12 @@ def consolidate(manifest_path: "str | os.PathLike[str]", dst: "str | os.PathLike
     with ShardedCheckpoint(manifest_path, verify=True) as sc:
         extra = {k: v for k, v in sc.manifest.items() if k not in mf.REQUIRED and k not in ("shards", "world_size")}
         extra["consolidated_from"] = {"world_size": len(sc.rows), "root_blake3": sc.manifest["blake3"]}
+        if companion.FIELD in extra:         # beside the joined .bin, under its name, verified
+            extra[companion.FIELD] = companion.copy(sc.path, dst, sc.manifest)
         regions = [list(sc.pieces(r, 0, sc.n_params)) for r in fmt.REGIONS]
-        return writer.save(dst, sc.step, *regions, manifest=extra, n_params=sc.n_params)
+        try:
+            return writer.save(dst, sc.step, *regions, manifest=extra, n_params=sc.n_params)
+        except BaseException:
+            if companion.FIELD in extra:
+                atomic.remove(companion.path_for(dst))
+            raise

@@ -15,7 +15,8 @@ from .. import atomic, writer
 from ..errors import (GenerationNotFoundError, NoValidGenerationError, SaveError,
                       SidecarError, UnsupportedSetupError)
 from ..facts import describe
-from .generations import Generation, Listing, check_bare, check_generation, list_dir, manifest_of, non_finite, remove
+from ..generation import Generation, Listing, list_dir
+from .generations import check_bare, manifest_of, non_finite
 from .history import History
 from .lease import honoured
 from .lock import sidecar_in_progress
@@ -109,7 +110,7 @@ class Run:
         choice = Choice()
         bare = allow_bare and bool(gens) and all(g.manifest is None for g in gens)     # is_bare() of these
         for gen in reversed(gens):
-            reason = check_bare(gen) if bare else check_generation(gen, deep=deep)
+            reason = check_bare(gen) if bare else gen.check(deep=deep)
             if reason is not None:
                 choice.reasons.append(f"step {gen.step}: {reason}")
                 warnings.warn(f"{self.path}: skipping generation {gen.step}: {reason}", stacklevel=3)
@@ -129,11 +130,11 @@ class Run:
         overwritten. A damaged one (it fails the deep check, e.g. a bit flip after a resume
         fell back past it) is replaced, or the run could never pass that step again."""
         gen = next((g for g in self.generations() if g.step == step), None)
-        if gen is not None and gen.committed and check_generation(gen, deep=True) is None:
+        if gen is not None and gen.committed and gen.check(deep=True) is None:
             bad = non_finite(gen)
             if not bad:
-                raise SaveError(str(gen.bin), "generation is committed already; refusing to overwrite")
-            warnings.warn(f"{gen.bin}: replacing diverged generation {step} ({describe(bad)}): the "
+                raise SaveError(str(gen.path), "generation is committed already; refusing to overwrite")
+            warnings.warn(f"{gen.path}: replacing diverged generation {step} ({describe(bad)}): the "
                           "run resumed from an earlier finite one and reached its step again", stacklevel=2)
         return writer.save_generation(self.path, step, weights, m, v, manifest=manifest,
                                       n_params=n_params, overwrite=gen is not None,
@@ -221,7 +222,7 @@ class Run:
             doomed = [g for g in doomed if g.step not in leased]
             if not dry_run:
                 for gen in doomed:
-                    remove(gen)
+                    gen.remove()
         return [g.step for g in doomed], dict(sorted(kept.items()))
 
     def sweep_temps(self) -> list[Path]:

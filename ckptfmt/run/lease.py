@@ -33,7 +33,7 @@ import time
 from pathlib import Path
 from typing import Any, Iterable, Iterator
 
-from .generations import Listing, list_dir
+from ..generation import Listing, list_dir
 
 LEASES = ".leases"
 LEASE_NAME = re.compile(r"[0-9]+\.[0-9a-f]{8}\.json")       # PID.TOKEN.json, as ReadLease names it

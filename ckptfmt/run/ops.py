@@ -17,7 +17,8 @@ from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoun
 from . import history as hist
 from . import mirrors, tiers, timeline
 from .directory import Run
-from .generations import Generation, check_bare, check_generation, list_dir, non_finite
+from ..generation import Generation, list_dir
+from .generations import check_bare, non_finite
 from .lease import ReadLease, active_leases
 from .lock import RunLock, lock_holder, publish, refuse_live, save_in_progress, writing_into
 from .retention import Policy
@@ -107,15 +108,14 @@ def _ls_row(gen: Generation, deep: bool, pins: set[int], keep_every: int | None,
     progress when ``holder`` wrote it (``save_in_progress``). In a ``bare`` run (no manifest at
     all: the original trainer's) a ``.bin`` is checked as ``validate`` does: valid, unverified."""
     bare = bare and gen.bin is not None and holder is None
-    reason = check_bare(gen) if bare else check_generation(gen, deep=deep)
+    reason = check_bare(gen) if bare else gen.check(deep=deep)
     bad = non_finite(gen) if reason is None else {}
-    part = gen.bin or gen.shards or gen.companion
+    part = gen.payload or gen.companion
     if reason is not None and not gen.committed and part is not None and save_in_progress(part, holder):
         reason = "save in progress"
-    target = gen.bin or gen.manifest or gen.shards or gen.companion
-    name = gen.bin or gen.shards
+    name = gen.payload
     try:
-        size, age = gen.size, round(time.time() - target.stat().st_mtime, 1)
+        size, age = gen.size, round(time.time() - gen.any_part.stat().st_mtime, 1)
     except FileNotFoundError:       # not leased (uncommitted, or no lease possible): it went
         size, age, reason = None, None, reason or "removed while listing"
     return {"step": gen.step, "file": name.name if name else None, "size": size, "age_s": age,
@@ -220,9 +220,9 @@ def fork(path: "str | os.PathLike[str]", step: int, dest: "str | os.PathLike[str
 def _fork_from(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
     """Build the fork in a sibling staging directory and rename it to ``dest`` (missing or
     empty) once complete: a fork that fails leaves nothing at ``dest`` (spec/RUN.md §6)."""
-    reason = check_generation(gen, deep=True)
+    reason = gen.check(deep=True)
     if reason:
-        raise NoValidGenerationError(str(gen.bin), f"cannot fork from it: {reason}")
+        raise NoValidGenerationError(str(gen.path or gen.any_part), f"cannot fork from it: {reason}")
     refuse_live(dest)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise DestinationExistsError(str(dest), "exists and is not empty; refusing to fork into it")
@@ -257,8 +257,7 @@ def _name_dest(exc: BaseException, staging: Path, dest: Path) -> None:
 def _fork_into(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
     step = gen.step
     doc = mf.read(gen.manifest)
-    atomic.copy_verified(gen.bin, dest / gen.bin.name, doc["blake3"])
-    companion.copy(gen.bin, dest / gen.bin.name, doc)
+    gen.copy_to(dest, manifest=False)          # every part against its recorded digest
     doc["provenance"] = {"parent_run": str(run.path.resolve()), "parent_step": step,
                          "parent_blake3": doc["blake3"], "forked_at": time.time()}
     mf.write(dest / gen.manifest.name, doc)

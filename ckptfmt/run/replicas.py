@@ -26,14 +26,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .. import companion, fingerprint, shards
+from .. import fingerprint, shards
 from .. import facts as valfacts
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import CheckpointError, ManifestMismatchError
 from ..facts import describe
 from .directory import Run
-from .generations import list_dir
+from ..generation import list_dir, recorded_parts
 
 
 def partner(rank: int, local: int, world: int) -> int:
@@ -56,11 +56,7 @@ def files_of(doc: dict[str, Any]) -> dict[str, tuple[int, str]]:
         raise ManifestMismatchError(where, "shard list does not add up to the manifest")
     if sum(r["size"] for r in rows) != doc["size"]:
         raise ManifestMismatchError(where, "shard sizes do not add up to the manifest's size")
-    out = {f"{where}/{row['file']}": (row["size"], row["blake3"]) for row in rows}
-    entry = doc.get(companion.FIELD)
-    if isinstance(entry, dict):
-        out[str(entry.get("file"))] = (entry.get("size"), entry.get("blake3"))
-    return out
+    return {part.name: (part.size, part.blake3) for part in recorded_parts(doc, doc["step"])}
 
 
 def inventory(where: "Path | None", above: int | None = None) -> dict[str, dict[str, Any]]:

@@ -12,7 +12,7 @@ from typing import Any
 from .. import atomic
 from .. import manifest as mf
 from ..errors import CheckpointError, SaveError, SidecarError, SidecarWriteError, parse_json
-from .generations import list_dir
+from ..generation import list_dir
 from .retention import Policy
 
 PINS = ".pins.json"

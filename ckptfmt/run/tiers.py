@@ -32,7 +32,8 @@ from .. import atomic
 from ..errors import CheckpointError, NoValidGenerationError
 from ..facts import describe
 from .directory import Run
-from .generations import Generation, check_generation, list_dir, non_finite, remove
+from ..generation import Generation, list_dir
+from .generations import non_finite
 from .sidecars import read_json, write_json
 
 RUN_ID = ".run-id.json"
@@ -124,7 +125,7 @@ def choose_across(run: Run, memory: Run | None, allow_nonfinite: bool = False) -
     gens.sort(key=lambda pair: (pair[0].step, pair[1] == DISK))
     out = TierChoice()
     for gen, tier in reversed(gens):
-        reason = check_generation(gen, deep=True)
+        reason = gen.check(deep=True)
         if reason is not None:
             out.skipped.append((tier, gen.step, reason))
             if tier == DISK:             # as Run.choose says it
@@ -157,7 +158,7 @@ def forget_after(run: "str | os.PathLike[str]", step: int) -> list[int]:
             atomic.remove(temp)
     gone = [g for g in listing.generations if g.step > step]
     for gen in gone:
-        remove(gen)
+        gen.remove()
     return [g.step for g in gone]
 
 
@@ -169,7 +170,7 @@ def prune(where: Path, keep: int = MEMORY_KEEP) -> list[int]:
     kept = sorted(g.step for g in gens if g.manifest is not None)[-keep:]
     gone = [g for g in gens if kept and g.step < kept[0]]
     for gen in gone:
-        remove(gen)
+        gen.remove()
     return [g.step for g in gone]
 
 

@@ -19,11 +19,11 @@ import os
 from pathlib import Path
 from typing import Any, Iterable
 
-from .. import atomic, companion, fingerprint
+from .. import atomic, fingerprint
 from .. import manifest as mf
 from ..errors import DestinationExistsError, FingerprintMismatchError
 from ..run import Run
-from ..run.generations import Generation, check_generation
+from ..generation import Generation
 
 NAME = "B3SUMS"
 
@@ -55,19 +55,9 @@ def _listed(path: Path, claimed: str | None, base: Path) -> tuple[str, str]:
 
 
 def generation_rows(gen: Generation, base: Path) -> list[tuple[str, str]]:
-    """The lines for one generation: its .bin (or shards), companion and manifest."""
-    doc = mf.read(gen.manifest) if gen.manifest else None
-    rows = []
-    if gen.bin is not None:
-        rows.append(_listed(gen.bin, doc["blake3"] if doc else None, base))
-    for shard in (doc or {}).get("shards") or []:
-        rows.append(_listed(gen.shards / shard["file"], shard["blake3"], base))
-    entry = (doc or {}).get(companion.FIELD)
-    if entry and gen.bin is not None:
-        rows.append(_listed(companion.path_for(gen.bin), entry["blake3"], base))
-    if gen.manifest is not None:
-        rows.append(_listed(gen.manifest, None, base))
-    return rows
+    """The lines for one generation: every part (its .bin or shards, companion, manifest), each
+    hashed now and refused if it is not what the manifest records."""
+    return [_listed(part.path, part.blake3, base) for part in gen.parts()]
 
 
 def for_run(run_dir: "str | os.PathLike[str]", base: Path) -> list[tuple[str, str]]:
@@ -78,7 +68,7 @@ def for_run(run_dir: "str | os.PathLike[str]", base: Path) -> list[tuple[str, st
     bare = run.is_bare()
     rows = []
     for gen in run.generations():
-        if bare or check_generation(gen) is None:
+        if bare or gen.check() is None:
             rows += generation_rows(gen, base)
     return rows
 

@@ -10,6 +10,7 @@ import datetime
 import errno
 import json
 import os
+import re
 import shutil
 import tarfile
 import tempfile
@@ -19,17 +20,18 @@ from typing import Any, Callable
 
 import zstandard
 
-from .. import atomic, companion, fingerprint
+from .. import atomic, fingerprint
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import DestinationExistsError, ExportError
+from ..generation import Generation, list_dir
 from ..run import SAMPLES, STATE, Listing, ReadLease, Run, lock_holder
 from ..run import history as hist
 from ..run import timeline
 from ..run.lock import publish, refuse_live, writing_into
 from . import b3sums
 from .convert import convert
-from .validate import INCOMPLETE, validate_file
+from .validate import INCOMPLETE, validate_generation_file
 
 __all__ = ["INCOMPLETE", "archive", "checks_in_words", "export", "import_archive"]
 
@@ -153,22 +155,23 @@ def _copy_sidecar(src: Path, dst: Path, live: bool) -> list[dict[str, Any]]:
     return [{"file": dst.name, "size": dst.stat().st_size, "blake3": digest}]
 
 
-def _export_generation(gen, out: Path, weights_only: bool, progress=None) -> list[dict[str, Any]]:
+def _export_generation(gen: Generation, out: Path, weights_only: bool, progress=None) -> list[dict[str, Any]]:
+    """Every part of ``gen`` into ``out``, each against its recorded digest (a weights-only
+    export: its weights as one safetensors file); a row per file for the record."""
     if weights_only:
-        target = out / (gen.bin.stem + ".safetensors")
-        convert(str(gen.bin), str(target), weights_only=True)
+        target = out / (fmt.stem(gen.step) + ".safetensors")
+        convert(str(gen.path), str(target), weights_only=True)
         return [{"file": target.name, "size": target.stat().st_size, "blake3": fingerprint.of_file(target),
                  "step": gen.step, "kind": "weights-only"}]
-    doc = mf.read(gen.manifest) if gen.manifest else None
-    digest = atomic.copy_verified(gen.bin, out / gen.bin.name, doc["blake3"] if doc else None, progress)
-    rows = [{"file": gen.bin.name, "size": gen.bin.stat().st_size, "blake3": digest, "step": gen.step,
-             "kind": "generation", "verified_against": "manifest" if doc else "unverified (bare file)"}]
-    extra = companion.copy(gen.bin, out / gen.bin.name, doc, progress)
-    if extra is not None:
-        rows.append({**extra, "step": gen.step, "kind": "companion"})
-    if gen.manifest:
-        rows.append({"file": gen.manifest.name, "size": gen.manifest.stat().st_size,
-                     "blake3": atomic.copy_verified(gen.manifest, out / gen.manifest.name, None), "kind": "manifest"})
+    against = "manifest" if gen.manifest else "unverified (bare file)"
+    rows = []
+    for row in gen.copy_to(out, progress=progress):
+        role = row.pop("role")
+        if role != "manifest":
+            row["step"] = gen.step
+        if role in ("generation", "shard"):
+            row["verified_against"] = against
+        rows.append({**row, "kind": role})
     return rows
 
 
@@ -186,8 +189,8 @@ def _verify_at_dest(out: Path, files: list[dict[str, Any]], gens: list, weights_
     checks: dict[str, Any] = {"files_rehashed": len(files)}
     if weights_only:
         return checks
-    newest = out / gens[-1].bin.name
-    report = validate_file(newest, deep=True)
+    newest = out / gens[-1].path.name
+    report = validate_generation_file(newest, deep=True)
     if not report.ok:
         raise ExportError(str(newest), "does not validate at the destination: "
                                        + "; ".join(f.message for f in report.findings))
@@ -234,7 +237,7 @@ def checks_in_words(checks: dict[str, Any]) -> str:
 
 def _export_md(doc: dict[str, Any]) -> str:
     step = doc["steps"][-1]
-    name = fmt.checkpoint_name(step)
+    name = (doc["verified"].get("validated") or {}).get("file") or fmt.checkpoint_name(step)
     lines = [f"# ckptfmt export of {doc['source_run']}", "",
              f"Exported {doc['exported_at']}: steps {doc['steps']}; verified at this destination: "
              f"{checks_in_words(doc['verified'])}.", ""]
@@ -263,7 +266,7 @@ def archive(run_dir: str, archive_path: str, **options: Any) -> dict[str, Any]:
     with tempfile.TemporaryDirectory(dir=target.parent if target.parent.exists() else None) as tmp:
         staged = Path(tmp) / "export"
         doc = export(run_dir, str(staged), **options)
-        names = sorted(p.name for p in staged.iterdir())
+        names = sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file())
         with atomic.AtomicWriter(target) as out:
             with out.fileobj() as f:
                 cctx = zstandard.ZstdCompressor(level=3, threads=-1)
@@ -280,16 +283,28 @@ def archive(run_dir: str, archive_path: str, **options: Any) -> dict[str, Any]:
     return doc
 
 
+def _safe_member(name: str) -> bool:
+    """A bare file name, or a shard of a sharded generation (``step_N.shards/KKKKK-of-WWWWW.bin``):
+    nothing an archive holds can land outside DEST."""
+    if os.path.basename(name) == name:
+        return name not in ("", ".", "..")
+    directory, _, file = name.partition("/")
+    parsed = fmt.parse_name(directory)
+    return parsed is not None and parsed[1] == "shards" and re.fullmatch(r"\d{5}-of-\d{5}\.bin", file) is not None
+
+
 def _read_archive(path: Path, dest: Path | None) -> dict[str, str]:
     """blake3 of every member (extracting into ``dest`` when given); refuses unsafe members."""
     digests = {}
     with open(path, "rb") as f, zstandard.ZstdDecompressor().stream_reader(f) as z, \
             tarfile.open(fileobj=z, mode="r|") as tar:
         for member in tar:
-            if not member.isfile() or os.path.basename(member.name) != member.name:
+            if not member.isfile() or not _safe_member(member.name):
                 raise ExportError(str(path), f"unsafe archive member {member.name!r}")
             data = tar.extractfile(member)
             h = fingerprint.hasher(0)
+            if dest and "/" in member.name:
+                atomic.make_durable_dir(dest / member.name.split("/")[0])
             writer = atomic.AtomicWriter(dest / member.name) if dest else None
             if writer:
                 writer.__enter__()
@@ -365,10 +380,9 @@ def _unpack_verified(source: Path, staging: Path) -> dict[str, Any]:
         if not isinstance(row, dict) or digests.get(row.get("file")) != row.get("blake3"):
             raise ExportError(str(source), f"{row.get('file') if isinstance(row, dict) else row}: blake3 "
                                            "after unpacking differs from the export manifest")
-    for gen_step in steps:
-        name = staging / fmt.checkpoint_name(gen_step)
-        if name.exists():
-            report = validate_file(name, deep=True)
+    for gen in list_dir(staging).generations:
+        if gen.step in steps and gen.path is not None and gen.path.exists():
+            report = validate_generation_file(gen.path, deep=True)
             if not report.ok:
                 raise ExportError(str(source), "; ".join(f.message for f in report.findings))
     return doc

@@ -119,7 +119,7 @@ def inspect_run(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dic
         if gen is None and "latest_problem" not in data:
             data["latest_problem"] = _why_empty(path)
         lease.narrow([gen.step] if gen else [])
-        data["latest"] = inspect_file(gen.bin, tensors=tensors) if gen else None
+        data["latest"] = inspect_path(gen.path, tensors=tensors) if gen else None
     return data
 
 

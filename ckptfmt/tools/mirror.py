@@ -22,13 +22,14 @@ from .. import companion, facts, fingerprint
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import CheckpointError, FingerprintMismatchError, ManifestError, RemoteError, UnsupportedSetupError
-from ..run import PINS, PIVOT, POLICY, SAMPLES, STATE, Generation, Run, check_generation, list_dir
+from ..generation import Generation, list_dir
+from ..run import PINS, PIVOT, POLICY, SAMPLES, STATE, Run
 from ..run.generations import manifest_of, non_finite
 from ..run.retention import Candidate, Policy, candidate_for, plan
 from ..run.lease import ReadLease
 from ..run import history as hist
 from ..run import mirrors
-from .remote import Progress, Remote, RemoteGeneration, payload, translated
+from .remote import Progress, Remote, RemoteGeneration, translated
 
 __all__ = ["INDEX", "SIDECARS", "mirror", "mirror_runs"]
 
@@ -51,7 +52,7 @@ def mirror(run_dir: "str | os.PathLike[str]", url: str, *, retention: Policy | N
     run, remote = Run(run_dir), destination(run_dir, url)
     started = time.perf_counter()
     with ReadLease(run.path, purpose=f"mirror to {remote.url}") as lease:
-        local = {g.step: g for g in lease.listing.generations if g.committed and check_generation(g) is None}
+        local = {g.step: g for g in lease.listing.generations if g.committed and g.check() is None}
         there = remote.listing()
         policy = retention if retention is not None and retention.has_rule else None
         skip = _doomed(_candidates(policy, local, there, remote), policy, run.pins(),
@@ -151,11 +152,10 @@ def _matches(remote: Remote, there: RemoteGeneration, doc: dict[str, Any], gen: 
     try:
         if remote.read_bytes(fmt.manifest_name(gen.step)) != gen.manifest.read_bytes():
             return False
-        for name, digest in payload(doc, gen.step):
-            local_size = (run_file(gen, name)).stat().st_size
-            if remote.size(name) != local_size:
+        for part in gen.parts(doc, manifest=False):
+            if remote.size(part.name) != part.path.stat().st_size:
                 return False
-            if recheck and remote.digest(name)[0] != digest:
+            if recheck and remote.digest(part.name)[0] != part.blake3:
                 return False
     except CheckpointError as exc:
         if isinstance(exc, RemoteError) and "not found" not in exc.problem:
@@ -164,19 +164,13 @@ def _matches(remote: Remote, there: RemoteGeneration, doc: dict[str, Any], gen: 
     return True
 
 
-def run_file(gen: Generation, name: str):
-    """The local path of a payload ``name`` (relative to the run directory)."""
-    root = (gen.bin or gen.manifest).parent
-    return root.joinpath(*name.split("/"))
-
-
 def _upload_generation(remote: Remote, gen: Generation, doc: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """Payload up (hashed while sent), read back and compared, then the manifest, read back."""
-    files = payload(doc, gen.step)
+    files = gen.parts(doc, manifest=False)
     sent = 0
-    for name, digest in files:
-        sent += remote.upload(run_file(gen, name), name, digest, progress)[1]
-    for name, digest in files:
+    for part in files:
+        sent += remote.upload(part.path, part.name, part.blake3, progress)[1]
+    for name, digest in ((p.name, p.blake3) for p in files):
         got, _ = remote.digest(name)
         if got != digest:
             raise RemoteError(remote.where(name), f"read back as blake3 {got}, sent {digest}; "

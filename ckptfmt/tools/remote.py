@@ -19,8 +19,7 @@ from urllib.parse import urlsplit, urlunsplit
 from .. import atomic, fingerprint
 from .. import format as fmt
 from .. import manifest as mf
-from .. import companion, shards
-from ..errors import (CheckpointError, FingerprintMismatchError, ManifestError, MissingDependencyError,
+from ..errors import (CheckpointError, FingerprintMismatchError, MissingDependencyError,
                       RemoteError, UnsupportedSetupError)
 
 EXTRA = "pip install 'ckptfmt[remote]'"
@@ -108,32 +107,6 @@ def translated(where: str, what: str) -> Iterator[None]:
         raise
     except Exception as exc:  # noqa: BLE001 (the remote boundary, see the docstring)
         raise RemoteError(where, f"{what}: {_reason(exc)}") from None
-
-
-def payload(doc: dict[str, Any], step: int) -> list[tuple[str, str]]:
-    """(name relative to the run, blake3) of every file a generation's manifest commits, in
-    upload order: the .bin (or each shard), then the companion file; the manifest is not listed
-    (it goes last). Names are rebuilt from the step, so a manifest cannot point outside the run."""
-    where = fmt.manifest_name(step)
-    if shards.is_sharded(doc):
-        directory = fmt.stem(step) + shards.SUFFIX
-        rows = []
-        for row in doc["shards"]:
-            name = shards.shard_name(row["rank"], len(doc["shards"]))
-            if row.get("file") != name:
-                raise ManifestError(where, f"a shard row names {row.get('file')!r}, expected {name!r}")
-            rows.append((f"{directory}/{name}", row["blake3"]))
-    else:
-        if doc["file"] != fmt.checkpoint_name(step):
-            raise ManifestError(where, f"names {doc['file']!r}, expected {fmt.checkpoint_name(step)!r}")
-        rows = [(doc["file"], doc["blake3"])]
-    extra = doc.get(companion.FIELD)
-    if extra is not None:
-        name = fmt.stem(step) + companion.SUFFIX
-        if not isinstance(extra, dict) or extra.get("file") != name:
-            raise ManifestError(where, f"companion entry does not name {name}")
-        rows.append((name, extra["blake3"]))
-    return rows
 
 
 @dataclass

@@ -10,10 +10,10 @@ from typing import Any
 
 from .. import fingerprint
 from .. import format as fmt
-from .. import shards
 from ..errors import CheckpointError, RemoteError
 from .mirror import INDEX, SIDECARS
-from .remote import Remote, RemoteGeneration, payload, translated
+from ..generation import recorded_parts
+from .remote import Remote, RemoteGeneration, translated
 
 __all__ = ["check_mirrors", "inspect_url", "ls_url", "validate_url"]
 
@@ -59,13 +59,12 @@ def _check_generation(remote: Remote, step: int, deep: bool) -> str | None:
         doc, _ = remote.read_manifest(step)
         if doc["step"] != step:
             return f"manifest says step {doc['step']}"
-        sizes = _expected_sizes(doc)
-        for name, digest in payload(doc, step):
-            size = remote.size(name)
+        for part in recorded_parts(doc, step):
+            name, digest, size = part.name, part.blake3, remote.size(part.name)
             if size is None:
                 return f"{name} is missing"
-            if name in sizes and size != sizes[name]:
-                return f"{name}: expected {sizes[name]} bytes, got {size}"
+            if size != part.size:
+                return f"{name}: expected {part.size} bytes, got {size}"
             if name.endswith(".bin"):
                 problem = _check_header(remote, name, step, size)
                 if problem:
@@ -79,19 +78,6 @@ def _check_generation(remote: Remote, step: int, deep: bool) -> str | None:
     except CheckpointError as exc:
         return exc.problem
     return None
-
-
-def _expected_sizes(doc: dict[str, Any]) -> dict[str, int]:
-    """What the manifest says each payload object's size is."""
-    step = doc["step"]
-    if shards.is_sharded(doc):
-        directory = fmt.stem(step) + shards.SUFFIX
-        sizes = {f"{directory}/{row['file']}": row["size"] for row in doc["shards"]}
-    else:
-        sizes = {doc["file"]: doc["size"]}
-    if isinstance(doc.get("companion"), dict):
-        sizes[doc["companion"]["file"]] = doc["companion"].get("size")
-    return sizes
 
 
 def _header(remote: Remote, name: str) -> tuple[int, int] | None:

@@ -21,10 +21,11 @@ from .. import facts as valfacts
 from .. import format as fmt
 from ..errors import (DestinationExistsError, FingerprintMismatchError, GenerationNotFoundError, ManifestError,
                       NoValidGenerationError, RemoteError)
-from ..run import LOCK, RunLock, check_generation, list_dir
+from ..generation import list_dir, recorded_parts
+from ..run import LOCK, RunLock
 from ..run.lock import refuse_live, writing_into
 from .mirror import INDEX, SIDECARS
-from .remote import Progress, Remote, payload
+from .remote import Progress, Remote
 
 __all__ = ["restore"]
 
@@ -96,14 +97,14 @@ def _download_generation(remote: Remote, step: int, staging: Path, progress: Pro
     doc, data = manifest
     if doc["step"] != step:
         raise ManifestError(remote.where(fmt.manifest_name(step)), f"says step {doc['step']}, expected {step}")
-    for name, digest in payload(doc, step):
-        target = staging.joinpath(*name.split("/"))
+    for part in recorded_parts(doc, step):
+        target = staging.joinpath(*part.name.split("/"))
         if target.parent != staging:
             atomic.make_durable_dir(target.parent)
-        remote.download(name, target, digest, progress)
+        remote.download(part.name, target, part.blake3, progress)
     atomic.write_bytes(staging / fmt.manifest_name(step), data)   # the very bytes, last
     gen = next(g for g in list_dir(staging).generations if g.step == step)
-    reason = check_generation(gen, deep=True)
+    reason = gen.check(deep=True)
     if reason is not None:
         raise FingerprintMismatchError(str(staging / fmt.manifest_name(step)), reason)
 

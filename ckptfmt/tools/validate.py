@@ -19,7 +19,7 @@ from .. import format as fmt
 from .. import manifest as mf
 from .. import reader
 from ..errors import CheckpointError, FingerprintMismatchError
-from ..run import (STATE, SAMPLES, ReadLease, Run, check_generation, lock_holder, save_in_progress,
+from ..run import (STATE, SAMPLES, ReadLease, Run, lock_holder, save_in_progress,
                    zombie_arms)
 from ..run import history as hist
 from ..shards import check as shards_check
@@ -154,12 +154,20 @@ def validate_path(path: "str | os.PathLike[str]", *, deep: bool = True, progress
     if kind.name in ("hf-run", "hf-checkpoint"):     # a Trainer's checkpoint-N against its record
         from .hfrun import validate_hf  # lazy: one more kind, read only when given
         return validate_hf(path, deep=deep)
-    if kind.name == "bin":
-        report = validate_file(path, deep=deep, progress=progress, scan=scan)
-    else:
-        report = validate_other(os.fspath(path), kind, deep=deep)
+    report = validate_generation_file(path, kind, deep=deep, progress=progress, scan=scan)
     _check_incomplete(report, os.path.dirname(os.path.abspath(path)))
     return report
+
+
+def validate_generation_file(path: "str | os.PathLike[str]", kind: kinds.Kind | None = None, *,
+                             deep: bool = True, progress=None, scan: bool = False) -> Report:
+    """A file of any kind on its own (a ``Generation.path``: a seed ``.bin``, a sharded
+    generation's manifest), without the export marker's rule (export checks its copy before it
+    removes the marker)."""
+    kind = kind or kinds.require(kinds.sniff(path), "validate", path)
+    if kind.name == "bin":
+        return validate_file(path, deep=deep, progress=progress, scan=scan)
+    return validate_other(os.fspath(path), kind, deep=deep)
 
 
 def validate_other(path: str, kind: kinds.Kind, *, deep: bool = True) -> Report:
@@ -201,7 +209,7 @@ def _check_recorded(report: Report, src, kind: kinds.Kind) -> None:
 
 
 def _validate_sharded(report: Report, path: str, deep: bool) -> Report:
-    """Every shard against its manifest row (``check_generation``'s check of a run's shards)."""
+    """Every shard against its manifest row (``Generation.check``'s check of a run's shards)."""
     manifest = manifest_of(path)
     reason = shards_check(Path(manifest), deep=deep)
     if reason is not None:
@@ -270,12 +278,12 @@ def _no_generation(report: Report, path: "str | os.PathLike[str]") -> None:
 
 def _saving(gen, holder: dict[str, Any] | None) -> bool:
     """An uncommitted generation that the live writer is saving now (not a crash leftover)."""
-    part = gen.bin or gen.shards or gen.companion
+    part = gen.payload or gen.companion
     return not gen.committed and part is not None and save_in_progress(part, holder)
 
 
 def _in_progress(report: Report, gen) -> dict[str, Any]:
-    part = gen.bin or gen.shards or gen.companion
+    part = gen.payload or gen.companion
     report.note("save_in_progress", f"{part}: save in progress (the writer holding the run lock is "
                                     "committing this generation)")
     return {"step": gen.step, "status": "save in progress"}
@@ -296,8 +304,8 @@ def _report_entries(report: Report, listing, holder: dict[str, Any] | None) -> N
 def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=None,
                          scan: bool = False) -> dict[str, Any]:
     row = {"step": gen.step, "status": "unverified"}
-    if gen.bin is None and gen.shards is not None:
-        reason = check_generation(gen, deep=deep)
+    if gen.sharded:
+        reason = gen.check(deep=deep)
         if reason is None:
             row["status"] = "verified" if deep else "committed"
             _note_unsealed(report, str(gen.manifest), mf.read(gen.manifest))

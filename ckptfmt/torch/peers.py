@@ -284,7 +284,7 @@ def _durable(run: Run, allow_nonfinite: bool) -> dict[str, Any]:
         return {**out, "error": exc.problem}
     if gen is None:
         return out
-    path = gen.bin if gen.bin is not None else gen.manifest
+    path = gen.path
     return {**out, "path": str(path), "step": gen.step, "why": why}
 
 

@@ -53,7 +53,7 @@ class Observer:
         t = self.trainer
         ms, vs, opt_step = ct.moments(t.model, t.opt)
         gen = t.run.latest()
-        summary = {"trainer": "andrea", "steps": self.records, "checkpoint": gen.bin.name if gen else None,
+        summary = {"trainer": "andrea", "steps": self.records, "checkpoint": gen.path.name if gen else None,
                    "final": {"step": t.data_step,
                              "parameters": torch.cat([p.detach().reshape(-1) for p in t.model.parameters()]).tolist(),
                              "optimizer": {"step": opt_step, "m": torch.cat([x.reshape(-1) for x in ms]).tolist(),

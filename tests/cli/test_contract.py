@@ -30,7 +30,7 @@ import pytest
 import zstandard
 
 import ckptfmt
-from ckptfmt import seal, tensorfile
+from ckptfmt import seal, shards, tensorfile
 from ckptfmt.cli import main
 from conftest import arrays, cli, make, small_tmpfs
 
@@ -157,6 +157,24 @@ def _hostile_histories(root):
         f.write('{"pins": [1]}')                       # valid JSON, not a list of steps
 
 
+def _sharded_run(root):
+    """sharded_run: generations 1 and 2 of ``run`` (same values), each split into two shards
+    with a companion file, and the same history: what a two-rank run leaves."""
+    src = os.path.join(root, "sharded_src")
+    for step in (1, 2):
+        shards.split(_save(src, step, seed=step, manifest={"layout": LAYOUT},
+                           extra_tensors={"bn.running_mean": np.full(3, step, "<f4")}),
+                     os.path.join(root, "sharded_run"), 2)
+    shutil.rmtree(src)
+    _history(os.path.join(root, "sharded_run"), range(1, 3))
+    shutil.copytree(os.path.join(root, "sharded_run"), os.path.join(root, "sharded_damaged"))
+    with open(os.path.join(root, "sharded_damaged", "step_000002.shards", "00001-of-00002.bin"), "r+b") as f:
+        f.seek(12)
+        byte = f.read(1)
+        f.seek(12)
+        f.write(bytes([byte[0] ^ 1]))     # one bit of a weight: only the shard's blake3 can see it
+
+
 def build_corpus(root):
     """Every hostile input, in one directory tree (copied afresh for each case)."""
     _files(root)
@@ -164,6 +182,7 @@ def build_corpus(root):
     for step in (1, 2):
         _save(os.path.join(root, "run"), step, seed=step, manifest={"layout": LAYOUT})
     _history(os.path.join(root, "run"), range(1, 3))
+    _sharded_run(root)
     os.makedirs(os.path.join(root, "empty_run"))
     os.makedirs(os.path.join(root, "hist_only"))
     _history(os.path.join(root, "hist_only"), range(1, 4))
@@ -409,7 +428,36 @@ def _run_cases():
         ("verify-resume-existing-output", ["verify-resume", "--output", "{w}/existing_dir"], 2, "exists", []),
         ("verify-resume-output-is-file", ["verify-resume", "--output", "{w}/existing.png"], 2, "exists", []),
     ]
-    return cases + _hostile_run_cases()
+    return cases + _hostile_run_cases() + _sharded_run_cases()
+
+
+def _sharded_run_cases():
+    """Every command that takes a run, on a run of sharded generations (with companions)."""
+    run, gen = "{w}/sharded_run", "{w}/sharded_run/step_000002.json"
+    return [
+        ("ls-sharded", ["ls", run], 0, "committed", []),
+        ("inspect-run-sharded", ["inspect", run], 0, "shards", []),
+        ("validate-sharded", ["validate", run], 0, "verified", []),
+        ("validate-sharded-b3sums", ["validate", run, "--b3sums", "{w}/outdir/sums"], 0, "sums", []),
+        ("gc-sharded", ["gc", run, "--keep-last", "1"], 0, "", []),
+        ("pin-sharded", ["pin", run, "1"], 0, "", []),
+        ("pivot-sharded", ["pivot", run], 0, "", []),
+        ("fork-sharded", ["fork", run, "{w}/forked", "--step", "1"], 0, "", []),
+        ("bisect-sharded", ["bisect", run, run], 0, "", []),
+        ("export-sharded", ["export", run, "{w}/exported", "--steps", "1,2"], 0, "", []),
+        ("export-sharded-archive", ["export", run, "{w}/e.tar.zst", "--archive"], 0, "step_000002.json", []),
+        ("export-sharded-weights-only", ["export", run, "{w}/exported", "--weights-only"], 0, "", []),
+        ("plot-sharded", ["plot", run, "--out", "{w}/p.png"], 0, "", []),
+        ("inspect-sharded-generation", ["inspect", gen], 0, "shards", []),
+        ("diff-sharded-generation", ["diff", gen, "{w}/run/step_000002.bin"], 0, "", []),
+        ("convert-sharded-generation", ["convert", gen, "{w}/outdir/x.safetensors"], 0, "", []),
+        ("convert-sharded-generation-to-bin", ["convert", gen, "{w}/outdir/step_000002.bin"], 0, "", []),
+        ("fork-sharded-shard-damaged", ["fork", "{w}/sharded_damaged", "{w}/forked", "--step", "2"], 1, "blake3",
+         ["{w}/forked"]),
+        ("export-sharded-shard-damaged", ["export", "{w}/sharded_damaged", "{w}/exported", "--steps", "2"], 1,
+         "blake3", ["{w}/exported"]),
+        ("validate-sharded-shard-damaged", ["validate", "{w}/sharded_damaged"], 1, "00001-of-00002.bin", []),
+    ]
 
 
 def _hostile_run_cases():

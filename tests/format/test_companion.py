@@ -8,7 +8,7 @@ import pytest
 import ckptfmt
 from ckptfmt import companion, tensorfile
 from ckptfmt.errors import FingerprintMismatchError, ManifestMismatchError, TensorFileError
-from ckptfmt.run import Run, check_generation
+from ckptfmt.run import Run
 from conftest import arrays, cli
 
 EXTRA = {"bn.running_mean": np.arange(3, dtype="<f4"), "bn.num_batches_tracked": np.array(7, dtype="<i8"),
@@ -51,7 +51,7 @@ def test_a_damaged_companion_makes_the_generation_invalid(tmp_path):
         assert run.latest(deep=True).step == 100
     path.unlink()
     gen = run.generations()[-1]
-    assert "missing" in check_generation(gen)
+    assert "missing" in gen.check()
     with pytest.raises(ManifestMismatchError, match="missing"):
         ckptfmt.open(tmp_path / "r" / "step_000200.bin")
 

@@ -15,7 +15,7 @@ import pytest
 
 import ckptfmt
 from ckptfmt import manifest as mf
-from ckptfmt import seal
+from ckptfmt import kinds, seal
 from ckptfmt.errors import ManifestError, ManifestSealError, UnsupportedVersionError
 from conftest import cli, make
 from faults import scale
@@ -53,6 +53,14 @@ def same_values(a: bytes, b: bytes) -> bool:
     exponent, say): nothing a reader could be told differs."""
     try:
         return json.loads(a) == json.loads(b)
+    except ValueError:
+        return False
+
+
+def parses(data: bytes) -> bool:
+    try:
+        json.loads(data)
+        return True
     except ValueError:
         return False
 
@@ -231,3 +239,32 @@ def test_every_writer_seals_what_it_writes(tmp_path):
     doc = mf.read(tmp_path / "step_000005.json")
     assert mf.self_checked("m", doc) is None
     assert set(doc["seal"]["fields"]) == set(doc) - {"seal"}
+
+
+@pytest.mark.parametrize("field", ["shards", "format", "lightning"])
+def test_a_flipped_bit_in_a_field_name_does_not_change_what_the_file_is(tmp_path, field):
+    """What a path is (a sharded generation, a manifest, a Lightning checkpoint directory) is
+    read from its manifest before the seal is checked: every bit of that field's name flipped
+    (in the field itself and in the seal's list of fields), the path given to validate and
+    inspect is still damage naming the manifest (exit 1), never another kind (exit 2), never OK."""
+    if field == "lightning":
+        target = tmp_path / "epoch=0-step=4.ckpt"
+        target.mkdir()
+        make(target, 4, n=12, manifest={"lightning": {"epoch": 0, "global_step": 4}})
+        path = target / "step_000004.json"
+    else:
+        (tmp_path / "src").mkdir()
+        make(tmp_path / "src", 4, n=12)
+        assert cli("convert", tmp_path / "src" / "step_000004.bin", tmp_path / "run", "--to", "shards").returncode == 0
+        target = path = tmp_path / "run" / "step_000004.json"
+    good = path.read_bytes()
+    assert cli("validate", target).returncode == 0
+    first = good.index(f'"{field}"'.encode()) + 1
+    second = good.index(f'"{field}"'.encode(), first) + 1
+    for bit in [*range(first * 8, (first + len(field)) * 8), *range(second * 8, (second + len(field)) * 8)]:
+        path.write_bytes(flipped(good, bit))
+        if field != "lightning" or parses(flipped(good, bit)):     # a name and a place decide the others
+            assert kinds.sniff(target).name == ("lightning" if field == "lightning" else "shards"), bit
+        for command in ("validate", "inspect"):
+            r = cli(command, target)
+            assert r.returncode == 1 and str(target) in r.stdout + r.stderr, (bit, command, r.stdout, r.stderr)

@@ -356,14 +356,13 @@ def test_a_bare_file_under_another_steps_name_is_skipped_with_the_readers_messag
     """Bare and committed generations are checked by the one reader: a header that disagrees
     with the name reads the same in both (it was worded twice, once in a branch never reached)."""
     from conftest import seed_write
-    from ckptfmt.run import check_generation
     from ckptfmt.run.generations import check_bare
     seed_write(tmp_path / "step_000001.bin", 1, *arrays(5))
     seed_write(tmp_path / "step_000002.bin", 3, *arrays(5))
     with pytest.warns(UserWarning, match="skipping generation 2: name says step 2, header says step 3"):
         assert Run(tmp_path).latest(allow_bare=True).step == 1
     assert check_bare(Run(tmp_path).generations()[1]) == "name says step 2, header says step 3"
-    assert check_generation(Run(tmp_path).generations()[1]) == "not committed: no manifest"
+    assert Run(tmp_path).generations()[1].check() == "not committed: no manifest"
 
 
 def test_plot_series_marks_events(tmp_path):

@@ -10,6 +10,7 @@ option that does nothing for the target are refused before anything is read.
 """
 from __future__ import annotations
 
+import dataclasses
 import errno
 import os
 import tempfile
@@ -35,6 +36,7 @@ FORMATS = ("bin", "safetensors", "pt", "npz", "zst", "planes", "torch", "weights
 SUFFIXES = {"bin": (".bin",), "safetensors": (".safetensors",), "weights": (".safetensors",),
             "pt": (".pt", ".pth", ".ckpt"), "torch": (".pt", ".pth", ".ckpt"), "npz": (".npz",), "zst": (".zst",),
             "planes": (".ckz",)}
+DISTRIBUTED = ("shards", "dcp")                 # the forms of more than one file
 WEIGHTS_ONLY = ("safetensors", "pt", "npz")      # the targets --weights-only and --dtype apply to
 READERS = {"bin": bin.load, "safetensors": safetensors.load, "pt": pt.load, "npz": npz.load,
            "zst": zst.load, "planes": planes.load}
@@ -144,6 +146,8 @@ def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = F
         raise FileNotFoundError(errno.ENOENT, "destination directory does not exist", parent)
     into_run = dst_kind == "shards" and not dst.lower().endswith(".json")    # DST is the run directory
     with (writing_generations(dst, "convert") if into_run else writing_file(dst, "convert")):   # RUN.md §4
+        if src_kind in DISTRIBUTED and dst_kind not in DISTRIBUTED + ("bin",):
+            return _through_bin(src, dst, src_kind, dst_kind, weights_only, dtype, verify, progress)
         if "shards" in (src_kind, dst_kind) or "dcp" in (src_kind, dst_kind):
             return convert_distributed(src, dst, src_kind, dst_kind, shards=shards or 2, verify=verify)
         if dst_kind in ("torch", "weights"):
@@ -156,6 +160,25 @@ def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = F
             if not existed:
                 discard(dst)       # a failed conversion leaves nothing behind (its manifest included)
             raise
+
+
+def _through_bin(src: str, dst: str, src_kind: str, dst_kind: str, weights_only: bool, dtype: str | None,
+                 verify: bool, progress) -> ConvertReport:
+    """A sharded generation or a DCP directory into a single-file form: joined into a temp
+    ``.bin`` first (checked against its digests as a join is), then converted from it and
+    proved by going back like any ``.bin``; the report names the real source."""
+    existed = os.path.lexists(dst)
+    with tempfile.TemporaryDirectory(dir=os.path.dirname(os.path.abspath(dst))) as tmp:
+        joined = os.path.join(tmp, "joined.bin")
+        first = convert_distributed(src, joined, src_kind, "bin", shards=2, verify=verify)
+        try:
+            out = _convert_file(joined, dst, "bin", dst_kind, weights_only, dtype, verify, progress)
+        except BaseException:
+            if not existed:
+                discard(dst)
+            raise
+    return dataclasses.replace(out, src=first.src, src_format=src_kind, src_bytes=first.src_bytes,
+                               source_check=first.source_check)
 
 
 def read_groups(groups: "str | list[list[str]] | None") -> tuple[list[list[str]] | None, str]:

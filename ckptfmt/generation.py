@@ -1,0 +1,240 @@
+"""A generation: what one commit of a run holds, whatever its shape (spec/RUN.md §1-§2).
+
+A generation is ``step_NNNNNN.bin`` + ``step_NNNNNN.json``, or a sharded generation's
+``step_NNNNNN.shards/`` + manifest; either may have a companion ``step_NNNNNN.extra.safetensors``.
+It is committed when its manifest (the commit marker) and its payload exist and agree.
+
+Every command and tier sees a generation through this type: its ``parts()`` (each file with the
+size and blake3 its manifest records), ``open``, ``check``, ``copy_to`` and ``remove``. Which
+shape it has matters only in here.
+
+>>> import tempfile, numpy as np
+>>> from ckptfmt import writer
+>>> run = tempfile.mkdtemp()
+>>> _ = writer.save(f"{run}/step_000003.bin", 3, np.ones(2, "<f4"), np.zeros(2, "<f4"), np.zeros(2, "<f4"))
+>>> gen = list_dir(run).generations[0]
+>>> gen.step, gen.committed, gen.check(deep=True), [p.name for p in gen.parts()]
+(3, True, None, ['step_000003.bin', 'step_000003.json'])
+"""
+from __future__ import annotations
+
+import os
+import shutil
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any, Callable
+
+from . import atomic, companion, reader, shards
+from . import format as fmt
+from . import manifest as mf
+from .errors import CheckpointError, ManifestError, NoValidGenerationError
+
+
+@dataclass(frozen=True)
+class Part:
+    """One file of a generation: ``name`` relative to the run directory, the ``size`` and
+    ``blake3`` its manifest records (None where nothing records one: the manifest itself, which
+    its seal covers, and a bare ``.bin`` of a run without manifests); ``path`` where it is local."""
+    name: str
+    role: str                    # "generation" (the .bin), "shard", "companion" or "manifest"
+    size: int | None = None
+    blake3: str | None = None
+    path: Path | None = None
+
+
+def recorded_parts(doc: dict[str, Any], step: int) -> list[Part]:
+    """The files a generation's manifest commits, in write order: the .bin (or each shard), then
+    the companion; not the manifest itself. Names are rebuilt from the step and checked against
+    the manifest's, so a manifest can never point outside its run (``ManifestError``)."""
+    where = fmt.manifest_name(step)
+    if shards.is_sharded(doc):
+        directory = fmt.stem(step) + shards.SUFFIX
+        out = []
+        for row in doc["shards"]:
+            name = shards.shard_name(row["rank"], len(doc["shards"]))
+            if row.get("file") != name:
+                raise ManifestError(where, f"a shard row names {row.get('file')!r}, expected {name!r}")
+            out.append(Part(f"{directory}/{name}", "shard", row["size"], row["blake3"]))
+    else:
+        if doc["file"] != fmt.checkpoint_name(step):
+            raise ManifestError(where, f"names {doc['file']!r}, expected {fmt.checkpoint_name(step)!r}")
+        out = [Part(doc["file"], "generation", doc["size"], doc["blake3"])]
+    extra = doc.get(companion.FIELD)
+    if extra is not None:
+        name = fmt.stem(step) + companion.SUFFIX
+        if not isinstance(extra, dict) or extra.get("file") != name:
+            raise ManifestError(where, f"companion entry does not name {name}")
+        out.append(Part(name, "companion", extra.get("size"), extra["blake3"]))
+    return out
+
+
+@dataclass
+class Generation:
+    step: int
+    bin: Path | None = None
+    manifest: Path | None = None
+    shards: Path | None = None          # step_NNNNNN.shards/ of a sharded generation
+    companion: Path | None = None       # step_NNNNNN.extra.safetensors (buffers, state tensors)
+
+    @property
+    def committed(self) -> bool:
+        """Both halves exist: the manifest (the commit marker) and the .bin or shards."""
+        return self.manifest is not None and self.payload is not None
+
+    @property
+    def sharded(self) -> bool:
+        return self.bin is None and self.shards is not None
+
+    @property
+    def payload(self) -> Path | None:
+        """The .bin, or the shard directory of a sharded generation."""
+        return self.bin if self.bin is not None else self.shards
+
+    @property
+    def path(self) -> Path | None:
+        """The one path that stands for the generation where a file is asked for (inspect,
+        validate, diff, convert take it): the .bin, or a sharded generation's manifest."""
+        return self.manifest if self.sharded else self.bin
+
+    @property
+    def any_part(self) -> Path | None:
+        """A part that is there, for messages and ages: payload, manifest or companion."""
+        return self.payload or self.manifest or self.companion
+
+    @property
+    def size(self) -> int | None:
+        """Bytes on disk of the .bin and its companion (or of all shards and the companion),
+        None for a lone manifest."""
+        if self.payload is None:
+            return None
+        extra = self.companion.stat().st_size if self.companion else 0
+        if self.bin is not None:
+            return self.bin.stat().st_size + extra
+        return sum(e.stat().st_size for e in self.shards.iterdir() if e.is_file()) + extra
+
+    def check(self, *, deep: bool = False) -> str | None:
+        """None when the generation is committed and valid, else the reason it is not (the
+        reader's own words, so a rule has one wording)."""
+        if self.sharded and self.manifest is not None:
+            return shards.check(self.manifest, deep=deep)
+        if self.sharded:
+            return "not committed: shards without a manifest"
+        if self.bin is None:
+            return "manifest without its .bin"
+        if self.manifest is None:
+            return "not committed: no manifest"
+        return opens(self.bin, manifest="require", verify=deep)
+
+    def open(self, *, verify: bool = False) -> "reader.Checkpoint | shards.ShardedCheckpoint":
+        """The committed generation's arrays (``weights``, ``m``, ``v``, ``manifest``), hashed
+        first when ``verify``; raises ``CheckpointError`` for one that is not valid."""
+        if self.sharded and self.manifest is not None:
+            return shards.ShardedCheckpoint(self.manifest, verify=verify)
+        if self.bin is None:
+            raise _not_committed(self)
+        return reader.open(self.bin, manifest="require", verify=verify)
+
+    def read_manifest(self) -> dict[str, Any] | None:
+        """The manifest, checked against its seal (None where there is none)."""
+        return mf.read(self.manifest) if self.manifest is not None else None
+
+    def parts(self, doc: dict[str, Any] | None = None, *, manifest: bool = True) -> list[Part]:
+        """Every file of the generation, payload first and the manifest (the commit marker)
+        last, each with what the manifest records of it (``recorded_parts``). ``doc``: the
+        manifest, read already; ``manifest=False`` leaves the manifest out. Raises ``CheckpointError`` when the manifest cannot be read or
+        names files that are not this generation's."""
+        if self.payload is None or (self.sharded and self.manifest is None):
+            raise _not_committed(self)
+        root = self.payload.parent
+        if doc is None:
+            doc = self.read_manifest()
+        if doc is None:                  # a bare .bin: a run of the original trainer
+            return [Part(self.bin.name, "generation", path=self.bin)]
+        out = [replace(part, path=root.joinpath(*part.name.split("/"))) for part in recorded_parts(doc, self.step)]
+        return out + [Part(self.manifest.name, "manifest", path=self.manifest)] if manifest else out
+
+    def copy_to(self, dest: "str | os.PathLike[str]", *, manifest: bool = True,
+                progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
+        """Copy every part into directory ``dest`` under its own name, durably and hashed while
+        copied; a part whose hash is not the recorded one is refused (``SaveError``), so a damaged
+        generation is never copied on. The manifest goes last (``manifest=False``: not at all, for
+        a caller that writes its own). Returns a row per copied file: file, size, blake3, role."""
+        dest = Path(dest)
+        rows = []
+        for part in self.parts(manifest=manifest):
+            target = dest / part.name
+            if part.role == "shard":
+                atomic.make_durable_dir(target.parent)
+            digest = atomic.copy_verified(part.path, target, part.blake3, progress)
+            rows.append({"file": part.name, "size": target.stat().st_size, "blake3": digest, "role": part.role})
+        return rows
+
+    def remove(self) -> None:
+        """Uncommit (manifest first), then remove the data: only files of our own naming, and
+        the shard directory of a sharded one (committed, or interrupted before its manifest)."""
+        if self.manifest is not None and self.sharded:
+            shards.remove(self.manifest, self.shards)
+            return
+        if self.manifest is not None:
+            atomic.remove(self.manifest)
+        if self.shards is not None:
+            shutil.rmtree(self.shards, ignore_errors=True)
+        for part in (self.bin, self.companion):
+            if part is not None:
+                atomic.remove(part)
+
+
+def _not_committed(gen: Generation) -> CheckpointError:
+    return NoValidGenerationError(str(gen.any_part), f"generation {gen.step} is not committed: "
+                                  + (gen.check() or "incomplete"))
+
+
+def opens(path: Path, **how: object) -> str | None:
+    """None when ``reader.open`` accepts the file (its header, size, name and, as asked,
+    manifest and hash), else why not: the reader's own message."""
+    try:
+        with reader.open(path, **how):
+            return None
+    except CheckpointError as exc:
+        return exc.problem
+    except OSError as exc:
+        return f"unreadable: {exc.strerror or exc}"
+
+
+@dataclass
+class Listing:
+    generations: list[Generation] = field(default_factory=list)
+    temps: list[Path] = field(default_factory=list)
+    foreign: list[tuple[Path, str]] = field(default_factory=list)   # (entry, why skipped)
+
+
+_ROLE = {"bin": "bin", "json": "manifest", "shards": "shards", "companion": "companion"}
+
+
+def list_dir(path: "str | os.PathLike[str]") -> Listing:
+    """Every generation of a local directory, classified without following symlinks or opening
+    anything; temp files and look-alike or non-regular entries listed apart."""
+    root = Path(path)
+    gens: dict[int, Generation] = {}
+    out = Listing()
+    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+        name = entry.name
+        if fmt.is_temp_name(name):
+            out.temps.append(root / name)
+            continue
+        parsed = fmt.parse_name(name)
+        if parsed is None:
+            if name.startswith("step_"):
+                out.foreign.append((root / name, "look-alike name, not a canonical step_NNNNNN"))
+            continue
+        step, kind = parsed
+        if kind == "shards":
+            if not entry.is_dir(follow_symlinks=False):
+                out.foreign.append((root / name, "a .shards entry that is not a directory"))
+                continue
+        elif not entry.is_file(follow_symlinks=False):
+            out.foreign.append((root / name, "not a regular file (symlink, directory or device)"))
+            continue
+        setattr(gens.setdefault(step, Generation(step)), _ROLE[kind], root / name)
+    out.generations = [gens[s] for s in sorted(gens)]
+    return out
