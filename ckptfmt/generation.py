@@ -83,6 +83,7 @@ class Generation:
 
     @property
     def sharded(self) -> bool:
+        """Its payload is a ``step_N.shards`` directory of shard files, not one ``.bin``."""
         return self.bin is None and self.shards is not None
 
     @property

@@ -167,25 +167,13 @@ def _dcp(p: Probe) -> bool:
     return p.is_dir and os.path.isfile(os.path.join(p.path, ".metadata"))
 
 
-def sealed_fields(doc: dict[str, Any]) -> set[str]:
-    """The field names a manifest's seal (FORMAT.md §4.7) was made over, wherever a record of the
-    seal's shape sits: what the file is is decided by them too, so a flipped bit in a field's name
-    (``shards``, ``format``, ``lightning``) leaves the kind as it was and the seal, checked when
-    the file is read, names the damage, instead of the file passing as another kind."""
-    names: set[str] = set()
-    for value in doc.values():
-        if isinstance(value, dict) and set(value) == set(seal.RECORD) and isinstance(value["fields"], dict):
-            names |= set(value["fields"])
-    return names
-
-
 def _ours(doc: dict[str, Any] | None) -> bool:
-    return doc is not None and (doc.get("format") == "ckptfmt" or "format" in sealed_fields(doc))
+    return doc is not None and (doc.get("format") == "ckptfmt" or "format" in seal.sealed_names(doc))
 
 
 def _has(doc: dict[str, Any], name: str, kind: type) -> bool:
     """The manifest holds field ``name`` of that type, or its seal says it was written with it."""
-    return isinstance(doc.get(name), kind) or name in sealed_fields(doc)
+    return isinstance(doc.get(name), kind) or name in seal.sealed_names(doc)
 
 
 def _beside(p: Probe, suffix: str) -> bool:

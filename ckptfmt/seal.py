@@ -101,6 +101,18 @@ def apply(doc: dict[str, Any]) -> dict[str, Any]:
     return out
 
 
+def sealed_names(doc: dict[str, Any]) -> set[str]:
+    """The field names a seal was made over, wherever a record of the seal's shape sits in
+    ``doc``: what a file is may be decided by them too, so a flipped bit in a field's name
+    (``shards``, ``format``, ``lightning``) leaves the file's kind as it was and the seal, checked
+    when the file is read, names the damage, instead of the file passing as another kind."""
+    names: set[str] = set()
+    for value in doc.values():
+        if isinstance(value, dict) and set(value) == set(RECORD) and isinstance(value["fields"], dict):
+            names |= set(value["fields"])
+    return names
+
+
 def check(path: str, doc: dict[str, Any]) -> str | None:
     """Check ``doc``'s seal before any of its fields is used: ``ManifestSealError`` when it is
     damaged, a note when it is not (wholly) self-checked (no seal: an older writer; a copied seal
