@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import ctypes
 import os
+import stat
 from typing import Callable
 
 Hook = Callable[[str, str], None]
@@ -68,6 +69,15 @@ def close(fd: int, path: str = "") -> None:
 def replace(src: str, dst: str) -> None:
     _call("rename", dst)
     os.replace(src, dst)
+
+
+def special(mode: int) -> str:
+    """What a path that is not a regular file is, for messages: "a directory", "a FIFO", ..."""
+    for test, what in ((stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"), (stat.S_ISSOCK, "a socket"),
+                       (stat.S_ISCHR, "a device"), (stat.S_ISBLK, "a device"), (stat.S_ISLNK, "a symlink")):
+        if test(mode):
+            return what
+    return "a special file"
 
 
 def fsync_dir(directory: str) -> None:

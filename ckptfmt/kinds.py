@@ -38,7 +38,7 @@ from functools import cached_property
 from typing import Any, Callable, Mapping
 
 from . import format as fmt
-from . import seal
+from . import fsio, seal
 from .errors import UnsupportedKindError
 
 __all__ = ["KINDS", "COMMANDS", "Kind", "Probe", "by_name", "get", "require", "sniff", "generation_in",
@@ -56,6 +56,7 @@ LIGHTNING = "lightning"       # the manifest field of a Lightning checkpoint's g
 LIGHTNING_ENTRIES = 16        # a Lightning checkpoint directory holds one generation: a few entries
 HF_MARKERS = ("ckptfmt-commit.json", "trainer_state.json")   # a Trainer checkpoint-N (RUN.md §12)
 HF_WEIGHTS = ("model.safetensors.index.json", "model.safetensors")   # a save_pretrained model
+HF_MODEL = HF_WEIGHTS + ("pytorch_model.bin",)                        # ... or one without safetensors
 HF_ENTRIES = 4096             # entries of a directory looked at for checkpoint-N directories
 
 
@@ -243,8 +244,11 @@ def _hf_checkpoint(p: Probe) -> bool:
 
 
 def _hf_model(p: Probe) -> bool:
-    """A ``save_pretrained`` directory: ``model.safetensors`` or its sharded index in it."""
-    return p.is_dir and any(os.path.isfile(os.path.join(p.path, n)) for n in HF_WEIGHTS)
+    """A ``save_pretrained`` directory: ``model.safetensors``, its sharded index or (written
+    with ``safe_serialization=False``) ``pytorch_model.bin`` in it, and no ``step_N`` generation
+    (a run directory may hold a ``pytorch_model.bin`` beside its generations)."""
+    return p.is_dir and any(os.path.isfile(os.path.join(p.path, n)) for n in HF_MODEL) and \
+        not any(fmt.parse_name(name) is not None for name, _ in _hf_entries(p.path))
 
 
 def _hf_entries(path: str) -> list[tuple[str, bool]]:
@@ -328,10 +332,10 @@ KINDS: tuple[Kind, ...] = (
     Kind("hf-checkpoint", "Hugging Face Trainer checkpoint directory (checkpoint-N)", _hf_checkpoint,
          {"inspect": "step, weights (model.safetensors), its ckptfmt commit record",
           "validate": "every file against the blake3 its commit record names; the weights' structure and values",
-          "ls": "as its output directory's checkpoint",
+          "diff": "its weights and optimizer.pt's moments, as convert maps them", "ls": "as its output directory's checkpoint",
           "convert": "into a .bin: weights, and optimizer.pt's moments by the record's group names"}, "hf", ours=True),
-    Kind("hf-model", "Hugging Face model directory (model.safetensors, or its shards and index.json)", _hf_model,
-         {"convert": "into a .bin, whole (weights only) or refused"}, "hf"),
+    Kind("hf-model", "Hugging Face model directory (save_pretrained)", _hf_model, FOREIGN | {"convert": "into a .bin, whole (weights only) or refused"},
+         "hf", needs="torch"),
     Kind("run", "run directory", _run,
          {"inspect": "ls and the newest valid generation", "validate": "every generation, sidecars, history",
           "ls": "generations, status, pins, leases"}, None),
@@ -359,6 +363,10 @@ def sniff(path: "str | os.PathLike[str]") -> Kind:
     """The kind of ``path`` by the rule of the module docstring; ``UnsupportedKindError`` when
     none fits, ``OSError`` when the path cannot be read."""
     probe = Probe(path)
+    if not (probe.is_file or probe.is_dir):
+        raise UnsupportedKindError(probe.path, f"not a regular file ({fsio.special(os.stat(path).st_mode)}): "
+                                               "ckptfmt reads only files and directories, never a pipe, socket "
+                                               "or device (which could block for ever)")
     for kind in KINDS:
         if kind.sniff(probe):
             return kind

@@ -15,7 +15,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import companion, fingerprint, tensorfile
+from . import companion, fingerprint, fsio, tensorfile
 from . import format as fmt
 from . import manifest as mf
 from .errors import (BadHeaderError, BadNameError, FingerprintMismatchError, NotACheckpointError,
@@ -86,7 +86,7 @@ def _open_regular(path: str) -> int:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        kind = "a directory" if stat.S_ISDIR(mode) else "not a regular file"
+        kind = "a directory" if stat.S_ISDIR(mode) else f"not a regular file ({fsio.special(mode)})"
         raise NotACheckpointError(path, f"{kind}, expected a step_NNNNNN.bin file")
     return fd
 

@@ -38,7 +38,7 @@ def inspect(path: str, as_json: bool, tensors: bool) -> None:
     data = inspect_path(path, tensors=tensors)
     if "latest" in data:                     # a run directory
         emit(data, as_json, _print_run_inspect)
-        if data["latest"] is None and "latest_problem" in data:
+        if data["latest"] is None and "latest_problem" in data or any("problem" in f for f in data.get("files", [])):
             sys.exit(EXIT_DEFECT)
         return
     emit(data, as_json, _print_inspect)
@@ -80,7 +80,8 @@ def _print_other(d: dict) -> None:
     if d.get("dtypes"):
         held.append("dtypes " + ", ".join(d["dtypes"]))
     if "optimizer" in d:
-        held.append(f"optimizer {d['optimizer'] or 'none (m, v zero)'}")
+        held.append(f"optimizer {d['optimizer'] or 'none (m, v zero)'}"
+                    + (f", moments {d['moments']}" if d.get("moments") else ""))
     if held:
         click.echo("  " + "; ".join(held))
     click.echo(f"  recorded blake3 {d['recorded_blake3']}" if d.get("recorded_blake3") else
@@ -102,6 +103,13 @@ def _print_run_inspect(d: dict) -> None:
     print_ls(d)
     if d.get("latest_problem"):
         click.echo(d["latest_problem"])
+    if d.get("training"):
+        click.echo(d["training"])
+    for f in d.get("files", []):           # checkpoint files of other kinds, and no generation
+        if "problem" in f:
+            click.echo(f"{f['path']}\n  kind {f['kind']} ({f['label']})\n  defect: {f['problem']}")
+        else:
+            _print_inspect(f)
     if d.get("latest"):
         click.echo("latest valid generation:")
         _print_inspect(d["latest"])
@@ -170,7 +178,7 @@ def _write_b3sums(paths: tuple[str, ...], out: str) -> dict:
 
 
 VERDICTS = {"damaged": "DAMAGED", "unsupported": "CANNOT CHECK", "no checkpoint": "NO CHECKPOINT",
-            "diverged": "DIVERGED"}
+            "diverged": "DIVERGED", "training": "DAMAGED"}
 
 
 def _print_report(r) -> None:

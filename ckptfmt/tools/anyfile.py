@@ -9,6 +9,7 @@ optimizer's moments by parameter, zeros where there are none), with ``extra["ori
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 import zipfile
@@ -16,7 +17,7 @@ from typing import Any
 
 import numpy as np
 
-from .. import kinds, statemap
+from .. import kinds, statemap, unnamed
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import ConvertError, TensorFileError, UnsupportedKindError
@@ -25,7 +26,7 @@ from ..shards import ShardedCheckpoint
 from ..statemap import Entry, State
 from ..tensorfile import TensorFile
 from . import convert
-from .convert import bin, safetensors
+from .convert import bin, hf, safetensors
 from .convert.source import Source
 from .convert.torchside import dcp, torchsave
 
@@ -42,6 +43,9 @@ def open_source(path: str, kind: Kind | None = None) -> Source:
         return _sharded(path)
     if kind.name == "dcp":
         return _dcp(path)
+    if kind.name in ("hf-model", "hf-checkpoint"):     # read as convert reads them (a record checked first)
+        loaded, _, groups = hf.load(path)
+        return foreign_source(path, torchsave(path).to_state(loaded, path, groups, by_index=True))
     if kind.name == "safetensors-index":
         return foreign_source(path, index_state(path))
     if kind.convert is None:
@@ -52,20 +56,26 @@ def open_source(path: str, kind: Kind | None = None) -> Source:
     if isinstance(opened, Source):
         opened.extra.setdefault("origin", "ckptfmt")
         return opened
-    state = torchsave(path).to_state(opened, path) if kind.convert == "pt" \
+    state = torchsave(path).to_state(opened, path, by_index=True) if kind.convert == "pt" \
         else safetensors.foreign_state(path, opened)
     return foreign_source(path, state)
 
 
 def foreign_source(path: str, state: State) -> Source:
-    """A foreign state as convert maps it: parameters in order, m and v by parameter name."""
-    params, buffers = statemap.split(state, path)
-    weights, m, v = statemap.regions(params, state.optimizer)
+    """A foreign state as convert maps it: parameters in order, m and v by parameter name (or,
+    where its param groups name nothing, in the optimizer's order: ``ckptfmt.unnamed``)."""
     opt = state.optimizer
+    in_order = unnamed.by_index(opt)
+    params, buffers = statemap.split(dataclasses.replace(state, optimizer=None) if in_order else state, path)
+    weights, m, v = statemap.regions(params, None if in_order else opt)
     flat = [np.concatenate(part) if part else np.zeros(0, fmt.DTYPE) for part in (weights, m, v)]
+    if in_order:
+        flat[1:] = unnamed.moments(opt, params, path)
     extra = {"origin": "foreign", "n_tensors": len(state.model), "parameters": len(params),
              "buffers": len(buffers), "dtypes": sorted({e.dtype for e in state.model}),
              "optimizer": opt.kind if opt is not None else None}
+    if in_order:
+        extra["moments"] = unnamed.ORDER
     return Source(path, opt.step if opt is not None else 0, *flat, statemap.layout(params), None, extra)
 
 
@@ -131,7 +141,10 @@ def _sharded(path: str) -> Source:
 
 
 def _dcp(path: str) -> Source:
-    """A DCP directory read into a temporary ``.bin`` (mapped, then the file is gone)."""
+    """A DCP directory ckptfmt wrote read into a temporary ``.bin`` (mapped, then the file is
+    gone); any other as the foreign state dict it holds, mapped as a torch.save file's."""
+    if not dcp(path).is_ours(path):
+        return foreign_source(path, torchsave(path).to_state(dcp(path).read_foreign(path), path, by_index=True))
     with tempfile.TemporaryDirectory() as tmp:
         source = bin.load(dcp(path).from_dcp(path, os.path.join(tmp, "consolidated.bin")).path)
         source = Source(path, source.step, np.array(source.weights), np.array(source.m), np.array(source.v),
@@ -142,7 +155,7 @@ def _dcp(path: str) -> Source:
 def describe(source: Source) -> dict[str, Any]:
     """What inspect shows of a ``Source`` beside its statistics."""
     out = {k: source.extra[k] for k in ("origin", "n_tensors", "parameters", "buffers", "dtypes", "optimizer",
-                                        "shards") if k in source.extra}
+                                        "moments", "shards") if k in source.extra}
     if source.layout:
         out["layout_tensors"] = len(source.layout)
     if source.blake3:

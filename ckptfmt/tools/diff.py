@@ -229,17 +229,19 @@ def diff_sources(a: Source, b: Source, *, atol: float = 0.0, rtol: float = 0.0) 
     result = DiffResult(a.path, b.path)
     result.header = {"step": [a.step, b.step], "n_params": [a.n_params, b.n_params]}
     b, why = _aligned(a, b)
+    why = why or _moments_apart(a, b)
     if why is not None:
         result.comparable, result.why_not = False, why
         return result
     layout = a.layout or b.layout
+    named = ("weights",) if a.extra.get("moments") else fmt.REGIONS    # optimizer-order moments: no names
     for name in fmt.REGIONS:
         ra, rb = getattr(a, name), getattr(b, name)
         if ra is None or rb is None:
             continue
         result.regions[name] = diff_regions(np.ascontiguousarray(ra, fmt.DTYPE), np.ascontiguousarray(rb, fmt.DTYPE),
-                                            atol=atol, rtol=rtol, layout=layout)
-    result.per_tensor = _per_tensor_sources(a, b, layout)
+                                            atol=atol, rtol=rtol, layout=layout if name in named else None)
+    result.per_tensor = _per_tensor_sources(a, b, layout, named)
     return result
 
 
@@ -262,14 +264,25 @@ def _aligned(a: Source, b: Source) -> tuple[Source, str | None]:
                   b.blake3, b.extra), None
 
 
+def _moments_apart(a: Source, b: Source) -> str | None:
+    """Why moments in an optimizer's own order (``ckptfmt.unnamed``) cannot be compared with
+    ``b``'s, or None: they compare only with moments of the same order, parameter for parameter."""
+    apart = [s.path for s in (a, b) if s.extra.get("moments")]
+    if not apart or (len(apart) == 2 and [r["name"] for r in a.layout or []] == [r["name"] for r in b.layout or []]):
+        return None
+    return (f"{apart[0]}: its optimizer's param groups do not name their parameters, so its moments compare only "
+            "with another such file of the same parameters (convert it with --groups to compare by name)")
+
+
 def _span(row: dict[str, Any]) -> slice:
     return slice(row["offset"], row["offset"] + math.prod(row["shape"]))
 
 
-def _per_tensor_sources(a: Source, b: Source, layout: list[dict[str, Any]] | None) -> dict[str, dict[str, int]]:
+def _per_tensor_sources(a: Source, b: Source, layout: list[dict[str, Any]] | None,
+                        named: tuple[str, ...] = fmt.REGIONS) -> dict[str, dict[str, int]]:
     out: dict[str, dict[str, int]] = {}
     for row in layout or []:
-        for region in fmt.REGIONS:
+        for region in named:
             ra, rb = getattr(a, region), getattr(b, region)
             if ra is None or rb is None:
                 continue

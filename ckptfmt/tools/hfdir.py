@@ -48,6 +48,7 @@ VERSION = 1
 DIR_NAME = re.compile(r"checkpoint-([0-9]+)")
 INDEX = "model.safetensors.index.json"
 WEIGHTS = "model.safetensors"
+TORCH_WEIGHTS = "pytorch_model.bin"          # save_pretrained(safe_serialization=False)
 FLOATS = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}
 
 

@@ -264,6 +264,8 @@ def inspect_hf(path: "str | os.PathLike[str]") -> dict[str, Any]:
     if _dirs(path)[0] == "hf-run":
         out = ls_hf(path)
         newest, _ = choose(path)
+        if newest is None:     # a Trainer without the callback writes no record: unverified, as validate says
+            newest = next((str(p) for _, p in checkpoints(path) if _record_or_none(p) is None), None)
         out["latest"] = inspect_hf(newest) if newest else None
         if newest is None and out["generations"]:
             out["latest_problem"] = f"{path}: no checkpoint-N verifies"

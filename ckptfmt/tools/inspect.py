@@ -14,6 +14,7 @@ from ..run import ReadLease, Run, ls_run
 from ..run import history as hist
 from ..run import timeline
 from .anyfile import describe, open_source
+from .loose import checkpoint_files
 from .stats import region_stats
 
 __all__ = ["inspect_file", "inspect_other", "inspect_path", "inspect_run"]
@@ -44,9 +45,10 @@ def inspect_other(path: str, kind: kinds.Kind, *, tensors: bool = False) -> dict
                            "n_params": src.n_params, "size": fsio.tree_size(path), **describe(src)}
     out["regions"] = {r: region_stats(getattr(src, r)).to_dict() for r in fmt.REGIONS
                       if getattr(src, r) is not None}
-    if tensors and src.layout:
+    if tensors and src.layout:            # moments in the optimizer's order belong to no one parameter
+        named = ["weights"] if src.extra.get("moments") else list(out["regions"])
         out["tensors"] = {row["name"]: {r: region_stats(getattr(src, r)[_span(row)]).to_dict()
-                                        for r in out["regions"]} for row in src.layout}
+                                        for r in named} for row in src.layout}
     return out
 
 
@@ -116,11 +118,32 @@ def inspect_run(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dic
             gen = Run(path).latest(allow_bare=True, among=[g for g in gens if g.committed] or gens)
         except NoValidGenerationError as exc:
             gen, data["latest_problem"] = None, str(exc)
-        if gen is None and "latest_problem" not in data:
-            data["latest_problem"] = _why_empty(path)
+        if gen is None and "latest_problem" not in data and not gens:
+            _no_generation(data, path, tensors)
         lease.narrow([gen.step] if gen else [])
         data["latest"] = inspect_path(gen.path, tensors=tensors) if gen else None
     return data
+
+
+def _no_generation(data: dict[str, Any], path: "str | os.PathLike[str]", tensors: bool) -> None:
+    """A directory without any generation, as validate judges it: a live run before its first
+    commit is training; a directory of other checkpoint files is inspected file by file (a file
+    that cannot be read says why in ``problem``); anything else says why it is empty."""
+    loose = checkpoint_files(path) if data.get("lock") is None else []
+    if data.get("lock") is not None:
+        data["training"] = (f"{path}: no generation yet: training, pid {data['lock'].get('pid', '?')} holds "
+                            "the run and has not committed its first generation")
+    elif loose:
+        data["files"] = [_inspect_loose(file, kind, tensors) for file, kind in loose]
+    else:
+        data["latest_problem"] = _why_empty(path)
+
+
+def _inspect_loose(path: str, kind: kinds.Kind, tensors: bool) -> dict[str, Any]:
+    try:
+        return inspect_path(path, tensors=tensors)
+    except CheckpointError as exc:
+        return {"path": path, "kind": kind.name, "label": kind.label, "problem": str(exc)}
 
 
 def _why_empty(path: "str | os.PathLike[str]") -> str:

@@ -24,6 +24,7 @@ from ..run import (STATE, SAMPLES, ReadLease, Run, lock_holder, save_in_progress
 from ..run import history as hist
 from ..shards import check as shards_check
 from .anyfile import manifest_of, open_source
+from .loose import checkpoint_files
 from .convert import check
 from .report import DEFECT, INCOMPLETE, Finding, Report, error_code
 from .values import (check_shard_values as _check_shard_values, check_values as _check_values,
@@ -249,23 +250,39 @@ def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=
         report.warn("no_read_lease", lease.problem)
     committed_ok = [g for g in gens_out if g["status"] in ("verified", "committed")]
     if not listing.generations:
-        _no_generation(report, path)
-    elif not committed_ok and not bare and not live:
+        _no_generation(report, path, holder, deep)
+        return report
+    if not committed_ok and not bare and not live:
         report.defect("no_valid_generation", f"{path}: no committed generation is valid"
                       + (" and finite" if report.details["diverged"] else ""))
     elif bare:
         report.warn("bare_run", f"{path}: bare .bin files without manifests: structure only, unverified")
-    if report.status != "no checkpoint":
-        report.status = ("damaged" if not report.ok else "unverified" if bare   # no manifest: not committed
-                         else "verified" if deep else "committed")
-        _settle_diverged(report)
+    report.status = ("damaged" if not report.ok else "unverified" if bare   # no manifest: not committed
+                     else "verified" if deep else "committed")
+    _settle_diverged(report)
     return report
 
 
-def _no_generation(report: Report, path: "str | os.PathLike[str]") -> None:
-    """A directory without any generation: a run killed before its first checkpoint (it has a
-    loss history) is not damaged, it has nothing to resume; anything else is not a run yet."""
+def _no_generation(report: Report, path: "str | os.PathLike[str]", holder: dict[str, Any] | None,
+                   deep: bool) -> None:
+    """A directory without any generation: a live run before its first commit is training, not
+    damaged; a run killed before its first checkpoint (it has a loss history) has nothing to
+    resume; a directory of other checkpoint files is checked as those files; anything else is
+    not a run yet."""
     steps = report.details.get("history_records", 0)
+    loose = checkpoint_files(path) if holder is None and not steps else []
+    if holder is not None:
+        report.note("training", f"{path}: no generation yet: training, pid {holder.get('pid', '?')} holds the run "
+                                "and has not committed its first generation")
+        report.status = "training"
+        return
+    if loose:
+        for file, kind in loose:
+            checked = validate_generation_file(file, kind, deep=deep)
+            report.findings += checked.findings
+            report.details.setdefault("files", []).append({"path": file, "kind": kind.name, "status": checked.status})
+        report.status = "unverified" if report.ok else "damaged"
+        return
     if steps:
         report.findings.append(Finding(DEFECT, "no_checkpoint_yet", (
             f"{path}: stopped before its first checkpoint: the history holds {steps} steps but no "

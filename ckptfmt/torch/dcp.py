@@ -7,7 +7,9 @@ To DCP: weights under ``model.<name>`` and the Adam state under ``optim.state.<n
 dict, so DCP's own ``load`` restores them into a model. ``ckptfmt.step`` and ``ckptfmt.manifest``
 (the manifest's extra fields as UTF-8 JSON bytes in a uint8 tensor) make the way back exact.
 From DCP: DCP's reader unpickles its own ``.metadata`` file; convert only DCP directories you
-trust. The .bin side never unpickles anything.
+trust. The .bin side never unpickles anything. A DCP directory ckptfmt did not write (one of
+``torch.distributed.checkpoint.save`` itself) is read whole as the nested state dict it was
+saved from and mapped as a foreign ``torch.save`` file is (``read_foreign``).
 """
 from __future__ import annotations
 
@@ -22,6 +24,8 @@ import numpy as np
 
 import torch
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.default_planner import _EmptyStateDictLoadPlanner
+from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from .. import format as fmt
 from .. import manifest as mf
@@ -89,10 +93,53 @@ def _checked(src: str, data: bytes) -> dict:
     return extra
 
 
+def is_ours(src: str) -> bool:
+    """The DCP directory was written by ``to_dcp`` (it embeds a ckptfmt manifest)."""
+    return "ckptfmt.manifest" in _metadata(src)
+
+
+def _metadata(src: str) -> dict[str, Any]:
+    try:
+        return dcp.FileSystemReader(src).read_metadata().state_dict_metadata
+    except (Exception, dcp.CheckpointException) as exc:     # what its pickle and its files raise
+        raise ConvertError(src, f"not a readable DCP directory: .metadata: {_cause(exc)}") from None
+
+
+def _cause(exc: BaseException) -> str:
+    """One line for what DCP raised: the first rank's own exception where DCP wraps them all
+    (its ``CheckpointException``, a ``BaseException``, prints every rank's traceback)."""
+    failures = getattr(exc, "failures", None)
+    if isinstance(failures, dict) and failures:
+        exc = next(iter(failures.values()))[0]       # (the exception, its stack) of each rank
+    text = str(exc).splitlines()[0] if str(exc) else ""
+    return f"{type(exc).__name__}: {text}" if text else type(exc).__name__
+
+
+def read_foreign(src: str) -> dict[str, Any]:
+    """A DCP directory written by anything as the nested state dict it was saved from (what
+    torch's own ``dcp_to_torch_save`` reads), with DCP's spelling of an optimizer made torch's:
+    an ``optim`` entry is the ``optimizer``, and its ``state`` keys, strings in DCP, are the
+    parameter indices they were."""
+    _metadata(src)
+    state: dict[str, Any] = {}
+    try:
+        with _one_process():
+            _load_state_dict(state, storage_reader=dcp.FileSystemReader(src), planner=_EmptyStateDictLoadPlanner(),
+                             no_dist=True)
+    except (Exception, dcp.CheckpointException) as exc:     # a missing or torn data file
+        raise ConvertError(src, f"not a readable DCP directory: {_cause(exc)}") from None
+    if isinstance(state.get("optim"), dict) and "optimizer" not in state:
+        state["optimizer"] = state.pop("optim")
+    opt = state.get("optimizer")
+    if isinstance(opt, dict) and isinstance(opt.get("state"), dict):
+        opt["state"] = {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in opt["state"].items()}
+    return state
+
+
 def from_dcp(src: str, dst: str) -> writer.SaveResult:
     """Read a DCP directory written by ``to_dcp`` (or any with model/optim keys and a layout)
     into arrays, then save a .bin and its manifest."""
-    meta = dcp.FileSystemReader(src).read_metadata().state_dict_metadata
+    meta = _metadata(src)
     if "ckptfmt.manifest" not in meta:
         raise ConvertError(src, "not written by ckptfmt: no ckptfmt.manifest entry (its layout is needed)")
     head = {"ckptfmt": {"step": torch.tensor(0, dtype=torch.int64),

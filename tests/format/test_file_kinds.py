@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import io
 import json
+import os
+import socket
 import struct
 import zipfile
 
@@ -16,7 +18,7 @@ from ckptfmt import format as fmt
 from ckptfmt import kinds
 from ckptfmt.errors import UnsupportedKindError
 from ckptfmt.tools.convert import detect
-from conftest import make, without_torch
+from conftest import cli, make, without_torch
 
 
 def write(path, data: bytes):
@@ -76,6 +78,26 @@ def test_unknown_kind_is_one_line_and_could_not_run(tmp_path):
     assert info.value.could_not_run and str(path) in str(info.value) and "\n" not in str(info.value)
     with pytest.raises(FileNotFoundError):
         kinds.sniff(tmp_path / "missing.bin")
+
+
+@pytest.mark.parametrize("name", ["x.pt", "step_000001.bin", "model.safetensors"])
+@pytest.mark.parametrize("special", ["fifo", "socket"])
+def test_a_pipe_or_socket_of_any_name_could_not_run_and_never_blocks(tmp_path, name, special):
+    path = tmp_path / name
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(path)) if special == "socket" else os.mkfifo(path)   # nothing ever writes to it
+        what = "a FIFO" if special == "fifo" else "a socket"
+        for args in (["inspect", path], ["validate", path], ["diff", path, path], ["convert", path, tmp_path / "o.bin"]):
+            out = cli(*args)
+            assert (out.returncode, out.stderr) == (2, f"ckptfmt: {path}: not a regular file ({what}): ckptfmt "
+                                                       "reads only files and directories, never a pipe, socket or "
+                                                       "device (which could block for ever)\n"), args
+        assert not (tmp_path / "o.bin").exists()
+
+
+def test_a_device_could_not_run():
+    out = cli("validate", "/dev/zero")
+    assert out.returncode == 2 and "/dev/zero: not a regular file (a device)" in out.stderr
 
 
 def test_reads_a_few_bytes(tmp_path):

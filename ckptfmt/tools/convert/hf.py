@@ -2,7 +2,8 @@
 ``checkpoint-N`` (weights from ``model.safetensors`` or its shards, Adam/AdamW moments from
 ``optimizer.pt`` through the mapping, the group names from the callback's record or
 ``--groups``) and a ``save_pretrained`` directory of ``model-0000x-of-0000y.safetensors`` shards
-with their ``model.safetensors.index.json`` (weights only).
+with their ``model.safetensors.index.json``, of one ``model.safetensors`` or of one
+``pytorch_model.bin`` (read with ``torch.load(weights_only=True)``; weights only).
 
 A sharded model converts whole or not at all: a shard the index names that is missing or does
 not hold what the index says, or a tensor no index entry names, is refused in one line before
@@ -36,6 +37,11 @@ def load(src: str) -> tuple[dict[str, Any], str, list[list[str]] | None]:
         if found:
             raise FingerprintMismatchError(src, f"does not match its {hfdir.RECORD}: {found[0]}")
     ts = torchsave(src)
+    if record is None and not (directory / hfdir.WEIGHTS).is_file() and not (directory / hfdir.INDEX).is_file() \
+            and (directory / hfdir.TORCH_WEIGHTS).is_file():      # a model saved without safetensors
+        obj = {"model": ts.read(str(directory / hfdir.TORCH_WEIGHTS))}
+        ts.require_dict(obj["model"], str(directory / hfdir.TORCH_WEIGHTS))
+        return obj, "unverified: no ckptfmt commit record", None
     entries = in_model_order(weight_entries(directory), (record or {}).get("parameters"))
     obj = ts.from_state(State(entries, None, {"keys": {"model": "model", "optimizer": None}}), src)
     if (directory / OPTIMIZER).is_file():

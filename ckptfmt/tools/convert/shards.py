@@ -6,6 +6,7 @@ original shard; a DCP export is read back into a .bin that must hash like the so
 """
 from __future__ import annotations
 
+import dataclasses
 import os
 import tempfile
 from pathlib import Path
@@ -14,6 +15,7 @@ from ... import fingerprint, reader, shards
 from ... import format as fmt
 from ... import manifest as mf
 from ...errors import ConvertError, DestinationExistsError
+from . import bridge
 from .torchside import dcp as torch_dcp
 from .check import VERIFIED
 from .source import ConvertReport, discard, verdict
@@ -117,6 +119,9 @@ def _to_dcp(src: str, dst: str, verify: bool):
 
 def _from_dcp(src: str, dst: str, verify: bool):
     dcp = torch_dcp(src)
+    if not dcp.is_ours(src):     # torch.distributed.checkpoint.save's own: a foreign state dict
+        report = bridge.import_foreign(src, "pt", dcp.read_foreign(src), dst, verify)
+        return dataclasses.replace(report, src_format="dcp")
     result = dcp.from_dcp(src, dst)
     how = "skipped"
     if verify:

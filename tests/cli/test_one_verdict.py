@@ -1,0 +1,178 @@
+"""One verdict per thing: every command that reads an input (inspect, validate, diff, convert)
+knows it as the same kind and judges it alike: a DCP directory that torch itself wrote, a
+foreign checkpoint whose optimizer has several unnamed param groups, Hugging Face model and
+Trainer directories, a directory that holds only foreign checkpoint files, a live run before
+its first commit."""
+from __future__ import annotations
+
+import json
+import shutil
+import subprocess
+import sys
+import warnings
+
+import pytest
+import torch
+import torch.distributed.checkpoint as dcp
+from safetensors.torch import save_file
+
+from conftest import cli
+from models import train_steps, two_layer
+
+
+def _dcp_save(state, path):
+    with warnings.catch_warnings():          # one process: DCP warns that it assumes so
+        warnings.simplefilter("ignore")
+        dcp.save(state, checkpoint_id=str(path))
+
+
+def nanogpt_like(seed=0):
+    """Two param groups that do not name their parameters (decay: matrices, no decay: the
+    rest), as nanoGPT's ``configure_optimizers`` builds them, after a few steps."""
+    model = two_layer(seed)
+    decay = [p for p in model.parameters() if p.dim() >= 2]
+    rest = [p for p in model.parameters() if p.dim() < 2]
+    opt = torch.optim.AdamW([{"params": decay, "weight_decay": 0.1}, {"params": rest, "weight_decay": 0.0}])
+    train_steps(model, opt, 3)
+    return model, opt
+
+
+def one_group(seed=0):
+    model = two_layer(seed)
+    opt = torch.optim.AdamW(model.parameters())
+    train_steps(model, opt, 3)
+    return model, opt
+
+
+def verdicts(path):
+    """(exit code of inspect, of validate, of convert into a .bin) and validate's status."""
+    out = path.parent / f"{path.name}.converted.bin"
+    report = cli("validate", "--json", path)
+    codes = cli("inspect", path).returncode, report.returncode, cli("convert", path, out).returncode
+    return codes, json.loads(report.stdout)["status"] if report.stdout else report.stderr
+
+
+def test_a_dcp_directory_torch_wrote_is_foreign_and_unverified_in_every_command(tmp_path):
+    model, opt = one_group()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "same.pt")
+    _dcp_save({"model": model.state_dict()}, tmp_path / "flat")
+    _dcp_save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "both")
+    _dcp_save({"model": model.state_dict(), "optim": opt.state_dict()}, tmp_path / "optim")      # torchtitan's key
+    for name in ("flat", "both", "optim"):
+        assert verdicts(tmp_path / name) == ((0, 0, 0), "unverified"), name
+        said = cli("inspect", tmp_path / name).stdout
+        assert "kind dcp (torch.distributed.checkpoint directory, foreign)" in said and "unverified" in said
+    for name in ("both", "optim", "both.converted.bin"):       # the moments are the optimizer's, by name
+        out = cli("diff", tmp_path / name, tmp_path / "same.pt")
+        assert out.returncode == 0 and "bit-identical" in out.stdout, (name, out.stdout)
+    weights_only = cli("diff", tmp_path / "flat", tmp_path / "same.pt")
+    assert weights_only.returncode == 1 and "weights  identical" in weights_only.stdout
+
+
+def test_a_torn_dcp_directory_is_one_line_defect_and_converts_to_nothing(tmp_path):
+    model, opt = one_group()
+    _dcp_save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "torn")
+    for data in (tmp_path / "torn").glob("*.distcp"):
+        data.unlink()
+    for args in (["inspect", tmp_path / "torn"], ["validate", tmp_path / "torn"],
+                 ["diff", tmp_path / "torn", tmp_path / "torn"], ["convert", tmp_path / "torn", tmp_path / "o.bin"]):
+        out = cli(*args)
+        said = (out.stdout + out.stderr).strip().splitlines()
+        assert out.returncode == 1 and "Traceback" not in out.stderr, (args, out.stderr)
+        assert any(f"{tmp_path / 'torn'}: not a readable DCP directory: FileNotFoundError" in line for line in said)
+    assert not (tmp_path / "o.bin").exists()
+    (tmp_path / "junk").mkdir()
+    (tmp_path / "junk" / ".metadata").write_bytes(b"not a pickle")
+    out = cli("validate", tmp_path / "junk")
+    assert out.returncode == 1 and "junk: not a readable DCP directory: .metadata: " in out.stdout
+
+
+def test_several_unnamed_param_groups_are_read_in_the_optimizers_order(tmp_path):
+    model, opt = nanogpt_like()
+    obj = {"model": model.state_dict(), "optimizer": opt.state_dict(), "iter_num": 3}
+    torch.save(obj, tmp_path / "ckpt.pt")
+    _dcp_save(obj, tmp_path / "dcp")
+    assert cli("validate", tmp_path / "ckpt.pt").returncode == 0
+    said = cli("inspect", "--json", "--tensors", tmp_path / "ckpt.pt")
+    d = json.loads(said.stdout)
+    assert said.returncode == 0 and d["optimizer"] == "AdamW" and "optimizer's order" in d["moments"]
+    state = opt.state_dict()["state"]
+    moments = torch.cat([state[i]["exp_avg"].reshape(-1) for i in range(4)])
+    assert d["regions"]["m"]["max_abs"] == pytest.approx(float(moments.abs().max()))
+    assert all(set(rows) == {"weights"} for rows in d["tensors"].values())    # no moment is said to be a parameter's
+    same = cli("diff", tmp_path / "ckpt.pt", tmp_path / "dcp")
+    assert same.returncode == 0 and "bit-identical" in same.stdout
+    torch.save({**obj, "iter_num": 4}, tmp_path / "other.pt")
+    state[0]["exp_avg"][0, 0] += 1.0
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "moved.pt")
+    moved = cli("diff", tmp_path / "ckpt.pt", tmp_path / "moved.pt")
+    assert moved.returncode == 1 and "m        1 differ" in moved.stdout and "first at index 0;" not in moved.stdout
+    assert "(0.weight" not in moved.stdout.split("m        1 differ")[1]     # no parameter is named for it
+    groups = tmp_path / "groups.json"
+    groups.write_text(json.dumps([["0.weight", "1.weight"], ["0.bias", "1.bias"]]))
+    assert cli("convert", tmp_path / "ckpt.pt", tmp_path / "step_000003.bin").returncode == 2   # which is which: ask
+    assert cli("convert", tmp_path / "ckpt.pt", tmp_path / "step_000003.bin", "--groups", groups).returncode == 0
+    apart = cli("diff", tmp_path / "ckpt.pt", tmp_path / "step_000003.bin")
+    assert apart.returncode == 1 and "compare only with another such file" in apart.stdout
+
+
+def test_hugging_face_model_directories_of_either_weights_file_read_alike(tmp_path):
+    model = two_layer(0)
+    (tmp_path / "st").mkdir()
+    save_file({k: v.contiguous() for k, v in model.state_dict().items()}, tmp_path / "st" / "model.safetensors")
+    (tmp_path / "pt").mkdir()
+    torch.save(model.state_dict(), tmp_path / "pt" / "pytorch_model.bin")
+    for d in ("st", "pt"):
+        (tmp_path / d / "config.json").write_text("{}")
+        assert verdicts(tmp_path / d) == ((0, 0, 0), "unverified"), d
+        assert "kind hf-model (Hugging Face model directory (save_pretrained), foreign)" in \
+            cli("inspect", tmp_path / d).stdout
+    same = cli("diff", tmp_path / "st", tmp_path / "pt")
+    assert same.returncode == 0 and "bit-identical" in same.stdout
+    trainer = tmp_path / "out" / "checkpoint-10"                # a Trainer without ckptfmt's callback
+    trainer.mkdir(parents=True)
+    shutil.copy(tmp_path / "st" / "model.safetensors", trainer)
+    (trainer / "trainer_state.json").write_text(json.dumps({"global_step": 10}))
+    for path in (tmp_path / "out", trainer):
+        assert (cli("inspect", path).returncode, cli("validate", path).returncode) == (0, 0), path
+    assert cli("diff", trainer, tmp_path / "pt").returncode == 0
+
+
+def test_a_directory_of_foreign_checkpoint_files_is_checked_as_those_files(tmp_path):
+    model, opt = one_group()
+    loose = tmp_path / "loose"
+    loose.mkdir()
+    torch.save(model.state_dict(), loose / "model.pt")
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, loose / "ckpt.pt")
+    (loose / "notes.txt").write_text("what I tried")
+    report = cli("validate", "--json", loose)
+    files = json.loads(report.stdout)["details"]["files"]
+    assert report.returncode == 0 and [(f["path"].split("/")[-1], f["kind"], f["status"]) for f in files] == \
+        [("ckpt.pt", "torch", "unverified"), ("model.pt", "torch", "unverified")]
+    shown = cli("inspect", loose)
+    assert shown.returncode == 0 and f"{loose / 'ckpt.pt'}\n  kind torch" in shown.stdout
+    (loose / "broken.pt").write_bytes((loose / "ckpt.pt").read_bytes()[:300])
+    for command in ("validate", "inspect"):
+        out = cli(command, loose)
+        assert out.returncode == 1 and str(loose / "broken.pt") in out.stdout, (command, out.stdout)
+    (tmp_path / "empty").mkdir()
+    out = cli("validate", tmp_path / "empty")
+    assert out.returncode == 1 and "NO CHECKPOINT" in out.stdout
+
+
+def test_a_live_run_before_its_first_commit_is_training_not_a_defect(tmp_path):
+    (tmp_path / "run").mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from ckptfmt.run import RunLock\n"
+                               "RunLock(sys.argv[1], purpose='trainer').acquire(); print('HELD', flush=True)\n"
+                               "time.sleep(60)", str(tmp_path / "run")], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "HELD"
+        said = f"no generation yet: training, pid {holder.pid} holds the run"
+        for command in ("validate", "inspect"):
+            out = cli(command, tmp_path / "run")
+            assert out.returncode == 0 and said in out.stdout, (command, out.stdout)
+    finally:
+        holder.kill()
+        holder.wait()
+    out = cli("validate", tmp_path / "run")                   # the writer went: nothing was committed
+    assert out.returncode == 1 and "NO CHECKPOINT" in out.stdout
