@@ -305,7 +305,7 @@ KINDS: tuple[Kind, ...] = (
     Kind("zst", "ckptfmt zstd stream (.zst)", _zst, OURS, "zst", (".zst",), ours=True),
     Kind("safetensors", "safetensors file", _safetensors, FOREIGN, "safetensors", (".safetensors",)),
     Kind("npz", "NumPy .npz archive", _npz, FOREIGN | {"inspect": "its arrays", "validate": "structure; "
-         "ckptfmt's own form: its blake3", "diff": "ckptfmt's own form only", "convert": "ckptfmt's own form only"},
+         "ckptfmt's own form: its blake3", "diff": "by name", "convert": "ours: any; foreign arrays: into a .bin"},
          "npz", (".npz",)),
     Kind("torch", "torch.save file (zip)", _torch_zip, FOREIGN, "pt", (".pt", ".pth", ".ckpt"), needs="torch"),
     Kind("torch-legacy", "torch.save file (legacy pickle)", _torch_legacy, FOREIGN, "pt", needs="torch"),
@@ -320,7 +320,8 @@ KINDS: tuple[Kind, ...] = (
     Kind("safetensors-index", "sharded safetensors (model.safetensors.index.json)", _index,
          {"inspect": "shards, tensors, parameter count, dtypes",
           "validate": "every shard's structure and the weight map (unverified: no digest of its own)",
-          "diff": "its tensors mapped onto weights by name"}, None, (".safetensors.index.json",)),
+          "diff": "its tensors mapped onto weights by name", "convert": "into a .bin (weights; m, v zero)"},
+         "safetensors-index", (".safetensors.index.json",)),
     Kind("manifest", "generation manifest (step_N.json)", _manifest, {}, None),
     Kind("lightning", "Lightning checkpoint (a directory of one ckptfmt generation)", _lightning,
          {"inspect": "its generation, as a run", "validate": "its generation: structure, manifest, blake3, values",

@@ -12,7 +12,6 @@ from __future__ import annotations
 import dataclasses
 import os
 import tempfile
-import zipfile
 from typing import Any
 
 import numpy as np
@@ -20,20 +19,16 @@ import numpy as np
 from .. import kinds, statemap, unnamed
 from .. import format as fmt
 from .. import manifest as mf
-from ..errors import ConvertError, TensorFileError, UnsupportedKindError
+from ..errors import UnsupportedKindError
 from ..kinds import Kind
 from ..shards import ShardedCheckpoint
-from ..statemap import Entry, State
-from ..tensorfile import TensorFile
+from ..statemap import State
 from . import convert
-from .convert import bin, hf, safetensors
+from .convert import bin, foreign, hf, safetensors
 from .convert.source import Source
 from .convert.torchside import dcp, torchsave
 
 __all__ = ["open_source"]
-
-NPZ_DTYPES = {"<f4": "float32", "<f2": "float16", "<f8": "float64"}
-
 
 def open_source(path: str, kind: Kind | None = None) -> Source:
     """``path`` (of ``kind``, sniffed when not given) as a ``Source``; ``extra`` holds
@@ -47,11 +42,11 @@ def open_source(path: str, kind: Kind | None = None) -> Source:
         loaded, _, groups = hf.load(path)
         return foreign_source(path, torchsave(path).to_state(loaded, path, groups, by_index=True))
     if kind.name == "safetensors-index":
-        return foreign_source(path, index_state(path))
+        return foreign_source(path, foreign.index_state(path))
     if kind.convert is None:
         raise UnsupportedKindError(path, f"cannot read a {kind.label}")
-    if kind.name == "npz" and not _ckptfmt_npz(path):
-        return foreign_source(path, npz_state(path))
+    if kind.name == "npz" and not foreign.ckptfmt_npz(path):
+        return foreign_source(path, foreign.npz_state(path))
     opened = convert.open_file(path, kind.convert)
     if isinstance(opened, Source):
         opened.extra.setdefault("origin", "ckptfmt")
@@ -77,53 +72,6 @@ def foreign_source(path: str, state: State) -> Source:
     if in_order:
         extra["moments"] = unnamed.ORDER
     return Source(path, opt.step if opt is not None else 0, *flat, statemap.layout(params), None, extra)
-
-
-def index_state(path: str) -> State:
-    """The tensors of a sharded safetensors (``model.safetensors.index.json`` and its shard
-    files), in the index's shard order; a tensor the weight map names but its shard lacks, or a
-    shard that is missing, is a ``TensorFileError``."""
-    doc = kinds.Probe(path).document or {}
-    weight_map = doc.get("weight_map") or {}
-    files = list(dict.fromkeys(str(f) for f in weight_map.values()))
-    where = os.path.dirname(os.path.abspath(path))
-    entries: list[Entry] = []
-    for name in files:
-        shard = os.path.join(where, name)
-        if os.path.basename(name) != name or not os.path.isfile(shard):
-            raise TensorFileError(path, f"weight map names shard {name!r}, which is not a file beside it")
-        part = safetensors.foreign_state(shard, TensorFile(shard)).model
-        entries += part
-    missing = sorted(set(weight_map) - {e.name for e in entries})
-    if missing:
-        raise TensorFileError(path, f"weight map names {len(missing)} tensors its shards lack, first {missing[0]!r}")
-    return State(entries, None, {"from": "safetensors-index", "file": os.path.basename(path),
-                                 "shards": files, "metadata": doc.get("metadata")})
-
-
-def _ckptfmt_npz(path: str) -> bool:
-    try:
-        with zipfile.ZipFile(path) as z:
-            return "meta.npy" in z.namelist()
-    except (zipfile.BadZipFile, OSError):
-        return True            # let convert's reader name the damage
-
-
-def npz_state(path: str) -> State:
-    """The arrays of a foreign ``.npz`` (never unpickled) as a state dict of tensors."""
-    try:
-        with np.load(path, allow_pickle=False) as z:
-            entries = [_npz_entry(path, name, np.asarray(z[name])) for name in z.files]
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
-        raise ConvertError(path, f"not a readable .npz: {exc}") from None
-    return State(entries, None, {"from": "npz", "file": os.path.basename(path)})
-
-
-def _npz_entry(path: str, name: str, arr: np.ndarray) -> Entry:
-    dtype = NPZ_DTYPES.get(arr.dtype.str) or (arr.dtype.name if arr.dtype.kind in "iub" else None)
-    if dtype is None:
-        raise UnsupportedKindError(path, f"array {name!r}: dtype {arr.dtype} is no tensor type ckptfmt maps")
-    return Entry(name, dtype, list(arr.shape), np.ascontiguousarray(arr).reshape(-1))
 
 
 def manifest_of(path: str) -> str:

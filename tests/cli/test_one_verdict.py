@@ -13,6 +13,7 @@ import warnings
 
 import pytest
 import torch
+import numpy as np
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
@@ -176,3 +177,23 @@ def test_a_live_run_before_its_first_commit_is_training_not_a_defect(tmp_path):
         holder.wait()
     out = cli("validate", tmp_path / "run")                   # the writer went: nothing was committed
     assert out.returncode == 1 and "NO CHECKPOINT" in out.stdout
+
+
+def test_convert_takes_every_weight_file_inspect_takes_into_a_bin(tmp_path):
+    model = two_layer(0)
+    sd = {k: v.contiguous() for k, v in model.state_dict().items()}
+    save_file({k: sd[k] for k in ("0.weight", "0.bias")}, tmp_path / "model-00001-of-00002.safetensors")
+    save_file({k: sd[k] for k in ("1.weight", "1.bias")}, tmp_path / "model-00002-of-00002.safetensors")
+    (tmp_path / "model.safetensors.index.json").write_text(json.dumps({"metadata": {}, "weight_map": {
+        k: f"model-0000{1 + k.startswith('1.')}-of-00002.safetensors" for k in sd}}))
+    np.savez(tmp_path / "arrays.npz", **{k: v.numpy() for k, v in sd.items()})
+    for source in ("model.safetensors.index.json", "arrays.npz"):
+        out = tmp_path / f"{source}.bin"
+        assert cli("inspect", tmp_path / source).returncode == 0
+        done = cli("convert", tmp_path / source, out)
+        assert done.returncode == 0 and "round trip: bytes identical" in done.stdout, done.stderr
+        same = cli("diff", out, tmp_path / source)
+        assert same.returncode == 0 and "bit-identical" in same.stdout
+        refused = cli("convert", tmp_path / source, tmp_path / "x.zst")
+        assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "converts to .bin only" in refused.stderr
+    assert not (tmp_path / "x.zst").exists()

@@ -119,8 +119,9 @@ def test_convert_detects_sources_by_content_and_destinations_by_name(tmp_path):
     assert detect(write(tmp_path / "pytorch_model.bin", zip_of("archive/data.pkl"))) == "pt"
     assert detect(write(tmp_path / "a.ckpt", kinds.TORCH_LEGACY_MAGIC)) == "pt"
     assert detect(tmp_path / "new.safetensors") == "safetensors"             # not there yet: its name
-    with pytest.raises(UnsupportedKindError, match="convert cannot read a sharded safetensors"):
-        detect(write(tmp_path / "m.safetensors.index.json", b'{"weight_map": {}}'))
+    assert detect(write(tmp_path / "m.safetensors.index.json", b'{"weight_map": {}}')) == "safetensors-index"
+    with pytest.raises(UnsupportedKindError, match="convert cannot read a generation manifest"):
+        detect(write(tmp_path / "step_000001.json", b'{"format": "ckptfmt"}'))
 
 
 def test_ckptfmt_open_still_reads_a_seed_bin(tmp_path):

@@ -24,7 +24,7 @@ from ...errors import (ConvertError, DestinationExistsError, UnsupportedConversi
                        parse_json)
 from ...tensorfile import TensorFile
 from ...run.lock import writing_file, writing_generations
-from . import bin, bridge, check, hf, npz, planes, pt, safetensors, torchside, zst
+from . import bin, bridge, check, foreign, hf, npz, planes, pt, safetensors, torchside, zst
 from .planes import planes as planes_of, unplanes
 from .shards import convert_distributed
 from .source import ConvertReport, Source, cast, discard, regions_of, verdict
@@ -225,8 +225,9 @@ def _convert_file(src: str, dst: str, src_kind: str, dst_kind: str, weights_only
 
 
 def open_file(src: str, kind: str) -> Any:
-    """A ``Source`` for ckptfmt's forms; the loaded foreign object (a torch object or a
-    ``TensorFile``) for a foreign .pt or .safetensors (``kind``: the format name of ``detect``)."""
+    """A ``Source`` for ckptfmt's forms; the loaded foreign object (a torch object, a
+    ``TensorFile``, or the ``State`` of a safetensors index or a foreign .npz) for a foreign file
+    (``kind``: the format name of ``detect``)."""
     if kind == "pt":
         ts = torchside.torchsave(src)
         state = ts.read(src)
@@ -235,6 +236,10 @@ def open_file(src: str, kind: str) -> Any:
     if kind == "safetensors":
         sf = TensorFile(src)
         return safetensors.load(src, sf) if safetensors.is_ckptfmt(sf) else sf
+    if kind == "safetensors-index":
+        return foreign.index_state(src)
+    if kind == "npz" and not foreign.ckptfmt_npz(src):
+        return foreign.npz_state(src)
     return load(src, kind)
 
 

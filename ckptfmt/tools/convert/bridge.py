@@ -30,14 +30,15 @@ UNVERIFIED = "unverified: a foreign file carries no digest of its own"
 def import_foreign(src: str, kind: str, loaded: Any, dst: str, verify: bool,
                    groups: "list[list[str]] | None" = None, groups_file: str = "--groups",
                    checked: str = UNVERIFIED) -> ConvertReport:
-    """``loaded`` (what ``torch.load`` gave, the ``TensorFile``, or a Hugging Face directory as
-    ``convert.hf.load`` gave it: kind ``hf``) as a committed ``.bin``; ``groups``: each param
+    """``loaded`` (what ``torch.load`` gave, the ``TensorFile``, the ``State`` of another weight
+    file, or a Hugging Face directory as ``convert.hf.load`` gave it: kind ``hf``) as a committed
+    ``.bin``; ``groups``: each param
     group's parameter names, from the ``--groups`` file; ``checked``: how the source was checked."""
     if kind not in ("pt", "hf") and groups is not None:
         raise UnsupportedConversionError(groups_file, "--groups names an optimizer's param groups: a "
                                                       "safetensors file has no optimizer")
     state = torchsave(src).to_state(loaded, src, groups, groups_file) if kind in ("pt", "hf") \
-        else safetensors.foreign_state(src, loaded)
+        else loaded if isinstance(loaded, State) else safetensors.foreign_state(src, loaded)
     result = statemap.write_bin(state, dst, src)
     how = "skipped"
     if verify:
