@@ -14,6 +14,7 @@ from ..errors import CheckpointError, RemoteError
 from .mirror import INDEX, SIDECARS
 from ..generation import recorded_parts
 from .remote import Remote, RemoteGeneration, translated
+from .report import LOST_PAYLOAD
 
 __all__ = ["check_mirrors", "inspect_url", "ls_url", "validate_url"]
 
@@ -27,7 +28,7 @@ def ls_url(url: str) -> dict[str, Any]:
 
 
 def _uncommitted(gen: RemoteGeneration) -> str:
-    return "manifest without its payload" if gen.manifest else "not committed: no manifest (an interrupted upload)"
+    return LOST_PAYLOAD if gen.manifest else "not committed: no manifest (an interrupted upload)"
 
 
 def validate_url(url: str, *, deep: bool = True) -> dict[str, Any]:
@@ -37,7 +38,7 @@ def validate_url(url: str, *, deep: bool = True) -> dict[str, Any]:
     gens = []
     for step, gen in remote.listing().items():
         if not gen.committed:
-            gens.append({"step": step, "ok": True, "status": _uncommitted(gen), "warning": True})
+            gens.append({"step": step, "ok": not gen.manifest, "status": _uncommitted(gen), "warning": not gen.manifest})
             continue
         problem = _check_generation(remote, step, deep)
         gens.append({"step": step, "ok": problem is None,

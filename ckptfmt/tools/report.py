@@ -8,9 +8,13 @@ from typing import Any
 
 from ..errors import CheckpointError
 
-__all__ = ["DEFECT", "INCOMPLETE", "INFO", "UNSUPPORTED", "WARNING", "Finding", "Report", "error_code"]
+__all__ = ["DEFECT", "INCOMPLETE", "INFO", "LOST_PAYLOAD", "UNSUPPORTED", "WARNING", "Finding", "Report", "error_code"]
 
 DEFECT, WARNING, UNSUPPORTED, INFO = "defect", "warning", "unsupported", "info"
+# A manifest whose payload is gone, locally or at a mirror: damage, never a leftover, because every
+# writer puts the manifest last and every remover (retention, a mirror's) takes it first (RUN §2.3)
+LOST_PAYLOAD = "manifest without its payload: the payload was lost after the commit (a writer puts the " \
+               "manifest last and removes it first)"
 INCOMPLETE = "EXPORT-INCOMPLETE"     # written first into an export or import destination, removed last
 
 

@@ -38,7 +38,8 @@ def restore(url: str, dest: "str | os.PathLike[str]", *, step: int | None = None
     refuse_live(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DestinationExistsError(str(out), "exists and is not empty; choose a new destination")
-    committed = sorted((s for s, g in remote.listing().items() if g.committed), reverse=True)
+    # a manifest is a commit: one whose payload is gone is a damaged generation, tried and named
+    committed = sorted((s for s, g in remote.listing().items() if g.manifest), reverse=True)
     if step is not None and step not in committed:
         raise GenerationNotFoundError(remote.url, f"no committed generation at step {step}")
     if not committed:
@@ -79,8 +80,9 @@ def _first_valid(remote: Remote, steps: list[int], staging: Path, progress: Prog
         except (FingerprintMismatchError, ManifestError, RemoteError) as exc:
             if isinstance(exc, RemoteError) and not exc.problem.endswith("not found"):
                 raise                          # the network, not this generation: no fallback
-            skipped.append({"step": step, "reason": exc.problem})
-            warnings.warn(f"{remote.url}: skipping generation {step}: {exc.problem}", stacklevel=2)
+            reason = exc.problem if exc.path is None else f"{os.path.basename(exc.path)}: {exc.problem}"
+            skipped.append({"step": step, "reason": reason})
+            warnings.warn(f"{remote.url}: skipping generation {step}: {reason}", stacklevel=2)
             for entry in [e for e in staging.iterdir() if e.name != LOCK]:   # the lock stays held
                 shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
     if diverged:                               # none finite is valid: the newest valid diverged one

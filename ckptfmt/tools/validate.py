@@ -26,7 +26,7 @@ from ..shards import check as shards_check
 from .anyfile import manifest_of, open_source
 from .loose import checkpoint_files
 from .convert import check
-from .report import DEFECT, INCOMPLETE, Finding, Report, error_code
+from .report import DEFECT, INCOMPLETE, LOST_PAYLOAD, Finding, Report, error_code
 from .values import (check_shard_values as _check_shard_values, check_values as _check_values,
                      report_facts as _report_facts, settle_diverged as _settle_diverged, values_plausible)
 
@@ -341,8 +341,8 @@ def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=N
         row["status"] = "uncommitted"
         return row
     if gen.bin is None:
-        report.warn("orphan_manifest", f"{gen.manifest}: manifest without its .bin (uncommitted)")
-        row["status"] = "orphan manifest"
+        report.defect("orphan_manifest", f"{gen.manifest}: {LOST_PAYLOAD}")
+        row["status"] = "damaged"
         return row
     if gen.manifest is None and not bare:
         report.warn("uncommitted", f"{gen.bin}: no manifest: an uncommitted leftover of a crash")

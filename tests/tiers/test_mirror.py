@@ -212,6 +212,27 @@ def test_an_edited_manifest_at_the_destination_is_damage_that_validate_names_and
     assert cli("validate", url).returncode == 0
 
 
+def test_a_mirrored_manifest_whose_payload_was_deleted_is_damage_named_everywhere(s3, bucket, tmp_path):
+    """The newest payload object deleted at the destination (its manifest left): validate URL
+    exits 1 naming it, import takes the previous generation saying which file it skipped and why,
+    a mirror that runs again uploads it; the same lone manifest in the run directory is a defect
+    too (a writer puts the manifest last and removes it first: only a loss leaves one)."""
+    run = make_run(tmp_path / "run", steps=(10, 20))
+    url = f"s3://{bucket}/lost"
+    assert cli("mirror", str(run), url).returncode == 0
+    s3.client().delete_object(Bucket=bucket, Key="lost/step_000020.bin")
+    proc = cli("validate", url)
+    assert proc.returncode == 1 and "20  manifest without its payload: the payload was lost after the commit" \
+        in proc.stdout, proc.stdout
+    proc = cli("import", url, str(tmp_path / "back"), "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["step"] == 10, proc.stderr
+    assert "skipping generation 20: step_000020.bin: " in proc.stderr and "not found" in proc.stderr, proc.stderr
+    assert cli("mirror", str(run), url).returncode == 0 and cli("validate", url).returncode == 0
+    (run / "step_000020.bin").unlink()
+    proc = cli("validate", str(run))
+    assert proc.returncode == 1 and f"{run / 'step_000020.json'}: manifest without its payload" in proc.stdout
+
+
 def test_restore_refuses_a_non_empty_destination(s3, bucket, tmp_path):
     run = make_run(tmp_path / "run", steps=(10,))
     url = f"s3://{bucket}/ne"
