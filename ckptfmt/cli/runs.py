@@ -40,6 +40,9 @@ def ls_cmd(run: str, as_json: bool, deep: bool, remote: bool, **policy: Any) -> 
     if hf_kind(run):                         # a Trainer's output or checkpoint-N directory
         return emit(ls_hf(run, deep=deep), as_json, print_ls)
     data = ls_run(run, deep=deep, keep_every=policy["keep_every"], policy=policy_of(**policy))
+    if not data["generations"]:              # checkpoint files of other kinds, no generation (RUN §2.5)
+        from ..tools.loose import checkpoint_files  # lazy: as above
+        data["files"] = [{"path": p, "kind": k.name, "label": k.label} for p, k in checkpoint_files(run)]
     if remote:
         from ..tools.remote_check import check_mirrors  # lazy: as above
         data["mirrors"] = check_mirrors(data["mirrors"], [g["step"] for g in data["generations"] if g["committed"]])
@@ -78,6 +81,8 @@ def print_ls(d: dict) -> None:
                    f"holds steps {r.get('steps')}")
     for f in d["foreign"]:
         click.echo(f"  skipped: {f}")
+    for f in d.get("files", []):
+        click.echo(f"  {f['path']}: {f['label']}, not a generation")
     for m in d.get("mirrors", []):
         click.echo(f"  mirror {m['url']}: " + (f"{len(m['behind'])} generation{'s' * (len(m['behind']) > 1)} behind {m['behind']}"
                                                 if m["behind"] else "up to date")

@@ -152,6 +152,8 @@ def test_a_directory_of_foreign_checkpoint_files_is_checked_as_those_files(tmp_p
         [("ckpt.pt", "torch", "unverified"), ("model.pt", "torch", "unverified")]
     shown = cli("inspect", loose)
     assert shown.returncode == 0 and f"{loose / 'ckpt.pt'}\n  kind torch" in shown.stdout
+    listed = cli("ls", loose)
+    assert listed.returncode == 0 and f"  {loose / 'model.pt'}: torch.save file (zip), not a generation" in listed.stdout
     (loose / "broken.pt").write_bytes((loose / "ckpt.pt").read_bytes()[:300])
     for command in ("validate", "inspect"):
         out = cli(command, loose)
