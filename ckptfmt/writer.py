@@ -210,9 +210,11 @@ def check_arguments(path: str, step: Any, n: int, manifest: dict[str, Any] | Non
     name = os.path.basename(path)
     named = _STEP_NAME.match(name)
     if named and name != fmt.checkpoint_name(step):
-        raise StepNameMismatchError(path, f"name says step {int(named.group(1))}, the header would say {step}: "
-                                 f"expected {fmt.checkpoint_name(step)}", expected=fmt.checkpoint_name(step),
-                           got=name)
+        said = int(named.group(1))
+        why = f"name says step {said}, the header would say {step}" if said != step else \
+            f"{name} is not the canonical name of step {step} (six digits at least, spec §3.4)"
+        raise StepNameMismatchError(path, f"{why}: expected {fmt.checkpoint_name(step)}",
+                                    expected=fmt.checkpoint_name(step), got=name)
     if manifest is not None:
         if not isinstance(manifest, dict):
             raise ManifestError(path, f"manifest extras must be a dict, got {type(manifest).__name__}")
@@ -240,9 +242,13 @@ def _agree_on_n(path: str, counts: tuple[int, ...], n_params: int | None) -> int
     known = {c for c in counts if c >= 0}
     if n_params is not None:
         known.add(n_params)
-    if len(known) != 1:
-        raise SaveError(path, f"weights, m and v must have the same length, got {counts}"
-                              + ("" if known else " (pass n_params= for streamed regions)"))
+    if len({c for c in counts if c >= 0}) > 1:
+        raise SaveError(path, f"weights, m and v must have the same length, got {counts}")
+    if len(known) > 1:
+        raise SaveError(path, f"n_params={n_params} but the regions hold {max(counts)} values each")
+    if not known:
+        raise SaveError(path, f"the length of weights, m and v is unknown, got {counts} (pass n_params= for "
+                              "streamed regions)")
     return known.pop()
 
 

@@ -41,7 +41,8 @@ REFUSALS = [  # id, file name, keyword arguments of save, error class, words of 
     ("step_numpy_negative", "x.bin", {"step": np.int64(-3)}, E.SaveError, "got -3"),
     ("name_other_step", "step_000008.bin", {"step": 7}, E.BadNameError,
      "name says step 8, the header would say 7: expected step_000007.bin"),
-    ("name_not_canonical", "step_0000007.bin", {"step": 7}, E.BadNameError, "expected step_000007.bin"),
+    ("name_not_canonical", "step_0000007.bin", {"step": 7}, E.BadNameError,
+     "step_0000007.bin is not the canonical name of step 7 (six digits at least, spec §3.4): expected step_000007.bin"),
     ("layout_3_of_5", "x.bin", {"manifest": {"layout": LAYOUT_3_OF_5}}, E.ManifestError,
      "layout covers 3 parameters, n_params is 5"),
     ("layout_not_a_list", "x.bin", {"manifest": {"layout": {"a": 1}}}, E.ManifestError, "layout must be a list"),
@@ -56,7 +57,9 @@ REFUSALS = [  # id, file name, keyword arguments of save, error class, words of 
     ("regions_disagree", "x.bin", {"m": np.zeros(4, "<f4")}, E.SaveError, "must have the same length"),
     ("n_params_bool", "x.bin", {"weights": _gen, "m": _gen, "v": _gen, "n_params": True}, E.SaveError,
      "n_params must be an integer"),
-    ("n_params_disagrees", "x.bin", {"n_params": 4}, E.SaveError, "must have the same length"),
+    ("n_params_disagrees", "x.bin", {"n_params": 4}, E.SaveError, f"n_params=4 but the regions hold {N} values each"),
+    ("n_params_missing", "x.bin", {"weights": _gen, "m": _gen, "v": _gen}, E.SaveError,
+     "the length of weights, m and v is unknown"),
 ]
 
 
