@@ -15,7 +15,7 @@ from ... import kinds
 from ...errors import ConvertError, TensorFileError, UnsupportedKindError
 from ...statemap import Entry, State
 from ...tensorfile import TensorFile
-from . import safetensors
+from . import npz, safetensors
 
 __all__ = ["index_state", "npz_state", "ckptfmt_npz"]
 
@@ -59,7 +59,7 @@ def npz_state(path: str) -> State:
     try:
         with np.load(path, allow_pickle=False) as z:
             entries = [_npz_entry(path, name, np.asarray(z[name])) for name in z.files]
-    except (ValueError, OSError, EOFError, zipfile.BadZipFile) as exc:
+    except npz.READ_ERRORS as exc:
         raise ConvertError(path, f"not a readable .npz: {exc}") from None
     return State(entries, None, {"from": "npz", "file": os.path.basename(path)})
 

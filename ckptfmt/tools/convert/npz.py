@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import tokenize
 import zipfile
 import zlib
 
@@ -13,6 +14,13 @@ from ...errors import ConvertError, UnsupportedFormatError
 from . import source
 
 
+# What reading a damaged .npz raises: zipfile for a damaged archive (bad offsets, unknown versions,
+# encryption), numpy for a damaged .npy header (its tokenizer and literal parser: TokenError,
+# SyntaxError), zlib for a damaged deflate stream
+READ_ERRORS = (KeyError, ValueError, OSError, EOFError, NotImplementedError, RuntimeError, zlib.error,
+               zipfile.BadZipFile, tokenize.TokenError, SyntaxError)
+
+
 def load(path: str) -> source.Source:
     try:
         with np.load(path, allow_pickle=False) as z:
@@ -20,9 +28,7 @@ def load(path: str) -> source.Source:
                 raise UnsupportedFormatError(path, "not written by ckptfmt: no 'meta' array")
             meta = json.loads(z["meta"].tobytes().decode())
             regions = {r: np.ascontiguousarray(z[r]) for r in fmt.REGIONS if r in z}  # dtypes checked by meta_source
-    except (KeyError, ValueError, OSError, EOFError, NotImplementedError, RuntimeError, zlib.error,
-            zipfile.BadZipFile) as exc:
-        # what zipfile raises for a damaged archive (bad offsets, unknown versions, encryption)
+    except READ_ERRORS as exc:
         if isinstance(exc, ConvertError):
             raise
         raise ConvertError(path, f"not a ckptfmt .npz: {exc}") from None
