@@ -38,7 +38,7 @@ from functools import cached_property
 from typing import Any, Callable, Mapping
 
 from . import format as fmt
-from . import fsio, seal
+from . import fsio, hfdirs, seal
 from .errors import UnsupportedKindError
 
 __all__ = ["KINDS", "COMMANDS", "Kind", "Probe", "by_name", "get", "require", "sniff", "generation_in",
@@ -54,10 +54,6 @@ MAX_JSON = 16 << 20           # a manifest or an index.json larger than this is 
 COMMANDS = ("inspect", "validate", "diff", "convert", "ls")
 LIGHTNING = "lightning"       # the manifest field of a Lightning checkpoint's generation (RUN.md §11)
 LIGHTNING_ENTRIES = 16        # a Lightning checkpoint directory holds one generation: a few entries
-HF_MARKERS = ("ckptfmt-commit.json", "trainer_state.json")   # a Trainer checkpoint-N (RUN.md §12)
-HF_WEIGHTS = ("model.safetensors.index.json", "model.safetensors")   # a save_pretrained model
-HF_MODEL = HF_WEIGHTS + ("pytorch_model.bin",)                        # ... or one without safetensors
-HF_ENTRIES = 4096             # entries of a directory looked at for checkpoint-N directories
 
 
 class Probe:
@@ -198,8 +194,9 @@ def _sharded(p: Probe) -> bool:
 
 
 def _index(p: Probe) -> bool:
+    """A weight map of safetensors shards (``pytorch_model.bin.index.json`` maps torch files)."""
     doc = p.document
-    return doc is not None and isinstance(doc.get("weight_map"), dict)
+    return doc is not None and isinstance(doc.get("weight_map"), dict) and not p.name.endswith(".bin.index.json")
 
 
 def _manifest(p: Probe) -> bool:
@@ -235,48 +232,16 @@ def _lightning(p: Probe) -> bool:
     return p.is_dir and generation_in(p.path) is not None
 
 
+def _hf_run(p: Probe) -> bool:
+    return p.is_dir and hfdirs.is_output(p.path)
+
+
 def _hf_checkpoint(p: Probe) -> bool:
-    """A Hugging Face Trainer ``checkpoint-N`` directory (spec/RUN.md §12): ckptfmt's commit
-    record or the Trainer's ``trainer_state.json`` in it, and no ``checkpoint-N`` directory
-    (an output directory after ``save_model``/``save_state`` has the markers too: ``hf-run``)."""
-    return p.is_dir and any(os.path.isfile(os.path.join(p.path, n)) for n in HF_MARKERS) and \
-        not _hf_checkpoint_dirs(p.path)
+    return p.is_dir and hfdirs.is_checkpoint(p.path)
 
 
 def _hf_model(p: Probe) -> bool:
-    """A ``save_pretrained`` directory: ``model.safetensors``, its sharded index or (written
-    with ``safe_serialization=False``) ``pytorch_model.bin`` in it, and no ``step_N`` generation
-    (a run directory may hold a ``pytorch_model.bin`` beside its generations)."""
-    return p.is_dir and any(os.path.isfile(os.path.join(p.path, n)) for n in HF_MODEL) and \
-        not any(fmt.parse_name(name) is not None for name, _ in _hf_entries(p.path))
-
-
-def _hf_entries(path: str) -> list[tuple[str, bool]]:
-    """(name, is a ``checkpoint-N`` directory) of the first ``HF_ENTRIES`` entries of ``path``."""
-    try:
-        with os.scandir(path) as entries:
-            return [(e.name, e.name.startswith("checkpoint-") and e.name[11:].isdigit() and
-                     e.is_dir(follow_symlinks=False)) for _, e in zip(range(HF_ENTRIES), entries)]
-    except OSError:
-        return []
-
-
-def _hf_checkpoint_dirs(path: str) -> list[str]:
-    """The ``checkpoint-N`` directories among the first ``HF_ENTRIES`` entries of ``path``."""
-    return [name for name, is_checkpoint in _hf_entries(path) if is_checkpoint]
-
-
-def _hf_run(p: Probe) -> bool:
-    """A Trainer's output directory: ``checkpoint-N`` directories holding a marker or the
-    Trainer's weights (the first ``HF_ENTRIES`` entries looked at), whatever the top level holds
-    (``save_model`` writes the model there too), and no ``step_N`` generation."""
-    if not p.is_dir:
-        return False
-    entries = _hf_entries(p.path)
-    if any(fmt.parse_name(name) is not None for name, _ in entries):
-        return False
-    return any(os.path.isfile(os.path.join(p.path, name, m))
-               for name, is_checkpoint in entries if is_checkpoint for m in HF_MARKERS + HF_WEIGHTS)
+    return p.is_dir and hfdirs.is_model(p.path)
 
 
 def _run(p: Probe) -> bool:

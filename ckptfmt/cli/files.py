@@ -178,7 +178,7 @@ def _write_b3sums(paths: tuple[str, ...], out: str) -> dict:
 
 
 VERDICTS = {"damaged": "DAMAGED", "unsupported": "CANNOT CHECK", "no checkpoint": "NO CHECKPOINT",
-            "diverged": "DIVERGED", "training": "DAMAGED"}
+            "diverged": "DIVERGED"}
 
 
 def _print_report(r) -> None:

@@ -39,8 +39,9 @@ def open_source(path: str, kind: Kind | None = None) -> Source:
     if kind.name == "dcp":
         return _dcp(path)
     if kind.name in ("hf-model", "hf-checkpoint"):     # read as convert reads them (a record checked first)
-        loaded, _, groups = hf.load(path)
-        return foreign_source(path, torchsave(path).to_state(loaded, path, groups, by_index=True))
+        loaded, _, groups = hf.load(path)           # no record: the file's order is not the model's
+        return foreign_source(path, torchsave(path).to_state(loaded, path, groups,
+                                                             by_index=True if groups else "always"))
     if kind.name == "safetensors-index":
         return foreign_source(path, foreign.index_state(path))
     if kind.convert is None:
@@ -70,7 +71,7 @@ def foreign_source(path: str, state: State) -> Source:
              "buffers": len(buffers), "dtypes": sorted({e.dtype for e in state.model}),
              "optimizer": opt.kind if opt is not None else None}
     if in_order:
-        extra["moments"] = unnamed.ORDER
+        extra.update(moments=unnamed.ORDER, moment_structure=unnamed.structure(opt))
     return Source(path, opt.step if opt is not None else 0, *flat, statemap.layout(params), None, extra)
 
 

@@ -228,8 +228,8 @@ def diff_sources(a: Source, b: Source, *, atol: float = 0.0, rtol: float = 0.0) 
     have layouts of the same names (a foreign file and its conversion may order them apart)."""
     result = DiffResult(a.path, b.path)
     result.header = {"step": [a.step, b.step], "n_params": [a.n_params, b.n_params]}
-    b, why = _aligned(a, b)
-    why = why or _moments_apart(a, b)
+    why = _moments_apart(a, b)                    # before B is put in A's order: they have none
+    b, why = (b, why) if why else _aligned(a, b)
     if why is not None:
         result.comparable, result.why_not = False, why
         return result
@@ -268,10 +268,12 @@ def _moments_apart(a: Source, b: Source) -> str | None:
     """Why moments in an optimizer's own order (``ckptfmt.unnamed``) cannot be compared with
     ``b``'s, or None: they compare only with moments of the same order, parameter for parameter."""
     apart = [s.path for s in (a, b) if s.extra.get("moments")]
-    if not apart or (len(apart) == 2 and [r["name"] for r in a.layout or []] == [r["name"] for r in b.layout or []]):
+    if not apart or (len(apart) == 2 and [r["name"] for r in a.layout or []] == [r["name"] for r in b.layout or []]
+                     and a.extra["moment_structure"] == b.extra["moment_structure"]):
         return None
     return (f"{apart[0]}: its optimizer's param groups do not name their parameters, so its moments compare only "
-            "with another such file of the same parameters (convert it with --groups to compare by name)")
+            "with another such file of the same parameters in the same order and the same groups (convert it with "
+            "--groups to compare by name)")
 
 
 def _span(row: dict[str, Any]) -> slice:

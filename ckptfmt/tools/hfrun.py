@@ -257,25 +257,32 @@ def _record_or_none(path: Path) -> dict[str, Any] | None:
         return None
 
 
-def inspect_hf(path: "str | os.PathLike[str]") -> dict[str, Any]:
+def inspect_hf(path: "str | os.PathLike[str]", read_other=None) -> dict[str, Any]:
     """``inspect`` of a checkpoint directory (step, files, record, weight statistics) or of an
-    output directory (its listing and the newest verified checkpoint, as for a run)."""
+    output directory (its listing and the newest verified checkpoint, as for a run).
+    ``read_other(path, kind)``: inspect's reading of a checkpoint saved without safetensors
+    (``pytorch_model.bin``, through torch, which this module never imports)."""
     path = Path(path)
     if _dirs(path)[0] == "hf-run":
         out = ls_hf(path)
         newest, _ = choose(path)
         if newest is None:     # a Trainer without the callback writes no record: unverified, as validate says
-            newest = next((str(p) for _, p in checkpoints(path) if _record_or_none(p) is None), None)
-        out["latest"] = inspect_hf(newest) if newest else None
+            newest = next((str(p) for _, p in checkpoints(path) if not (p / hfdir.RECORD).exists()), None)
+        out["latest"] = inspect_hf(newest, read_other) if newest else None
         if newest is None and out["generations"]:
             out["latest_problem"] = f"{path}: no checkpoint-N verifies"
         return out
-    return _inspect_checkpoint(path)
+    return _inspect_checkpoint(path, read_other)
 
 
-def _inspect_checkpoint(path: Path) -> dict[str, Any]:
+def _inspect_checkpoint(path: Path, read_other=None) -> dict[str, Any]:
     record = _record_or_none(path)
     files = hfdir.weight_files(path)
+    head = {"path": str(path), "kind": "hf-checkpoint", "label": kinds.get("hf-checkpoint").label,
+            "origin": "ckptfmt" if record else "foreign", "step": _step(path), "size": fsio.tree_size(path),
+            "record": record}
+    if not files and (path / hfdir.TORCH_WEIGHTS).is_file() and read_other is not None:   # without safetensors
+        return {**read_other(str(path), kinds.get("hf-checkpoint")), **head}
     if not files:
         raise UnsupportedSetupError(str(path), "no model.safetensors (nor its index): nothing to inspect")
     stats, dtypes, count, tensors = RegionStats(), set(), 0, 0
@@ -290,11 +297,9 @@ def _inspect_checkpoint(path: Path) -> dict[str, Any]:
                 flat = values.reshape(-1)
                 for start in range(0, flat.size, CHUNK):     # one tensor, one chunk at a time
                     stats.add(_widened(dtype, flat[start:start + CHUNK]))
-    return {"path": str(path), "kind": "hf-checkpoint", "label": kinds.get("hf-checkpoint").label,
-            "origin": "ckptfmt" if record else "foreign", "step": _step(path),
-            "n_params": count, "size": fsio.tree_size(path), "n_tensors": tensors, "dtypes": sorted(dtypes),
+    return {**head, "n_params": count, "n_tensors": tensors, "dtypes": sorted(dtypes),
             "recorded_blake3": (record or {}).get("files", {}).get(os.path.relpath(files[0], path), {}).get("blake3"),
-            "record": record, "regions": {"weights": stats.to_dict()}}
+            "regions": {"weights": stats.to_dict()}}
 
 
 def _widened(dtype: str, chunk: np.ndarray) -> np.ndarray:

@@ -11,10 +11,8 @@ from .. import manifest as mf
 from .. import reader
 from ..errors import CheckpointError, NoValidGenerationError
 from ..run import ReadLease, Run, ls_run
-from ..run import history as hist
-from ..run import timeline
 from .anyfile import describe, open_source
-from .loose import checkpoint_files
+from .loose import empty_directory
 from .stats import region_stats
 
 __all__ = ["inspect_file", "inspect_other", "inspect_path", "inspect_run"]
@@ -31,7 +29,7 @@ def inspect_path(path: "str | os.PathLike[str]", *, tensors: bool = False) -> di
         return inspect_run(path, tensors=tensors)
     if kind.name in ("hf-run", "hf-checkpoint"):     # a Trainer's output or checkpoint-N directory
         from .hfrun import inspect_hf  # lazy: one more kind, read only when given
-        return inspect_hf(path)
+        return inspect_hf(path, inspect_other)
     if kind.name == "bin":
         return inspect_file(path, tensors=tensors)
     return inspect_other(os.fspath(path), kind, tensors=tensors)
@@ -114,11 +112,13 @@ def inspect_run(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dic
     data = ls_run(path)
     with ReadLease(path, purpose="inspect") as lease:
         gens = lease.listing.generations
+        committed = [g for g in gens if g.committed]
+        among = committed or ([] if data.get("lock") else gens)   # a live first save is no generation yet
         try:
-            gen = Run(path).latest(allow_bare=True, among=[g for g in gens if g.committed] or gens)
+            gen = Run(path).latest(allow_bare=True, among=among) if among else None
         except NoValidGenerationError as exc:
             gen, data["latest_problem"] = None, str(exc)
-        if gen is None and "latest_problem" not in data and not gens:
+        if gen is None and "latest_problem" not in data:
             _no_generation(data, path, tensors)
         lease.narrow([gen.step] if gen else [])
         data["latest"] = inspect_path(gen.path, tensors=tensors) if gen else None
@@ -126,17 +126,16 @@ def inspect_run(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dic
 
 
 def _no_generation(data: dict[str, Any], path: "str | os.PathLike[str]", tensors: bool) -> None:
-    """A directory without any generation, as validate judges it: a live run before its first
-    commit is training; a directory of other checkpoint files is inspected file by file (a file
-    that cannot be read says why in ``problem``); anything else says why it is empty."""
-    loose = checkpoint_files(path) if data.get("lock") is None else []
-    if data.get("lock") is not None:
-        data["training"] = (f"{path}: no generation yet: training, pid {data['lock'].get('pid', '?')} holds "
-                            "the run and has not committed its first generation")
-    elif loose:
-        data["files"] = [_inspect_loose(file, kind, tensors) for file, kind in loose]
+    """A directory without any generation, as validate judges it (``loose.empty_directory``):
+    training says so, files of other kinds are inspected each by its kind (a file that cannot be
+    read says why in ``problem``), anything else says why there is nothing."""
+    case, said = empty_directory(path, data.get("lock"))
+    if case == "files":
+        data["files"] = [_inspect_loose(file, kind, tensors) for file, kind in said]
+    elif case == "training":
+        data["training"] = said
     else:
-        data["latest_problem"] = _why_empty(path)
+        data["latest_problem"] = said
 
 
 def _inspect_loose(path: str, kind: kinds.Kind, tensors: bool) -> dict[str, Any]:
@@ -146,10 +145,3 @@ def _inspect_loose(path: str, kind: kinds.Kind, tensors: bool) -> dict[str, Any]
         return {"path": path, "kind": kind.name, "label": kind.label, "problem": str(exc)}
 
 
-def _why_empty(path: "str | os.PathLike[str]") -> str:
-    """A run without any generation: stopped before its first checkpoint, or not a run yet."""
-    steps = sum(1 for _ in timeline.canonical(os.path.join(path, hist.NAME)))
-    if steps:
-        return (f"{path}: stopped before its first checkpoint: the history holds {steps} steps but "
-                "no generation was committed; nothing to resume, a restart begins at step 0")
-    return f"{path}: no generation (not a run directory, or an empty one)"

@@ -24,7 +24,7 @@ from ..run import (STATE, SAMPLES, ReadLease, Run, lock_holder, save_in_progress
 from ..run import history as hist
 from ..shards import check as shards_check
 from .anyfile import manifest_of, open_source
-from .loose import checkpoint_files
+from .loose import empty_directory
 from .convert import check
 from .report import DEFECT, INCOMPLETE, LOST_PAYLOAD, Finding, Report, error_code
 from .values import (check_shard_values as _check_shard_values, check_values as _check_values,
@@ -249,8 +249,8 @@ def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=
     if lease.problem and holder is not None:
         report.warn("no_read_lease", lease.problem)
     committed_ok = [g for g in gens_out if g["status"] in ("verified", "committed")]
-    if not listing.generations:
-        _no_generation(report, path, holder, deep)
+    if not listing.generations or (live and not any(g.committed for g in listing.generations)):
+        _no_generation(report, path, holder, deep)      # nothing, or a live writer's first save
         return report
     if not committed_ok and not bare and not live:
         report.defect("no_valid_generation", f"{path}: no committed generation is valid"
@@ -265,32 +265,25 @@ def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=
 
 def _no_generation(report: Report, path: "str | os.PathLike[str]", holder: dict[str, Any] | None,
                    deep: bool) -> None:
-    """A directory without any generation: a live run before its first commit is training, not
-    damaged; a run killed before its first checkpoint (it has a loss history) has nothing to
-    resume; a directory of other checkpoint files is checked as those files; anything else is
-    not a run yet."""
-    steps = report.details.get("history_records", 0)
-    loose = checkpoint_files(path) if holder is None and not steps else []
-    if holder is not None:
-        report.note("training", f"{path}: no generation yet: training, pid {holder.get('pid', '?')} holds the run "
-                                "and has not committed its first generation")
-        report.status = "training"
-        return
-    if loose:
-        for file, kind in loose:
+    """A directory without any generation, as every command judges it (``loose.empty_directory``):
+    training is no defect, files of other kinds are checked each by its kind."""
+    case, said = empty_directory(path, holder)
+    if case == "files":
+        for file, kind in said:
             checked = validate_generation_file(file, kind, deep=deep)
+            if checked.could_not_run:            # not a checkpoint this reader can judge: named, not fatal
+                report.warn("not_checked", f"{file}: not checked: " + "; ".join(f.message for f in checked.findings))
+                continue
             report.findings += checked.findings
             report.details.setdefault("files", []).append({"path": file, "kind": kind.name, "status": checked.status})
-        report.status = "unverified" if report.ok else "damaged"
-        return
-    if steps:
-        report.findings.append(Finding(DEFECT, "no_checkpoint_yet", (
-            f"{path}: stopped before its first checkpoint: the history holds {steps} steps but no "
-            "generation was committed; nothing to resume, a restart begins at step 0")))
+        statuses = {f["status"] for f in report.details.get("files", [])}
+        report.status = "damaged" if not report.ok else "verified" if statuses == {"verified"} else "unverified"
+    elif case == "training":
+        report.note("training", said)
+        report.status = "training" if report.ok else "damaged"
     else:
-        report.findings.append(Finding(DEFECT, "no_generation", f"{path}: no generation to resume from "
-                                                                "(not a run directory, or an empty one)"))
-    report.status = "no checkpoint"
+        report.findings.append(Finding(DEFECT, "no_checkpoint_yet" if case == "stopped" else "no_generation", said))
+        report.status = "no checkpoint"
 
 
 def _saving(gen, holder: dict[str, Any] | None) -> bool:

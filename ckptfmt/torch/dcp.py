@@ -17,6 +17,7 @@ import contextlib
 import json
 import math
 import os
+import stat
 import warnings
 from typing import Any
 
@@ -29,7 +30,7 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 
 from .. import format as fmt
 from .. import manifest as mf
-from .. import reader, seal, writer
+from .. import fsio, reader, seal, writer
 from ..errors import ConvertError, parse_json
 
 
@@ -99,10 +100,26 @@ def is_ours(src: str) -> bool:
 
 
 def _metadata(src: str) -> dict[str, Any]:
-    try:
+    with _reading(src, ".metadata: "):
         return dcp.FileSystemReader(src).read_metadata().state_dict_metadata
+
+
+@contextlib.contextmanager
+def _reading(src: str, what: str = ""):
+    """DCP's reader on ``src``, one process: what it raises for a torn directory (a
+    ``CheckpointException`` is a ``BaseException``) is one ``ConvertError`` naming it; an entry
+    that is not a regular file or a directory (a pipe would block the reader) is refused first."""
+    for entry in os.scandir(src):
+        mode = os.stat(entry.path).st_mode if os.path.exists(entry.path) else 0
+        if mode and not (stat.S_ISREG(mode) or stat.S_ISDIR(mode)):
+            raise ConvertError(entry.path, f"not a regular file ({fsio.special(mode)}) in a DCP directory")
+    try:
+        with _one_process():
+            yield
     except (Exception, dcp.CheckpointException) as exc:     # what its pickle and its files raise
-        raise ConvertError(src, f"not a readable DCP directory: .metadata: {_cause(exc)}") from None
+        if isinstance(exc, ConvertError):
+            raise
+        raise ConvertError(src, f"not a readable DCP directory: {what}{_cause(exc)}") from None
 
 
 def _cause(exc: BaseException) -> str:
@@ -122,12 +139,9 @@ def read_foreign(src: str) -> dict[str, Any]:
     parameter indices they were."""
     _metadata(src)
     state: dict[str, Any] = {}
-    try:
-        with _one_process():
-            _load_state_dict(state, storage_reader=dcp.FileSystemReader(src), planner=_EmptyStateDictLoadPlanner(),
-                             no_dist=True)
-    except (Exception, dcp.CheckpointException) as exc:     # a missing or torn data file
-        raise ConvertError(src, f"not a readable DCP directory: {_cause(exc)}") from None
+    with _reading(src):
+        _load_state_dict(state, storage_reader=dcp.FileSystemReader(src), planner=_EmptyStateDictLoadPlanner(),
+                         no_dist=True)
     if isinstance(state.get("optim"), dict) and "optimizer" not in state:
         state["optimizer"] = state.pop("optim")
     opt = state.get("optimizer")
@@ -144,7 +158,7 @@ def from_dcp(src: str, dst: str) -> writer.SaveResult:
         raise ConvertError(src, "not written by ckptfmt: no ckptfmt.manifest entry (its layout is needed)")
     head = {"ckptfmt": {"step": torch.tensor(0, dtype=torch.int64),
                         "manifest": torch.zeros(meta["ckptfmt.manifest"].size, dtype=torch.uint8)}}
-    with _one_process():
+    with _reading(src):
         dcp.load(head, checkpoint_id=src)
     extra = _checked(src, bytes(head["ckptfmt"]["manifest"].tolist()))
     layout = extra["layout"]
@@ -152,7 +166,7 @@ def from_dcp(src: str, dst: str) -> writer.SaveResult:
     regions = {r: np.empty(n, dtype=fmt.DTYPE) for r in fmt.REGIONS}
     w, m, v = (_tensors(regions[r], layout) for r in fmt.REGIONS)
     state = {"model": w, "optim": {"state": {k: {"exp_avg": m[k], "exp_avg_sq": v[k]} for k in w}}}
-    with _one_process():
+    with _reading(src):
         dcp.load(state, checkpoint_id=src)
     if extra.get("layout") == [{"name": "flat", "shape": [n], "offset": 0}]:
         extra.pop("layout")

@@ -104,11 +104,12 @@ def require_dict(obj: Any, path: str) -> None:
 
 
 def to_state(obj: Any, path: str, groups: list[list[str]] | None = None, groups_file: str = "--groups", *,
-             by_index: bool = False) -> State:
+             by_index: "bool | str" = False) -> State:
     """The foreign checkpoint ``obj`` (as ``torch.load`` returned it) as a ``State``; ``groups``:
     each param group's parameter names, where the user gave them (``--groups FILE``);
     ``by_index``: several groups that name nothing keep their moments by optimizer index
-    (``ckptfmt.unnamed``, for the commands that only read) instead of being refused."""
+    (``ckptfmt.unnamed``, for the commands that only read) instead of being refused; ``"always"``:
+    one group too (its state dict's order is not the model's: a Trainer's safetensors)."""
     require_dict(obj, path)
     keys, model_sd, opt_sd = _container(obj, path)
     other = {k: v for k, v in obj.items() if k not in (keys.get("model"), keys.get("optimizer"))} if keys["model"] else {}
@@ -198,7 +199,7 @@ def _entry(name: str, t: Any, path: str) -> Entry:
 
 
 def _optimizer(osd: dict, entries: list[Entry], prefix: str, given: list[list[str]] | None,
-               given_by: str, path: str, by_index: bool = False) -> Optimizer:
+               given_by: str, path: str, by_index: "bool | str" = False) -> Optimizer:
     state, groups = osd.get("state"), osd.get("param_groups")
     if not isinstance(state, dict) or not isinstance(groups, list) or not all(isinstance(g, dict) for g in groups):
         raise UnsupportedConversionError(path, "the optimizer entry is not an optimizer state dict (state, param_groups)")
@@ -211,7 +212,7 @@ def _optimizer(osd: dict, entries: list[Entry], prefix: str, given: list[list[st
     keys = {e.name for e in entries}
     names = [[_key(n, prefix, keys) for n in group] for group in given] if given is not None \
         else _param_names(groups, entries, prefix)
-    by_group = unnamed.members(indices) if by_index and names is None and len(indices) > 1 else \
+    by_group = unnamed.members(indices) if by_index and names is None and (len(indices) > 1 or by_index == "always") else \
         resolve_members(entries, [len(i) for i in indices], names, path, given_by if given is not None else "param_names")
     first, second, steps = {}, {}, {}
     for group, names_of_group in zip(indices, by_group):

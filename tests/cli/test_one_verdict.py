@@ -6,6 +6,7 @@ its first commit."""
 from __future__ import annotations
 
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -199,3 +200,90 @@ def test_convert_takes_every_weight_file_inspect_takes_into_a_bin(tmp_path):
         refused = cli("convert", tmp_path / source, tmp_path / "x.zst")
         assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "converts to .bin only" in refused.stderr
     assert not (tmp_path / "x.zst").exists()
+
+
+def test_optimizer_order_moments_compare_only_in_the_same_order_and_groups(tmp_path):
+    model, opt = nanogpt_like()
+    sd, osd = model.state_dict(), opt.state_dict()
+    torch.save({"model": sd, "optimizer": osd}, tmp_path / "ckpt.pt")
+    torch.save({"model": dict(reversed(list(sd.items()))), "optimizer": osd}, tmp_path / "keys_reversed.pt")
+    swapped = {"state": {(i + 2) % 4: s for i, s in osd["state"].items()},
+               "param_groups": [dict(g, params=[(i + 2) % 4 for i in g["params"]]) for g in reversed(osd["param_groups"])]}
+    torch.save({"model": sd, "optimizer": swapped}, tmp_path / "groups_swapped.pt")
+    for other in ("keys_reversed.pt", "groups_swapped.pt"):
+        out = cli("diff", tmp_path / "ckpt.pt", tmp_path / other)
+        assert out.returncode == 1 and "compare only with another such file" in out.stdout, (other, out.stdout)
+        assert "m        " not in out.stdout                  # no moment is compared out of its order
+
+
+def test_a_trainer_checkpoint_saved_without_safetensors_keeps_its_optimizer(tmp_path):
+    model, opt = one_group()
+    ckpt = tmp_path / "out" / "checkpoint-3"
+    ckpt.mkdir(parents=True)
+    torch.save(model.state_dict(), ckpt / "pytorch_model.bin")
+    torch.save(opt.state_dict(), ckpt / "optimizer.pt")
+    (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": 3}))
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "same.pt")
+    assert (cli("inspect", ckpt).returncode, cli("validate", ckpt).returncode) == (0, 0)
+    assert cli("convert", ckpt, tmp_path / "step_000003.bin").returncode == 0
+    same = cli("diff", tmp_path / "step_000003.bin", tmp_path / "same.pt")
+    assert same.returncode == 0 and "bit-identical" in same.stdout, same.stdout      # step and moments came too
+
+
+def test_a_torn_or_piped_dcp_directory_of_either_writer_is_a_one_line_defect(tmp_path):
+    model, opt = one_group()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "same.pt")
+    assert cli("convert", tmp_path / "same.pt", tmp_path / "step_000003.bin").returncode == 0
+    assert cli("convert", tmp_path / "step_000003.bin", tmp_path / "ours", "--to", "dcp").returncode == 0
+    _dcp_save({"model": model.state_dict()}, tmp_path / "piped")
+    (data,) = (tmp_path / "piped").glob("*.distcp")
+    data.unlink()
+    os.mkfifo(data)                                           # nothing ever writes to it
+    for d in ("ours", "piped"):
+        if d == "ours":
+            for f in (tmp_path / d).glob("*.distcp"):
+                f.unlink()
+        for args in (["inspect", tmp_path / d], ["validate", tmp_path / d], ["convert", tmp_path / d, tmp_path / "x.bin"]):
+            out = cli(*args)
+            assert out.returncode == 1 and "Traceback" not in out.stderr, (args, out.stderr)
+            said = "not a regular file (a FIFO) in a DCP directory" if d == "piped" else "not a readable DCP directory"
+            assert said in out.stdout + out.stderr, (args, out.stdout, out.stderr)
+    assert not (tmp_path / "x.bin").exists()
+
+
+def test_a_dcp_directory_with_unnamed_groups_converts_with_groups(tmp_path):
+    model, opt = nanogpt_like()
+    _dcp_save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "dcp")
+    groups = tmp_path / "groups.json"
+    groups.write_text(json.dumps([["0.weight", "1.weight"], ["0.bias", "1.bias"]]))
+    assert cli("convert", tmp_path / "dcp", tmp_path / "a.bin").returncode == 2
+    assert cli("convert", tmp_path / "dcp", tmp_path / "a.bin", "--groups", groups).returncode == 0
+
+
+@pytest.mark.parametrize("names", [["step_3.bin"], ["train.bin", "val.bin"], ["training_args.bin", "config.json"]])
+def test_what_only_a_name_would_claim_is_no_checkpoint_in_every_command(tmp_path, names):
+    rng = np.random.default_rng(0)
+    for name in names:                                        # tokens, a misnamed step, a pickle never opened
+        (tmp_path / name).write_bytes(rng.integers(0, 50257, 999, dtype=np.uint16).tobytes())
+    for command in ("validate", "inspect"):
+        out = cli(command, tmp_path)
+        assert out.returncode == 1 and "no generation to resume from" in out.stdout + out.stderr, (command, out.stdout)
+
+
+def test_a_history_beside_foreign_files_is_the_same_verdict_in_validate_and_inspect(tmp_path):
+    model, _ = one_group()
+    torch.save(model.state_dict(), tmp_path / "model.pt")
+    (tmp_path / ".loss.json").write_text(json.dumps({"step": 1, "loss": 2.0, "source": "code"}) + "\n")
+    said = "stopped before its first checkpoint: the history holds 1 steps"
+    for command in ("validate", "inspect"):
+        out = cli(command, tmp_path)
+        assert out.returncode == 1 and said in out.stdout, (command, out.stdout)
+
+
+def test_an_unreadable_record_is_damage_in_inspect_as_in_validate(tmp_path):
+    ckpt = tmp_path / "out" / "checkpoint-10"
+    ckpt.mkdir(parents=True)
+    save_file({k: v.contiguous() for k, v in two_layer(0).state_dict().items()}, ckpt / "model.safetensors")
+    (ckpt / "ckptfmt-commit.json").write_text("{garbage")
+    for command in ("validate", "inspect"):
+        assert cli(command, tmp_path / "out").returncode == 1, command

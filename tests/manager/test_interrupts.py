@@ -17,6 +17,7 @@ import pytest
 
 from ckptfmt.cli.output import error_doc
 from ckptfmt.torch import CheckpointManager
+from conftest import make
 from models import tiny_adamw
 
 
@@ -55,20 +56,44 @@ def ctrl_c_once_blocked(argv: list[str], fifo: str) -> tuple[subprocess.Popen, s
     return proc, stdout, stderr
 
 
+HELD_WRITE = """
+import sys, ckptfmt_console
+from ckptfmt import fsio
+fifo = sys.argv[1]
+def held(op, path):               # the conversion's first write waits on a FIFO: a Ctrl-C lands mid-save
+    if op == "write":
+        fsio.hook = None
+        open(fifo, "rb").read()
+fsio.hook = held
+sys.argv = ["ckptfmt", *sys.argv[2:]]
+sys.exit(ckptfmt_console.main())
+"""
+
+
 @pytest.mark.parametrize("as_json", [False, True])
 def test_ctrl_c_during_a_conversion_exits_130_in_one_line_and_leaves_nothing(tmp_path, as_json, python_sigint):
     # python_sigint: a child started while SIGINT is ignored (a background job of a
     # non-interactive shell, as CI runs) inherits SIG_IGN and rightly never sees the Ctrl-C
-    fifo, out = str(tmp_path / "src.zst"), tmp_path / "step_000001.bin"
+    (tmp_path / "src").mkdir()
+    src = make(tmp_path / "src", 1)
+    fifo, out = str(tmp_path / "held"), tmp_path / "step_000001.bin"
     os.mkfifo(fifo)
-    argv = [sys.executable, "-m", "ckptfmt.cli", "convert", fifo, str(out), *(["--json"] if as_json else [])]
-    proc, stdout, stderr = ctrl_c_once_blocked(argv, fifo)
+    argv = [sys.executable, "-c", HELD_WRITE, fifo, "convert", str(src), str(out), *(["--json"] if as_json else [])]
+    proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    held = blocked_on(fifo, proc)
+    try:
+        assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".ckptfmt-tmp")]   # the save is under way
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        os.close(held)
+        proc.kill()
     assert proc.returncode == 130, stderr
     assert stderr == "ckptfmt: interrupted (Ctrl-C)\n"
     if as_json:
         assert json.loads(stdout)["error"] == {"type": "Interrupted", "message": "interrupted (Ctrl-C)",
                                                "path": None, "exit_code": 130}
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["src.zst"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["held", "src"]      # no destination, no temp file
 
 
 HELD_IMPORT = """

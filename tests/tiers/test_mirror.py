@@ -464,8 +464,12 @@ def test_watch_beside_a_trainer_with_sigterm_and_resume_cycles_then_import_resum
     try:
         train(run, 80, stop_at=25)
         train(run, 80, stop_at=55)
-        train(run, 80)
         client, deadline = s3.client(), time.monotonic() + 120
+        while not [o for o in client.list_objects_v2(Bucket=bucket, Prefix="e2e/step_000040.json").get("Contents", [])]:
+            assert time.monotonic() < deadline, "the watch never mirrored step 40"     # before the next start's
+            time.sleep(0.1)                                # retention deletes it here (keep-last 3)
+        train(run, 80)
+        deadline = time.monotonic() + 120
         local_history = (run / ".loss.json").read_bytes()
         while time.monotonic() < deadline:            # until a pass has seen the end of training
             listed = client.list_objects_v2(Bucket=bucket, Prefix="e2e/step_").get("Contents", [])

@@ -135,9 +135,10 @@ def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = F
     src = os.fspath(kinds.resolve(src))         # a Lightning checkpoint directory: its generation
     src_kind, dst_kind = detect(src), target(dst, to)
     check_options(dst, dst_kind, weights_only, dtype, shards)
-    if groups is not None and (src_kind not in ("pt", "hf") or dst_kind != "bin"):
+    if groups is not None and (src_kind not in ("pt", "hf", "dcp") or dst_kind != "bin"):
         raise UnsupportedConversionError(dst, "--groups names the param groups of a foreign .pt (or a Trainer "
-                                              "checkpoint-N) converted into a .bin; it does nothing here")
+                                              "checkpoint-N, or a DCP directory) converted into a .bin; it does "
+                                              "nothing here")
     group_names, groups_file = read_groups(groups)
     if dst_kind != "shards" and os.path.lexists(dst) and not overwrite:
         raise DestinationExistsError(dst, "exists already; refusing to overwrite")
@@ -149,7 +150,8 @@ def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = F
         if src_kind in DISTRIBUTED and dst_kind not in DISTRIBUTED + ("bin",):
             return _through_bin(src, dst, src_kind, dst_kind, weights_only, dtype, verify, progress)
         if "shards" in (src_kind, dst_kind) or "dcp" in (src_kind, dst_kind):
-            return convert_distributed(src, dst, src_kind, dst_kind, shards=shards or 2, verify=verify)
+            return convert_distributed(src, dst, src_kind, dst_kind, shards=shards or 2, verify=verify,
+                                       groups=group_names, groups_file=groups_file)
         if dst_kind in ("torch", "weights"):
             return bridge.export_foreign(src, src_kind, dst, dst_kind, verify)
         existed = os.path.lexists(dst)

@@ -37,18 +37,25 @@ def load(src: str) -> tuple[dict[str, Any], str, list[list[str]] | None]:
         if found:
             raise FingerprintMismatchError(src, f"does not match its {hfdir.RECORD}: {found[0]}")
     ts = torchsave(src)
-    if record is None and not (directory / hfdir.WEIGHTS).is_file() and not (directory / hfdir.INDEX).is_file() \
-            and (directory / hfdir.TORCH_WEIGHTS).is_file():      # a model saved without safetensors
-        obj = {"model": ts.read(str(directory / hfdir.TORCH_WEIGHTS))}
-        ts.require_dict(obj["model"], str(directory / hfdir.TORCH_WEIGHTS))
-        return obj, "unverified: no ckptfmt commit record", None
-    entries = in_model_order(weight_entries(directory), (record or {}).get("parameters"))
+    entries = in_model_order(_torch_weights(directory, ts) or weight_entries(directory), (record or {}).get("parameters"))
     obj = ts.from_state(State(entries, None, {"keys": {"model": "model", "optimizer": None}}), src)
     if (directory / OPTIMIZER).is_file():
         obj["optimizer"] = ts.read(str(directory / OPTIMIZER))
     groups = record.get("param_groups") if record is not None else None
     checked = VERIFIED_RECORD if record is not None else "unverified: no ckptfmt commit record"
     return obj, checked, groups if isinstance(groups, list) else None
+
+
+def _torch_weights(directory: Path, ts: Any) -> list[Entry] | None:
+    """The tensors of ``pytorch_model.bin`` (``save_pretrained(safe_serialization=False)``, a
+    Trainer's ``save_safetensors=False``) where there is no safetensors weight file, in its order;
+    None where there is one, or no ``pytorch_model.bin`` either."""
+    path = directory / hfdir.TORCH_WEIGHTS
+    if (directory / hfdir.WEIGHTS).is_file() or (directory / hfdir.INDEX).is_file() or not path.is_file():
+        return None
+    model = ts.read(str(path))
+    ts.require_dict(model, str(path))
+    return ts.to_state(model, str(path)).model       # a bare state dict, or {"model": ..., ...}
 
 
 def in_model_order(entries: list[Entry], order: Any) -> list[Entry]:

@@ -14,7 +14,7 @@ from pathlib import Path
 from ... import fingerprint, reader, shards
 from ... import format as fmt
 from ... import manifest as mf
-from ...errors import ConvertError, DestinationExistsError
+from ...errors import ConvertError, DestinationExistsError, UnsupportedConversionError
 from . import bridge
 from .torchside import dcp as torch_dcp
 from .check import VERIFIED
@@ -52,8 +52,10 @@ def _manifest_of(src: str) -> Path:
     return mf.path_for(path) if path.suffix == shards.SUFFIX else path
 
 
-def convert_distributed(src: str, dst: str, src_kind: str, dst_kind: str, *, shards: int, verify: bool):
-    """Split, consolidate, or go to and from DCP; a .bin source is verified first."""
+def convert_distributed(src: str, dst: str, src_kind: str, dst_kind: str, *, shards: int, verify: bool,
+                        groups: "list[list[str]] | None" = None, groups_file: str = "--groups"):
+    """Split, consolidate, or go to and from DCP; a .bin source is verified first; ``groups``:
+    the param groups' parameter names of a foreign DCP directory's optimizer (``--groups``)."""
     if src_kind == "shards" and dst_kind == "bin":
         return _consolidate(src, dst, verify)
     if src_kind == "bin" and dst_kind == "shards":
@@ -61,7 +63,7 @@ def convert_distributed(src: str, dst: str, src_kind: str, dst_kind: str, *, sha
     if src_kind == "bin" and dst_kind == "dcp":
         return _to_dcp(src, dst, verify)
     if src_kind == "dcp" and dst_kind == "bin":
-        return _from_dcp(src, dst, verify)
+        return _from_dcp(src, dst, verify, groups, groups_file)
     raise ConvertError(src, f"{src_kind} -> {dst_kind} is not supported: go through .bin")
 
 
@@ -117,11 +119,15 @@ def _to_dcp(src: str, dst: str, verify: bool):
     return _report(src, dst, "bin", "dcp", step, n, how, original, checked)
 
 
-def _from_dcp(src: str, dst: str, verify: bool):
+def _from_dcp(src: str, dst: str, verify: bool, groups: "list[list[str]] | None" = None,
+              groups_file: str = "--groups"):
     dcp = torch_dcp(src)
     if not dcp.is_ours(src):     # torch.distributed.checkpoint.save's own: a foreign state dict
-        report = bridge.import_foreign(src, "pt", dcp.read_foreign(src), dst, verify)
+        report = bridge.import_foreign(src, "pt", dcp.read_foreign(src), dst, verify, groups, groups_file)
         return dataclasses.replace(report, src_format="dcp")
+    if groups is not None:
+        raise UnsupportedConversionError(groups_file, "--groups names a foreign optimizer's param groups: this "
+                                                      "DCP directory was written by ckptfmt and names its own")
     result = dcp.from_dcp(src, dst)
     how = "skipped"
     if verify:
