@@ -164,22 +164,28 @@ def test_a_directory_of_foreign_checkpoint_files_is_checked_as_those_files(tmp_p
     assert out.returncode == 1 and "NO CHECKPOINT" in out.stdout
 
 
-def test_a_live_run_before_its_first_commit_is_training_not_a_defect(tmp_path):
+@pytest.mark.parametrize("saving", [False, True])
+def test_a_live_run_before_its_first_commit_is_training_not_a_defect(tmp_path, saving):
     (tmp_path / "run").mkdir()
+    first = ("import numpy as np, ckptfmt; from ckptfmt import format as fmt\n"   # its payload, no manifest yet
+             "open(sys.argv[1] + '/step_000001.bin', 'wb').write(fmt.pack_header(1, 2) + bytes(24))\n")
     holder = subprocess.Popen([sys.executable, "-c", "import sys, time; from ckptfmt.run import RunLock\n"
-                               "RunLock(sys.argv[1], purpose='trainer').acquire(); print('HELD', flush=True)\n"
-                               "time.sleep(60)", str(tmp_path / "run")], stdout=subprocess.PIPE, text=True)
+                               "RunLock(sys.argv[1], purpose='trainer').acquire()\n" + (first if saving else "") +
+                               "print('HELD', flush=True)\ntime.sleep(60)", str(tmp_path / "run")],
+                              stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "HELD"
         said = f"no generation yet: training, pid {holder.pid} holds the run"
         for command in ("validate", "inspect"):
             out = cli(command, tmp_path / "run")
             assert out.returncode == 0 and said in out.stdout, (command, out.stdout)
+            assert "latest valid generation" not in out.stdout
     finally:
         holder.kill()
         holder.wait()
     out = cli("validate", tmp_path / "run")                   # the writer went: nothing was committed
-    assert out.returncode == 1 and "NO CHECKPOINT" in out.stdout
+    assert (out.returncode, "bare .bin files" in out.stdout) == (0, True) if saving else \
+        (out.returncode == 1 and "NO CHECKPOINT" in out.stdout)   # its lone .bin: a bare run (RUN 2.4)
 
 
 def test_convert_takes_every_weight_file_inspect_takes_into_a_bin(tmp_path):
