@@ -27,10 +27,12 @@ def write(path, data: bytes):
 
 
 def zip_of(*names: str) -> bytes:
+    """A zip holding ``names``, the same bytes at every call (a fixed date: each xdist worker
+    collects the parameters, and their ids must agree)."""
     buf = io.BytesIO()
     with zipfile.ZipFile(buf, "w") as z:
         for n in names:
-            z.writestr(n, b"x")
+            z.writestr(zipfile.ZipInfo(n, date_time=(2020, 1, 1, 0, 0, 0)), b"x")
     return buf.getvalue()
 
 
