@@ -30,6 +30,12 @@ from . import manifest as mf
 from .errors import CheckpointError, ManifestError, NoValidGenerationError
 
 
+# A manifest whose payload is gone, locally or at a mirror: damage, never a leftover, because every
+# writer puts the manifest last and every remover (retention, a mirror's) takes it first (RUN §2.3)
+LOST_PAYLOAD = "manifest without its payload: the payload was lost after the commit (a writer puts the " \
+               "manifest last and removes it first)"
+
+
 @dataclass(frozen=True)
 class Part:
     """One file of a generation: ``name`` relative to the run directory, the ``size`` and
@@ -121,7 +127,7 @@ class Generation:
         if self.sharded:
             return "not committed: shards without a manifest"
         if self.bin is None:
-            return "manifest without its .bin"
+            return LOST_PAYLOAD
         if self.manifest is None:
             return "not committed: no manifest"
         return opens(self.bin, manifest="require", verify=deep)

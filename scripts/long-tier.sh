@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The long tier, run by hand, not in CI: the reliability suite at its large counts
 # (RELIABILITY_SCALE=long: 1,000 SIGKILLs at 150 MB, 2,000 power cuts, 10^6 bit flips, 1,000
-# SIGUSR1, 100 kill/resume cycles, 20,000 bit flips in each kind of manifest, the fuzz corpus with
+# SIGUSR1, 100 kill/resume cycles, 20,000 bit flips in each kind of manifest, the fault matrix
+# (236 cases: every tier x part x fault, flips and truncations at 8 offsets), the fuzz corpus with
 # its mutations) and the full interruption sweeps of the manager (13 points per
 # signal) and of the manager under torchrun, which CI checks at one point per phase; and beside
 # them 10 minutes of coverage-guided fuzzing whose minimised corpus replaces fuzz/corpus. Figures go to spec/RELIABILITY.md with date and command.

@@ -51,6 +51,27 @@ def make(directory, step: int, n: int = 100, seed: int = 0, **kwargs) -> Path:
     return path
 
 
+def commit_rewritten(path, doc) -> None:
+    """Write ``doc`` as the manifest ``path`` the way another writer (another device, release or
+    commit time) commits it: sealed, then named by a checkpoint event with its root digest in
+    the run's history, as that writer records it (spec/RUN.md §3.7). A manifest edited without
+    the event is a generation the run did not commit."""
+    from ckptfmt import format as fmt
+    from ckptfmt import manifest as mf
+    from ckptfmt.run import roots
+    mf.write(path, doc)
+    roots.record(Path(path).parent, "checkpoint", fmt.parse_name(Path(path).name)[0])
+
+
+def without_root_digests(run) -> None:
+    """The run's history as a writer before root digests wrote it: its events without ``root``."""
+    import json
+    path = Path(run) / ".loss.json"
+    lines = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    path.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "root"}, separators=(",", ":")) + "\n"
+                            for r in lines))
+
+
 def last_step(run: Path) -> int:
     """The newest step recorded in a run's .loss.json (0 before the first; a torn line is skipped)."""
     import json

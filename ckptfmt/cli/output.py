@@ -71,7 +71,7 @@ def guarded(fn: Callable, *, net: bool = True) -> Callable:
         except OSError as exc:
             if isinstance(exc, BrokenPipeError) and exc.filename is None and stdout_is_pipe():
                 raise                                 # `| head` closed stdout: the group ends quietly
-            where = exc.filename or ""
+            where = exc.filename or given_path(kwargs) or ""
             message = f"{where}: {exc.strerror or exc}" if where else str(exc)
             raise Fail(message, EXIT_CANNOT, kind=type(exc).__name__, path=where or None,
                        as_json=as_json) from None
@@ -84,6 +84,22 @@ def guarded(fn: Callable, *, net: bool = True) -> Callable:
                 raise
             raise Fail(internal_error(exc), EXIT_CANNOT, kind="InternalError", as_json=as_json) from None
     return wrapper
+
+
+PATH_ARGUMENTS = ("path", "paths", "src", "source", "a", "run", "run_a", "runs", "archive", "dst", "dest", "b", "run_b")
+
+
+def given_path(kwargs: dict[str, Any]) -> str | None:
+    """The first path the command was given (its arguments by name, sources first), to name in
+    an OS error that names no file itself (a read of an open file failing with EIO, a write of
+    an open descriptor): every I/O error message names a path."""
+    for key in PATH_ARGUMENTS:
+        value = kwargs.get(key)
+        if isinstance(value, (tuple, list)):
+            value = value[0] if value else None
+        if isinstance(value, str) and value:
+            return value
+    return None
 
 
 DEBUG = "CKPTFMT_DEBUG"      # set (the test suite sets it): an internal error keeps its traceback

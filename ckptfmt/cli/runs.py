@@ -69,6 +69,8 @@ def print_ls(d: dict) -> None:
         age = "-" if g["age_s"] is None else f"{g['age_s']:.0f}s"
         step = "-" if g["step"] is None else g["step"]      # a checkpoint directory named by no step
         click.echo(f"  {step:>10}  {size(g['size']):>10}  {age:>10}  {g['status']}{marks}")
+    if d.get("deep") is False and any(g["status"] == "committed" for g in d["generations"]):
+        click.echo("  committed: names, sizes, headers and manifests checked; ls --deep (or validate) hashes every byte")
     _print_memory((d.get("tiers") or {}).get("memory"))
     for t in d.get("in_progress", []):
         click.echo(f"  save in progress: {t}")

@@ -6,10 +6,11 @@ from __future__ import annotations
 
 import errno
 import os
+import shutil
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .. import atomic, writer
 from ..errors import (GenerationNotFoundError, NoValidGenerationError, SaveError,
@@ -20,6 +21,7 @@ from .generations import check_bare, manifest_of, non_finite
 from .history import History
 from .lease import honoured
 from .lock import sidecar_in_progress
+from .roots import mismatch, recorded
 from .retention import Candidate, Plan, Policy, candidate_for, plan
 from .sidecars import PINS, read_json, write_json
 
@@ -103,14 +105,33 @@ class Run:
                                          f"resumes the newest, {choice.diverged[0].step})")
         raise NoValidGenerationError(str(self.path), "no valid generation: " + "; ".join(choice.reasons))
 
+    def judge(self, *, deep: bool = False, tier: str = "disk") -> Callable[[Generation], str | None]:
+        """The check latest-valid makes of each generation: ``Generation.check`` (``deep``: the
+        blake3 too), then that it is the generation the run committed at its step (its root
+        digest is the one the history records, ``roots.mismatch``; the history is read once, at
+        the first generation that gets that far). ``tier="memory"``: the run's RAM-tier
+        generations, by the history's RAM checkpoint events. None, or why not."""
+        roots: dict[int, str] | None = None
+
+        def reason(gen: Generation) -> str | None:
+            nonlocal roots
+            why = gen.check(deep=deep)
+            if why is not None or gen.manifest is None:
+                return why
+            if roots is None:
+                roots = recorded(self.history.path, tier=tier)
+            return mismatch(gen, roots)
+        return reason
+
     def choose(self, *, deep: bool = False, allow_bare: bool = False, allow_nonfinite: bool = False,
                among: list[Generation] | None = None) -> Choice:
         """Latest-valid as data (``latest`` without raising): walks generations newest first."""
         gens = self.generations() if among is None else among
         choice = Choice()
         bare = allow_bare and bool(gens) and all(g.manifest is None for g in gens)     # is_bare() of these
+        judge = check_bare if bare else self.judge(deep=deep)
         for gen in reversed(gens):
-            reason = check_bare(gen) if bare else gen.check(deep=deep)
+            reason = judge(gen)
             if reason is not None:
                 choice.reasons.append(f"step {gen.step}: {reason}")
                 warnings.warn(f"{self.path}: skipping generation {gen.step}: {reason}", stacklevel=3)
@@ -127,18 +148,22 @@ class Run:
                n_params: int | None = None, extra_tensors: dict[str, Any] | None = None
                ) -> writer.SaveResult:
         """Durably write and commit generation ``step``; a valid committed one is never
-        overwritten. A damaged one (it fails the deep check, e.g. a bit flip after a resume
-        fell back past it) is replaced, or the run could never pass that step again."""
+        overwritten. A damaged one (it fails the deep check, e.g. a bit flip after a resume fell
+        back past it, or it is not the generation the history records for the step) is
+        replaced, or the run could never pass that step again."""
         gen = next((g for g in self.generations() if g.step == step), None)
-        if gen is not None and gen.committed and gen.check(deep=True) is None:
+        if gen is not None and gen.committed and self.judge(deep=True)(gen) is None:
             bad = non_finite(gen)
             if not bad:
                 raise SaveError(str(gen.path), "generation is committed already; refusing to overwrite")
             warnings.warn(f"{gen.path}: replacing diverged generation {step} ({describe(bad)}): the "
                           "run resumed from an earlier finite one and reached its step again", stacklevel=2)
-        return writer.save_generation(self.path, step, weights, m, v, manifest=manifest,
-                                      n_params=n_params, overwrite=gen is not None,
-                                      extra_tensors=extra_tensors)
+        result = writer.save_generation(self.path, step, weights, m, v, manifest=manifest,
+                                        n_params=n_params, overwrite=gen is not None,
+                                        extra_tensors=extra_tensors)
+        if gen is not None and gen.shards is not None:     # a damaged sharded one replaced by a .bin
+            shutil.rmtree(gen.shards, ignore_errors=True)
+        return result
 
     # ------------------------------------------------------------ retention
     def pins(self) -> list[int]:

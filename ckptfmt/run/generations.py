@@ -6,7 +6,7 @@ from __future__ import annotations
 from .. import facts as valfacts
 from .. import manifest as mf
 from ..errors import CheckpointError
-from ..generation import Generation, opens
+from ..generation import LOST_PAYLOAD, Generation, opens
 
 __all__ = ["manifest_of", "non_finite", "check_bare"]
 
@@ -39,5 +39,5 @@ def check_bare(gen: Generation) -> str | None:
     """``Generation.check`` for a run of the original trainer, which wrote no manifests: the
     header, the size law and the name are all there is to check."""
     if gen.bin is None:
-        return "manifest without its .bin"
+        return LOST_PAYLOAD
     return opens(gen.bin, manifest="ignore")

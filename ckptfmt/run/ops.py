@@ -7,7 +7,7 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from .. import atomic, companion, fsio, kinds
 from .. import format as fmt
@@ -15,7 +15,7 @@ from .. import manifest as mf
 from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoundError,
                       NoValidGenerationError, SidecarError)
 from . import history as hist
-from . import mirrors, tiers, timeline
+from . import mirrors, roots, tiers, timeline
 from .directory import Run
 from ..generation import Generation, list_dir
 from .generations import check_bare, non_finite
@@ -42,13 +42,14 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
         listing = lease.listing
         pins = set(run.pins())
         bare = bool(listing.generations) and all(g.manifest is None for g in listing.generations)
-        rows = [_ls_row(gen, deep, pins, keep_every, holder, bare) for gen in listing.generations]
+        judge = run.judge(deep=deep)
+        rows = [_ls_row(gen, deep, pins, keep_every, holder, bare, judge) for gen in listing.generations]
         kept = _kept_by(run, listing.generations, policy, deep, pins, strict=shown["from"] == "given")
         for row in rows:
             row["kept_by"] = kept.get(row["step"], [])
         readers = active_leases(path, own=lease)
     in_progress = [t for t in listing.temps if save_in_progress(t, holder)]
-    out = {"run": str(path), "generations": rows,
+    out = {"run": str(path), "deep": deep, "generations": rows,
            "leftovers": [str(t) for t in listing.temps if t not in in_progress],
            "in_progress": [str(t) for t in in_progress],
            "foreign": [skipped(p, why) for p, why in listing.foreign], "lock": holder, "leases": readers,
@@ -72,7 +73,8 @@ def _ls_memory(path: "str | os.PathLike[str]", deep: bool) -> dict[str, Any] | N
     if found["present"]:
         with contextlib.suppress(OSError):
             gens = list_dir(found["dir"]).generations
-    found["generations"] = [dict(_ls_row(g, deep, set(), None, None), tier=tiers.MEMORY) for g in gens]
+    judge = Run(path).judge(deep=deep, tier=tiers.MEMORY)      # the run's history names its RAM generations
+    found["generations"] = [dict(_ls_row(g, deep, set(), None, None, judge=judge), tier=tiers.MEMORY) for g in gens]
     return found
 
 
@@ -103,12 +105,15 @@ def skipped(path: Path, why: str) -> str:
 
 
 def _ls_row(gen: Generation, deep: bool, pins: set[int], keep_every: int | None,
-            holder: dict[str, Any] | None, bare: bool = False) -> dict[str, Any]:
+            holder: dict[str, Any] | None, bare: bool = False,
+            judge: Callable[[Generation], str | None] | None = None) -> dict[str, Any]:
     """One generation's row of ``ls``; a part without its manifest is the live writer's save in
     progress when ``holder`` wrote it (``save_in_progress``). In a ``bare`` run (no manifest at
-    all: the original trainer's) a ``.bin`` is checked as ``validate`` does: valid, unverified."""
+    all: the original trainer's) a ``.bin`` is checked as ``validate`` does: valid, unverified.
+    ``judge``: the run's check (``Run.judge``: its history's root digests too); without it the
+    generation's own."""
     bare = bare and gen.bin is not None and holder is None
-    reason = check_bare(gen) if bare else gen.check(deep=deep)
+    reason = check_bare(gen) if bare else judge(gen) if judge is not None else gen.check(deep=deep)
     bad = non_finite(gen) if reason is None else {}
     part = gen.payload or gen.companion
     if reason is not None and not gen.committed and part is not None and save_in_progress(part, holder):
@@ -120,11 +125,20 @@ def _ls_row(gen: Generation, deep: bool, pins: set[int], keep_every: int | None,
         size, age, reason = None, None, reason or "removed while listing"
     return {"step": gen.step, "file": name.name if name else None, "size": size, "age_s": age,
             "committed": gen.committed, "valid": reason is None,
-            "status": reason or ("bare (unverified)" if bare else "diverged" if bad
-                                 else "verified" if deep else "committed"),
+            "status": _damaged(reason, gen.manifest is not None or bare) or reason or (
+                "bare (unverified)" if bare else "diverged" if bad else "verified" if deep else "committed"),
             "diverged": bool(bad), "non_finite": bad,
             "pinned": gen.step in pins, "milestone": bool(keep_every) and gen.step % keep_every == 0,
             "metrics": _metrics(gen) if reason is None else {}}
+
+
+def _damaged(reason: str | None, made: bool) -> str | None:
+    """``damaged: REASON`` for a generation that was made (a manifest commits it, or a bare
+    run's ``.bin`` is all there is) and fails its check; None otherwise (valid, a save in
+    progress, or never committed: the reason says so)."""
+    if reason is None or not made or reason in ("save in progress", "removed while listing"):
+        return None
+    return f"damaged: {reason}"
 
 
 def _metrics(gen: Generation) -> dict[str, Any]:
@@ -220,7 +234,7 @@ def fork(path: "str | os.PathLike[str]", step: int, dest: "str | os.PathLike[str
 def _fork_from(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
     """Build the fork in a sibling staging directory and rename it to ``dest`` (missing or
     empty) once complete: a fork that fails leaves nothing at ``dest`` (spec/RUN.md §6)."""
-    reason = gen.check(deep=True)
+    reason = run.judge(deep=True)(gen)
     if reason:
         raise NoValidGenerationError(str(gen.path or gen.any_part), f"cannot fork from it: {reason}")
     refuse_live(dest)
@@ -268,7 +282,7 @@ def _fork_into(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
             break
         child.append(hist.strict(rec))     # a NaN literal read back is written as "nan"
         upto += 1
-    child.event("fork", step, parent_run=str(run.path.resolve()))
+    child.event("fork", step, parent_run=str(run.path.resolve()), root=roots.of_step(dest, step))
     child.sync()
     child.close()
     return {"dest": str(dest), "step": step, "blake3": doc["blake3"], "history_records": upto}

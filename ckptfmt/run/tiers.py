@@ -124,8 +124,9 @@ def choose_across(run: Run, memory: Run | None, allow_nonfinite: bool = False) -
     gens = [(g, DISK) for g in run.generations()] + [(g, MEMORY) for g in (memory.generations() if memory else [])]
     gens.sort(key=lambda pair: (pair[0].step, pair[1] == DISK))
     out = TierChoice()
+    judges = {t: run.judge(deep=True, tier=t) for t in (DISK, MEMORY)}    # the history's root digests of each
     for gen, tier in reversed(gens):
-        reason = gen.check(deep=True)
+        reason = judges[tier](gen)
         if reason is not None:
             out.skipped.append((tier, gen.step, reason))
             if tier == DISK:             # as Run.choose says it

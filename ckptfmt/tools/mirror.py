@@ -52,7 +52,8 @@ def mirror(run_dir: "str | os.PathLike[str]", url: str, *, retention: Policy | N
     run, remote = Run(run_dir), destination(run_dir, url)
     started = time.perf_counter()
     with ReadLease(run.path, purpose=f"mirror to {remote.url}") as lease:
-        local = {g.step: g for g in lease.listing.generations if g.committed and g.check() is None}
+        judge = run.judge()                 # the run's own generations only (roots: the history)
+        local = {g.step: g for g in lease.listing.generations if g.committed and judge(g) is None}
         there = remote.listing()
         policy = retention if retention is not None and retention.has_rule else None
         skip = _doomed(_candidates(policy, local, there, remote), policy, run.pins(),

@@ -5,6 +5,7 @@ sizes only). Returns data; the CLI prints it.
 """
 from __future__ import annotations
 
+import io
 import json
 from typing import Any
 
@@ -13,6 +14,8 @@ from .. import format as fmt
 from ..errors import CheckpointError, RemoteError
 from .mirror import INDEX, SIDECARS
 from ..generation import recorded_parts
+from ..run import history as hist
+from ..run import roots
 from .remote import Remote, RemoteGeneration, translated
 from .report import LOST_PAYLOAD
 
@@ -36,11 +39,12 @@ def validate_url(url: str, *, deep: bool = True) -> dict[str, Any]:
     is damaged (uncommitted leftovers are warnings, as locally)."""
     remote = Remote(url)
     gens = []
+    committed = _recorded_roots(remote)
     for step, gen in remote.listing().items():
         if not gen.committed:
             gens.append({"step": step, "ok": not gen.manifest, "status": _uncommitted(gen), "warning": not gen.manifest})
             continue
-        problem = _check_generation(remote, step, deep)
+        problem = _check_generation(remote, step, deep, committed)
         gens.append({"step": step, "ok": problem is None,
                      "status": problem or ("verified" if deep else "committed")})
     sidecars = _check_sidecars(remote, deep)
@@ -53,13 +57,23 @@ def validate_url(url: str, *, deep: bool = True) -> dict[str, Any]:
     return doc
 
 
-def _check_generation(remote: Remote, step: int, deep: bool) -> str | None:
+def _recorded_roots(remote: Remote) -> dict[int, str]:
+    """The root digests the mirrored history records (``roots.recorded``); none without one."""
+    if not remote.exists(hist.NAME):
+        return {}
+    return roots.recorded(io.BytesIO(remote.read_bytes(hist.NAME)))
+
+
+def _check_generation(remote: Remote, step: int, deep: bool, committed: dict[int, str]) -> str | None:
     """None when generation ``step`` at the destination is whole (and, ``deep``, its bytes hash
-    to the manifest's digests), else the first problem found."""
+    to the manifest's digests) and is the one the mirrored history records (``committed``:
+    its root digests), else the first problem found."""
     try:
         doc, _ = remote.read_manifest(step)
         if doc["step"] != step:
             return f"manifest says step {doc['step']}"
+        if swapped := roots.differs(step, roots.of(doc), committed):
+            return swapped
         for part in recorded_parts(doc, step):
             name, digest, size = part.name, part.blake3, remote.size(part.name)
             if size is None:

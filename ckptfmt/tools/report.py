@@ -7,14 +7,11 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from ..errors import CheckpointError
+from ..generation import LOST_PAYLOAD        # the core's wording: one rule, one message
 
 __all__ = ["DEFECT", "INCOMPLETE", "INFO", "LOST_PAYLOAD", "UNSUPPORTED", "WARNING", "Finding", "Report", "error_code"]
 
 DEFECT, WARNING, UNSUPPORTED, INFO = "defect", "warning", "unsupported", "info"
-# A manifest whose payload is gone, locally or at a mirror: damage, never a leftover, because every
-# writer puts the manifest last and every remover (retention, a mirror's) takes it first (RUN §2.3)
-LOST_PAYLOAD = "manifest without its payload: the payload was lost after the commit (a writer puts the " \
-               "manifest last and removes it first)"
 INCOMPLETE = "EXPORT-INCOMPLETE"     # written first into an export or import destination, removed last
 
 

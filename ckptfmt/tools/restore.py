@@ -22,7 +22,8 @@ from .. import format as fmt
 from ..errors import (DestinationExistsError, FingerprintMismatchError, GenerationNotFoundError, ManifestError,
                       NoValidGenerationError, RemoteError)
 from ..generation import list_dir, recorded_parts
-from ..run import LOCK, RunLock
+from ..run import RunLock, roots
+from ..run import history as hist
 from ..run.lock import refuse_live, writing_into
 from .mirror import INDEX, SIDECARS
 from .remote import Progress, Remote
@@ -48,9 +49,10 @@ def restore(url: str, dest: "str | os.PathLike[str]", *, step: int | None = None
     atomic.make_durable_dir(staging)
     try:
         with writing_into(staging, "restore") as lock:    # held through the rename: DEST's lock
+            sidecars = _restore_sidecars(remote, staging)     # first: its history names each generation's root
             chosen, skipped = _first_valid(remote, [step] if step is not None else committed, staging, progress,
                                            finite_first=step is None)
-            sidecars = _restore_sidecars(remote, staging)
+            roots.record(staging, "import", chosen, source=remote.url)
             _publish(staging, out, lock)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
@@ -83,13 +85,21 @@ def _first_valid(remote: Remote, steps: list[int], staging: Path, progress: Prog
             reason = exc.problem if exc.path is None else f"{os.path.basename(exc.path)}: {exc.problem}"
             skipped.append({"step": step, "reason": reason})
             warnings.warn(f"{remote.url}: skipping generation {step}: {reason}", stacklevel=2)
-            for entry in [e for e in staging.iterdir() if e.name != LOCK]:   # the lock stays held
-                shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
+            _discard(staging, step)
     if diverged:                               # none finite is valid: the newest valid diverged one
         chosen, more = _first_valid(remote, diverged, staging, progress)
         return chosen, skipped + more
     raise NoValidGenerationError(remote.url, "no valid generation: "
                                  + "; ".join(f"step {s['step']}: {s['reason']}" for s in skipped))
+
+
+def _discard(staging: Path, step: int) -> None:
+    """Remove what a generation that did not verify left in ``staging``: its parts and temp
+    files; the lock stays held and the sidecars stay."""
+    for entry in staging.iterdir():
+        parsed = fmt.parse_name(entry.name)
+        if (parsed is not None and parsed[0] == step) or fmt.is_temp_name(entry.name):
+            shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
 
 
 def _download_generation(remote: Remote, step: int, staging: Path, progress: Progress,
@@ -106,7 +116,7 @@ def _download_generation(remote: Remote, step: int, staging: Path, progress: Pro
         remote.download(part.name, target, part.blake3, progress)
     atomic.write_bytes(staging / fmt.manifest_name(step), data)   # the very bytes, last
     gen = next(g for g in list_dir(staging).generations if g.step == step)
-    reason = gen.check(deep=True)
+    reason = gen.check(deep=True) or roots.mismatch(gen, roots.recorded(staging / hist.NAME))
     if reason is not None:
         raise FingerprintMismatchError(str(staging / fmt.manifest_name(step)), reason)
 

@@ -22,6 +22,7 @@ from ..errors import CheckpointError, FingerprintMismatchError
 from ..run import (STATE, SAMPLES, ReadLease, Run, lock_holder, save_in_progress,
                    zombie_arms)
 from ..run import history as hist
+from ..run import roots
 from ..shards import check as shards_check
 from .anyfile import manifest_of, open_source
 from .loose import empty_directory
@@ -242,6 +243,7 @@ def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=
         bare = bool(rest) and all(g.manifest is None for g in rest)
         gens_out = [_in_progress(report, g) if g in live else
                     _validate_generation(report, g, deep, bare, progress, scan) for g in listing.generations]
+        _check_roots(report, run, listing.generations, gens_out)
         report.details["generations"] = gens_out
         report.details["diverged"] = [g["step"] for g in gens_out if g["status"] == "diverged"]
         _report_entries(report, listing, holder)
@@ -261,6 +263,16 @@ def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=
                      else "verified" if deep else "committed")
     _settle_diverged(report)
     return report
+
+
+def _check_roots(report: Report, run: Run, gens: list, rows: list[dict[str, Any]]) -> None:
+    """A valid generation that is not the one the run committed at its step (its root digest is
+    not the one the history records: ``roots.mismatch``) is damaged."""
+    recorded = roots.recorded(run.history.path)
+    for gen, row in zip(gens, rows):
+        if row["status"] in ("verified", "committed", "diverged") and (why := roots.mismatch(gen, recorded)):
+            report.defect("not_committed_here", f"{gen.manifest}: {why}")
+            row["status"] = "damaged"
 
 
 def _no_generation(report: Report, path: "str | os.PathLike[str]", holder: dict[str, Any] | None,

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import CheckpointError, ConfigMismatchError
-from ..run import Run, RunLock, SaveClock, SavePolicy, record_policy, tiers
+from ..run import Run, RunLock, SaveClock, SavePolicy, record_policy, roots, tiers
 from ..run.saving import best_in_history
 from . import adapter, handlers, optim, ranks, refusals, rng
 from . import restore as restoring
@@ -201,7 +201,8 @@ class CheckpointManager:
         self.committed, self.last_save = step, (step, reason)
         self._clock.saved(time.monotonic())
         stall_ms = round(self.stall_s * 1e3, 3)     # recorded once committed (async: later)
-        self._saver.then(lambda: self._event("checkpoint", step, reason=reason, stall_ms=stall_ms))
+        self._saver.then(lambda: self._event("checkpoint", step, reason=reason, stall_ms=stall_ms,
+                                             root=roots.of_step(self.run.path, step) if self.rank == 0 else None))
 
     def metric(self, name: str) -> Any:
         """The newest value of the metric ``name`` given to ``step()`` (or recorded by the restored
@@ -305,10 +306,8 @@ class CheckpointManager:
     def _committed(self, step: int, manifest: dict[str, Any]) -> None:
         if self.rank == 0:
             self._say_unreported(manifest)
-        if self.retention is not None and self.rank == 0:
-            deleted = self.run.gc(self.retention)
-            if deleted:
-                self.log(f"retention deleted steps {deleted}", info=True)
+        if self.retention is not None and self.rank == 0 and (deleted := self.run.gc(self.retention)):
+            self.log(f"retention deleted steps {deleted}", info=True)
         if self.on_commit is not None:
             self.on_commit(step, manifest)
         if self._mirror is not None:

@@ -26,7 +26,7 @@ from typing import Any, Callable
 import torch
 
 from ..errors import CheckpointError
-from ..run import Run, SaveClock, SavePolicy, tiers
+from ..run import Run, SaveClock, SavePolicy, roots, tiers
 from . import peers, refusals
 from .distributed import decided_by_rank0, reshard
 from .saver import Saver
@@ -77,7 +77,7 @@ class MemoryTier:
             return False
         stall_ms, self._pending = round((time.perf_counter() - started) * 1e3, 3), step
         if self._saver is not None:
-            self._saver.then(lambda: self._committed(step, stall_ms))
+            self._saver.then(lambda: self._committed(step, stall_ms, root=roots.of_step(self.path, step)))
         else:                            # the manifest's blake3: which RAM generation is this timeline's
             self._committed(step, stall_ms, blake3=(doc or {}).get("blake3"))
         return True

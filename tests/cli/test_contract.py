@@ -959,3 +959,29 @@ def test_train_refuses_a_bad_set_in_one_line_before_the_run_exists(tmp_path, val
     assert proc.stderr.count("\n") == 1 and proc.stderr.startswith("ckptfmt: ") and says in proc.stderr
     assert not (tmp_path / "run").exists()
 
+
+
+@pytest.mark.parametrize("command", ["validate", "inspect", "diff", "convert", "export", "fork"])
+def test_an_io_error_that_names_no_file_is_one_line_naming_a_path(tmp_path, monkeypatch, command):
+    """A read failing on an open file (EIO from the disk: the OSError names no file) is one line
+    that names a path (the file, or else the one the command was given), never a traceback; a
+    file command exits 2 (it could not judge the file), export and fork exit 1 (the run has no
+    generation they can read)."""
+    run = tmp_path / "run"
+    run.mkdir()
+    make(run, 5, n=8)
+    src = str(run / "step_000005.bin")
+
+    def failing(*args, **kwargs):
+        raise OSError(5, "Input/output error")
+    monkeypatch.setattr(ckptfmt.reader, "open", failing)
+    monkeypatch.setattr(ckptfmt.fingerprint, "of_file", failing)
+    argv = {"validate": [src], "inspect": [src], "diff": [src, src], "convert": [src, str(tmp_path / "o.safetensors")],
+            "export": [str(run), str(tmp_path / "exp")], "fork": [str(run), "--step", "5", str(tmp_path / "child")]}
+    proc = cli(command, *argv[command])
+    said = (proc.stdout + proc.stderr).strip()
+    assert "Traceback" not in said and "Input/output error" in said, said
+    lines = [line for line in said.splitlines() if "Input/output error" in line]
+    assert all(str(tmp_path) in line for line in lines), said
+    # a command that needs a valid generation finds none it can read: "no valid generation", exit 1
+    assert proc.returncode == (1 if command in ("export", "fork") else 2), said

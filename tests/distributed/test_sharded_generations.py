@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 # a hang fails in a minute or two, not at the suite's 10 (the slowest test here takes 20-25 s)
 pytestmark = [pytest.mark.xdist_group("torchrun"), pytest.mark.timeout(90)]
 
-from ckptfmt.run import history as hist  # noqa: E402
+from ckptfmt.run import history as hist, roots  # noqa: E402
 from ckptfmt import shards  # noqa: E402
 from ckptfmt.tools.convert import convert  # noqa: E402
 from ckptfmt.run import Run  # noqa: E402
@@ -271,6 +271,8 @@ def test_sigusr1_to_rank_1_checkpoints_on_all_ranks_and_training_continues(inter
     events = checkpoints(got.cut)
     assert ("SIGUSR1", got.usr1) in [(e["reason"], e["step"]) for e in events] and got.usr1 % 20 != 0
     assert got.usr1 in [g.step for g in Run(got.cut).generations() if g.committed]
+    present = {g.step for g in Run(got.cut).generations() if g.committed}
+    assert present and all(e["root"] == roots.of_step(got.cut, e["step"]) for e in events if e["step"] in present)
     assert (events[-1]["reason"], events[-1]["step"]) == ("SIGTERM", got.stopped)
     assert got.stopped >= got.usr1 + 10                  # still training after the checkpoint
     assert "rank 1] step %d: checkpoint (SIGUSR1)" % got.usr1 in got.log, got.log[-3000:]

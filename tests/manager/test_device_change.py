@@ -15,12 +15,12 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ckptfmt import manifest as mf  # noqa: E402
 from ckptfmt.errors import DeviceChangeError  # noqa: E402
 from ckptfmt.run import history as hist  # noqa: E402
 from ckptfmt.torch import CheckpointManager, rng  # noqa: E402
 from ckptfmt.trainer.checkpointing import device_refusal  # noqa: E402
 from models import train_steps, two_layer_adamw  # noqa: E402
+from conftest import commit_rewritten  # noqa: E402
 
 CUDA_STATE = base64.b64encode(bytes(16)).decode()      # a philox seed and offset: 16 bytes
 ACCEPT = " (restore(allow_device_change=True) goes on with those RNGs as this process has them; " \
@@ -44,7 +44,7 @@ def saved_run(tmp_path, edit):
     path = run / "step_000003.json"
     doc = json.loads(path.read_text())
     edit(doc)
-    mf.write(path, doc)                                 # as a writer on that device sealed it
+    commit_rewritten(path, doc)                         # as a writer on that device committed it
     return run, model
 
 

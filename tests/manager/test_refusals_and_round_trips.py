@@ -11,13 +11,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ckptfmt import manifest as mf  # noqa: E402
 from ckptfmt.errors import (ConfigMismatchError, IncompleteResumeStateError, LayoutMismatchError,  # noqa: E402
                             OptimizerMismatchError, RunLockedError, StateRefusedError,
                             UnsupportedSetupError)
 from ckptfmt.torch import CheckpointManager  # noqa: E402
 from ckptfmt.torch.state import join, split  # noqa: E402
 from models import inputs, tiny_adamw, train_steps, two_layer  # noqa: E402
+from conftest import commit_rewritten  # noqa: E402
 
 
 def mgr(path, model, opt, **kw):
@@ -556,7 +556,7 @@ def test_a_resume_under_other_versions_says_so_and_goes_on(tmp_path):
     manifest = tmp_path / "r" / "step_000005.json"
     doc = json.loads(manifest.read_text())
     doc["versions"]["torch"] = "1.13.1"
-    mf.write(manifest, doc)                              # as a writer under torch 1.13.1 sealed it
+    commit_rewritten(manifest, doc)                      # as a writer under torch 1.13.1 committed it
     model, opt, sched = setup()
     said = []
     with mgr(tmp_path / "r", model, opt, scheduler=sched, log=said.append) as m:

@@ -21,6 +21,7 @@ from ckptfmt import errors as E
 from ckptfmt.cli import main
 from ckptfmt.torch import CheckpointManager
 from models import inputs, tiny_adamw, tiny_linear, two_layer, two_layer_adamw
+from conftest import without_root_digests  # noqa: E402
 
 
 # ---------------------------------------------------------------- helpers
@@ -726,6 +727,7 @@ def test_a_setting_an_earlier_writer_left_out_keeps_the_live_groups_value(tmp_pa
     doc = json.loads(path.read_text())                  # as the release before this one wrote it:
     del doc["optimizer"]["hyperparams"][0]["lr"], doc["optimizer"]["setting_types"], doc["seal"]   # no seal either
     path.write_text(json.dumps(doc))
+    without_root_digests(tmp_path / "run")              # nor root digests in its history
     fresh = tiny_linear(seed=1)
     fresh_opt = torch.optim.AdamW(fresh.parameters(), lr=5e-2)
     with manager(tmp_path / "run", fresh, fresh_opt, handle_signals=False) as m:

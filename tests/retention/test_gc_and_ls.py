@@ -15,6 +15,7 @@ from ckptfmt.cli import main
 from ckptfmt.run import Policy, Run
 from ckptfmt.torch import CheckpointManager
 from models import tiny_linear, train_steps
+from conftest import commit_rewritten
 
 VAL_LOSS = {10: 5.0, 20: 3.0, 30: math.nan, 40: 4.0, 50: 2.0, 60: 6.0}
 
@@ -94,10 +95,10 @@ def test_time_rules_use_the_recorded_commit_times(runner, run_dir):
     times = {10: 0.5, 20: 0.9, 30: 1.2, 40: 5.0, 50: 9.5, 60: 10.0}       # hours
     for step, at in times.items():
         doc = mf.read(run_dir / f"step_{step:06d}.json")
-        mf.write(run_dir / f"step_{step:06d}.json", {**doc, "created": at * hour})
+        commit_rewritten(run_dir / f"step_{step:06d}.json", {**doc, "created": at * hour})
     del_created = mf.read(run_dir / "step_000040.json")
     del del_created["created"]
-    mf.write(run_dir / "step_000040.json", del_created)            # no commit time: kept by time rules
+    commit_rewritten(run_dir / "step_000040.json", del_created)    # no commit time: kept by time rules
     code, out, _ = invoke(runner, "gc", run_dir, "--keep-within", "1h", "--keep-interval", "2h", "--json")
     assert code == 0, out
     kept = {k["step"]: k["kept_by"] for k in json.loads(out)["kept"]}
@@ -127,7 +128,7 @@ def test_without_a_metric_in_the_manifest_a_generation_has_none(runner, run_dir)
     for step in (10, 20):
         doc = mf.read(run_dir / f"step_{step:06d}.json")
         del doc["metrics"]
-        mf.write(run_dir / f"step_{step:06d}.json", doc)
+        commit_rewritten(run_dir / f"step_{step:06d}.json", doc)
     code, out, _ = invoke(runner, "gc", run_dir, "--keep-best", 1, "--metric", "val_loss",
                           "--no-keep-missing-metric", "--json")
     assert code == 0 and json.loads(out)["deleted"] == [10, 20, 30, 40]

@@ -13,7 +13,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from ckptfmt.run import Policy, Run, SaveClock, SavePolicy
+from ckptfmt.run import Policy, Run, SaveClock, SavePolicy, roots
 from ckptfmt.run import history as hist
 from ckptfmt.run.saving import best_in_history
 from ckptfmt.torch import CheckpointManager
@@ -95,6 +95,9 @@ def test_the_manager_saves_at_each_new_best_and_says_why(tmp_path):
     assert saves(tmp_path / "run") == [(1, "best val_loss"), (2, "best val_loss"), (4, "cadence"),
                                        (5, "best val_loss")]
     assert [g.step for g in Run(tmp_path / "run").generations()] == [1, 2, 4, 5]
+    run = tmp_path / "run"                 # each event names the generation it committed
+    recorded = roots.recorded(run / ".loss.json")
+    assert recorded == {s: roots.of_step(run, s) for s in (1, 2, 4, 5)} and None not in recorded.values()
 
 
 def test_the_manager_saves_when_the_wall_time_since_the_newest_save_has_passed(tmp_path):

@@ -15,8 +15,8 @@ from ckptfmt.errors import NoValidGenerationError, RunLockedError, SaveError
 from ckptfmt.run import Run, RunLock, plan_retention
 from ckptfmt.run.ops import bisect, fork, ls_run, pivot
 from ckptfmt.tools.validate import validate_run
-from ckptfmt.run import zombie_arms
-from conftest import arrays, make
+from ckptfmt.run import roots, zombie_arms
+from conftest import arrays, cli, make
 
 warnings.simplefilter("ignore", UserWarning)
 
@@ -258,6 +258,86 @@ def test_pivot_is_at_the_generation_the_trainer_resumes_from(tmp_path):
     assert hist.read(tmp_path / ".loss.json").events()[-1]["step"] == 100
 
 
+# ---------------------------------------------------------------- which generation the run committed
+def committed_with_roots(run_dir, steps, seed=0):
+    """Generations committed as a writer commits them: each then named by a checkpoint event
+    with its root digest."""
+    run_dir.mkdir(exist_ok=True)
+    h = hist.History(run_dir / hist.NAME)
+    for s in steps:
+        make(run_dir, s, seed=seed + s)
+        h.event("checkpoint", s, reason="cadence", root=roots.of_step(run_dir, s))
+    h.close()
+
+
+def swap_in(run_dir, other_dir, step):
+    for suffix in (".bin", ".json"):
+        name = f"step_{step:06d}{suffix}"
+        (run_dir / name).write_bytes((other_dir / name).read_bytes())
+
+
+def test_a_generation_swapped_in_from_another_run_is_passed_over_and_damage_in_validate_ls_and_fork(tmp_path):
+    run, other = tmp_path / "run", tmp_path / "other"
+    committed_with_roots(run, [100, 200])
+    committed_with_roots(other, [200], seed=7)
+    swap_in(run, other, 200)
+    assert ckptfmt.open(run / "step_000200.bin", verify=True)      # every part matches its own digests
+    with pytest.warns(UserWarning, match="skipping generation 200: not the generation this run committed at step 200"):
+        assert Run(run).latest(deep=True).step == 100
+    assert Run(run).latest().step == 100                            # shallow too: a manifest read
+    report = validate_run(run)
+    assert not report.ok and [f.code for f in report.findings if f.level == "defect"] == ["not_committed_here"]
+    assert any(str(run / "step_000200.json") in f.message for f in report.findings if f.code == "not_committed_here")
+    rows = {r["step"]: r for r in ls_run(run)["generations"]}
+    assert rows[100]["valid"] and rows[200]["status"].startswith("damaged: not the generation this run committed")
+    proc = cli("ls", str(run))
+    assert proc.returncode == 0 and "damaged: not the generation" in proc.stdout
+    assert "committed: names, sizes, headers and manifests checked; ls --deep (or validate) hashes every byte" \
+        in proc.stdout
+    with pytest.raises(ckptfmt.errors.CheckpointError, match="cannot fork from it: not the generation"):
+        fork(run, 200, tmp_path / "child")
+    Run(run).commit(200, *arrays(100, seed=200), manifest={})         # replaced, not "committed already"
+    roots.record(run, "checkpoint", 200)
+    assert Run(run).latest(deep=True).step == 200 and validate_run(run).ok
+
+
+def test_the_newest_record_of_a_step_wins_and_a_step_without_one_is_not_checked(tmp_path):
+    """A writer killed between its commit and its event, after the run fell back past that step
+    (a resume at an earlier step), leaves the older record standing: the new generation is passed
+    over and replaced when the run commits the step again; no record, no check."""
+    run, other = tmp_path / "run", tmp_path / "other"
+    committed_with_roots(run, [100, 200])
+    h = hist.History(run / hist.NAME)
+    h.event("resume", 100)
+    h.close()
+    first = roots.recorded(run / hist.NAME)
+    committed_with_roots(other, [200, 300], seed=7)
+    swap_in(run, other, 200)                        # committed again in the new timeline, its event lost
+    assert roots.recorded(run / hist.NAME) == first and first[200] != roots.of_step(run, 200)
+    assert Run(run).latest(deep=True).step == 100
+    Run(run).commit(200, *arrays(100, seed=200), manifest={})         # the step reached again: replaced
+    roots.record(run, "checkpoint", 200)
+    assert Run(run).latest(deep=True).step == 200
+    swap_in(run, other, 300)                        # no record of step 300 at all
+    assert Run(run).latest(deep=True).step == 300
+
+
+def test_a_generation_converted_into_a_run_is_named_in_its_history(tmp_path):
+    """``convert step_N.bin RUN --to shards`` into a run whose history recorded another
+    generation at step N (one retention deleted): the conversion's own event names the new one,
+    so the run validates and resumes from it; a run without a history gets no history."""
+    from ckptfmt.tools.convert import convert
+    run, src = tmp_path / "run", tmp_path / "src"
+    committed_with_roots(run, [100, 200])
+    Run(run).generations()[1].remove()                  # retention deleted step 200; its record stays
+    committed_with_roots(src, [200], seed=7)
+    convert(str(src / "step_000200.bin"), str(run), to="shards")
+    assert roots.recorded(run / hist.NAME)[200] == roots.of_step(run, 200)
+    assert Run(run).latest(deep=True).step == 200 and validate_run(run).ok
+    convert(str(src / "step_000200.bin"), str(tmp_path / "bare"), to="shards")
+    assert not (tmp_path / "bare" / hist.NAME).exists()
+
+
 def test_fork_copies_verified_with_provenance(tmp_path):
     parent = tmp_path / "parent"
     parent.mkdir()
@@ -275,6 +355,8 @@ def test_fork_copies_verified_with_provenance(tmp_path):
     assert doc["provenance"]["parent_step"] == 100 and doc["provenance"]["parent_blake3"] == doc["blake3"]
     assert ckptfmt.open(child / "step_000100.bin", verify=True)
     assert [c["step"] for c in hist.read(child / ".loss.json").canonical()] == list(range(1, 101))
+    assert roots.recorded(child / hist.NAME) == {100: roots.of_step(child, 100)}    # the fork names what it brought
+    assert roots.of_step(child, 100) != roots.of_step(parent, 100)                  # its manifest has provenance
     with pytest.raises(ckptfmt.errors.DestinationExistsError):
         fork(parent, 100, child)
     corrupt(parent, 200, "bit_flip")
@@ -349,7 +431,7 @@ def test_bare_run_is_valid_but_unverified(tmp_path):
     rows = ls_run(tmp_path)["generations"]      # ls agrees with validate (FORMAT §4.4): bare, not uncommitted
     assert [(g["step"], g["valid"], g["status"]) for g in rows] == [(1, True, "bare (unverified)"), (2, True, "bare (unverified)")]
     seed_write(tmp_path / "step_000003.bin", 4, *arrays(5))     # name and header disagree: a defect still
-    assert ls_run(tmp_path)["generations"][-1]["status"] == "name says step 3, header says step 4"
+    assert ls_run(tmp_path)["generations"][-1]["status"] == "damaged: name says step 3, header says step 4"
 
 
 def test_a_bare_file_under_another_steps_name_is_skipped_with_the_readers_message(tmp_path):

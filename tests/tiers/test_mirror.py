@@ -19,7 +19,7 @@ import pytest
 
 import ckptfmt
 from ckptfmt import shards
-from ckptfmt.run import Run
+from ckptfmt.run import Run, roots
 from ckptfmt.run.ops import ls_run
 from conftest import ROOT, arrays, cli
 import warm  # noqa: E402
@@ -166,8 +166,13 @@ def test_restore_then_resume_is_bit_identical_to_the_straight_run(s3, bucket, tm
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["step"] == 40
     restored = tmp_path / "restored"
-    for name in (".loss.json", ".state.json", ".samples.json", "step_000040.bin", "step_000040.json"):
+    for name in (".state.json", ".samples.json", "step_000040.bin", "step_000040.json"):
         assert (restored / name).read_bytes() == (tmp_path / "run" / name).read_bytes(), name
+    history = (restored / ".loss.json").read_bytes()       # the run's, and the import that brought step 40 in
+    before = (tmp_path / "run" / ".loss.json").read_bytes()
+    event = json.loads(history[len(before):])
+    assert history.startswith(before) and (event["event"], event["step"], event["source"]) == ("import", 40, url)
+    assert event["root"] == roots.of_step(restored, 40)
     train(restored, 60)
     assert (ckptfmt.open(restored / "step_000060.bin").fingerprint()
             == ckptfmt.open(tmp_path / "straight" / "step_000060.bin").fingerprint())
@@ -210,6 +215,32 @@ def test_an_edited_manifest_at_the_destination_is_damage_that_validate_names_and
     assert cli("mirror", str(run), url).returncode == 0
     assert objects(s3, bucket, "seal/")["step_000020.json"] == (run / "step_000020.json").read_bytes()
     assert cli("validate", url).returncode == 0
+
+
+def test_a_generation_swapped_in_at_the_mirror_is_damage_that_validate_names_and_import_passes_over(s3, bucket, tmp_path):
+    """The newest mirrored generation replaced by another run's of the same step (payload and
+    manifest, each matching its own digests): its root digest is not the one the mirrored
+    history records, so validate URL exits 1 naming it, import takes the previous generation
+    saying why and records in the restored history what it brought in."""
+    run = make_run(tmp_path / "run", steps=(10, 20))
+    for step in (10, 20):
+        roots.record(run, "checkpoint", step)
+    other = tmp_path / "other"
+    other.mkdir()
+    ckptfmt.save_generation(other, 20, *arrays(1000, 99), manifest={"config": {"k": 20}})
+    url = f"s3://{bucket}/swapped"
+    assert cli("mirror", str(run), url).returncode == 0
+    for name in ("step_000020.bin", "step_000020.json"):
+        s3.client().put_object(Bucket=bucket, Key=f"swapped/{name}", Body=(other / name).read_bytes())
+    proc = cli("validate", url)
+    assert proc.returncode == 1 and "not the generation this run committed at step 20" in proc.stdout, proc.stdout
+    proc = cli("import", url, str(tmp_path / "back"), "--json")
+    assert proc.returncode == 0 and json.loads(proc.stdout)["step"] == 10, proc.stderr
+    assert "skipping generation 20: step_000020.json: not the generation this run committed" in proc.stderr, proc.stderr
+    back = tmp_path / "back"
+    assert roots.recorded(back / ".loss.json") == {10: roots.of_step(run, 10), 20: roots.of_step(run, 20)}
+    assert json.loads((back / ".loss.json").read_text().splitlines()[-1])["event"] == "import"
+    assert cli("validate", str(back)).returncode == 0
 
 
 def test_a_mirrored_manifest_whose_payload_was_deleted_is_damage_named_everywhere(s3, bucket, tmp_path):

@@ -12,12 +12,11 @@ import pytest
 pytest.importorskip("torch")
 
 import ckptfmt  # noqa: E402
-from ckptfmt import manifest as mf  # noqa: E402
 from ckptfmt.run import history as hist  # noqa: E402
 from ckptfmt.run import Run  # noqa: E402
 from ckptfmt.tools.validate import validate_run  # noqa: E402
 
-from conftest import last_step  # noqa: E402
+from conftest import commit_rewritten, last_step, without_root_digests  # noqa: E402
 import warm  # noqa: E402
 
 PY = sys.executable
@@ -221,7 +220,7 @@ def test_a_device_change_is_refused_naming_the_flags_and_goes_on_when_allowed(tm
     doc = json.loads(mpath.read_text())
     doc["run"]["device"] = "cuda:0"
     doc["rng"]["torch_cuda"] = {"device": 0, "state": "AAAAAAAAAAAAAAAAAAAAAA=="}
-    mf.write(mpath, doc)                                   # as the CUDA process sealed it
+    commit_rewritten(mpath, doc)                           # as the CUDA process committed it
     proc = train(run, 40, "--device", "cpu")
     assert proc.returncode == 1 and proc.stderr.count("Traceback") == 0
     assert ("step_000020.bin: the run trained on cuda:0, this start runs on cpu: resume it where CUDA is "
@@ -258,7 +257,7 @@ def test_missing_resume_component_is_refused_by_name(tmp_path):
     doc = json.loads(mpath.read_text())
     del doc["scheduler"]
     del doc["rng"]["generators"]
-    mf.write(mpath, doc)                                   # a writer that sealed it without them
+    commit_rewritten(mpath, doc)                           # a writer that committed it without them
     proc = train(run, 40)
     assert proc.returncode == 1
     assert "the checkpoint lacks scheduler, rng.generators.bandit" in proc.stderr
@@ -354,6 +353,27 @@ def test_an_edited_field_of_the_newest_manifest_is_a_damaged_generation_never_a_
     assert validate_run(run).ok
 
 
+def test_a_generation_swapped_in_from_another_run_is_passed_over_and_the_run_ends_bit_exact(tmp_path, straight):
+    """Step 60 of another run (another seed) copied in whole: each part matches its own digests,
+    but its root digest is not the one this run's history recorded when it committed step 60.
+    validate names it (exit 1), the resume falls back to step 40 and ends byte-identical to the
+    straight run, and the step 60 committed again is recorded and validates."""
+    run, other = tmp_path / "run", tmp_path / "other"
+    assert train(run, 60).returncode == 0
+    assert train(other, 60, "--seed", "7").returncode == 0
+    for part in other.glob("step_000060.*"):
+        (run / part.name).write_bytes(part.read_bytes())
+    report = validate_run(run)
+    assert [f.code for f in report.findings if f.level == "defect"] == ["not_committed_here"]
+    proc = train(run, N)
+    assert proc.returncode == 0, proc.stderr
+    assert "skipping generation 60: not the generation this run committed at step 60" in proc.stderr
+    assert "resumed from step_000040.bin" in proc.stderr
+    assert final(run, 60) == final(straight, 60) and final(run) == final(straight)
+    assert canonical(run) == canonical(straight)[:N]
+    assert validate_run(run).ok
+
+
 def test_resume_hashes_the_generation_once(tmp_path, monkeypatch):
     """The deep latest-valid check hashes the newest generation; opening it must not hash it
     again (a second full read of a 1.46 GB file at every restart)."""
@@ -389,6 +409,7 @@ def test_a_run_written_before_the_manager_resumes_bit_exactly(tmp_path):
     doc["rng"] = {"python": rng["python"], "torch_cpu": rng["torch_cpu"],
                   "numpy": {name: g["state"] for name, g in rng["generators"].items()}}
     mpath.write_text(json.dumps(doc))
+    without_root_digests(old)                              # nor root digests in its history
     proc = train(old, 40)
     assert proc.returncode == 0, proc.stderr
     assert final(old, 40) == final(straight, 40)

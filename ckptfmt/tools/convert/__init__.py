@@ -23,6 +23,7 @@ from ... import format as fmt
 from ...errors import (ConvertError, DestinationExistsError, UnsupportedConversionError, UnsupportedFormatError,
                        parse_json)
 from ...tensorfile import TensorFile
+from ...run import roots
 from ...run.lock import writing_file, writing_generations
 from . import bin, bridge, check, foreign, hf, npz, planes, pt, safetensors, torchside, zst
 from .planes import planes as planes_of, unplanes
@@ -147,21 +148,41 @@ def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = F
         raise FileNotFoundError(errno.ENOENT, "destination directory does not exist", parent)
     into_run = dst_kind == "shards" and not dst.lower().endswith(".json")    # DST is the run directory
     with (writing_generations(dst, "convert") if into_run else writing_file(dst, "convert")):   # RUN.md §4
-        if src_kind in DISTRIBUTED and dst_kind not in DISTRIBUTED + ("bin",):
-            return _through_bin(src, dst, src_kind, dst_kind, weights_only, dtype, verify, progress)
-        if "shards" in (src_kind, dst_kind) or "dcp" in (src_kind, dst_kind):
-            return convert_distributed(src, dst, src_kind, dst_kind, shards=shards or 2, verify=verify,
-                                       groups=group_names, groups_file=groups_file)
-        if dst_kind in ("torch", "weights"):
-            return bridge.export_foreign(src, src_kind, dst, dst_kind, verify)
-        existed = os.path.lexists(dst)
-        try:
-            return _convert_file(src, dst, src_kind, dst_kind, weights_only, dtype, verify, progress,
-                                 group_names, groups_file)
-        except BaseException:
-            if not existed:
-                discard(dst)       # a failed conversion leaves nothing behind (its manifest included)
-            raise
+        report = _dispatch(src, dst, src_kind, dst_kind, weights_only, dtype, verify, progress,
+                           shards or 2, group_names, groups_file)
+        _record_in_run(dst, into_run, report)
+    return report
+
+
+def _dispatch(src: str, dst: str, src_kind: str, dst_kind: str, weights_only: bool, dtype: str | None,
+              verify: bool, progress: Any, shards: int, group_names: Any, groups_file: Any) -> ConvertReport:
+    """The conversion itself, by the forms of the source and the destination."""
+    if src_kind in DISTRIBUTED and dst_kind not in DISTRIBUTED + ("bin",):
+        return _through_bin(src, dst, src_kind, dst_kind, weights_only, dtype, verify, progress)
+    if "shards" in (src_kind, dst_kind) or "dcp" in (src_kind, dst_kind):
+        return convert_distributed(src, dst, src_kind, dst_kind, shards=shards, verify=verify,
+                                   groups=group_names, groups_file=groups_file)
+    if dst_kind in ("torch", "weights"):
+        return bridge.export_foreign(src, src_kind, dst, dst_kind, verify)
+    existed = os.path.lexists(dst)
+    try:
+        return _convert_file(src, dst, src_kind, dst_kind, weights_only, dtype, verify, progress,
+                             group_names, groups_file)
+    except BaseException:
+        if not existed:
+            discard(dst)       # a failed conversion leaves nothing behind (its manifest included)
+        raise
+
+
+def _record_in_run(dst: str, into_run: bool, report: ConvertReport) -> None:
+    """A generation converted into a run directory (``--to shards`` into RUN, or a ``step_N.bin``
+    beside a run's history) is named in that history: a ``convert`` event with its root digest
+    (spec/RUN.md §3.7), so an older record of the step does not make it look swapped in."""
+    parsed = fmt.parse_name(os.path.basename(dst))
+    if into_run:
+        roots.record(dst, "convert", report.step, source=report.src)
+    elif parsed == (report.step, "bin"):
+        roots.record(os.path.dirname(os.path.abspath(dst)), "convert", report.step, source=report.src)
 
 
 def _through_bin(src: str, dst: str, src_kind: str, dst_kind: str, weights_only: bool, dtype: str | None,
