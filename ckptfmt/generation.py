@@ -132,6 +132,18 @@ class Generation:
             return "not committed: no manifest"
         return opens(self.bin, manifest="require", verify=deep)
 
+    def leftover(self) -> tuple[Path, str] | None:
+        """An uncommitted generation that no manifest ever committed: (its part, what it is: the
+        leftover of an interrupted save); None when it is committed, or a manifest lost its
+        payload (damage: ``check`` says ``LOST_PAYLOAD``)."""
+        if self.manifest is not None:
+            return None
+        if self.shards is not None and self.bin is None:
+            return self.shards, "shards without a manifest (an interrupted sharded save)"
+        if self.bin is not None:
+            return self.bin, "no manifest: an uncommitted leftover of a crash"
+        return self.companion, "companion file without its .bin and manifest (a leftover of an interrupted save)"
+
     def open(self, *, verify: bool = False) -> "reader.Checkpoint | shards.ShardedCheckpoint":
         """The committed generation's arrays (``weights``, ``m``, ``v``, ``manifest``), hashed
         first when ``verify``; raises ``CheckpointError`` for one that is not valid."""

@@ -39,9 +39,7 @@ def open_source(path: str, kind: Kind | None = None) -> Source:
     if kind.name == "dcp":
         return _dcp(path)
     if kind.name in ("hf-model", "hf-checkpoint"):     # read as convert reads them (a record checked first)
-        loaded, _, groups = hf.load(path)           # no record: the file's order is not the model's
-        return foreign_source(path, torchsave(path).to_state(loaded, path, groups,
-                                                             by_index=True if groups else "always"))
+        return foreign_source(path, hf.state_of(path))
     if kind.name == "safetensors-index":
         return foreign_source(path, foreign.index_state(path))
     if kind.convert is None:

@@ -169,17 +169,17 @@ def validate_generation_file(path: "str | os.PathLike[str]", kind: kinds.Kind | 
     kind = kind or kinds.require(kinds.sniff(path), "validate", path)
     if kind.name == "bin":
         return validate_file(path, deep=deep, progress=progress, scan=scan)
-    return validate_other(os.fspath(path), kind, deep=deep)
+    return validate_other(os.fspath(path), kind, deep=deep, scan=scan)
 
 
-def validate_other(path: str, kind: kinds.Kind, *, deep: bool = True) -> Report:
+def validate_other(path: str, kind: kinds.Kind, *, deep: bool = True, scan: bool = False) -> Report:
     """A file of another kind than the seed ``.bin``: ckptfmt's own forms against the blake3 they
     record (convert's source check), a sharded generation shard by shard, a foreign file by its
     structure and values ("unverified: no digest of its own"). Not ``deep``: readable is enough."""
     report = Report(path)
     report.details["kind"] = kind.name
     if kind.name == "shards":
-        return _validate_sharded(report, path, deep)
+        return _validate_sharded(report, path, deep, scan)
     try:
         src = open_source(path, kind)
     except CheckpointError as exc:
@@ -210,17 +210,21 @@ def _check_recorded(report: Report, src, kind: kinds.Kind) -> None:
         report.warn("unverified", f"{src.path}: {how}")
 
 
-def _validate_sharded(report: Report, path: str, deep: bool) -> Report:
-    """Every shard against its manifest row (``Generation.check``'s check of a run's shards)."""
+def _validate_sharded(report: Report, path: str, deep: bool, scan: bool = False) -> Report:
+    """Every shard against its manifest row (``Generation.check``'s check of a run's shards),
+    then (``deep``) the values, from the recorded facts or (``scan``) every shard."""
     manifest = manifest_of(path)
     reason = shards_check(Path(manifest), deep=deep)
     if reason is not None:
         report.defect("shard_defect", f"{manifest}: {reason}")
         return report
+    _note_unsealed(report, str(manifest), mf.read(manifest))
     row: dict[str, Any] = {"status": "verified" if deep else "committed"}
     if deep:
-        _check_shard_values(report, row, manifest, scan=False)
+        _check_shard_values(report, row, manifest, scan)
     report.status = row["status"]
+    if "non_finite" in row:
+        report.details["non_finite"] = row["non_finite"]
     return report
 
 
@@ -325,35 +329,20 @@ def _report_entries(report: Report, listing, holder: dict[str, Any] | None) -> N
 
 def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=None,
                          scan: bool = False) -> dict[str, Any]:
+    """One generation of a run, of either shape: a leftover of an interrupted save is a warning
+    (``Generation.leftover``), a manifest without its payload a defect, a committed one (or a
+    bare run's ``.bin``) is validated as a file is (``validate_generation_file``)."""
     row = {"step": gen.step, "status": "unverified"}
-    if gen.sharded:
-        reason = gen.check(deep=deep)
-        if reason is None:
-            row["status"] = "verified" if deep else "committed"
-            _note_unsealed(report, str(gen.manifest), mf.read(gen.manifest))
-            if deep:
-                _check_shard_values(report, row, gen.manifest, scan)
-        elif gen.manifest is None:
-            report.warn("uncommitted", f"{gen.shards}: shards without a manifest (an interrupted sharded save)")
-            row["status"] = "uncommitted"
-        else:
-            report.defect("shard_defect", f"{gen.manifest}: {reason}")
-            row["status"] = "damaged"
-        return row
-    if gen.bin is None and gen.manifest is None:
-        report.warn("uncommitted", f"{gen.companion}: companion file without its .bin and manifest "
-                                   "(a leftover of an interrupted save)")
+    leftover = None if bare and gen.bin is not None else gen.leftover()
+    if leftover is not None:
+        report.warn("uncommitted", f"{leftover[0]}: {leftover[1]}")
         row["status"] = "uncommitted"
         return row
-    if gen.bin is None:
+    if gen.payload is None:
         report.defect("orphan_manifest", f"{gen.manifest}: {LOST_PAYLOAD}")
         row["status"] = "damaged"
         return row
-    if gen.manifest is None and not bare:
-        report.warn("uncommitted", f"{gen.bin}: no manifest: an uncommitted leftover of a crash")
-        row["status"] = "uncommitted"
-        return row
-    sub = validate_file(gen.bin, deep=deep, progress=progress, scan=scan)
+    sub = validate_generation_file(gen.path, deep=deep, progress=progress, scan=scan)
     report.findings.extend(f for f in sub.findings if not (bare and f.code == "unverified"))
     row["status"] = sub.status
     if "non_finite" in sub.details:

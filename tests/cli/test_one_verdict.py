@@ -18,7 +18,7 @@ import numpy as np
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
-from conftest import cli
+from conftest import cli, without_torch
 from models import train_steps, two_layer
 
 
@@ -131,6 +131,9 @@ def test_hugging_face_model_directories_of_either_weights_file_read_alike(tmp_pa
             cli("inspect", tmp_path / d).stdout
     same = cli("diff", tmp_path / "st", tmp_path / "pt")
     assert same.returncode == 0 and "bit-identical" in same.stdout
+    for command in ("inspect", "validate"):                     # safetensors need no torch, and say the same
+        alone, beside = without_torch(command, tmp_path / "st"), cli(command, tmp_path / "st")
+        assert (alone.returncode, alone.stdout) == (beside.returncode, beside.stdout), alone.stderr
     trainer = tmp_path / "out" / "checkpoint-10"                # a Trainer without ckptfmt's callback
     trainer.mkdir(parents=True)
     shutil.copy(tmp_path / "st" / "model.safetensors", trainer)

@@ -46,6 +46,21 @@ def load(src: str) -> tuple[dict[str, Any], str, list[list[str]] | None]:
     return obj, checked, groups if isinstance(groups, list) else None
 
 
+def state_of(src: str) -> State:
+    """The directory as a ``State`` for the readers (inspect, validate, diff): without torch
+    where no torch file must be read (a ``save_pretrained`` directory of safetensors, no
+    ``optimizer.pt``); else through ``load`` and torch, as ``convert`` reads it."""
+    directory = Path(src)
+    if (directory / OPTIMIZER).is_file() or _torch_weights(directory, None) is not None:
+        loaded, _, groups = load(src)               # no record: the file's order is not the model's
+        return torchsave(src).to_state(loaded, src, groups, by_index=True if groups else "always")
+    record = hfdir.read_record(directory)
+    if record is not None and (found := hfdir.problems(directory)):
+        raise FingerprintMismatchError(src, f"does not match its {hfdir.RECORD}: {found[0]}")
+    entries = in_model_order(weight_entries(directory), (record or {}).get("parameters"))
+    return State(entries, None, {"keys": {"model": "model", "optimizer": None}})
+
+
 def _torch_weights(directory: Path, ts: Any) -> list[Entry] | None:
     """The tensors of ``pytorch_model.bin`` (``save_pretrained(safe_serialization=False)``, a
     Trainer's ``save_safetensors=False``) where there is no safetensors weight file, in its order;
@@ -53,6 +68,8 @@ def _torch_weights(directory: Path, ts: Any) -> list[Entry] | None:
     path = directory / hfdir.TORCH_WEIGHTS
     if (directory / hfdir.WEIGHTS).is_file() or (directory / hfdir.INDEX).is_file() or not path.is_file():
         return None
+    if ts is None:                 # only asked whether there is one to read
+        return []
     model = ts.read(str(path))
     ts.require_dict(model, str(path))
     return ts.to_state(model, str(path)).model       # a bare state dict, or {"model": ..., ...}
