@@ -8,8 +8,11 @@ from __future__ import annotations
 
 import ctypes
 import os
+import re
 import stat
 from typing import Callable
+
+from .errors import UnsupportedSetupError
 
 Hook = Callable[[str, str], None]
 hook: Hook | None = None
@@ -21,6 +24,28 @@ try:
     _sync_file_range.argtypes = [ctypes.c_int, ctypes.c_int64, ctypes.c_int64, ctypes.c_uint]
 except (OSError, AttributeError):  # not Linux: writeback-ahead is only a speed-up
     _sync_file_range = None
+
+
+_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
+
+
+def is_url(text: "str | os.PathLike[str]") -> bool:
+    """A URL (``s3://bucket/runs/x``, ``gs://...``, ``file:///...``), not a local path.
+
+    >>> is_url("s3://bucket/runs/x"), is_url("runs/x")
+    (True, False)
+    """
+    return isinstance(text, str) and bool(_URL.match(text))
+
+
+def refuse_url(path: "str | os.PathLike[str]", what: str) -> None:
+    """A URL where only a local path is taken is refused (``UnsupportedSetupError``, exit 2):
+    ``pathlib`` would make ``s3://b/r`` the local directory ``s3:/b/r`` and a run would train,
+    save and compare there, silently (spec/RUN.md §10)."""
+    if is_url(path):
+        raise UnsupportedSetupError(str(path), f"a URL where {what} on a local filesystem is expected: "
+                                    "ckptfmt writes runs to local directories and mirrors them to object "
+                                    "storage (ckptfmt mirror RUN URL, CheckpointManager(..., mirror=URL))")
 
 
 def _call(op: str, path: "str | os.PathLike[str]") -> None:

@@ -327,7 +327,8 @@ def _claims_seed(name: str) -> bool:
 
 def sniff(path: "str | os.PathLike[str]") -> Kind:
     """The kind of ``path`` by the rule of the module docstring; ``UnsupportedKindError`` when
-    none fits, ``OSError`` when the path cannot be read."""
+    none fits, ``OSError`` when the path cannot be read; a URL is refused (``fsio.refuse_url``)."""
+    fsio.refuse_url(path, "a file or a directory")
     probe = Probe(path)
     if not (probe.is_file or probe.is_dir):
         raise UnsupportedKindError(probe.path, f"not a regular file ({fsio.special(os.stat(path).st_mode)}): "

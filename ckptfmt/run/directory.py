@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import atomic, writer
+from .. import atomic, fsio, writer
 from ..errors import (GenerationNotFoundError, NoValidGenerationError, SaveError,
                       SidecarError, UnsupportedSetupError)
 from ..facts import describe
@@ -52,6 +52,7 @@ class Run:
     """A run directory. ``Run(path).latest()`` is the newest committed, valid generation."""
 
     def __init__(self, path: "str | os.PathLike[str]", *, create: bool = False):
+        fsio.refuse_url(path, "a run directory")       # never the local directory s3:/bucket/...
         self.path = Path(path)
         if create and not self.path.is_dir():
             atomic.make_durable_dir(self.path)

@@ -222,6 +222,7 @@ def fork(path: "str | os.PathLike[str]", step: int, dest: "str | os.PathLike[str
     """Audit fork: a new run from generation ``step`` (copy verified by fingerprint), the loss
     history up to ``step``, and provenance (parent run, step, fingerprint) in the new manifest.
     The generation is leased while it is copied, so a live trainer's retention keeps it."""
+    fsio.refuse_url(dest, "the destination")
     run, dest = Run(path), Path(dest)
     with ReadLease(path, purpose="fork") as lease:
         gen = next((g for g in lease.listing.generations if g.step == step), None)

@@ -20,7 +20,7 @@ from typing import Any, Callable
 
 import zstandard
 
-from .. import atomic, fingerprint
+from .. import atomic, fingerprint, fsio
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import DestinationExistsError, ExportError
@@ -93,6 +93,7 @@ def export(run_dir: str, dest: str, *, steps: list[int] | None = None,
     caller that has one supplies the check. ``tamper`` is a test hook run after the copy and
     before the verification.
     """
+    fsio.refuse_url(dest, "the destination")
     run, out = Run(run_dir), Path(dest)
     with ReadLease(run.path, purpose="export") as lease:    # retention keeps them (RUN.md §5.3)
         gens = _choose(run, lease.listing, steps)
@@ -329,6 +330,7 @@ def import_archive(archive_path: str, dest: str) -> dict[str, Any]:
     carrying the ``EXPORT-INCOMPLETE`` marker until every check passed) that is then renamed
     to DEST: a failed import leaves nothing at DEST, and DEST never holds a partial import.
     """
+    fsio.refuse_url(dest, "the destination")
     source, out = Path(archive_path), Path(dest)
     _check_archive_path(source)
     refuse_live(out)

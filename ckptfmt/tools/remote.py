@@ -17,6 +17,7 @@ from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 from .. import atomic, fingerprint
+from ..fsio import is_url  # noqa: F401  (where the tools and the CLI ask for it)
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import (CheckpointError, FingerprintMismatchError, MissingDependencyError,
@@ -26,17 +27,9 @@ EXTRA = "pip install 'ckptfmt[remote]'"
 CHUNK = 8 << 20              # bytes per read while streaming
 BLOCK = 16 << 20             # multipart part size (S3's minimum is 5 MiB), read-back range size
 PARALLEL_READS = 4           # concurrent ranged GETs while reading back
-_URL = re.compile(r"^[A-Za-z][A-Za-z0-9+.\-]*://")
 Progress = Callable[[int], None] | None
 
 
-def is_url(text: str) -> bool:
-    """A URL (``s3://bucket/runs/x``, ``gs://...``, ``file:///...``), not a local path.
-
-    >>> is_url("s3://bucket/runs/x"), is_url("runs/x")
-    (True, False)
-    """
-    return bool(_URL.match(str(text)))
 
 
 def redact(url: str) -> str:

@@ -985,3 +985,40 @@ def test_an_io_error_that_names_no_file_is_one_line_naming_a_path(tmp_path, monk
     assert all(str(tmp_path) in line for line in lines), said
     # a command that needs a valid generation finds none it can read: "no valid generation", exit 1
     assert proc.returncode == (1 if command in ("export", "fork") else 2), said
+
+
+@pytest.mark.parametrize("argv", [
+    ("diff", "s3://b/r/step_000040.bin", "{run}/step_000005.bin"),
+    ("convert", "{run}/step_000005.bin", "s3://b/x.safetensors"),
+    ("convert", "s3://b/r/step_000005.bin", "{tmp}/x.safetensors"),
+    ("export", "{run}", "s3://b/exported"),
+    ("fork", "{run}", "s3://b/child", "--step", "5"),
+    ("gc", "s3://b/r", "--keep-last", "1"),
+    ("pin", "s3://b/r", "5"),
+    ("train", "--run", "s3://b/r", "--steps", "1", "--config", "tiny"),
+])
+def test_a_url_where_a_local_path_is_taken_is_refused_and_nothing_is_made(tmp_path, monkeypatch, argv):
+    """pathlib would make s3://b/r the local directory s3:/b/r: a run would train and save
+    there and diff would compare the local file, all exit 0. Refused in one line, exit 2, and
+    nothing is written in the working directory."""
+    run = tmp_path / "run"
+    run.mkdir()
+    make(run, 5, n=8)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    proc = cli(*[a.format(run=run, tmp=tmp_path) for a in argv], cwd=work)
+    said = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 2 and "a URL where" in said and len(said.splitlines()) == 1, said
+    assert list(work.iterdir()) == [] and not (tmp_path / "x.safetensors").exists()
+
+
+def test_a_manager_given_a_url_refuses_it_before_anything_is_made(tmp_path, monkeypatch):
+    torch = pytest.importorskip("torch")
+    from ckptfmt.errors import UnsupportedSetupError
+    from ckptfmt.torch import CheckpointManager
+    monkeypatch.chdir(tmp_path)
+    model = torch.nn.Linear(2, 1)
+    with pytest.raises(UnsupportedSetupError, match="a URL where a run directory"):
+        CheckpointManager("s3://bucket/runs/x", model, torch.optim.AdamW(model.parameters()), handle_signals=False)
+    assert list(tmp_path.iterdir()) == []

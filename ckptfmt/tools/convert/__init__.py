@@ -18,7 +18,7 @@ from typing import Any
 
 import numpy as np
 
-from ... import fingerprint, kinds
+from ... import fingerprint, fsio, kinds
 from ... import format as fmt
 from ...errors import (ConvertError, DestinationExistsError, UnsupportedConversionError, UnsupportedFormatError,
                        parse_json)
@@ -131,7 +131,9 @@ def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = F
     check, the write, then the verification (about the source size each). ``groups``: for a
     foreign ``.pt`` whose optimizer has several param groups without usable ``param_names``,
     each group's parameter names (a JSON file holding a list of lists, or the lists)."""
+    fsio.refuse_url(dst, "the destination")
     if not os.path.exists(src):
+        fsio.refuse_url(src, "the source")
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", src)
     src = os.fspath(kinds.resolve(src))         # a Lightning checkpoint directory: its generation
     src_kind, dst_kind = detect(src), target(dst, to)
