@@ -232,6 +232,21 @@ def _lightning(p: Probe) -> bool:
     return p.is_dir and generation_in(p.path) is not None
 
 
+def _lightning_dir(p: Probe) -> bool:
+    """A directory of Lightning checkpoint directories (ModelCheckpoint's ``dirpath``) and no
+    generation of its own: one child directory that is a Lightning checkpoint decides."""
+    if not p.is_dir:
+        return False
+    try:
+        with os.scandir(p.path) as entries:
+            children = [e for e in entries]
+    except OSError:
+        return False
+    if any(fmt.parse_name(e.name) is not None for e in children):
+        return False                              # a run directory's generations
+    return any(e.is_dir() and generation_in(e.path) is not None for e in children)
+
+
 def _hf_run(p: Probe) -> bool:
     return p.is_dir and hfdirs.is_output(p.path)
 
@@ -292,6 +307,9 @@ KINDS: tuple[Kind, ...] = (
          {"inspect": "its generation, as a run", "validate": "its generation: structure, manifest, blake3, values",
           "diff": "its generation's regions", "convert": "its generation into any form",
           "ls": "its generation"}, "bin", ours=True),
+    Kind("lightning-dir", "Lightning ModelCheckpoint directory (checkpoint directories)", _lightning_dir,
+         {"inspect": "ls and the newest valid checkpoint", "validate": "every checkpoint, as alone",
+          "ls": "checkpoints, status, metrics"}, None),
     Kind("hf-run", "Hugging Face Trainer output directory (checkpoint-N directories)", _hf_run,
          {"inspect": "ls and the newest verified checkpoint", "validate": "every checkpoint-N",
           "ls": "checkpoints, status, metrics"}, None),

@@ -39,6 +39,9 @@ def ls_cmd(run: str, as_json: bool, deep: bool, remote: bool, **policy: Any) -> 
     from ..tools.hfrun import hf_kind, ls_hf  # lazy: as above
     if hf_kind(run):                         # a Trainer's output or checkpoint-N directory
         return emit(ls_hf(run, deep=deep), as_json, print_ls)
+    from ..tools.lightningdir import is_lightning_dir, ls_lightning_dir  # lazy: as above
+    if is_lightning_dir(run):                # Lightning's ModelCheckpoint directory of checkpoints
+        return emit(ls_lightning_dir(run, deep=deep), as_json, print_ls)
     data = ls_run(run, deep=deep, keep_every=policy["keep_every"], policy=policy_of(**policy))
     if not data["generations"]:              # checkpoint files of other kinds, no generation (RUN §2.5)
         from ..tools.loose import checkpoint_files  # lazy: as above

@@ -12,10 +12,12 @@ import signal
 import threading
 import time
 import warnings
+from pathlib import Path
 from typing import Any
 
 import torch
 
+from .. import atomic
 from ..errors import IncompleteResumeStateError, MissingDependencyError, UnsupportedSetupError
 from ..run import History, Policy
 from ..torch import adapter, optim, rng
@@ -211,7 +213,9 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
             self.mirroring = io.mirror = mirroring.Mirroring(callback.dirpath, self.mirror, lock=io.lock,
                                                              extension=callback.FILE_EXTENSION)
         if self.history and trainer.is_global_zero:
-            self._log = History(os.path.join(trainer.checkpoint_callback.dirpath, ".loss.json"))
+            where = trainer.checkpoint_callback.dirpath     # made by its first save: made now for the history
+            atomic.make_durable_dir(Path(where))
+            self._log = History(os.path.join(where, ".loss.json"))
             if self._resumed_at is not None:
                 self._log.event("resume", self._resumed_at)
 

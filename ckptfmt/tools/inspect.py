@@ -30,6 +30,9 @@ def inspect_path(path: "str | os.PathLike[str]", *, tensors: bool = False) -> di
     if kind.name in ("hf-run", "hf-checkpoint"):     # a Trainer's output or checkpoint-N directory
         from .hfrun import inspect_hf  # lazy: one more kind, read only when given
         return inspect_hf(path, inspect_other)
+    if kind.name == "lightning-dir":                 # ModelCheckpoint's directory of checkpoints
+        from .lightningdir import inspect_lightning_dir  # lazy: as above
+        return inspect_lightning_dir(path, inspect_run)
     if kind.name == "bin":
         return inspect_file(path, tensors=tensors)
     return inspect_other(os.fspath(path), kind, tensors=tensors)
