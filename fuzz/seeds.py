@@ -25,7 +25,7 @@ sys.path.insert(0, HERE)
 import ckptfmt  # noqa: E402
 from ckptfmt import tensorfile  # noqa: E402
 from ckptfmt.tools.convert import convert  # noqa: E402
-from ckptfmt.tools.export import archive  # noqa: E402
+from ckptfmt.tools.archive import archive  # noqa: E402
 from target import ARCHIVE, CONVERSION_READERS, TORCH  # noqa: E402
 
 LAYOUT = [{"name": "a", "shape": [2, 2], "offset": 0}, {"name": "b", "shape": [2], "offset": 4}]

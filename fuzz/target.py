@@ -30,7 +30,7 @@ from ckptfmt import tensorfile  # noqa: E402
 from ckptfmt.errors import CheckpointError  # noqa: E402
 from ckptfmt.reader import from_bytes  # noqa: E402
 from ckptfmt.tools.convert import npz, safetensors, zst  # noqa: E402
-from ckptfmt.tools.export import import_archive  # noqa: E402
+from ckptfmt.tools.archive import import_archive  # noqa: E402
 
 SCRATCH = tempfile.mkdtemp(prefix="ckptfmt-fuzz-")
 CONVERSION_READERS = {0xF8: ("x.npz", npz.load), 0xF9: ("x.safetensors", safetensors.load),

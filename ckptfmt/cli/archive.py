@@ -28,7 +28,8 @@ def export_cmd(run: str, dest: str, latest: bool, steps: str | None, with_histor
                weights_only: bool, archive: bool, as_json: bool) -> None:
     """Export generations, history and sidecars to DEST, verified at DEST (and loaded there).
     Safe while the run trains: the chosen generations are leased, so retention keeps them."""
-    from ..tools.export import archive as run_archive, checks_in_words, export as run_export  # lazy: `--help` fast
+    from ..tools.archive import archive as run_archive  # lazy: `--help` fast
+    from ..tools.export import checks_in_words, export as run_export  # lazy: as above
     chosen = _parse_steps(steps)
     if latest and chosen:
         raise click.UsageError("--latest and --steps exclude each other")
@@ -80,6 +81,6 @@ def import_cmd(archive: str, dest: str, step: int | None, as_json: bool) -> None
         return restore_to(archive, dest, step, as_json)
     if step is not None:
         raise click.UsageError("--step applies to an import from a URL")
-    from ..tools.export import import_archive  # lazy: keeps `ckptfmt --help` fast
+    from ..tools.archive import import_archive  # lazy: keeps `ckptfmt --help` fast
     doc = import_archive(archive, dest)
     emit(doc, as_json, lambda d: click.echo(f"imported {d['files']} files into {d['dest']}: verified"))

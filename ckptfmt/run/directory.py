@@ -21,7 +21,7 @@ from .generations import check_bare, manifest_of, non_finite
 from .history import History
 from .lease import honoured
 from .lock import sidecar_in_progress
-from .roots import mismatch, recorded
+from .roots import mismatch, of_step, recorded
 from .retention import Candidate, Plan, Policy, candidate_for, plan
 from .sidecars import PINS, read_json, write_json
 
@@ -61,6 +61,7 @@ class Run:
         if not self.path.is_dir():
             raise NotADirectoryError(errno.ENOTDIR, "not a run directory", str(self.path))
         self.history = History(self.path / ".loss.json")
+        self._vouched: dict[int, str] = {}    # roots this writer committed, before its events say so
 
     def __fspath__(self) -> str:
         """A ``Run`` is a path-like of its directory: what takes a run directory's path (the
@@ -121,8 +122,19 @@ class Run:
                 return why
             if roots is None:
                 roots = recorded(self.history.path, tier=tier)
+                if tier == "disk":
+                    roots.update(self._vouched)
             return mismatch(gen, roots)
         return reason
+
+    def vouch(self, step: int) -> None:
+        """This writer has just committed generation ``step``: until its ``checkpoint`` event
+        names it (written after the commit, and after retention), ``judge`` takes its manifest's
+        root as recorded, so an older record of the step (a timeline the run fell back from)
+        does not make retention delete it."""
+        root = of_step(self.path, step)
+        if root is not None:
+            self._vouched[step] = root
 
     def choose(self, *, deep: bool = False, allow_bare: bool = False, allow_nonfinite: bool = False,
                among: list[Generation] | None = None) -> Choice:
@@ -164,6 +176,7 @@ class Run:
                                         extra_tensors=extra_tensors)
         if gen is not None and gen.shards is not None:     # a damaged sharded one replaced by a .bin
             shutil.rmtree(gen.shards, ignore_errors=True)
+        self.vouch(step)
         return result
 
     # ------------------------------------------------------------ retention

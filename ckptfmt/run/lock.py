@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import gc
 import fcntl
 import json
 import os
@@ -42,11 +43,18 @@ class RunLock:
         dead process is taken over and recorded in ``stale``. A failed acquisition releases what
         it took (descriptor, flock, a ``.lock`` it created), so the same process can retry; the
         storage refusing the holder record (a full disk) is a ``StorageError`` naming ``.lock``."""
+        collected = False
         while True:
             fd, created = self._open()
             try:
                 if self._take(fd, created):
                     break
+            except RunLockedError as exc:
+                self._abandon(fd, created)
+                if collected or not _mine(exc.got):
+                    raise
+                collected = True      # a writer of this process nothing refers to any more (a notebook
+                gc.collect()          # cell's manager left unclosed, in a cycle) gives its lock up when collected
             except BaseException:
                 self._abandon(fd, created)
                 raise
@@ -138,13 +146,20 @@ class RunLock:
         self.release()
 
 
+def _mine(holder: Any) -> bool:
+    """``holder`` (``lock_holder``) is this process."""
+    return isinstance(holder, dict) and holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname()
+
+
 def locked(run: "str | os.PathLike[str]", holder: dict[str, Any]) -> RunLockedError:
     """The refusal of a writer while ``holder`` (``lock_holder``) holds ``run``."""
-    mine = holder.get("pid") == os.getpid() and holder.get("host") == socket.gethostname()
     return RunLockedError(str(run), f"locked by {holder.get('purpose', 'a writer')} "
                           f"pid {holder.get('pid', '?')} on {holder.get('host', '?')}"
-                          + (" (this process: close() the writer that holds it first, e.g. an "
-                             "earlier CheckpointManager)" if mine else ""), got=holder)
+                          + (" (this process: an earlier writer on this run was never closed, e.g. a "
+                             "CheckpointManager of a notebook cell that failed: call its close(), or drop "
+                             "every reference to it (del it; in IPython also %reset -f out, which holds "
+                             "the failed cell's traceback) and its lock goes with it)" if _mine(holder) else ""),
+                          got=holder)
 
 
 EXHAUSTED = (errno.ENOSPC, errno.EDQUOT, errno.EIO)     # named (StorageError), never a bare OSError

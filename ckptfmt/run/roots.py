@@ -3,16 +3,17 @@
 A generation's *root digest* is its manifest's ``seal.blake3`` (spec/FORMAT.md §4.7): it covers
 every field of the manifest, and through the payload's digests every byte of the generation. The
 event that brings a generation into a run records it: ``checkpoint`` (a writer committed it),
-``fork`` (the child's first generation), ``import`` and ``restore`` (from an archive or a mirror),
-``convert`` (a conversion into the run directory). A generation whose manifest is not the one
-the history's newest such record names for its step was swapped in from another run or timeline
-(or the record was damaged): latest-valid passes over it and ``validate`` calls it damaged.
+``fork`` (the child's first generation), ``import`` (a run restored from a mirror), ``convert``
+(a conversion into the run directory). A generation whose manifest is not the one the history's
+newest such record names for its step was swapped in from another run or timeline (or the record
+was damaged): latest-valid passes over it and ``validate`` calls it damaged.
 
-The newest record of a step wins. A record is never dropped by a resume at an earlier step: a
-writer killed between a commit and its event leaves the older record standing, and the
-generation it committed is then passed over (resumed from the one before; the run commits that
-step again, and records it). A step without a record (a generation older than the records, a
-manifest without a seal) is not checked here.
+The newest record of a step wins; one without a root unrecords the step. A record is never
+dropped by a resume at an earlier step: a writer killed between a commit and its event leaves
+the older record standing, and the generation it committed is then passed over (resumed from
+the one before; the run commits that step again, and records it). Until its event is written
+the writer vouches for what it committed (``Run.vouch``). A step without a record (a generation
+older than the records, a manifest without a seal) is not checked here.
 
 >>> import tempfile, os
 >>> run = tempfile.mkdtemp()
@@ -24,8 +25,8 @@ True
 """
 from __future__ import annotations
 
-import mmap
 import os
+import stat
 from typing import Any, BinaryIO
 
 from .. import format as fmt
@@ -35,8 +36,9 @@ from ..generation import Generation
 from . import history as hist
 
 FIELD = "root"
-EVENTS = frozenset({"checkpoint", "fork", "import", "restore", "convert"})   # what brings a generation in
-_KEY = b'"' + FIELD.encode() + b'"'
+EVENTS = frozenset({"checkpoint", "fork", "import", "convert"})   # what brings a generation in
+_KEY = b'"event":"'                       # how every writer spells an event line (compact JSON)
+CHUNK = 8 << 20
 
 
 def of(doc: dict[str, Any] | None) -> str | None:
@@ -63,39 +65,62 @@ def recorded(history: "str | os.PathLike[str] | BinaryIO", length: int | None = 
              tier: str = "disk") -> dict[int, str]:
     """step -> the root digest the newest event that brought that step's generation into
     ``tier`` records (``disk``: the run directory's generations; ``memory``: the RAM tier's,
-    spec/RUN.md §13), from a history's path (none there: nothing recorded) or its bytes as a
-    binary file; ``length``: its first bytes only (a live writer's complete lines). The file is
-    searched for the lines that hold a root (a history of a million steps in tens of
-    milliseconds); only those are parsed, and a damaged one records nothing."""
+    spec/RUN.md §13), from a history's path or its bytes as a binary file; ``length``: its first
+    bytes only (a live writer's complete lines). A newer such event without a root (a writer
+    that records none) leaves the step unrecorded. Only the event lines are parsed (a history of
+    a million steps in about a tenth of a second), a damaged one records nothing; a history
+    that is not there, not a regular file or not readable records nothing (validate reports it)."""
     if not isinstance(history, (str, os.PathLike)):
         data = history.read() if length is None else history.read(length)
-        return _recorded(data, len(data), tier)
+        out: dict[int, str] = {}
+        _scan(data, len(data), tier, out)
+        return out
     try:
-        f = open(history, "rb")
-    except FileNotFoundError:
+        fd = os.open(history, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    except OSError:
         return {}
-    with f:
-        size = os.fstat(f.fileno()).st_size if length is None else min(length, os.fstat(f.fileno()).st_size)
-        if size == 0:
-            return {}
-        with mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as data:
-            return _recorded(data, size, tier)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return {}                          # a FIFO or a directory: never waited on
+        return _read(fd, info.st_size if length is None else min(length, info.st_size), tier)
+    except OSError:
+        return {}
+    finally:
+        os.close(fd)
 
 
-def _recorded(data: "bytes | mmap.mmap", size: int, tier: str) -> dict[int, str]:
-    """The root records among the first ``size`` bytes of a history (``recorded``)."""
+def _read(fd: int, size: int, tier: str) -> dict[int, str]:
+    """``recorded`` of the first ``size`` bytes of an open history, read in chunks (``pread``:
+    a history cut while it is read only ends early)."""
     out: dict[int, str] = {}
+    carry, at = b"", 0
+    while at < size:
+        chunk = os.pread(fd, min(CHUNK, size - at), at)
+        if not chunk:
+            break
+        at += len(chunk)
+        data = carry + chunk
+        cut = data.rfind(b"\n") + 1 if at < size else len(data)
+        _scan(data, cut, tier, out)
+        carry = data[cut:]
+    return out
+
+
+def _scan(data: bytes, size: int, tier: str, out: dict[int, str]) -> None:
+    """The event lines among the first ``size`` bytes of ``data`` (whole lines) into ``out``."""
     at = data.find(_KEY, 0, size)
     while at >= 0:
         start = data.rfind(b"\n", 0, at) + 1
         end = data.find(b"\n", at, size)
         end = size if end < 0 else end
-        rec = hist.record_of(bytes(data[start:end]).rstrip(b"\r"))
-        if (rec is not None and rec.get("event") in EVENTS and isinstance(rec.get(FIELD), str)
-                and rec.get("tier", "disk") == tier):
-            out[rec["step"]] = rec[FIELD]
+        rec = hist.record_of(data[start:end].rstrip(b"\r"))
+        if rec is not None and rec.get("event") in EVENTS and rec.get("tier", "disk") == tier:
+            if isinstance(rec.get(FIELD), str):
+                out[rec["step"]] = rec[FIELD]
+            else:
+                out.pop(rec["step"], None)
         at = data.find(_KEY, end, size)
-    return out
 
 
 def mismatch(gen: Generation, roots: dict[int, str]) -> str | None:

@@ -7,37 +7,30 @@ from __future__ import annotations
 
 import collections
 import datetime
-import errno
 import json
-import os
-import re
 import shutil
-import tarfile
-import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
 
-import zstandard
 
 from .. import atomic, fingerprint, fsio
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import DestinationExistsError, ExportError
-from ..generation import Generation, list_dir
+from ..generation import Generation
 from ..run import SAMPLES, STATE, Listing, ReadLease, Run, lock_holder
 from ..run import history as hist
 from ..run import timeline
-from ..run.lock import publish, refuse_live, writing_into
+from ..run.lock import refuse_live, writing_into
 from . import b3sums
 from .convert import convert
 from .validate import INCOMPLETE, validate_generation_file
 
-__all__ = ["INCOMPLETE", "archive", "checks_in_words", "export", "import_archive"]
+__all__ = ["INCOMPLETE", "checks_in_words", "export", "mark_incomplete", "new_dest"]
 
 SIDECARS = (hist.NAME, SAMPLES, STATE)
 ARCHIVE_MANIFEST = "export.json"
-ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"     # RFC 8878: every zstd frame starts with these bytes
 
 
 def _choose(run: Run, listing: Listing, steps: list[int] | None) -> list:
@@ -49,6 +42,10 @@ def _choose(run: Run, listing: Listing, steps: list[int] | None) -> list:
         missing = [s for s in steps if s not in committed]
         if missing:
             raise ExportError(str(run.path), f"no committed generation at step(s) {missing}")
+        judge = run.judge()                   # the run's own: a generation swapped in is not exported
+        for step in steps:
+            if not bare and (why := judge(committed[step])):
+                raise ExportError(str(committed[step].path or run.path), f"cannot export step {step}: {why}")
         return [committed[s] for s in steps]
     gen = run.latest(allow_bare=True, among=list(committed.values()) or gens)
     if gen is None:
@@ -56,7 +53,7 @@ def _choose(run: Run, listing: Listing, steps: list[int] | None) -> list:
     return [gen]
 
 
-def _new_dest(dest: Path) -> list[Path]:
+def new_dest(dest: Path) -> list[Path]:
     """Make DEST (missing or an empty directory); the directories it made."""
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise DestinationExistsError(str(dest), "exists and is not empty; choose a new destination")
@@ -65,7 +62,7 @@ def _new_dest(dest: Path) -> list[Path]:
     return made
 
 
-def _mark(dest: Path, made: list[Path]) -> Callable[[], None]:
+def mark_incomplete(dest: Path, made: list[Path]) -> Callable[[], None]:
     """Make DEST carry the marker; return how to undo it. An export that fails leaves DEST as it
     found it; one cut short by a crash leaves the marker."""
     def undo() -> None:
@@ -99,9 +96,9 @@ def export(run_dir: str, dest: str, *, steps: list[int] | None = None,
         gens = _choose(run, lease.listing, steps)
         lease.narrow(g.step for g in gens)
         refuse_live(out)                      # a live run at DEST: name its writer, not "not empty"
-        made = _new_dest(out)
+        made = new_dest(out)
         with writing_into(out, "export"):     # a trainer starting on DEST meanwhile is refused (RUN.md §4)
-            undo = _mark(out, made)
+            undo = mark_incomplete(out, made)
             try:
                 doc, files = _export_into(run, out, gens, with_history, weights_only, check, tamper, progress)
                 atomic.write_json(out / ARCHIVE_MANIFEST, doc)
@@ -258,138 +255,6 @@ def _export_md(doc: dict[str, Any]) -> str:
 
 
 # ---------------------------------------------------------------- archives
-def archive(run_dir: str, archive_path: str, **options: Any) -> dict[str, Any]:
-    """Export into a temp dir, then pack it into one .tar.zst with an embedded manifest,
-    verified by reading the archive back."""
-    target = Path(archive_path)
-    if target.exists():
-        raise DestinationExistsError(str(target), "exists already; refusing to overwrite")
-    with tempfile.TemporaryDirectory(dir=target.parent if target.parent.exists() else None) as tmp:
-        staged = Path(tmp) / "export"
-        doc = export(run_dir, str(staged), **options)
-        names = sorted(p.relative_to(staged).as_posix() for p in staged.rglob("*") if p.is_file())
-        with atomic.AtomicWriter(target) as out:
-            with out.fileobj() as f:
-                cctx = zstandard.ZstdCompressor(level=3, threads=-1)
-                with cctx.stream_writer(f, closefd=False) as z, tarfile.open(fileobj=z, mode="w|") as tar:
-                    for name in names:
-                        tar.add(staged / name, arcname=name)
-            out.commit()
-    unpacked = _read_archive(target, None)
-    for row in doc["files"]:
-        if unpacked.get(row["file"]) != row["blake3"]:
-            atomic.remove(target)
-            raise ExportError(str(target), f"{row['file']} does not read back from the archive intact")
-    doc["archive"] = {"path": str(target), "size": target.stat().st_size}
-    return doc
-
-
-def _safe_member(name: str) -> bool:
-    """A bare file name, or a shard of a sharded generation (``step_N.shards/KKKKK-of-WWWWW.bin``):
-    nothing an archive holds can land outside DEST."""
-    if os.path.basename(name) == name:
-        return name not in ("", ".", "..")
-    directory, _, file = name.partition("/")
-    parsed = fmt.parse_name(directory)
-    return parsed is not None and parsed[1] == "shards" and re.fullmatch(r"\d{5}-of-\d{5}\.bin", file) is not None
-
-
-def _read_archive(path: Path, dest: Path | None) -> dict[str, str]:
-    """blake3 of every member (extracting into ``dest`` when given); refuses unsafe members."""
-    digests = {}
-    with open(path, "rb") as f, zstandard.ZstdDecompressor().stream_reader(f) as z, \
-            tarfile.open(fileobj=z, mode="r|") as tar:
-        for member in tar:
-            if not member.isfile() or not _safe_member(member.name):
-                raise ExportError(str(path), f"unsafe archive member {member.name!r}")
-            data = tar.extractfile(member)
-            h = fingerprint.hasher(0)
-            if dest and "/" in member.name:
-                atomic.make_durable_dir(dest / member.name.split("/")[0])
-            writer = atomic.AtomicWriter(dest / member.name) if dest else None
-            if writer:
-                writer.__enter__()
-            try:
-                while chunk := data.read(8 << 20):
-                    h.update(chunk)
-                    if writer:
-                        writer.write(chunk)
-                if writer:
-                    writer.commit()
-            finally:
-                if writer:
-                    writer.__exit__(None, None, None)
-            digests[member.name] = h.hexdigest()
-    return digests
-
-
-def import_archive(archive_path: str, dest: str) -> dict[str, Any]:
-    """Unpack a .tar.zst export into DEST and verify every file against its embedded manifest.
-
-    The archive is unpacked into a sibling staging directory (``.ckptfmt-tmp.`` + DEST's name,
-    carrying the ``EXPORT-INCOMPLETE`` marker until every check passed) that is then renamed
-    to DEST: a failed import leaves nothing at DEST, and DEST never holds a partial import.
-    """
-    fsio.refuse_url(dest, "the destination")
-    source, out = Path(archive_path), Path(dest)
-    _check_archive_path(source)
-    refuse_live(out)
-    if out.exists() and (not out.is_dir() or any(out.iterdir())):
-        raise DestinationExistsError(str(out), "exists and is not empty; choose a new destination")
-    staging = out.parent / f"{fmt.TEMP_PREFIX}import.{out.name}.{os.getpid()}"
-    try:
-        _mark(staging, _new_dest(staging))
-    except OSError as exc:          # name DEST, not the staging directory the user never chose
-        raise OSError(exc.errno, exc.strerror, str(out)) from None
-    try:
-        with writing_into(staging, "import") as lock:     # held through the rename: DEST's lock
-            doc = _unpack_verified(source, staging)
-            atomic.remove(staging / INCOMPLETE)
-            publish(staging, out, lock)       # onto a missing or empty DEST, in one rename
-        atomic.sync_dir_of(str(out))
-    except BaseException:
-        shutil.rmtree(staging, ignore_errors=True)
-        raise
-    return {"dest": str(out), "files": len(doc["files"]), "steps": doc["steps"], "verified": True}
-
-
-def _check_archive_path(source: Path) -> None:
-    """A missing archive or a directory is a usage problem (exit 2), not a damaged archive."""
-    if not source.exists():
-        raise FileNotFoundError(errno.ENOENT, "no such archive", str(source))
-    if source.is_dir():
-        raise IsADirectoryError(errno.EISDIR, "a directory, expected an export .tar.zst", str(source))
-
-
-def _unpack_verified(source: Path, staging: Path) -> dict[str, Any]:
-    """Unpack into ``staging`` and check every member against the archive's export.json."""
-    with open(source, "rb") as f:
-        if f.read(4) != ZSTD_MAGIC:
-            raise ExportError(str(source), "not an export archive: not zstd-compressed (expected a "
-                                           ".tar.zst written by ckptfmt export --archive)")
-    try:
-        digests = _read_archive(source, staging)
-    except ExportError:
-        raise
-    except (tarfile.TarError, ValueError, zstandard.ZstdError, EOFError) as exc:
-        raise ExportError(str(source), f"not an export archive, or a damaged one: {exc}") from None
-    try:
-        doc = json.loads((staging / ARCHIVE_MANIFEST).read_text())
-        rows, steps = list(doc["files"]), [int(s) for s in doc["steps"]]
-    except (OSError, ValueError, KeyError, TypeError):
-        raise ExportError(str(source), f"archive has no readable {ARCHIVE_MANIFEST}") from None
-    for row in rows:
-        if not isinstance(row, dict) or digests.get(row.get("file")) != row.get("blake3"):
-            raise ExportError(str(source), f"{row.get('file') if isinstance(row, dict) else row}: blake3 "
-                                           "after unpacking differs from the export manifest")
-    for gen in list_dir(staging).generations:
-        if gen.step in steps and gen.path is not None and gen.path.exists():
-            report = validate_generation_file(gen.path, deep=True)
-            if not report.ok:
-                raise ExportError(str(source), "; ".join(f.message for f in report.findings))
-    return doc
-
-
 def _data_identity(doc: dict[str, Any]) -> Any:
     """The reference trainer's data sources (``state.data``; ``data`` before it used the manager)."""
     state = doc.get("state")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import functools
 import os
 import signal
+import sys
 import threading
 import weakref
 from typing import Any
@@ -30,12 +31,17 @@ def install(mgr: Any) -> dict[int, Any] | None:
 
 
 def _on_signal(ref: "weakref.ref[Any]", before: Any, signum: int, frame: Any) -> None:
+    """The flag the signal asks for; a first Ctrl-C says what it did on stderr (a manager left
+    unclosed by a notebook cell would otherwise swallow it in silence)."""
     mgr, name = ref(), signal.Signals(signum).name
     if mgr is None or mgr.closed or (signum == signal.SIGINT and mgr._stop):   # a second Ctrl-C: force
         _chain(before, signum, frame)
     elif signum == signal.SIGUSR1:
         mgr.request_save()
     else:
+        if signum == signal.SIGINT and not mgr._stop:     # said, or a Ctrl-C that only reaches a
+            sys.stderr.write(f"ckptfmt: Ctrl-C: the checkpoint manager of {mgr.run.path} commits at its "
+                             "next step() and stops the loop; Ctrl-C again interrupts at once\n")
         mgr.request_stop(name)
 
 

@@ -79,7 +79,7 @@ class CheckpointManager:
         optim.kind(optimizer)
         refusals.check_pieces(state, hooks)
         self.retention, self.saving = refusals.policies(every, keep_last, keep_every, retention, saving)
-        refusals.check_params(model, optimizer)
+        self._built = refusals.check_params(model, optimizer)     # the parameters' versions now
         refusals.strict_json({"rng": rng.rng_state(generators), "config": config})   # a generator JSON cannot hold
         self.rank, self.world = ranks.check_setup(model, optimizer)
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
@@ -360,6 +360,7 @@ class CheckpointManager:
         self._checked, self._last_step = True, step
         self._resumed_at = step
         if step is None:
+            refusals.trained_before_restore(self.model, self._built, self.run.path, self.log)
             self._event("start", 0, world_size=self.world)
             return 0
         self._go_on_from(step, done.metrics)

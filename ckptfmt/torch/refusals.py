@@ -54,12 +54,30 @@ def check_pieces(state: Mapping[str, Any] | None, hooks: Mapping[str, Any]) -> N
             raise TypeError(f"state[{name!r}]: needs state_dict() and load_state_dict()")
 
 
-def check_params(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """Parameters the layout holds exactly, and no optimizer tensor outside the model."""
+def check_params(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, ...]:
+    """Parameters the layout holds exactly, and no optimizer tensor outside the model; the
+    parameters' versions now (``versions``), to tell later whether they were trained since."""
     optim.refuse_lazy(model)
     optim.settings(optimizer)           # a setting no manifest can hold: refused before any step
     adapter.refuse_inexact(model)
     optim.refuse_outsiders(model, optimizer)
+    return versions(model)
+
+
+def versions(model: torch.nn.Module) -> tuple[int, ...]:
+    """Each parameter's version counter (torch counts every in-place change: an optimizer step,
+    a ``load_state_dict``), cheap at any size."""
+    return tuple(p._version for p in model.parameters())
+
+
+def trained_before_restore(model: torch.nn.Module, built: tuple[int, ...], run: Any, log: Any) -> None:
+    """``restore()`` found no generation: say so when the parameters changed since the manager
+    was built (trained before ``restore()``, or by a notebook cell run before it), because the
+    loop then goes on from the weights in memory, not from a fresh start."""
+    if versions(model) != built:
+        log(f"{run}: restore() found no generation, but the model's parameters changed since this manager was "
+            "built (trained before restore()?): training goes on from the weights in memory, not from a fresh "
+            "start, and the next save commits them as the run's first generation")
 
 
 def strict_json(manifest: dict[str, Any]) -> None:

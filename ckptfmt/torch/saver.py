@@ -97,6 +97,8 @@ class Saver:
                 where = shards.shards_dir(self.run.path, step)
                 manifest = {**manifest, companion.FIELD: companion.write(where, step, extra)}
         save_sharded(self.run.path, step, model, optimizer, manifest)
+        if rank_world()[0] == 0:
+            self.run.vouch(step)      # as Run.commit does: retention below must not take it for another's
         if self.after_commit is not None:
             self.after_commit(step, manifest)
 

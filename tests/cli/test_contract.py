@@ -645,7 +645,8 @@ def test_a_run_stopped_before_its_first_checkpoint_is_not_called_damaged(world):
 def test_an_incomplete_export_or_import_is_never_valid(world):
     """A destination that still carries EXPORT-INCOMPLETE fails validate (exit 1, saying so),
     whatever its files say; so does a file in it. Without the marker the same files are valid."""
-    from ckptfmt.tools.export import archive, export, import_archive
+    from ckptfmt.tools.archive import archive, import_archive
+    from ckptfmt.tools.export import export
     export(str(world / "run"), str(world / "exported"))
     archive(str(world / "run"), str(world / "run.tar.zst"))
     import_archive(str(world / "run.tar.zst"), str(world / "imported"))

@@ -16,7 +16,8 @@ import ckptfmt
 from ckptfmt.cli import main
 from ckptfmt.tools.convert import convert, load
 from ckptfmt.tools.convert import planes as planes_form
-from ckptfmt.tools.export import archive, export, import_archive
+from ckptfmt.tools.archive import archive, import_archive
+from ckptfmt.tools.export import export
 from conftest import arrays, seed_write
 
 GOLDEN = Path(__file__).resolve().parents[1] / "golden" / "v1"

@@ -147,12 +147,15 @@ def test_a_manager_built_in_a_worker_thread_runs_without_signals_and_says_so(tmp
         "outside the main thread" in said[0], said
 
 
-def test_a_second_ctrl_c_after_a_stop_was_requested_raises_keyboard_interrupt(tmp_path, python_sigint):
+def test_a_second_ctrl_c_after_a_stop_was_requested_raises_keyboard_interrupt(tmp_path, python_sigint, capsys):
     model, opt = tiny_adamw()
     with CheckpointManager(tmp_path / "run", model, opt, every=None, keep_last=None) as mgr:
         mgr.restore()
-        os.kill(os.getpid(), signal.SIGINT)          # the first asks for a stop
+        os.kill(os.getpid(), signal.SIGINT)          # the first asks for a stop, and says so
         assert mgr.step(1, loss=1.0) is True
+        said = capsys.readouterr().err
+        assert said == (f"ckptfmt: Ctrl-C: the checkpoint manager of {tmp_path / 'run'} commits at its next "
+                        "step() and stops the loop; Ctrl-C again interrupts at once\n"), said
         with pytest.raises(KeyboardInterrupt):
             os.kill(os.getpid(), signal.SIGINT)      # the loop went on regardless: Ctrl-C forces
             time.sleep(1)

@@ -423,7 +423,8 @@ def test_a_fresh_run_may_count_from_0(tmp_path):
 def test_a_second_manager_in_the_same_process_says_so(tmp_path):
     model, opt, sched = setup()
     first = mgr(tmp_path / "r", model, opt)
-    with pytest.raises(RunLockedError, match=r"checkpoint manager pid \d+ on .* \(this process: close\(\) "):
+    with pytest.raises(RunLockedError, match=r"checkpoint manager pid \d+ on .* \(this process: an earlier writer on "
+                                             r"this run was never closed"):
         mgr(tmp_path / "r", model, opt)
     first.close()
     mgr(tmp_path / "r", model, opt).close()
@@ -593,3 +594,46 @@ def test_a_state_object_whose_own_state_cannot_be_kept_is_refused_and_the_others
                                                     r"was restored \(every object it loaded was put back\)$"):
             m.restore()
     assert sched.last_epoch == 0 and not opt.state
+
+
+def test_a_restore_that_finds_nothing_after_training_in_memory_says_it_is_no_fresh_start(tmp_path):
+    """A notebook: the manager built, a cell trains, then restore() finds no generation. The
+    loop would go on from the trained weights as if from step 0: the log says so. A model left
+    as it was built restores silently to a fresh start."""
+    model, opt = tiny_adamw()
+    said = []
+    with CheckpointManager(tmp_path / "run", model, opt, handle_signals=False, log=said.append) as mgr:
+        train_steps(model, opt, 2)
+        assert mgr.restore() == 0
+    assert len(said) == 1 and "restore() found no generation, but the model's parameters changed" in said[0]
+    model, opt = tiny_adamw()
+    said.clear()
+    with CheckpointManager(tmp_path / "other", model, opt, handle_signals=False, log=said.append) as mgr:
+        assert mgr.restore() == 0
+    assert said == []
+
+
+def test_a_manager_left_unclosed_gives_its_lock_to_the_next_one_once_nothing_refers_to_it(tmp_path):
+    """A notebook cell failed before close(): its manager lives on in a reference cycle until
+    the collector runs. The next manager on the run collects it and takes the lock; one still
+    referred to is refused with how to free it."""
+    import gc
+    import weakref
+    from ckptfmt.errors import RunLockedError
+    model, opt = tiny_adamw()
+    gc.disable()
+    try:
+        mgr = CheckpointManager(tmp_path / "run", model, opt, handle_signals=False)
+        mgr.restore()
+        orphan = weakref.ref(mgr)
+        del mgr
+        assert orphan() is not None                      # only the collector frees it
+        with CheckpointManager(tmp_path / "run", model, opt, handle_signals=False) as again:
+            assert again.restore() == 0 and orphan() is None
+    finally:
+        gc.enable()
+    kept = CheckpointManager(tmp_path / "held", model, opt, handle_signals=False)
+    with pytest.raises(RunLockedError, match=r"never closed, e\.g\. a CheckpointManager of a notebook cell that "
+                                             r"failed: call its close\(\), or drop every reference to it"):
+        CheckpointManager(tmp_path / "held", model, opt, handle_signals=False)
+    kept.close()

@@ -19,6 +19,7 @@ MODULES = sorted(m.name for m in pkgutil.walk_packages(ckptfmt.__path__, "ckptfm
                  if not m.name.endswith("__main__"))
 PUBLIC = ["ckptfmt", "ckptfmt.errors", "ckptfmt.run", "ckptfmt.torch", "ckptfmt.tools.validate",
           "ckptfmt.tools.inspect", "ckptfmt.tools.diff", "ckptfmt.tools.convert", "ckptfmt.tools.export",
+          "ckptfmt.tools.archive",
           "ckptfmt.tools.plot", "ckptfmt.tools.stats", "ckptfmt.verify", "ckptfmt.lightning",
           "ckptfmt.hf"]
 

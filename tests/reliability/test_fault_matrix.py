@@ -34,7 +34,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from ckptfmt.run import tiers  # noqa: E402
+from ckptfmt.run import Policy, tiers  # noqa: E402
 from ckptfmt.tools.convert import convert  # noqa: E402
 from ckptfmt.torch import CheckpointManager  # noqa: E402
 from ckptfmt.tools.mirror import mirror  # noqa: E402
@@ -83,12 +83,15 @@ def batch(step: int, timeline: int = 0) -> torch.Tensor:
     return torch.randn(8, 3, generator=torch.Generator().manual_seed(step + 1000 * timeline))
 
 
-def train(run: Path, last: int, *, timeline: int = 0, memory_every: int | None = None) -> int:
-    """Restore the run (latest-valid) and train it to step ``last``, committing every 10 steps;
+def train(run: Path, last: int, *, timeline: int = 0, memory_every: int | None = None,
+          async_save: bool = False) -> int:
+    """Restore the run (latest-valid) and train it to step ``last``, committing every 10 steps
+    under a retention that keeps every 20th step, so the newest generation is kept only as the
+    newest valid one (a step 30 committed again after a fallback must survive its retention);
     the step it resumed from."""
     model, opt, sched = model_and_optimizer()
-    with CheckpointManager(run, model, opt, sched, every=10, keep_last=None, handle_signals=False,
-                           memory_every=memory_every, log=lambda message: None) as mgr:
+    with CheckpointManager(run, model, opt, sched, every=10, retention=Policy(keep_every=20), handle_signals=False,
+                           memory_every=memory_every, async_save=async_save, log=lambda message: None) as mgr:
         start = mgr.restore()
         for step in range(start + 1, last + 1):
             loss = model(batch(step, timeline)).square().mean()
@@ -182,13 +185,14 @@ def test_a_fault_in_a_part_of_the_newest_generation_on_disk(runs, tmp_path, monk
         report = validate_run(run)
         said = [f.message for f in report.findings if f.level in ("defect", "warning")]
         if (part, fault) == ("manifest", "delete"):         # an uncommitted generation, as a crash leaves it
-            assert report.ok and any("step_000030." in m and "uncommitted" in m or "without a manifest" in m
+            assert report.ok and any("step_000030." in m and ("uncommitted" in m or "without a manifest" in m)
                                      for m in said), said
         else:
             assert not report.ok and any("step_000030." in m for m in said), said
-        assert train(run, 30) == 20, (part, fault, offset)                 # passed over, never loaded
+        assert train(run, 30, async_save=True) == 20, (part, fault, offset)    # passed over, never loaded
         assert (run / name(30, "payload")).read_bytes() == base_payload(runs.base), (part, fault, offset)
         assert validate_run(run).ok and not (run / "step_000030.shards").exists()
+        assert train(run, 30) == 30, (part, fault, offset)                 # and the next start takes it
         if LONG:
             print(f"FIGURE fault matrix disk {layout} {part} {fault} offset {offset}: detected, resumed from 20, "
                   "bit-exact")
@@ -243,9 +247,11 @@ def test_a_fault_in_a_part_of_the_newest_mirrored_generation(runs, s3, bucket, t
     uncommitted upload: a warning), import restores generation 20 and the run goes on from it
     bit-exactly, and a mirror pass from the intact run repairs the destination."""
     monkeypatch.setenv(tiers.MEMORY_ENV, str(tmp_path / "no-ram"))
+    source = tmp_path / "source"                   # mirroring records itself in the run (.mirrors.json)
+    shutil.copytree(runs.base, source)
     for offset in range(OFFSETS if fault in ("flip", "truncate") else 1):
         url = f"s3://{bucket}/m{offset}"
-        assert mirror(runs.base, url)["at_destination"] == [10, 20, 30]
+        assert mirror(source, url)["at_destination"] == [20, 30]
         for p in files(part):
             fault_object(s3, bucket, f"m{offset}/{name(30, p)}", fault, random.Random(offset), tmp_path,
                          same_run=runs.base / name(20, p), lost=runs.lost / name(30, p))
@@ -260,7 +266,7 @@ def test_a_fault_in_a_part_of_the_newest_mirrored_generation(runs, s3, bucket, t
             assert restore(url, dest)["step"] == 20, (part, fault, offset)
         assert train(dest, 30) == 20
         assert (dest / name(30, "payload")).read_bytes() == base_payload(runs.base), (part, fault, offset)
-        mirror(runs.base, url, recheck=True)
+        mirror(source, url, recheck=True)
         assert validate_url(url)["ok"], (part, fault, offset)
         if LONG:
             print(f"FIGURE fault matrix mirror {part} {fault} offset {offset}: detected, imported 20, bit-exact, repaired")

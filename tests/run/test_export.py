@@ -7,7 +7,8 @@ pytest.importorskip("torch")
 
 import ckptfmt  # noqa: E402
 from ckptfmt.errors import DestinationExistsError, ExportError  # noqa: E402
-from ckptfmt.tools.export import INCOMPLETE, archive, export, import_archive  # noqa: E402
+from ckptfmt.tools.archive import archive, import_archive  # noqa: E402
+from ckptfmt.tools.export import INCOMPLETE, export  # noqa: E402
 from ckptfmt.trainer.export_check import export_check  # noqa: E402
 from conftest import arrays, cli, seed_write  # noqa: E402
 import warm  # noqa: E402

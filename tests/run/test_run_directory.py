@@ -296,6 +296,8 @@ def test_a_generation_swapped_in_from_another_run_is_passed_over_and_damage_in_v
         in proc.stdout
     with pytest.raises(ckptfmt.errors.CheckpointError, match="cannot fork from it: not the generation"):
         fork(run, 200, tmp_path / "child")
+    proc = cli("export", str(run), str(tmp_path / "exported"), "--steps", "200")
+    assert proc.returncode == 1 and "cannot export step 200: not the generation" in proc.stderr, proc.stderr
     Run(run).commit(200, *arrays(100, seed=200), manifest={})         # replaced, not "committed already"
     roots.record(run, "checkpoint", 200)
     assert Run(run).latest(deep=True).step == 200 and validate_run(run).ok
@@ -320,6 +322,24 @@ def test_the_newest_record_of_a_step_wins_and_a_step_without_one_is_not_checked(
     assert Run(run).latest(deep=True).step == 200
     swap_in(run, other, 300)                        # no record of step 300 at all
     assert Run(run).latest(deep=True).step == 300
+
+
+def test_a_newer_event_without_a_root_unrecords_the_step_and_an_odd_history_records_nothing(tmp_path):
+    """A writer that records no root (a release before root digests) committing a step again
+    leaves it unchecked, never judged by the older record; a history that is a directory or a
+    FIFO records nothing, and latest-valid neither fails nor waits on it."""
+    run = tmp_path / "run"
+    committed_with_roots(run, [100])
+    h = hist.History(run / hist.NAME)
+    h.event("checkpoint", 100, reason="cadence")
+    h.close()
+    assert roots.recorded(run / hist.NAME) == {}
+    for odd in ("directory", "fifo"):
+        other = tmp_path / odd
+        other.mkdir()
+        make(other, 5)
+        (other / hist.NAME).mkdir() if odd == "directory" else os.mkfifo(other / hist.NAME)
+        assert roots.recorded(other / hist.NAME) == {} and Run(other).latest(deep=True).step == 5
 
 
 def test_a_generation_converted_into_a_run_is_named_in_its_history(tmp_path):
