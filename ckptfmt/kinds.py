@@ -216,7 +216,10 @@ def generation_in(directory: "str | os.PathLike[str]") -> str | None:
     steps = [parsed[0] for parsed in map(fmt.parse_name, names) if parsed is not None and parsed[1] == "json"]
     if not steps or len(names) > LIGHTNING_ENTRIES:
         return None
-    doc = Probe(os.path.join(directory, fmt.manifest_name(max(steps)))).document
+    try:
+        doc = Probe(os.path.join(directory, fmt.manifest_name(max(steps)))).document
+    except OSError:                     # removed since the listing (retention, top-k): not one now
+        return None
     if not _ours(doc) or not _has(doc, LIGHTNING, dict):
         return None
     return os.path.join(os.fspath(directory), fmt.checkpoint_name(max(steps)))

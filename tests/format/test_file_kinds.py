@@ -159,3 +159,17 @@ def test_ls_names_a_skipped_file_by_its_content(tmp_path, runner):
         f"{tmp_path / 'step_000001.safetensors'}: a safetensors file, not a generation "
         "(convert it into a step_N.bin to make it one)",
         f"{tmp_path / 'step_1.bin'}: look-alike name, not a canonical step_NNNNNN"]
+
+
+def test_a_checkpoint_directory_removed_while_it_is_looked_at_is_none_never_an_error(tmp_path, monkeypatch):
+    """ModelCheckpoint's top-k removes a checkpoint directory while a mirror pass or a listing
+    looks at it: the manifest listed a moment ago is gone when it is read. Not a Lightning
+    checkpoint now, never a FileNotFoundError out of the pass (a mirror pass failed on it)."""
+    (tmp_path / "step_000010.json").write_text("{}")
+    real = kinds.Probe
+
+    def removed_first(path):
+        (tmp_path / "step_000010.json").unlink(missing_ok=True)
+        return real(path)
+    monkeypatch.setattr(kinds, "Probe", removed_first)
+    assert kinds.generation_in(tmp_path) is None
