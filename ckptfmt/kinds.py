@@ -237,17 +237,22 @@ def _lightning(p: Probe) -> bool:
 
 def _lightning_dir(p: Probe) -> bool:
     """A directory of Lightning checkpoint directories (ModelCheckpoint's ``dirpath``) and no
-    generation of its own: one child directory that is a Lightning checkpoint decides."""
+    generation of its own: one child ``*.ckpt`` directory that is a Lightning checkpoint decides.
+    The listing is read once and stops at the first ``step_N`` name (a run directory); only
+    ``*.ckpt`` children are opened, at most ``LIGHTNING_ENTRIES`` of them."""
     if not p.is_dir:
         return False
+    candidates = []
     try:
         with os.scandir(p.path) as entries:
-            children = [e for e in entries]
+            for e in entries:
+                if fmt.parse_name(e.name) is not None:
+                    return False                  # a run directory's generations
+                if e.name.endswith(".ckpt") and len(candidates) < LIGHTNING_ENTRIES:
+                    candidates.append(e.path)
     except OSError:
         return False
-    if any(fmt.parse_name(e.name) is not None for e in children):
-        return False                              # a run directory's generations
-    return any(e.is_dir() and generation_in(e.path) is not None for e in children)
+    return any(os.path.isdir(c) and generation_in(c) is not None for c in candidates)
 
 
 def _hf_run(p: Probe) -> bool:
@@ -310,11 +315,11 @@ KINDS: tuple[Kind, ...] = (
          {"inspect": "its generation, as a run", "validate": "its generation: structure, manifest, blake3, values",
           "diff": "its generation's regions", "convert": "its generation into any form",
           "ls": "its generation"}, "bin", ours=True),
-    Kind("lightning-dir", "Lightning ModelCheckpoint directory (checkpoint directories)", _lightning_dir,
-         {"inspect": "ls and the newest valid checkpoint", "validate": "every checkpoint, as alone",
-          "ls": "checkpoints, status, metrics"}, None),
     Kind("hf-run", "Hugging Face Trainer output directory (checkpoint-N directories)", _hf_run,
          {"inspect": "ls and the newest verified checkpoint", "validate": "every checkpoint-N",
+          "ls": "checkpoints, status, metrics"}, None),
+    Kind("lightning-dir", "Lightning ModelCheckpoint directory (checkpoint directories)", _lightning_dir,
+         {"inspect": "ls and the newest valid checkpoint", "validate": "every checkpoint, as alone",
           "ls": "checkpoints, status, metrics"}, None),
     Kind("hf-checkpoint", "Hugging Face Trainer checkpoint directory (checkpoint-N)", _hf_checkpoint,
          {"inspect": "step, weights (model.safetensors), its ckptfmt commit record",

@@ -149,6 +149,9 @@ def validate(paths: tuple[str, ...], as_json: bool, fast: bool, scan: bool, b3su
         raise click.UsageError("--b3sums needs the deep check: drop --fast")
     if scan and fast:
         raise click.UsageError("--scan is part of the deep check: drop --fast")
+    if b3sums_out:
+        from .. import fsio  # lazy: as above
+        fsio.refuse_url(b3sums_out, "the B3SUMS file")
     if b3sums_out and os.path.lexists(b3sums_out):
         raise Fail(f"{b3sums_out}: exists already; refusing to overwrite", EXIT_CANNOT)
     reports = []

@@ -213,6 +213,9 @@ def plot(runs: tuple[str, ...], out: str, as_json: bool) -> None:
     """Draw loss (raw and EMA) of runs with generations, pivots, resumes and forks marked,
     and the curriculum's source shares below (needs matplotlib)."""
     from ..tools.plot import plot as run_plot  # lazy: plotting needs matplotlib
+    from .. import fsio  # lazy: as above
+    for where in (*runs, out):
+        fsio.refuse_url(where, "a run directory or the figure")
     if os.path.splitext(out)[1].lower() not in (".png", ".svg", ".pdf"):
         raise Fail(f"{out}: --out must end in .png, .svg or .pdf", EXIT_CANNOT)
     for r in runs:

@@ -23,7 +23,7 @@ from ..errors import DestinationExistsError, ExportError
 from ..generation import list_dir
 from ..run.lock import publish, refuse_live, writing_into
 from .export import ARCHIVE_MANIFEST, export, mark_incomplete, new_dest
-from .validate import INCOMPLETE, validate_generation_file
+from .validate import INCOMPLETE, validate_committed
 
 __all__ = ["archive", "import_archive"]
 
@@ -33,6 +33,7 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"     # RFC 8878: every zstd frame starts with th
 def archive(run_dir: str, archive_path: str, **options: Any) -> dict[str, Any]:
     """Export into a temp dir, then pack it into one .tar.zst with an embedded manifest,
     verified by reading the archive back."""
+    fsio.refuse_url(archive_path, "the archive")
     target = Path(archive_path)
     if target.exists():
         raise DestinationExistsError(str(target), "exists already; refusing to overwrite")
@@ -156,7 +157,7 @@ def _unpack_verified(source: Path, staging: Path) -> dict[str, Any]:
                                            "after unpacking differs from the export manifest")
     for gen in list_dir(staging).generations:
         if gen.step in steps and gen.path is not None and gen.path.exists():
-            report = validate_generation_file(gen.path, deep=True)
+            report = validate_committed(gen, deep=True)
             if not report.ok:
                 raise ExportError(str(source), "; ".join(f.message for f in report.findings))
     return doc

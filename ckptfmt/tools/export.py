@@ -18,14 +18,14 @@ from .. import atomic, fingerprint, fsio
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import DestinationExistsError, ExportError
-from ..generation import Generation
+from ..generation import Generation, list_dir
 from ..run import SAMPLES, STATE, Listing, ReadLease, Run, lock_holder
 from ..run import history as hist
 from ..run import timeline
 from ..run.lock import refuse_live, writing_into
 from . import b3sums
 from .convert import convert
-from .validate import INCOMPLETE, validate_generation_file
+from .validate import INCOMPLETE, validate_committed
 
 __all__ = ["INCOMPLETE", "checks_in_words", "export", "mark_incomplete", "new_dest"]
 
@@ -188,7 +188,8 @@ def _verify_at_dest(out: Path, files: list[dict[str, Any]], gens: list, weights_
     if weights_only:
         return checks
     newest = out / gens[-1].path.name
-    report = validate_generation_file(newest, deep=True)
+    at_dest = next(g for g in list_dir(out).generations if g.step == gens[-1].step)
+    report = validate_committed(at_dest, deep=True)
     if not report.ok:
         raise ExportError(str(newest), "does not validate at the destination: "
                                        + "; ".join(f.message for f in report.findings))

@@ -31,7 +31,7 @@ from .report import DEFECT, INCOMPLETE, LOST_PAYLOAD, Finding, Report, error_cod
 from .values import (check_shard_values as _check_shard_values, check_values as _check_values,
                      report_facts as _report_facts, settle_diverged as _settle_diverged, values_plausible)
 
-__all__ = ["INCOMPLETE", "Finding", "Report", "error_code", "validate_file", "validate_other", "validate_path",
+__all__ = ["INCOMPLETE", "Finding", "Report", "error_code", "validate_committed", "validate_file", "validate_other", "validate_path",
            "validate_run", "values_plausible"]
 
 UNVERIFIED = "unverified: no digest of its own"
@@ -173,6 +173,14 @@ def validate_generation_file(path: "str | os.PathLike[str]", kind: kinds.Kind | 
     if kind.name == "bin":
         return validate_file(path, deep=deep, progress=progress, scan=scan)
     return validate_other(os.fspath(path), kind, deep=deep, scan=scan)
+
+
+def validate_committed(gen: Any, *, deep: bool = True, progress=None, scan: bool = False) -> Report:
+    """A generation's file as its shape says (a seed ``.bin``, or a sharded generation's
+    manifest), never as its content would suggest: a ``.bin`` replaced by a file of another kind
+    is damage, not a foreign file."""
+    kind = kinds.get("shards" if gen.sharded else "bin")
+    return validate_generation_file(gen.path, kind, deep=deep, progress=progress, scan=scan)
 
 
 def validate_other(path: str, kind: kinds.Kind, *, deep: bool = True, scan: bool = False) -> Report:
@@ -345,7 +353,7 @@ def _validate_generation(report: Report, gen, deep: bool, bare: bool, progress=N
         report.defect("orphan_manifest", f"{gen.manifest}: {LOST_PAYLOAD}")
         row["status"] = "damaged"
         return row
-    sub = validate_generation_file(gen.path, deep=deep, progress=progress, scan=scan)
+    sub = validate_committed(gen, deep=deep, progress=progress, scan=scan)
     report.findings.extend(f for f in sub.findings if not (bare and f.code == "unverified"))
     row["status"] = sub.status
     if "non_finite" in sub.details:

@@ -20,13 +20,13 @@ import torch
 
 from .. import atomic, unnamed
 from ..errors import ConvertError, UnsupportedConversionError, UnsupportedSetupError
+from ..wrappers import PREFIXES, strip
 from ..statemap import EXTRAS, OPTIMIZERS, Entry, Optimizer, State, resolve_members
 from . import optim
 from .state import join, split
 
 CONTAINERS = (("model", "optimizer"), ("state_dict", "optimizer"), ("model_state_dict", "optimizer_state_dict"))
 LISTED = "optimizer_states"                # Lightning's list of optimizer state dicts: one maps, more are refused
-PREFIXES = ("module.", "_orig_mod.")       # DDP's and torch.compile's wrappers
 
 
 # ---------------------------------------------------------------- reading and writing files
@@ -113,7 +113,7 @@ def to_state(obj: Any, path: str, groups: list[list[str]] | None = None, groups_
     require_dict(obj, path)
     keys, model_sd, opt_sd = _container(obj, path)
     other = {k: v for k, v in obj.items() if k not in (keys.get("model"), keys.get("optimizer"))} if keys["model"] else {}
-    model_sd, prefix = _strip(model_sd)
+    model_sd, prefix = strip(model_sd)
     tree, tensors = _beside(other, path)
     imported = {"from": "torch.save", "file": os.path.basename(path), "keys": keys, "prefix": prefix,
                 "top": list(obj) if keys["model"] else None, "other": tree}
@@ -153,18 +153,6 @@ def _listed(states: list, path: str) -> Any:
         raise UnsupportedConversionError(path, f"{len(states)} optimizers in {LISTED}: the seed layout holds one "
                                                "optimizer's moments")
     return states[0] if states else None
-
-
-def _strip(sd: dict) -> tuple[dict, str]:
-    """``sd`` without the DDP / torch.compile prefixes every key carries; the prefix removed."""
-    prefix = ""
-    while sd:
-        found = next((p for p in PREFIXES if all(isinstance(k, str) and k.startswith(p) for k in sd)), None)
-        if found is None:
-            break
-        prefix += found
-        sd = {k[len(found):]: v for k, v in sd.items()}
-    return sd, prefix
 
 
 def _entries(sd: dict, path: str) -> list[Entry]:

@@ -997,6 +997,10 @@ def test_an_io_error_that_names_no_file_is_one_line_naming_a_path(tmp_path, monk
     ("gc", "s3://b/r", "--keep-last", "1"),
     ("pin", "s3://b/r", "5"),
     ("train", "--run", "s3://b/r", "--steps", "1", "--config", "tiny"),
+    ("export", "{run}", "s3://b/x.tar.zst", "--archive"),
+    ("plot", "{run}", "--out", "s3://b/loss.png"),
+    ("validate", "{run}", "--b3sums", "s3://b/B3SUMS"),
+    ("verify-resume", "--output", "s3://b/proof", "--steps", "4", "--cut", "2"),
 ])
 def test_a_url_where_a_local_path_is_taken_is_refused_and_nothing_is_made(tmp_path, monkeypatch, argv):
     """pathlib would make s3://b/r the local directory s3:/b/r: a run would train and save

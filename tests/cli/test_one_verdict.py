@@ -134,6 +134,12 @@ def test_hugging_face_model_directories_of_either_weights_file_read_alike(tmp_pa
     for command in ("inspect", "validate"):                     # safetensors need no torch, and say the same
         alone, beside = without_torch(command, tmp_path / "st"), cli(command, tmp_path / "st")
         assert (alone.returncode, alone.stdout) == (beside.returncode, beside.stdout), alone.stderr
+    (tmp_path / "compiled").mkdir()                               # torch.compile's names, read as torch reads them
+    save_file({"_orig_mod." + k: v.contiguous() for k, v in model.state_dict().items()},
+              tmp_path / "compiled" / "model.safetensors")
+    (tmp_path / "compiled" / "config.json").write_text("{}")
+    same = cli("diff", tmp_path / "compiled", tmp_path / "pt")
+    assert same.returncode == 0 and "bit-identical" in same.stdout, same.stdout
     trainer = tmp_path / "out" / "checkpoint-10"                # a Trainer without ckptfmt's callback
     trainer.mkdir(parents=True)
     shutil.copy(tmp_path / "st" / "model.safetensors", trainer)

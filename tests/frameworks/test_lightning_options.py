@@ -205,3 +205,24 @@ def test_the_readmes_lightning_block_runs_as_written_on_a_fresh_run_and_resumes(
     payload.write_bytes(bytes(data))
     proc = cli("validate", "ckpt")
     assert proc.returncode == 1 and "ckpt/epoch=6-step=100.ckpt/step_000100.bin: blake3 mismatch" in proc.stdout, proc.stdout
+    data[-1] ^= 1
+    payload.write_bytes(bytes(data))
+    last = next(p for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("last") and not p.is_symlink())
+    manifest = next(last.glob("step_*.json"))
+    kept = manifest.read_bytes()
+    manifest.write_text("garbage")                       # no longer reads as a Lightning checkpoint: still judged
+    proc = cli("validate", "ckpt")
+    assert proc.returncode == 1 and f"{last.name}/{manifest.name}" in proc.stdout, proc.stdout
+    manifest.write_bytes(kept)
+    (tmp_path / "ckpt" / "gone.ckpt").symlink_to(tmp_path / "nowhere")
+    proc = cli("validate", "ckpt")
+    assert proc.returncode == 0 and "gone.ckpt: a link to nothing" in proc.stdout, proc.stdout
+
+
+def test_a_modelcheckpoint_writing_to_a_url_is_refused_before_the_first_step(tmp_path, monkeypatch):
+    """ModelCheckpoint(dirpath="memory://ckpt"): the plugin writes local directories, so the URL
+    would become the local directory memory:/ckpt; refused before training, nothing made."""
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(UnsupportedSetupError, match="a URL where ModelCheckpoint's dirpath"):
+        train("memory://ckpt", every=2)
+    assert list(tmp_path.iterdir()) == []

@@ -569,3 +569,21 @@ def test_a_lock_marked_never_written_is_still_the_one_lock(tmp_path):
     with RunLock(tmp_path, purpose="trainer"):                     # a writer that writes generations
         pass
     assert (tmp_path / ".lock").read_bytes() == b""                # ...leaves it empty, as before
+
+
+@pytest.mark.parametrize("other", ["safetensors", "npz"])
+def test_a_committed_bin_replaced_by_a_file_of_another_kind_is_damage_not_a_foreign_file(tmp_path, other):
+    """A run's generation is read as its shape says: a step_N.bin whose bytes are a safetensors
+    file or an .npz is a damaged .bin (exit 1), never "unverified, foreign" (exit 0)."""
+    import numpy as np
+    for s in (1, 2, 3):
+        make(tmp_path, s, n=8, seed=s)
+    target = tmp_path / "step_000002.bin"
+    if other == "safetensors":
+        from safetensors.numpy import save_file
+        save_file({"a": np.ones(3, np.float32)}, str(target))
+    else:
+        with open(target, "wb") as f:
+            np.savez(f, a=np.ones(3, np.float32))
+    report = validate_run(tmp_path)
+    assert not report.ok and any(str(target) in f.message for f in report.findings if f.level == "defect")

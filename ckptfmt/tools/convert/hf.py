@@ -13,12 +13,14 @@ commit record is checked against it (every file's blake3) before anything is rea
 """
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any
 
 from ...errors import FingerprintMismatchError, UnsupportedConversionError
 from ...statemap import Entry, State
 from ...tensorfile import TensorFile
+from ...wrappers import strip
 from .. import hfdir
 from .safetensors import TORCH_NAMES
 from .torchside import torchsave
@@ -58,7 +60,9 @@ def state_of(src: str) -> State:
     if record is not None and (found := hfdir.problems(directory)):
         raise FingerprintMismatchError(src, f"does not match its {hfdir.RECORD}: {found[0]}")
     entries = in_model_order(weight_entries(directory), (record or {}).get("parameters"))
-    return State(entries, None, {"keys": {"model": "model", "optimizer": None}})
+    named, _ = strip({e.name: e for e in entries})        # DDP's and compile's prefixes, as torch's reader does
+    return State([dataclasses.replace(e, name=n) for n, e in named.items()], None,
+                 {"keys": {"model": "model", "optimizer": None}})
 
 
 def _torch_weights(directory: Path, ts: Any) -> list[Entry] | None:
