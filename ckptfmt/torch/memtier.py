@@ -25,6 +25,7 @@ from typing import Any, Callable
 
 import torch
 
+from .. import atomic
 from ..errors import CheckpointError
 from ..run import Run, SaveClock, SavePolicy, roots, tiers
 from . import peers, refusals
@@ -65,6 +66,7 @@ class MemoryTier:
         self.settle()                              # one RAM save in flight at most
         started, doc = time.perf_counter(), None
         try:
+            self._made_again(step)
             if self.world > 1:           # every rank's shard, and a partner's copy on the next node
                 doc = peers.save(self._where(), step, model, optimizer, manifest, extra)
                 self._prune(step, manifest)
@@ -115,6 +117,14 @@ class MemoryTier:
     def _open(self) -> Run:
         """The tier's ``Run``, its directory made (a full or missing tmpfs: an ``OSError`` here)."""
         return Run(self._where(), create=True)
+
+    def _made_again(self, step: int) -> None:
+        """The tier's directory removed while the run trains (systemd's ``RemoveIPC``, a per-job
+        tmpfs): made again for this save and said, instead of every later RAM save failing."""
+        if self.path is not None and not self.path.exists():
+            atomic.make_durable_dir(self.path)
+            self.log(f"RAM tier {self.path}: its directory was removed while the run trained (RemoveIPC, a "
+                     f"per-job tmpfs?); made again at step {step}")
 
     def _prune(self, step: int, manifest: dict[str, Any]) -> None:
         """The tier's retention after each RAM commit (each node's first rank); a failure is

@@ -257,3 +257,28 @@ def test_a_file_in_place_of_the_ram_tier_is_a_warning_and_the_loop_goes_on(tmp_p
     assert proc.stdout.count("skipped the save of step 5:") == 1
     assert [g.step for g in Run(tmp_path / "run").generations() if g.committed] == [50, 100, 120]
     assert blocker.read_text() == "not a directory"
+
+
+@pytest.mark.parametrize("asynchronous", [False, True])
+def test_a_ram_tier_removed_while_the_run_trains_is_made_again_at_the_next_ram_save(tmp_path, monkeypatch, asynchronous):
+    """systemd's RemoveIPC or a per-job tmpfs removes the tier's directory mid-run: the next RAM
+    save makes it again and says so once, and RAM saves go on (before, every later one failed,
+    and a SIGKILL lost up to a durable interval of steps)."""
+    from ckptfmt.torch import CheckpointManager
+    from models import tiny_adamw, train_steps
+    monkeypatch.setenv(tiers.MEMORY_ENV, str(tmp_path / "shm"))
+    model, opt = tiny_adamw()
+    said = []
+    with CheckpointManager(tmp_path / "run", model, opt, every=100, keep_last=None, memory_every=2,
+                           async_save=asynchronous, handle_signals=False, log=said.append) as mgr:
+        for step in range(1, 11):
+            train_steps(model, opt, 1)
+            mgr.step(step, loss=1.0)
+            if step == 4:
+                mgr._memory.settle()
+                shutil.rmtree(tiers.memory_dir(tmp_path / "run"))
+        mgr._memory.settle()
+    ram = tiers.memory_dir(tmp_path / "run")
+    assert [g.step for g in Run(ram).generations() if g.committed] == [8, 10]
+    assert [m for m in said if "its directory was removed while the run trained" in m and "step 6" in m] and \
+        not [m for m in said if "skipped the save" in m], said
