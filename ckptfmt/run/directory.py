@@ -136,6 +136,11 @@ class Run:
         if root is not None:
             self._vouched[step] = root
 
+    def committed_root(self, step: int) -> str | None:
+        """The root digest of generation ``step`` as this writer committed it (``vouch``), read
+        from its manifest otherwise: what its ``checkpoint`` event records."""
+        return self._vouched.get(step) or of_step(self.path, step)
+
     def choose(self, *, deep: bool = False, allow_bare: bool = False, allow_nonfinite: bool = False,
                among: list[Generation] | None = None) -> Choice:
         """Latest-valid as data (``latest`` without raising): walks generations newest first."""

@@ -28,7 +28,7 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import CheckpointError, ConfigMismatchError
-from ..run import Run, RunLock, SaveClock, SavePolicy, record_policy, roots, tiers
+from ..run import Run, RunLock, SaveClock, SavePolicy, record_policy, tiers
 from ..run.saving import best_in_history
 from . import adapter, handlers, optim, ranks, refusals, rng
 from . import restore as restoring
@@ -202,7 +202,7 @@ class CheckpointManager:
         self._clock.saved(time.monotonic())
         stall_ms = round(self.stall_s * 1e3, 3)     # recorded once committed (async: later)
         self._saver.then(lambda: self._event("checkpoint", step, reason=reason, stall_ms=stall_ms,
-                                             root=roots.of_step(self.run.path, step) if self.rank == 0 else None))
+                                             root=self.run.committed_root(step) if self.rank == 0 else None))
 
     def metric(self, name: str) -> Any:
         """The newest value of the metric ``name`` given to ``step()`` (or recorded by the restored

@@ -27,7 +27,7 @@ import torch
 
 from .. import atomic
 from ..errors import CheckpointError
-from ..run import Run, SaveClock, SavePolicy, roots, tiers
+from ..run import Run, SaveClock, SavePolicy, tiers
 from . import peers, refusals
 from .distributed import decided_by_rank0, reshard
 from .saver import Saver
@@ -79,7 +79,7 @@ class MemoryTier:
             return False
         stall_ms, self._pending = round((time.perf_counter() - started) * 1e3, 3), step
         if self._saver is not None:
-            self._saver.then(lambda: self._committed(step, stall_ms, root=roots.of_step(self.path, step)))
+            self._saver.then(lambda: self._committed(step, stall_ms, root=self._saver.run.committed_root(step)))
         else:                            # the manifest's blake3: which RAM generation is this timeline's
             self._committed(step, stall_ms, blake3=(doc or {}).get("blake3"))
         return True

@@ -54,6 +54,18 @@ def canonical(run):
     return [{k: r[k] for k in keep} for r in hist.read(run / ".loss.json").canonical()]
 
 
+def resumes_past_60_bit_exact(run, straight, why):
+    """``train`` to N skips generation 60 saying ``why``, resumes from 40, commits 60 again and
+    ends byte-identical to the straight run, history included; the run then validates."""
+    proc = train(run, N)
+    assert proc.returncode == 0, proc.stderr
+    assert f"skipping generation 60: {why}" in proc.stderr
+    assert "resumed from step_000040.bin" in proc.stderr
+    assert final(run, 60) == final(straight, 60) and final(run) == final(straight)
+    assert canonical(run) == canonical(straight)[:N]
+    assert validate_run(run).ok
+
+
 def final(run, step=N):
     return ckptfmt.open(run / f"step_{step:06d}.bin", verify=True).fingerprint()
 
@@ -320,13 +332,7 @@ def test_damaged_newest_generation_is_skipped_and_replaced(tmp_path, straight):
     data = bytearray(path.read_bytes())
     data[len(data) // 2] ^= 4
     path.write_bytes(bytes(data))
-    proc = train(run, N)
-    assert proc.returncode == 0, proc.stderr
-    assert "skipping generation 60: blake3 mismatch" in proc.stderr
-    assert "resumed from step_000040.bin" in proc.stderr
-    assert final(run, 60) == final(straight, 60) and final(run) == final(straight)
-    assert canonical(run) == canonical(straight)[:N]
-    assert validate_run(run).ok
+    resumes_past_60_bit_exact(run, straight, "blake3 mismatch")
 
 
 @pytest.mark.parametrize("edit", ["config", "scheduler"])
@@ -365,13 +371,7 @@ def test_a_generation_swapped_in_from_another_run_is_passed_over_and_the_run_end
         (run / part.name).write_bytes(part.read_bytes())
     report = validate_run(run)
     assert [f.code for f in report.findings if f.level == "defect"] == ["not_committed_here"]
-    proc = train(run, N)
-    assert proc.returncode == 0, proc.stderr
-    assert "skipping generation 60: not the generation this run committed at step 60" in proc.stderr
-    assert "resumed from step_000040.bin" in proc.stderr
-    assert final(run, 60) == final(straight, 60) and final(run) == final(straight)
-    assert canonical(run) == canonical(straight)[:N]
-    assert validate_run(run).ok
+    resumes_past_60_bit_exact(run, straight, "not the generation this run committed at step 60")
 
 
 def test_resume_hashes_the_generation_once(tmp_path, monkeypatch):
