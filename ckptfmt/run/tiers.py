@@ -1,7 +1,7 @@
 """Recovery tiers (spec/RUN.md §13): the run directory (durable) and a RAM tier beside it.
 
-The RAM tier is a second run directory in node-local shared memory, ``/dev/shm/ckptfmt-<uid>/<run
-id>/`` (``CKPTFMT_MEMORY_DIR`` instead of ``/dev/shm/ckptfmt-<uid>``), whose generations are written
+The RAM tier is a second run directory in node-local shared memory, ``/dev/shm/ckptfmt/<run
+id>/`` (``CKPTFMT_MEMORY_DIR`` instead of ``/dev/shm/ckptfmt``), whose generations are written
 the same way as the durable ones (``.bin`` + manifest + companion, blake3, the atomic commit).
 It is keyed by the run's ID, not its path: ``.run-id.json``, written once (atomically) by the
 first writer that uses the tier, so a run directory deleted and recreated gets a new ID and never
@@ -38,12 +38,11 @@ from .sidecars import read_json, write_json
 
 RUN_ID = ".run-id.json"
 MEMORY_ENV = "CKPTFMT_MEMORY_DIR"
-SHARED_MEMORY = Path("/dev/shm")
-LEGACY_MEMORY_ROOT = SHARED_MEMORY / "ckptfmt"   # one root shared by every user: what earlier versions wrote
+DEFAULT_MEMORY_ROOT = "/dev/shm/ckptfmt"
 MEMORY_KEEP = 2                        # the newest two RAM generations (one may be damaged)
 DISK, MEMORY, PEER = "disk", "memory", "peer"   # PEER: from RAM, fetched from another node
 NOTE = {MEMORY: " (RAM tier)", PEER: " (RAM tier, fetched from a peer node)"}   # after "resumed from X"
-ID = re.compile(r"[0-9a-f]{32}")      # never a path of the sidecar's choosing
+_ID = re.compile(r"[0-9a-f]{32}")      # never a path of the sidecar's choosing
 
 
 def in_ram(tier: str | None) -> bool:
@@ -52,30 +51,8 @@ def in_ram(tier: str | None) -> bool:
 
 
 def memory_root() -> Path:
-    """Where this user's RAM tiers live: ``$CKPTFMT_MEMORY_DIR``, else ``/dev/shm/ckptfmt-<uid>``
-    (one root per user, made mode 0700: a second user's runs are never refused by the first
-    user's directory, and never read its RAM generations)."""
-    return Path(os.environ.get(MEMORY_ENV) or SHARED_MEMORY / f"ckptfmt-{os.getuid()}")
-
-
-def legacy_root() -> Path | None:
-    """The one shared root of older versions (``/dev/shm/ckptfmt``), still looked in where no
-    ``$CKPTFMT_MEMORY_DIR`` is set, so an upgrade between a kill and its restart loses no RAM
-    generation; None where the variable is set."""
-    return None if os.environ.get(MEMORY_ENV) else LEGACY_MEMORY_ROOT
-
-
-def tier_dir(found: str) -> Path:
-    """The RAM tier directory of run ID ``found``: under ``memory_root()``, or the legacy root's
-    where only that one exists (the run then goes on there)."""
-    where = memory_root() / found
-    legacy = legacy_root()
-    try:
-        if legacy is not None and not where.exists() and (legacy / found).is_dir():
-            return legacy / found
-    except OSError:          # another user's shared root, closed to this one (EACCES)
-        pass
-    return where
+    """Where RAM tiers live: ``$CKPTFMT_MEMORY_DIR``, else ``/dev/shm/ckptfmt``."""
+    return Path(os.environ.get(MEMORY_ENV) or DEFAULT_MEMORY_ROOT)
 
 
 def run_id(run: "str | os.PathLike[str]", *, create: bool = False) -> str | None:
@@ -87,7 +64,7 @@ def run_id(run: "str | os.PathLike[str]", *, create: bool = False) -> str | None
     except CheckpointError:
         doc = None                       # damaged: a new ID orphans the old RAM generations (safe)
     found = doc.get("id") if isinstance(doc, dict) else None
-    if isinstance(found, str) and ID.fullmatch(found):
+    if isinstance(found, str) and _ID.fullmatch(found):
         return found
     if not create:
         return None
@@ -99,7 +76,7 @@ def run_id(run: "str | os.PathLike[str]", *, create: bool = False) -> str | None
 def memory_dir(run: "str | os.PathLike[str]", *, create: bool = False) -> Path | None:
     """The run's RAM tier directory (made or not), None when the run has no ID."""
     found = run_id(run, create=create)
-    return None if found is None else tier_dir(found)
+    return None if found is None else memory_root() / found
 
 
 def memory_run(run: "str | os.PathLike[str]") -> Run | None:
@@ -204,5 +181,5 @@ def listing(run: "str | os.PathLike[str]") -> dict[str, Any] | None:
     found = run_id(run)
     if found is None:
         return None
-    where = tier_dir(found)
+    where = memory_root() / found
     return {"dir": str(where), "run_id": found, "present": where.is_dir()}

@@ -25,8 +25,9 @@ from typing import Any, Callable
 
 import torch
 
+from .. import atomic
 from ..errors import CheckpointError
-from ..run import Run, SaveClock, SavePolicy, ramdirs, tiers
+from ..run import Run, SaveClock, SavePolicy, tiers
 from . import peers, refusals
 from .distributed import decided_by_rank0, reshard
 from .saver import Saver
@@ -110,7 +111,7 @@ class MemoryTier:
         """The tier's directory (not made here): the run's ID is written once by the first
         writer (rank 0, which holds the run lock)."""
         if self.path is None:
-            self.path = tiers.tier_dir(decided_by_rank0(lambda: tiers.run_id(self.run.path, create=True)))
+            self.path = tiers.memory_root() / decided_by_rank0(lambda: tiers.run_id(self.run.path, create=True))
         return self.path
 
     def _open(self) -> Run:
@@ -118,12 +119,10 @@ class MemoryTier:
         return Run(self._where(), create=True)
 
     def _made_again(self, step: int) -> None:
-        """The tier's directory, with its record of the run (``ramdirs``), made before the RAM
-        save; one removed while the run trains (systemd's ``RemoveIPC``, a per-job tmpfs) is made
-        again and said, instead of every later RAM save failing."""
-        again = self.path is not None and not self.path.exists()
-        ramdirs.make(self.run.path, self._where(), record=self.topology.leader)
-        if again:
+        """The tier's directory removed while the run trains (systemd's ``RemoveIPC``, a per-job
+        tmpfs): made again for this save and said, instead of every later RAM save failing."""
+        if self.path is not None and not self.path.exists():
+            atomic.make_durable_dir(self.path)
             self.log(f"RAM tier {self.path}: its directory was removed while the run trained (RemoveIPC, a "
                      f"per-job tmpfs?); made again at step {step}")
 
@@ -136,25 +135,6 @@ class MemoryTier:
             tiers.prune(self.path)
         except (CheckpointError, OSError) as exc:
             self.log(f"RAM tier {self.path}: retention after step {step} failed: {exc}")
-
-
-def at_close(memory: MemoryTier | None, run: Run, step: int | None, log: Callable[..., None]) -> None:
-    """When the manager closes with ``step`` its newest durable generation: the RAM save in
-    flight is settled, then (each node's first rank, in its node's tier; with ``memory_every``
-    or without it) the RAM generations at or below ``step`` are removed, and the tier's
-    directory with the last of them, so a finished run leaves nothing in shared memory that its
-    durable tier does not cover (``ramdirs.release``)."""
-    if memory is not None:
-        memory.settle()
-    if step is None or not peers.topology().leader:
-        return
-    try:
-        gone = ramdirs.release(run.path, step)
-    except (CheckpointError, OSError) as exc:
-        log(f"{run.path}: the RAM tier's generations up to step {step} could not be removed: {exc}")
-        return
-    if gone:
-        log(f"{run.path}: removed RAM generations {gone}: the durable step {step} covers them", info=True)
 
 
 def forget_after(run: Run, step: int, log: Callable[..., None]) -> None:
