@@ -86,7 +86,7 @@ def last_step(run: Path) -> int:
 # fresh interpreter costs a second of imports). The rest start a process of their own: train and
 # verify-resume run trainers and take signals; mirror and import talk to object storage on
 # threads of their own.
-IN_PROCESS = frozenset({"inspect", "validate", "diff", "convert", "ls", "gc", "pin", "pivot", "fork",
+IN_PROCESS = frozenset({"inspect", "validate", "diff", "convert", "ls", "gc", "ram", "pin", "pivot", "fork",
                         "bisect", "plot", "export"})
 
 

@@ -1,4 +1,4 @@
-"""Commands on run directories: ls, gc, pin, pivot, fork, bisect, plot.
+"""Commands on run directories: ls, gc, ram, pin, pivot, fork, bisect, plot.
 
 Library imports stay inside the commands: ``ckptfmt.run`` costs milliseconds that
 ``ckptfmt --help`` would otherwise pay, and ``plot`` needs matplotlib.
@@ -132,6 +132,47 @@ def _print_gc(d: dict) -> None:
     if d["dry_run"]:
         for k in d["kept"]:
             click.echo(f"  keep {k['step']}: {', '.join(k['kept_by'])}")
+    memory = (d.get("tiers") or {}).get("memory")
+    if memory is not None:
+        said = f"{'would delete' if d['dry_run'] else 'deleted'} steps {memory['deleted'] or 'none'}"
+        if memory["deleted"]:
+            said += f" (the newest valid durable generation, {memory['covered_by']}, covers them)"
+        if memory["kept"]:
+            said += f"; keeps steps {memory['kept']}: " + (f"newer than the newest valid durable generation, "
+                                                             f"{memory['covered_by']}" if memory["covered_by"] is not None
+                                                             else "no valid durable generation covers them")
+        click.echo(f"RAM tier {memory['dir']}: {said}")
+
+
+@main.command("ram")
+@click.option("--remove-orphans", is_flag=True, help="Remove the RAM tiers whose run no longer exists "
+              "(or was deleted and made again) and in which nothing changed for an hour.")
+@click.option("--remove", "ids", multiple=True, metavar="ID", help="Remove the RAM tier of this run ID now "
+              "(one a live process saves to, or its run still uses, is refused: gc RUN cleans that one). "
+              "Repeatable.")
+@click.option("--dry-run", is_flag=True, help="Only say what would be removed.")
+@json_option
+@guarded
+def ram(remove_orphans: bool, ids: tuple[str, ...], dry_run: bool, as_json: bool) -> None:
+    """List this user's RAM tiers ($CKPTFMT_MEMORY_DIR, else /dev/shm/ckptfmt-UID): each one's
+    run and whether that run still exists, its generations and size. A run that closes removes
+    its RAM generations the durable ones cover; a tier whose run was deleted is orphaned, and
+    --remove-orphans removes it once it is an hour old (a run moved while it was killed takes its
+    tier back when it restarts)."""
+    from ..run.ramdirs import sweep  # lazy: keeps `ckptfmt --help` fast
+    emit(sweep(orphans=remove_orphans, ids=ids, dry_run=dry_run), as_json, _print_ram)
+
+
+def _print_ram(d: dict) -> None:
+    if not d["tiers"]:
+        click.echo(f"no RAM tiers under {d['root']}")
+    for t in d["tiers"]:
+        click.echo(f"{t['dir']}  {size(t['bytes']):>10}  steps {t['steps'] or 'none'}  {t['status']}: {t['why']}")
+    for gone in d["removed"]:
+        click.echo(f"{'would remove' if d['dry_run'] else 'removed'} {gone}")
+    for young in d["waiting"]:
+        click.echo(f"kept {young}: changed within the last {d['grace_s'] // 60} minutes (a run moved while it "
+                   "was killed may come back to it); --remove ID removes it now")
 
 
 @main.command()

@@ -207,8 +207,9 @@ class Run:
 
     def plan_gc(self, policy: Policy | None = None, *, keep_last: int | None = None, keep_every: int | None = None,
                 strict_metric: bool = False) -> tuple[list[Generation], Generation | None, Plan]:
-        """(generations to delete, newest valid, the plan with why each kept one is kept) after
-        verify-before-delete of the newest. ``policy``, or one of ``keep_last``/``keep_every``.
+        """(generations to delete, the newest valid finite one: what a restore takes, the plan
+        with why each kept one is kept) after verify-before-delete of the newest. ``policy``, or
+        one of ``keep_last``/``keep_every``.
 
         Protected whatever the rules say (the guards, spec/RUN.md §5.2): pins, the newest valid
         generation and the newest valid *finite* one, so generations that diverged (non-finite
@@ -216,11 +217,10 @@ class Run:
         policy = policy or Policy.by_count(keep_last, keep_every)
         committed = [g for g in self.generations() if g.committed]
         choice = self.choose(deep=True) if committed else Choice()
-        newest = choice.newest_valid
-        if committed and newest is None:
+        if committed and choice.newest_valid is None:
             self.chosen(choice)            # raises: no valid generation
         chosen = self.retention_plan(policy, committed, choice, strict_metric)
-        return [g for g in committed if g.step in set(chosen.doomed)], newest, chosen
+        return [g for g in committed if g.step in set(chosen.doomed)], choice.gen, chosen
 
     def retention_plan(self, policy: Policy, committed: list[Generation], choice: Choice,
                        strict_metric: bool = False) -> Plan:
@@ -251,13 +251,13 @@ class Run:
                             dry_run=dry_run)[0]
 
     def collect(self, policy: Policy, *, dry_run: bool = False,
-                strict_metric: bool = False) -> tuple[list[int], dict[int, list[str]]]:
-        """``gc`` that also says why each generation left is kept: (deleted steps, step -> reasons),
-        a leased one with the reason ``leased``."""
+                strict_metric: bool = False) -> tuple[list[int], dict[int, list[str]], Generation | None]:
+        """``gc`` that also says why each generation left is kept: (deleted steps, step -> reasons,
+        a leased one with the reason ``leased``; the newest valid finite generation)."""
         if not policy.has_rule:
             raise ValueError("a retention policy needs at least one keep rule (keep_last, keep_every, "
                              "keep_best, keep_within, keep_interval)")
-        doomed, _, chosen = self.plan_gc(policy, strict_metric=strict_metric)
+        doomed, resumable, chosen = self.plan_gc(policy, strict_metric=strict_metric)
         kept = dict(chosen.kept)
         with honoured(self.path, sweep=not dry_run) as leased:
             for gen in doomed:
@@ -267,7 +267,7 @@ class Run:
             if not dry_run:
                 for gen in doomed:
                     gen.remove()
-        return [g.step for g in doomed], dict(sorted(kept.items()))
+        return [g.step for g in doomed], dict(sorted(kept.items())), resumable
 
     def sweep_temps(self) -> list[Path]:
         """Remove orphan temp files of our own pattern (killed saves); nothing else: not a

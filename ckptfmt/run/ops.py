@@ -15,7 +15,7 @@ from .. import manifest as mf
 from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoundError,
                       NoValidGenerationError, SidecarError)
 from . import history as hist
-from . import mirrors, roots, tiers, timeline
+from . import mirrors, ramdirs, roots, tiers, timeline
 from .directory import Run
 from ..generation import Generation, list_dir
 from .generations import check_bare, non_finite
@@ -167,14 +167,18 @@ def gc(path: "str | os.PathLike[str]", policy: Policy | None = None, *, keep_las
        keep_every: int | None = None, dry_run: bool = False) -> dict[str, Any]:
     """Under the run lock: sweep temp files of killed saves (unless ``dry_run``), then delete
     what the retention policy allows (``policy``, or ``keep_last``/``keep_every``; verify-before-
-    delete of the newest, spec/RUN.md §5); ``kept``: each generation left and why it is kept."""
+    delete of the newest, spec/RUN.md §5); ``kept``: each generation left and why it is kept.
+    The run's RAM tier loses what the newest valid finite durable generation covers (spec/RUN.md
+    §13.10): ``memory``, where the run has a tier."""
     run = Run(path)
     policy = policy or Policy.by_count(keep_last, keep_every)
     with RunLock(path, purpose="gc", writes_generations=False):
         swept = [] if dry_run else [str(p) for p in run.sweep_temps()]
-        deleted, kept = run.collect(policy, dry_run=dry_run, strict_metric=True)
-    return {"run": str(path), "dry_run": dry_run, "deleted": deleted,
-            "kept": [{"step": s, "kept_by": why} for s, why in kept.items()], "swept_temps": swept}
+        deleted, kept, resumable = run.collect(policy, dry_run=dry_run, strict_metric=True)
+        memory = ramdirs.collect(path, resumable.step if resumable else None, dry_run=dry_run)
+    out = {"run": str(path), "dry_run": dry_run, "deleted": deleted,
+           "kept": [{"step": s, "kept_by": why} for s, why in kept.items()], "swept_temps": swept}
+    return out if memory is None else {**out, "tiers": {"memory": memory}}
 
 
 def pivot(path: "str | os.PathLike[str]", *, note: str | None = None) -> dict[str, Any]:

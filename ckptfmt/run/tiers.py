@@ -1,7 +1,7 @@
 """Recovery tiers (spec/RUN.md §13): the run directory (durable) and a RAM tier beside it.
 
-The RAM tier is a second run directory in node-local shared memory, ``/dev/shm/ckptfmt/<run
-id>/`` (``CKPTFMT_MEMORY_DIR`` instead of ``/dev/shm/ckptfmt``), whose generations are written
+The RAM tier is a second run directory in node-local shared memory, ``/dev/shm/ckptfmt-<uid>/<run
+id>/`` (``CKPTFMT_MEMORY_DIR`` instead of ``/dev/shm/ckptfmt-<uid>``), whose generations are written
 the same way as the durable ones (``.bin`` + manifest + companion, blake3, the atomic commit).
 It is keyed by the run's ID, not its path: ``.run-id.json``, written once (atomically) by the
 first writer that uses the tier, so a run directory deleted and recreated gets a new ID and never
@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import os
 import re
+import stat
 import time
 import uuid
 import warnings
@@ -38,11 +39,12 @@ from .sidecars import read_json, write_json
 
 RUN_ID = ".run-id.json"
 MEMORY_ENV = "CKPTFMT_MEMORY_DIR"
-DEFAULT_MEMORY_ROOT = "/dev/shm/ckptfmt"
+SHARED_MEMORY = Path("/dev/shm")
+LEGACY_MEMORY_ROOT = SHARED_MEMORY / "ckptfmt"   # one root shared by every user: what earlier versions wrote
 MEMORY_KEEP = 2                        # the newest two RAM generations (one may be damaged)
 DISK, MEMORY, PEER = "disk", "memory", "peer"   # PEER: from RAM, fetched from another node
 NOTE = {MEMORY: " (RAM tier)", PEER: " (RAM tier, fetched from a peer node)"}   # after "resumed from X"
-_ID = re.compile(r"[0-9a-f]{32}")      # never a path of the sidecar's choosing
+ID = re.compile(r"[0-9a-f]{32}")      # never a path of the sidecar's choosing
 
 
 def in_ram(tier: str | None) -> bool:
@@ -51,8 +53,62 @@ def in_ram(tier: str | None) -> bool:
 
 
 def memory_root() -> Path:
-    """Where RAM tiers live: ``$CKPTFMT_MEMORY_DIR``, else ``/dev/shm/ckptfmt``."""
-    return Path(os.environ.get(MEMORY_ENV) or DEFAULT_MEMORY_ROOT)
+    """Where this user's RAM tiers live: ``$CKPTFMT_MEMORY_DIR``, else ``/dev/shm/ckptfmt-<uid>``
+    (one root per user, made mode 0700: a second user's runs are never refused by the first
+    user's directory, and never read its RAM generations)."""
+    return Path(os.environ.get(MEMORY_ENV) or SHARED_MEMORY / f"ckptfmt-{os.getuid()}")
+
+
+def legacy_root() -> Path | None:
+    """The one shared root of older versions (``/dev/shm/ckptfmt``), still looked in where no
+    ``$CKPTFMT_MEMORY_DIR`` is set, so an upgrade between a kill and its restart loses no RAM
+    generation; None where the variable is set."""
+    return None if os.environ.get(MEMORY_ENV) else LEGACY_MEMORY_ROOT
+
+
+def owned(path: Path) -> bool:
+    """``path`` is a directory of this user's, not a symbolic link to one (``lstat``)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid()
+
+
+def root_problem() -> str | None:
+    """Why the default root (``/dev/shm/ckptfmt-<uid>``, no ``$CKPTFMT_MEMORY_DIR``) that exists
+    is not to be used: a symbolic link, not a directory, another user's, or writable by others
+    (anyone else could plant or remove generations there); None when it is fine or not there
+    yet. A root named by ``$CKPTFMT_MEMORY_DIR`` is the user's own choice and not judged."""
+    if os.environ.get(MEMORY_ENV):
+        return None
+    root = memory_root()
+    try:
+        st = os.lstat(root)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        return f"cannot be looked at ({exc.strerror})"
+    if not stat.S_ISDIR(st.st_mode):
+        return "is a symbolic link or not a directory"
+    if st.st_uid != os.getuid():
+        return f"belongs to user {st.st_uid}, not to this one ({os.getuid()})"
+    if st.st_mode & 0o022:
+        return f"is writable by other users (mode {st.st_mode & 0o777:o}; ckptfmt makes it 700)"
+    return None
+
+
+def tier_dir(found: str) -> Path:
+    """The RAM tier directory of run ID ``found``: under ``memory_root()``, or the legacy root's
+    where only that one exists and is this user's (the run then goes on there)."""
+    where = memory_root() / found
+    legacy = legacy_root()
+    try:
+        if legacy is not None and not os.path.lexists(where) and owned(legacy / found):
+            return legacy / found
+    except OSError:          # another user's shared root, closed to this one (EACCES)
+        pass
+    return where
 
 
 def run_id(run: "str | os.PathLike[str]", *, create: bool = False) -> str | None:
@@ -64,7 +120,7 @@ def run_id(run: "str | os.PathLike[str]", *, create: bool = False) -> str | None
     except CheckpointError:
         doc = None                       # damaged: a new ID orphans the old RAM generations (safe)
     found = doc.get("id") if isinstance(doc, dict) else None
-    if isinstance(found, str) and _ID.fullmatch(found):
+    if isinstance(found, str) and ID.fullmatch(found):
         return found
     if not create:
         return None
@@ -76,13 +132,13 @@ def run_id(run: "str | os.PathLike[str]", *, create: bool = False) -> str | None
 def memory_dir(run: "str | os.PathLike[str]", *, create: bool = False) -> Path | None:
     """The run's RAM tier directory (made or not), None when the run has no ID."""
     found = run_id(run, create=create)
-    return None if found is None else memory_root() / found
+    return None if found is None else tier_dir(found)
 
 
 def memory_run(run: "str | os.PathLike[str]") -> Run | None:
     """The RAM tier as a ``Run`` when its directory exists (a reboot removes it), else None."""
     where = memory_dir(run)
-    return Run(where) if where is not None and where.is_dir() else None
+    return Run(where) if where is not None and where.is_dir() and root_problem() is None else None
 
 
 @dataclass
@@ -181,5 +237,5 @@ def listing(run: "str | os.PathLike[str]") -> dict[str, Any] | None:
     found = run_id(run)
     if found is None:
         return None
-    where = memory_root() / found
+    where = tier_dir(found)
     return {"dir": str(where), "run_id": found, "present": where.is_dir()}

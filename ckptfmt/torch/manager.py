@@ -33,7 +33,7 @@ from ..run.saving import best_in_history
 from . import adapter, handlers, optim, ranks, refusals, rng
 from . import restore as restoring
 from .distributed import reshard
-from .memtier import MemoryTier, forget_after
+from .memtier import MemoryTier, at_close, forget_after
 from .metrics import MetricsBook, history_value
 from .saver import Saver
 from .state import persistent_buffers, split
@@ -227,8 +227,7 @@ class CheckpointManager:
             if step is not None and self.committed != step:
                 self.save(step, "close")
             self._saver.wait()
-            if self._memory is not None:
-                self._memory.settle()            # the RAM save in flight
+            at_close(self._memory, self.run, self.committed, self.log)   # the RAM tier's save in flight, its leftovers
         finally:
             self.closed = True
             if self._mirror is not None:

@@ -25,9 +25,8 @@ from typing import Any, Callable
 
 import torch
 
-from .. import atomic
 from ..errors import CheckpointError
-from ..run import Run, SaveClock, SavePolicy, tiers
+from ..run import Run, SaveClock, SavePolicy, ramdirs, tiers
 from . import peers, refusals
 from .distributed import decided_by_rank0, reshard
 from .saver import Saver
@@ -48,6 +47,7 @@ class MemoryTier:
         self._saver: Saver | None = None
         self._skipped = 0                # RAM saves skipped since the last that worked
         self._pending: int | None = None  # the step of the newest RAM save (in flight, one process)
+        self._hold: int | None = None    # the tier held while this process lives (``ramdirs.hold``)
 
     def due(self, step: int) -> bool:
         """The tier's cadence asks for ``step``; a RAM save that finished in the background is
@@ -111,7 +111,7 @@ class MemoryTier:
         """The tier's directory (not made here): the run's ID is written once by the first
         writer (rank 0, which holds the run lock)."""
         if self.path is None:
-            self.path = tiers.memory_root() / decided_by_rank0(lambda: tiers.run_id(self.run.path, create=True))
+            self.path = tiers.tier_dir(decided_by_rank0(lambda: tiers.run_id(self.run.path, create=True)))
         return self.path
 
     def _open(self) -> Run:
@@ -119,12 +119,22 @@ class MemoryTier:
         return Run(self._where(), create=True)
 
     def _made_again(self, step: int) -> None:
-        """The tier's directory removed while the run trains (systemd's ``RemoveIPC``, a per-job
-        tmpfs): made again for this save and said, instead of every later RAM save failing."""
-        if self.path is not None and not self.path.exists():
-            atomic.make_durable_dir(self.path)
+        """The tier's directory, with its record of the run (``ramdirs``), made before the RAM
+        save; one removed while the run trains (systemd's ``RemoveIPC``, a per-job tmpfs) is made
+        again and said, instead of every later RAM save failing."""
+        again = self.path is not None and not self.path.exists()
+        ramdirs.make(self.run.path, self._where(), record=self.topology.leader)
+        if again or self._hold is None:   # held, so that `ckptfmt ram` never removes it under us
+            ramdirs.let_go(self._hold)
+            self._hold = ramdirs.hold(self.path)
+        if again:
             self.log(f"RAM tier {self.path}: its directory was removed while the run trained (RemoveIPC, a "
                      f"per-job tmpfs?); made again at step {step}")
+
+    def let_go(self) -> None:
+        """The tier no longer held by this process (the manager closes)."""
+        ramdirs.let_go(self._hold)
+        self._hold = None
 
     def _prune(self, step: int, manifest: dict[str, Any]) -> None:
         """The tier's retention after each RAM commit (each node's first rank); a failure is
@@ -137,16 +147,47 @@ class MemoryTier:
             self.log(f"RAM tier {self.path}: retention after step {step} failed: {exc}")
 
 
+def at_close(memory: MemoryTier | None, run: Run, step: int | None, log: Callable[..., None]) -> None:
+    """When the manager closes with ``step`` its newest durable generation: the RAM save in
+    flight is settled, then (each node's first rank, in its node's tier; with ``memory_every``
+    or without it) the RAM generations at or below ``step`` are removed, and the tier's
+    directory with the last of them, so a finished run leaves nothing in shared memory that its
+    durable tier does not cover (``ramdirs.release``)."""
+    if memory is not None:
+        memory.settle()
+    if step is not None:
+        _remove(run, log, lambda: ramdirs.release(run.path, step), f"up to step {step}",
+                f": the durable step {step} covers them")
+    if memory is not None:
+        memory.let_go()
+
+
 def forget_after(run: Run, step: int, log: Callable[..., None]) -> None:
     """After a restore to ``step`` (each node's first rank, in its node's tier): the RAM
     generations newer than it are a lost timeline's, removed so that no later restore mixes the
-    two timelines."""
+    two timelines. The tier's record names the run where it is now (a run moved between a kill
+    and its restart is not taken for an orphan)."""
+    _remove(run, log, lambda: _forget_and_claim(run, step), f"after step {step}",
+            f" of the timeline after step {step}")
+
+
+def _forget_and_claim(run: Run, step: int) -> list[int]:
+    gone = tiers.forget_after(run.path, step)
+    where = tiers.memory_dir(run.path)
+    if where is not None and where.is_dir():
+        ramdirs.claim(run.path, where)
+    return gone
+
+
+def _remove(run: Run, log: Callable[..., None], remove: Callable[[], list[int]], which: str, why: str) -> None:
+    """Each node's first rank removes RAM generations from its node's tier (``remove``: the
+    steps it removed), said in the log; a failure is only said."""
     if not peers.topology().leader:
         return
     try:
-        gone = tiers.forget_after(run.path, step)
+        gone = remove()
     except (CheckpointError, OSError) as exc:
-        log(f"{run.path}: the RAM tier's generations after step {step} could not be removed: {exc}")
+        log(f"{run.path}: the RAM tier's generations {which} could not be removed: {exc}")
         return
     if gone:
-        log(f"{run.path}: removed RAM generations {gone} of the timeline after step {step}", info=True)
+        log(f"{run.path}: removed RAM generations {gone}{why}", info=True)

@@ -84,11 +84,13 @@ def batch(step: int, timeline: int = 0) -> torch.Tensor:
 
 
 def train(run: Path, last: int, *, timeline: int = 0, memory_every: int | None = None,
-          async_save: bool = False) -> int:
+          async_save: bool = False, keep_ram: Path | None = None) -> int:
     """Restore the run (latest-valid) and train it to step ``last``, committing every 10 steps
     under a retention that keeps every 20th step, so the newest generation is kept only as the
     newest valid one (a step 30 committed again after a fallback must survive its retention);
-    the step it resumed from."""
+    the step it resumed from. ``keep_ram``: the RAM tier copied there (merged) before the close,
+    which removes the RAM generations the durable step covers, as a run killed at ``last``
+    would have left it."""
     model, opt, sched = model_and_optimizer()
     with CheckpointManager(run, model, opt, sched, every=10, retention=Policy(keep_every=20), handle_signals=False,
                            memory_every=memory_every, async_save=async_save, log=lambda message: None) as mgr:
@@ -100,6 +102,8 @@ def train(run: Path, last: int, *, timeline: int = 0, memory_every: int | None =
             opt.step()
             sched.step()
             mgr.step(step, loss=loss.item())
+        if keep_ram is not None:
+            shutil.copytree(tiers.memory_dir(run), keep_ram, dirs_exist_ok=True)
     return start
 
 
@@ -109,18 +113,23 @@ def name(step: int, part: str) -> str:
 
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
-    """The true run (generations 10, 20, 30; RAM generations between them) and a lost timeline
-    (resumed at 20, trained on other data, its own RAM tier), each RAM tier in its own root."""
+    """The true run (generations 10, 20, 30; RAM generations 15 and 25 between them, as the two
+    trainings killed at their last step leave them) and a lost timeline (resumed at 20, trained on
+    other data, its own RAM tier), each RAM tier in its own root."""
     root = tmp_path_factory.mktemp("matrix")
     base, lost = root / "base", root / "lost"
     with pytest.MonkeyPatch.context() as env:
-        env.setenv(tiers.MEMORY_ENV, str(root / "ram"))
-        train(base, 20, memory_every=5)
+        env.setenv(tiers.MEMORY_ENV, str(root / "live-ram"))
+        train(base, 20, memory_every=5, keep_ram=root / "kept")
         shutil.copytree(base, lost)
-        train(base, 30, memory_every=5)
-        env.setenv(tiers.MEMORY_ENV, str(root / "ram-lost"))
-        train(lost, 30, timeline=1, memory_every=5)
+        train(base, 30, memory_every=5, keep_ram=root / "kept")
+        env.setenv(tiers.MEMORY_ENV, str(root / "live-ram-lost"))
+        train(lost, 30, timeline=1, memory_every=5, keep_ram=root / "kept-lost")
     run_id = tiers.run_id(base)
+    for kept, ram in ((root / "kept", root / "ram" / run_id), (root / "kept-lost", root / "ram-lost" / run_id)):
+        for older in kept.glob("step_000005*"):      # the RAM tier's own retention keeps two
+            older.unlink()
+        shutil.copytree(kept, ram)
     sharded, lost_sharded = root / "sharded", root / "lost-sharded"   # 20 and 30 as two shards each
     shutil.copytree(base, sharded)
     lost_sharded.mkdir()

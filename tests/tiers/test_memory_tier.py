@@ -157,45 +157,18 @@ def test_a_recreated_run_directory_does_not_pick_up_the_old_runs_ram_generations
     proc = train(run, memory, "--memory-every", 5)
     assert proc.returncode == 0, proc.stderr
     assert not events(run, "resume") and events(run, "start")          # a fresh start
-    assert ram_dir(run, memory) != old_dir and ram_dir(run, memory).is_dir()
+    assert ram_dir(run, memory) != old_dir and not ram_dir(run, memory).exists()   # its own, emptied at close
     assert [g.step for g in Run(old_dir).generations() if g.committed] == old_steps     # not touched
     assert final(run) == final(straight)          # RAM saves do not change the trajectory
 
 
 # ---------------------------------------------------------------- the manager in a plain loop
-LOOP = """
-import os, signal, sys, torch
-from ckptfmt.torch import CheckpointManager
-run, kill_at, nan_at, memory_every = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
-async_save = sys.argv[5] == "async"
-torch.manual_seed(0)
-model = torch.nn.Linear(16, 8)
-opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-data = torch.Generator().manual_seed(1)
-mgr = CheckpointManager(run, model, opt, generators={"data": data}, every=50,
-                        memory_every=memory_every or None, async_save=async_save,
-                        log=lambda m: print("LOG", m, flush=True))
-start = mgr.restore()
-print("START", start, mgr.restored_tier, flush=True)
-for step in range(start + 1, 121):
-    loss = model(torch.randn(32, 16, generator=data)).pow(2).mean()
-    opt.zero_grad()
-    loss.backward()
-    opt.step()
-    if step == nan_at:
-        with torch.no_grad():
-            model.weight[0, 0] = float("nan")
-    mgr.step(step, loss=loss.item())
-    if step == kill_at:
-        os.kill(os.getpid(), signal.SIGKILL)
-mgr.close(120)
-"""
+# the manager in a plain loop: ram_loop.py beside this file
+LOOP = Path(__file__).with_name("ram_loop.py")
 
 
 def loop(tmp_path, run, memory, kill_at=0, nan_at=0, memory_every=5, mode="sync"):
-    script = tmp_path / "loop.py"
-    script.write_text(LOOP)
-    return warm.run([PY, str(script), str(run), str(kill_at), str(nan_at), str(memory_every), mode],
+    return warm.run([PY, str(LOOP), str(run), str(kill_at), str(nan_at), str(memory_every), mode, "120"],
                     env=env(memory), capture_output=True, text=True, timeout=120)
 
 
