@@ -134,7 +134,8 @@ def _print_gc(d: dict) -> None:
             click.echo(f"  keep {k['step']}: {', '.join(k['kept_by'])}")
     memory = (d.get("tiers") or {}).get("memory")
     if memory is not None:
-        said = f"{'would delete' if d['dry_run'] else 'deleted'} steps {memory['deleted'] or 'none'}"
+        said = f"{'would delete' if d['dry_run'] else 'deleted'} steps {memory['deleted'] or 'none'}" + \
+            (f" and swept {len(memory['swept_temps'])} temp files" if memory.get("swept_temps") else "")
         if memory["deleted"]:
             said += f" (the newest valid durable generation, {memory['covered_by']}, covers them)"
         if memory["kept"]:

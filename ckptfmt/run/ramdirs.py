@@ -63,24 +63,46 @@ def claim(run: "str | os.PathLike[str]", where: Path) -> None:
         write_json(where / OWNER, {"run": path, "id": where.name, "recorded": round(time.time(), 3)})
 
 
-def hold(where: Path) -> int | None:
-    """A shared ``flock`` on the tier directory, for the saving process to keep open while it
-    lives (the kernel lets go when it dies, however it dies): ``ckptfmt ram`` never removes a
-    held tier. The descriptor, or None when it cannot be taken now (a removal in progress)."""
+_HELD: dict[str, int] = {}    # the tiers this process holds: directory -> descriptor
+
+
+def keep(where: Path, *, wait: bool = False) -> bool:
+    """This process holds the tier ``where`` (a shared ``flock``) until ``let_go(where)``, or
+    until it ends, however it ends (the kernel lets go): ``ckptfmt ram`` never removes a held
+    tier. A saver takes it at each RAM save (taken again when the directory was made again);
+    a restore takes it with ``wait`` (a removal in progress finishes first) before it looks at
+    the tier, and keeps it while it loads. False when the tier is not there (or, without
+    ``wait``, cannot be held now)."""
+    key = str(where)
+    if key in _HELD and _same(_HELD[key], where):
+        return True
+    let_go(where)
     try:
         fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY)
     except OSError:
-        return None
+        return False
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, fcntl.LOCK_SH | (0 if wait else fcntl.LOCK_NB))
+        if not _same(fd, where):          # removed while this waited
+            raise FileNotFoundError(key)
     except OSError:
         os.close(fd)
-        return None
-    return fd
+        return False
+    _HELD[key] = fd
+    return True
 
 
-def let_go(fd: int | None) -> None:
-    """Give back what ``hold`` took."""
+def _same(fd: int, where: Path) -> bool:
+    """The descriptor is of the directory at ``where`` now (not one removed and made again)."""
+    try:
+        return os.fstat(fd).st_ino == os.stat(where).st_ino
+    except OSError:
+        return False
+
+
+def let_go(where: "Path | None") -> None:
+    """Give back what ``keep`` took of ``where`` (nothing held: nothing to do)."""
+    fd = _HELD.pop(str(where), None) if where is not None else None
     if fd is not None:
         with contextlib.suppress(OSError):
             os.close(fd)
@@ -99,16 +121,9 @@ def release(run: "str | os.PathLike[str]", step: int | None) -> list[int]:
     durable = next((g for g in list_dir(run).generations if g.step == step and g.committed), None)
     if durable is None or non_finite(durable):
         return []
-    listing = list_dir(where)
-    for temp in listing.temps:
-        if temp.is_file() and not temp.is_symlink():
-            atomic.remove(temp)
-    gone = [g for g in listing.generations if g.step <= step]
-    for gen in gone:
-        gen.remove()
-    if len(gone) == len(listing.generations):
-        _remove_if_empty(where)
-    return [g.step for g in gone]
+    gone = tiers.remove_generations(where, lambda s: s <= step)
+    _remove_if_empty(where)
+    return gone
 
 
 def _remove_if_empty(where: Path) -> None:
@@ -147,8 +162,7 @@ def survey() -> list[dict[str, Any]]:
             raise UnsupportedSetupError(str(root), f"cannot list the RAM tiers: {exc.strerror or exc}") from None
         for entry in entries:
             try:
-                if not (tiers.ID.fullmatch(entry.name) and entry.is_dir(follow_symlinks=False)
-                        and entry.stat(follow_symlinks=False).st_uid == os.getuid()):
+                if not (tiers.ID.fullmatch(entry.name) and tiers.owned(Path(entry.path))):
                     continue
                 out.append(_state(Path(entry.path)))
             except OSError as exc:       # one tier that cannot be read hides none of the others
@@ -185,7 +199,7 @@ def _state(where: Path, *, look_held: bool = True) -> dict[str, Any]:
 
 
 def _held(where: Path) -> bool:
-    """A live process holds the tier (``hold``): an exclusive ``flock`` is refused."""
+    """A live process holds the tier (``keep``): an exclusive ``flock`` is refused."""
     fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -210,11 +224,16 @@ def collect(run: "str | os.PathLike[str]", newest: int | None, *, dry_run: bool 
     where = tiers.memory_dir(run)
     if where is None or not where.is_dir():
         return None
-    steps = [g.step for g in list_dir(where).generations]
+    listing = list_dir(where)
+    steps = [g.step for g in listing.generations]
     deleted = [s for s in steps if newest is not None and s <= newest]
+    swept = [str(t) for t in listing.temps if t.is_file() and not t.is_symlink()]
     if not dry_run:
+        for temp in swept:
+            atomic.remove(temp)
         deleted = release(run, newest)
-    return {"dir": str(where), "covered_by": newest, "deleted": deleted, "kept": [s for s in steps if s not in deleted]}
+    return {"dir": str(where), "covered_by": newest, "deleted": deleted, "kept": [s for s in steps if s not in deleted],
+            "swept_temps": [] if dry_run else swept}
 
 
 def _ripe(state: dict[str, Any]) -> bool:
@@ -234,7 +253,7 @@ def sweep(*, orphans: bool = False, ids: "tuple[str, ...] | list[str]" = (), dry
     for name in ids:
         if name not in by_id:
             raise UnsupportedSetupError(str(tiers.memory_root()), f"no RAM tier with ID {name!r} "
-                                                                  "(ckptfmt ram lists them)")
+                                                                  "(ckptfmt ram lists them); nothing removed")
         _refuse_in_use(by_id[name])
     doomed = [t for t in found if t["run_id"] in ids or (orphans and _ripe(t))]
     waiting = [t for t in found if orphans and t["status"] == ORPHANED and t not in doomed]
@@ -250,14 +269,14 @@ def sweep(*, orphans: bool = False, ids: "tuple[str, ...] | list[str]" = (), dry
             shutil.rmtree(tier["dir"])
     finally:
         for fd in seized:
-            let_go(fd)
+            os.close(fd)
     return out
 
 
 def _seize(tier: dict[str, Any], *, named: bool) -> int:
     """The tier about to go, held exclusively and looked at again under that hold: a live
     process holding it, its run having it as its tier now, or (an orphan not ``named``) a
-    change within ``GRACE_S``, is ``UnsupportedSetupError``. The descriptor (``let_go``)."""
+    change within ``GRACE_S``, is ``UnsupportedSetupError``. The descriptor, for the caller to close."""
     where = Path(tier["dir"])
     try:
         fd = os.open(where, os.O_RDONLY | os.O_DIRECTORY)
@@ -271,10 +290,10 @@ def _seize(tier: dict[str, Any], *, named: bool) -> int:
             raise UnsupportedSetupError(str(where), f"changed while this command ran ({now['status']}): "
                                                     "nothing removed")
     except BlockingIOError:
-        let_go(fd)
+        os.close(fd)
         raise UnsupportedSetupError(str(where), "a live process saves RAM generations there: nothing "
                                                 "removed") from None
     except BaseException:
-        let_go(fd)
+        os.close(fd)
         raise
     return fd

@@ -27,7 +27,7 @@ import uuid
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 from .. import atomic
 from ..errors import CheckpointError, NoValidGenerationError
@@ -103,11 +103,8 @@ def tier_dir(found: str) -> Path:
     where only that one exists and is this user's (the run then goes on there)."""
     where = memory_root() / found
     legacy = legacy_root()
-    try:
-        if legacy is not None and not os.path.lexists(where) and owned(legacy / found):
-            return legacy / found
-    except OSError:          # another user's shared root, closed to this one (EACCES)
-        pass
+    if legacy is not None and not os.path.lexists(where) and owned(legacy / found):
+        return legacy / found
     return where
 
 
@@ -130,15 +127,20 @@ def run_id(run: "str | os.PathLike[str]", *, create: bool = False) -> str | None
 
 
 def memory_dir(run: "str | os.PathLike[str]", *, create: bool = False) -> Path | None:
-    """The run's RAM tier directory (made or not), None when the run has no ID."""
+    """The run's RAM tier directory (made or not), None when the run has no ID or the tier would
+    be under a default root not to be used (``root_problem``: nothing is read, written or
+    removed there)."""
     found = run_id(run, create=create)
-    return None if found is None else tier_dir(found)
+    if found is None:
+        return None
+    where = tier_dir(found)
+    return None if where.parent == memory_root() and root_problem() is not None else where
 
 
 def memory_run(run: "str | os.PathLike[str]") -> Run | None:
     """The RAM tier as a ``Run`` when its directory exists (a reboot removes it), else None."""
     where = memory_dir(run)
-    return Run(where) if where is not None and where.is_dir() and root_problem() is None else None
+    return Run(where) if where is not None and where.is_dir() else None
 
 
 @dataclass
@@ -209,11 +211,17 @@ def forget_after(run: "str | os.PathLike[str]", step: int) -> list[int]:
     where = memory_dir(run)
     if where is None or not where.is_dir():
         return []
+    return remove_generations(where, lambda s: s > step)
+
+
+def remove_generations(where: Path, which: Callable[[int], bool]) -> list[int]:
+    """In the tier ``where``: its temp files of interrupted saves and the generations whose
+    step ``which`` takes (manifest first); the steps removed."""
     listing = list_dir(where)
     for temp in listing.temps:
         if temp.is_file() and not temp.is_symlink():
             atomic.remove(temp)
-    gone = [g for g in listing.generations if g.step > step]
+    gone = [g for g in listing.generations if which(g.step)]
     for gen in gone:
         gen.remove()
     return [g.step for g in gone]

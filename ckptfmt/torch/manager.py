@@ -33,7 +33,7 @@ from ..run.saving import best_in_history
 from . import adapter, handlers, optim, ranks, refusals, rng
 from . import restore as restoring
 from .distributed import reshard
-from .memtier import MemoryTier, at_close, forget_after
+from .memtier import MemoryTier, at_close, forget_after, let_go
 from .metrics import MetricsBook, history_value
 from .saver import Saver
 from .state import persistent_buffers, split
@@ -243,6 +243,7 @@ class CheckpointManager:
             self.run.history.sync()
         finally:
             self.run.history.close()
+            let_go(self.run)                           # the RAM tier, held since its restore or first RAM save
             if self._lock is not None:
                 self._lock.release()
             if self._handlers:

@@ -19,6 +19,7 @@ skipped, never a failed step: the log says the first failure and when saves work
 """
 from __future__ import annotations
 
+import contextlib
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -47,7 +48,6 @@ class MemoryTier:
         self._saver: Saver | None = None
         self._skipped = 0                # RAM saves skipped since the last that worked
         self._pending: int | None = None  # the step of the newest RAM save (in flight, one process)
-        self._hold: int | None = None    # the tier held while this process lives (``ramdirs.hold``)
 
     def due(self, step: int) -> bool:
         """The tier's cadence asks for ``step``; a RAM save that finished in the background is
@@ -124,17 +124,10 @@ class MemoryTier:
         again and said, instead of every later RAM save failing."""
         again = self.path is not None and not self.path.exists()
         ramdirs.make(self.run.path, self._where(), record=self.topology.leader)
-        if again or self._hold is None:   # held, so that `ckptfmt ram` never removes it under us
-            ramdirs.let_go(self._hold)
-            self._hold = ramdirs.hold(self.path)
+        ramdirs.keep(self.path)          # held, so that `ckptfmt ram` never removes it under us
         if again:
             self.log(f"RAM tier {self.path}: its directory was removed while the run trained (RemoveIPC, a "
                      f"per-job tmpfs?); made again at step {step}")
-
-    def let_go(self) -> None:
-        """The tier no longer held by this process (the manager closes)."""
-        ramdirs.let_go(self._hold)
-        self._hold = None
 
     def _prune(self, step: int, manifest: dict[str, Any]) -> None:
         """The tier's retention after each RAM commit (each node's first rank); a failure is
@@ -158,25 +151,28 @@ def at_close(memory: MemoryTier | None, run: Run, step: int | None, log: Callabl
     if step is not None:
         _remove(run, log, lambda: ramdirs.release(run.path, step), f"up to step {step}",
                 f": the durable step {step} covers them")
-    if memory is not None:
-        memory.let_go()
+
+
+def let_go(run: Run) -> None:
+    """The run's tier no longer held by this process (``ramdirs.keep``: its RAM saves and its
+    restore took it): the manager's close, whatever failed before it."""
+    with contextlib.suppress(CheckpointError, OSError):
+        ramdirs.let_go(tiers.memory_dir(run.path))
 
 
 def forget_after(run: Run, step: int, log: Callable[..., None]) -> None:
     """After a restore to ``step`` (each node's first rank, in its node's tier): the RAM
     generations newer than it are a lost timeline's, removed so that no later restore mixes the
-    two timelines. The tier's record names the run where it is now (a run moved between a kill
-    and its restart is not taken for an orphan)."""
-    _remove(run, log, lambda: _forget_and_claim(run, step), f"after step {step}",
+    two timelines. Then the tier's record names the run where it is now (a run moved between a
+    kill and its restart is not taken for an orphan)."""
+    _remove(run, log, lambda: tiers.forget_after(run.path, step), f"after step {step}",
             f" of the timeline after step {step}")
-
-
-def _forget_and_claim(run: Run, step: int) -> list[int]:
-    gone = tiers.forget_after(run.path, step)
-    where = tiers.memory_dir(run.path)
+    where = tiers.memory_dir(run.path) if peers.topology().leader else None
     if where is not None and where.is_dir():
-        ramdirs.claim(run.path, where)
-    return gone
+        try:
+            ramdirs.claim(run.path, where)
+        except (CheckpointError, OSError) as exc:
+            log(f"RAM tier {where}: the record of its run could not be written: {exc}")
 
 
 def _remove(run: Run, log: Callable[..., None], remove: Callable[[], list[int]], which: str, why: str) -> None:

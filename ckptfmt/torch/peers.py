@@ -23,7 +23,7 @@ from .. import format as fmt
 from .. import manifest as mf
 from ..errors import (CheckpointError, FingerprintMismatchError, NoValidGenerationError, SaveError,
                       UnsupportedSetupError)
-from ..run import Run, replicas, tiers
+from ..run import Run, ramdirs, replicas, tiers
 from .distributed import any_rank, collective_device, decided_by_rank0, gather_json, own_shard, rank_world
 
 CHUNK = 64 << 20
@@ -244,6 +244,8 @@ def agreed_source(run: Run, allow_nonfinite: bool = False) -> dict[str, Any]:
     topo = topology()
     disk = decided_by_rank0(lambda: _durable(run, allow_nonfinite))
     where = tiers.memory_dir(run.path)
+    if where is not None and topo.leader:
+        ramdirs.keep(where, wait=True)       # no `ckptfmt ram` removes it while it is chosen and read
     mine, notes = _inventory(where, disk["step"]) if topo.leader else ({}, [])
     nodes = [inv for r, inv in enumerate(gather_json(mine)) if r % topo.local == 0]
     reach = replicas.reachable(nodes, disk["step"], allow_nonfinite, timeline=disk["timeline"])

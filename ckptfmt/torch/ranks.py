@@ -19,7 +19,7 @@ from typing import Any
 import torch
 
 from ..errors import UnsupportedSetupError
-from ..run import Run, tiers
+from ..run import Run, ramdirs, tiers
 from . import optim, peers
 from .distributed import any_rank, decided_by_rank0, gather_json, rank_world
 
@@ -66,6 +66,9 @@ def agreed_source(run: Run, allow_nonfinite: bool = False) -> dict[str, Any]:
         return peers.agreed_source(run, allow_nonfinite)
 
     def newest() -> dict[str, Any]:
+        where = tiers.memory_dir(run.path)
+        if where is not None:
+            ramdirs.keep(where, wait=True)     # no `ckptfmt ram` removes it while it is chosen and read
         memory = tiers.memory_run(run.path)
         if memory is None:
             choice = run.choose(deep=True, allow_nonfinite=allow_nonfinite)

@@ -158,6 +158,8 @@ def test_a_recreated_run_directory_does_not_pick_up_the_old_runs_ram_generations
     assert proc.returncode == 0, proc.stderr
     assert not events(run, "resume") and events(run, "start")          # a fresh start
     assert ram_dir(run, memory) != old_dir and not ram_dir(run, memory).exists()   # its own, emptied at close
+    assert any(e.get("tier") == "memory" for e in events(run, "checkpoint"))      # which it saved to
+    assert "removed RAM generations" in proc.stdout + proc.stderr
     assert [g.step for g in Run(old_dir).generations() if g.committed] == old_steps     # not touched
     assert final(run) == final(straight)          # RAM saves do not change the trajectory
 

@@ -15,6 +15,7 @@ import pytest
 
 pytest.importorskip("torch")
 
+from ckptfmt import format as fmt  # noqa: E402
 from ckptfmt.run import Run, tiers  # noqa: E402
 from ckptfmt.run import ramdirs  # noqa: E402
 
@@ -79,9 +80,12 @@ def test_gc_and_ls_see_the_ram_tier_and_gc_removes_what_the_durable_tier_covers(
     run, memory = tmp_path / "run", tmp_path / "shm"
     loop(tmp_path, run, memory, kill_at=73)
     env = {tiers.MEMORY_ENV: str(memory)}
+    temp = tiers.memory_dir(run) / (fmt.TEMP_PREFIX + "step_000075.bin")     # a RAM save killed midway
+    temp.write_bytes(b"half")
     kept = json.loads(cli("gc", str(run), "--keep-last", "2", "--json", env=env).stdout)
     assert kept["tiers"]["memory"] == {"dir": str(tiers.memory_dir(run)), "covered_by": 50, "deleted": [],
-                                       "kept": [65, 70]}           # newer than durable 50: a resume takes 70
+                                       "kept": [65, 70], "swept_temps": [str(temp)]}   # a resume takes 70
+    assert not temp.exists()
     loop(tmp_path, run, memory, kill_at=103)                       # durable 100, RAM 90 and 95
     where = tiers.memory_dir(run)
     assert ram_steps(where) == [90, 95]
@@ -272,8 +276,17 @@ def test_a_tier_a_live_process_saves_to_is_never_removed(tmp_path):
         assert ram_steps(where) == [5, 10]
     finally:
         mgr.close()                                                # no durable step: the RAM ones stay
+    again = CheckpointManager(tmp_path / "run", model, opt, every=50, memory_every=5, handle_signals=False,
+                              log=lambda m: None)
+    try:                                                           # a restore holds the tier it reads
+        assert (again.restore(), again.restored_tier) == (10, "memory")
+        age(where)
+        assert "a live process saves RAM generations there" in ram(memory, "--remove", where.name).stderr
+    finally:
+        again.close()
     assert ram_steps(where) == [5, 10]
-    age(where)
+    (where / ramdirs.OWNER).write_text(json.dumps({"run": str(tmp_path / "gone"), "id": where.name}))
+    age(where)                                                     # the restore claimed it: stale again
     done = ram(memory, "--remove-orphans")
     assert done.returncode == 0 and f"removed {where}" in done.stdout and not where.exists()
 
@@ -305,6 +318,11 @@ def test_a_default_root_that_is_not_this_users_own_is_not_used(tmp_path, monkeyp
     assert len(said) == 1 and f"{root}: the RAM tier's root {why}: not used" in said[0], said
     assert "skipped the save of step 5" in said[0]
     assert list(elsewhere.iterdir()) == [] and (kind == "a symbolic link" or list(root.iterdir()) == [])
+    planted = root / tiers.run_id(tmp_path / "run")                # what another user put there
+    planted.mkdir()
+    (planted / "step_000099.bin").write_bytes(b"x")
+    assert tiers.memory_dir(tmp_path / "run") is None and tiers.forget_after(tmp_path / "run", 0) == []
+    assert ramdirs.collect(tmp_path / "run", 0) is None and (planted / "step_000099.bin").exists()
     refused = cli("ram")
     assert refused.returncode == 2 and refused.stderr.count("\n") == 1
     assert f"{root}: the RAM tier's root {why}" in refused.stderr
