@@ -29,7 +29,7 @@ from s3server import S3Server  # noqa: E402
 
 import ckptfmt  # noqa: E402
 from ckptfmt.tools.mirror import mirror  # noqa: E402
-from ckptfmt.tools.remote import Remote  # noqa: E402
+from ckptfmt.store.objects import ObjectStore  # noqa: E402
 
 
 def main() -> int:
@@ -57,7 +57,7 @@ def main() -> int:
             doc = mirror(run, f"s3://bench/mirror{i}")
             mirrored.append(time.perf_counter() - t)
             assert [u["step"] for u in doc["uploaded"]] == [1000]
-            remote = Remote(f"s3://bench/parts{i}")      # the two halves of the mirror's cost
+            remote = ObjectStore(f"s3://bench/parts{i}")      # the two halves of the mirror's cost
             t = time.perf_counter()
             remote.upload(path, path.name, None)
             sent.append(time.perf_counter() - t)

@@ -6,7 +6,10 @@ It is committed when its manifest (the commit marker) and its payload exist and 
 
 Every command and tier sees a generation through this type: its ``parts()`` (each file with the
 size and blake3 its manifest records), ``open``, ``check``, ``copy_to`` and ``remove``. Which
-shape it has matters only in here.
+shape it has matters only in here. One listing (``list_store``) makes it from the entries of any
+store (``ckptfmt.store``): a local directory (``list_dir``), or a mirror's prefix in object
+storage (``store.objects.ObjectStore``, ``by_step``); there its parts are names, its sizes the listing's,
+and it is removed through the store in the same order.
 
 >>> import tempfile, numpy as np
 >>> from ckptfmt import writer
@@ -19,15 +22,16 @@ shape it has matters only in here.
 from __future__ import annotations
 
 import os
-import shutil
 from dataclasses import dataclass, field, replace
-from pathlib import Path
+from pathlib import Path, PurePath
 from typing import Any, Callable
 
-from . import atomic, companion, reader, shards
+from . import atomic, companion, fingerprint, reader, shards
+from .store import DIRECTORY, FILE, Entry, Store
+from .store.local import LocalStore
 from . import format as fmt
 from . import manifest as mf
-from .errors import CheckpointError, ManifestError, NoValidGenerationError
+from .errors import CheckpointError, ManifestError, NoValidGenerationError, RemoteError, UnsupportedSetupError
 
 
 # A manifest whose payload is gone, locally or at a mirror: damage, never a leftover, because every
@@ -76,11 +80,16 @@ def recorded_parts(doc: dict[str, Any], step: int) -> list[Part]:
 
 @dataclass
 class Generation:
+    """One step's files in a store: each part its local path (a local directory's) or its name
+    (another store's), None where the part is not there; ``store``: where it lives (None: a
+    local directory, the parts' own); ``sizes``: each file's size as another store listed it."""
     step: int
-    bin: Path | None = None
-    manifest: Path | None = None
-    shards: Path | None = None          # step_NNNNNN.shards/ of a sharded generation
-    companion: Path | None = None       # step_NNNNNN.extra.safetensors (buffers, state tensors)
+    bin: PurePath | None = None
+    manifest: PurePath | None = None
+    shards: PurePath | None = None      # step_NNNNNN.shards/ of a sharded generation
+    companion: PurePath | None = None   # step_NNNNNN.extra.safetensors (buffers, state tensors)
+    store: Store | None = field(default=None, compare=False, repr=False)
+    sizes: dict[str, int] = field(default_factory=dict, compare=False, repr=False)
 
     @property
     def committed(self) -> bool:
@@ -114,14 +123,26 @@ class Generation:
         None for a lone manifest."""
         if self.payload is None:
             return None
+        if not self.local:               # what the store's listing said (a prefix's shards: not sized)
+            return sum(self.sizes.get(p.name, 0) for p in (self.bin, self.companion) if p is not None)
         extra = self.companion.stat().st_size if self.companion else 0
         if self.bin is not None:
             return self.bin.stat().st_size + extra
         return sum(e.stat().st_size for e in self.shards.iterdir() if e.is_file()) + extra
 
-    def check(self, *, deep: bool = False) -> str | None:
+    @property
+    def local(self) -> bool:
+        """Its parts are local paths (a run directory, the RAM tier), not names in another store."""
+        return self.store is None or isinstance(self.store, LocalStore)
+
+    def check(self, *, deep: bool = False, doc: dict[str, Any] | None = None) -> str | None:
         """None when the generation is committed and valid, else the reason it is not (the
-        reader's own words, so a rule has one wording)."""
+        reader's own words, so a rule has one wording). In another store than a local directory
+        (``_check_in_store``): its manifest, every recorded part's size, a ``.bin``'s header,
+        and with ``deep`` each part's blake3 read back (``doc``: its manifest, read already); a
+        store that cannot be reached raises ``RemoteError``."""
+        if self.manifest is not None and self.payload is not None and not self.local:
+            return self._check_in_store(deep, doc)
         if self.sharded and self.manifest is not None:
             return shards.check(self.manifest, deep=deep)
         if self.sharded:
@@ -131,6 +152,29 @@ class Generation:
         if self.manifest is None:
             return "not committed: no manifest"
         return opens(self.bin, manifest="require", verify=deep)
+
+    def _check_in_store(self, deep: bool, doc: dict[str, Any] | None = None) -> str | None:
+        store = self.store
+        try:
+            if doc is None:
+                doc = mf.parse(store.read_bytes(self.manifest.name), store.where(self.manifest.name))
+            if doc["step"] != self.step:
+                return f"manifest says step {doc['step']}"
+            for part in recorded_parts(doc, self.step):
+                size = store.size(part.name)
+                if size is None:
+                    return f"{part.name} is missing"
+                if size != part.size:
+                    return f"{part.name}: expected {part.size} bytes, got {size}"
+                if part.role in ("generation", "shard") and (problem := _header_problem(store, part, self.step, size)):
+                    return problem
+                if deep and (got := store.digest(part.name)[0]) != part.blake3:
+                    return f"{part.name}: {fingerprint.mismatch(part.blake3, got, 'object')}"
+        except RemoteError:
+            raise
+        except CheckpointError as exc:
+            return exc.problem
+        return None
 
     def leftover(self) -> tuple[Path, str] | None:
         """An uncommitted generation that no manifest ever committed: (its part, what it is: the
@@ -146,7 +190,9 @@ class Generation:
 
     def open(self, *, verify: bool = False) -> "reader.Checkpoint | shards.ShardedCheckpoint":
         """The committed generation's arrays (``weights``, ``m``, ``v``, ``manifest``), hashed
-        first when ``verify``; raises ``CheckpointError`` for one that is not valid."""
+        first when ``verify``; raises ``CheckpointError`` for one that is not valid, and
+        ``UnsupportedSetupError`` for one in object storage (``ckptfmt import`` brings it here)."""
+        self._here("opened")
         if self.sharded and self.manifest is not None:
             return shards.ShardedCheckpoint(self.manifest, verify=verify)
         if self.bin is None:
@@ -154,8 +200,18 @@ class Generation:
         return reader.open(self.bin, manifest="require", verify=verify)
 
     def read_manifest(self) -> dict[str, Any] | None:
-        """The manifest, checked against its seal (None where there is none)."""
-        return mf.read(self.manifest) if self.manifest is not None else None
+        """The manifest, checked against its seal (None where there is none), read from its store."""
+        if self.manifest is None:
+            return None
+        if self.local:
+            return mf.read(self.manifest)
+        return mf.parse(self.store.read_bytes(self.manifest.name), self.store.where(self.manifest.name))
+
+    def _here(self, what: str) -> None:
+        """Refuse a local-only operation on a generation in another store."""
+        if not self.local:
+            raise UnsupportedSetupError(self.store.where(fmt.stem(self.step)), f"a generation in object storage "
+                                        f"is not {what} in place; ckptfmt import URL DEST brings it here")
 
     def parts(self, doc: dict[str, Any] | None = None, *, manifest: bool = True) -> list[Part]:
         """Every file of the generation, payload first and the manifest (the commit marker)
@@ -164,13 +220,26 @@ class Generation:
         names files that are not this generation's."""
         if self.payload is None or (self.sharded and self.manifest is None):
             raise _not_committed(self)
-        root = self.payload.parent
         if doc is None:
             doc = self.read_manifest()
         if doc is None:                  # a bare .bin: a run of the original trainer
-            return [Part(self.bin.name, "generation", path=self.bin)]
-        out = [replace(part, path=root.joinpath(*part.name.split("/"))) for part in recorded_parts(doc, self.step)]
-        return out + [Part(self.manifest.name, "manifest", path=self.manifest)] if manifest else out
+            return [Part(self.bin.name, "generation", path=self._path(self.bin.name))]
+        out = [replace(part, path=self._path(part.name)) for part in recorded_parts(doc, self.step)]
+        return out + [Part(self.manifest.name, "manifest", path=self._path(self.manifest.name))] if manifest else out
+
+    def present(self) -> list[Path]:
+        """The parts of a local generation that are there now, whatever its manifest says (a
+        node's RAM tier may hold only some shards of one): the ``.bin`` or each regular file in
+        the shard directory, then the companion; never the manifest, nothing followed."""
+        self._here("listed part by part")
+        found = [self.bin] if self.bin is not None else []
+        if self.shards is not None and self.shards.is_dir() and not self.shards.is_symlink():
+            found += sorted(e for e in self.shards.iterdir() if e.is_file() and not e.is_symlink())
+        return found + ([self.companion] if self.companion is not None else [])
+
+    def _path(self, name: str) -> Path | None:
+        """A part's local path (None in another store: its ``name`` is what the store takes)."""
+        return self.payload.parent.joinpath(*name.split("/")) if self.local else None
 
     def copy_to(self, dest: "str | os.PathLike[str]", *, manifest: bool = True,
                 progress: Callable[[int], None] | None = None) -> list[dict[str, Any]]:
@@ -178,6 +247,7 @@ class Generation:
         copied; a part whose hash is not the recorded one is refused (``SaveError``), so a damaged
         generation is never copied on. The manifest goes last (``manifest=False``: not at all, for
         a caller that writes its own). Returns a row per copied file: file, size, blake3, role."""
+        self._here("copied")
         dest = Path(dest)
         rows = []
         for part in self.parts(manifest=manifest):
@@ -189,18 +259,28 @@ class Generation:
         return rows
 
     def remove(self) -> None:
-        """Uncommit (manifest first), then remove the data: only files of our own naming, and
-        the shard directory of a sharded one (committed, or interrupted before its manifest)."""
-        if self.manifest is not None and self.sharded:
-            shards.remove(self.manifest, self.shards)
-            return
-        if self.manifest is not None:
-            atomic.remove(self.manifest)
-        if self.shards is not None:
-            shutil.rmtree(self.shards, ignore_errors=True)
-        for part in (self.bin, self.companion):
+        """Uncommit (manifest first), then remove the data through its store, whatever its
+        shape: only entries of our own naming, and the shard directory (committed, or
+        interrupted before its manifest) with what it holds."""
+        store = self.store or LocalStore(self.any_part.parent)
+        for part, recursive in ((self.manifest, False), (self.bin, False), (self.shards, True), (self.companion, False)):
             if part is not None:
-                atomic.remove(part)
+                store.remove(part.name, recursive=recursive)
+
+
+def _header_problem(store: Store, part: Part, step: int, size: int) -> str | None:
+    """A ``.bin``'s or a shard's seed header in a store, from one ranged read: the size law and
+    (a ``.bin``) the step its name says (spec/FORMAT.md §2), as ``reader.open`` words them."""
+    name = part.name
+    head = store.read_range(name, 0, fmt.HEADER_SIZE)
+    if len(head) < fmt.HEADER_SIZE:
+        return f"{name}: shorter than the header"
+    got_step, n = fmt.unpack_header(head)
+    if fmt.file_size(n) != size:
+        return f"{name}: size law: expected {fmt.file_size(n)} bytes for n_params {n}, got {size}"
+    if part.role == "generation" and got_step != step:
+        return f"{name}: name says step {step}, header says step {got_step}"
+    return None
 
 
 def _not_committed(gen: Generation) -> CheckpointError:
@@ -223,8 +303,8 @@ def opens(path: Path, **how: object) -> str | None:
 @dataclass
 class Listing:
     generations: list[Generation] = field(default_factory=list)
-    temps: list[Path] = field(default_factory=list)
-    foreign: list[tuple[Path, str]] = field(default_factory=list)   # (entry, why skipped)
+    temps: list[PurePath] = field(default_factory=list)
+    foreign: list[tuple[PurePath, str]] = field(default_factory=list)   # (entry, why skipped)
 
 
 _ROLE = {"bin": "bin", "json": "manifest", "shards": "shards", "companion": "companion"}
@@ -233,27 +313,41 @@ _ROLE = {"bin": "bin", "json": "manifest", "shards": "shards", "companion": "com
 def list_dir(path: "str | os.PathLike[str]") -> Listing:
     """Every generation of a local directory, classified without following symlinks or opening
     anything; temp files and look-alike or non-regular entries listed apart."""
-    root = Path(path)
+    return list_store(LocalStore(path))
+
+
+def list_store(store: Store) -> Listing:
+    """Every generation in ``store`` from one listing of its entries (``Store.entries``), each
+    part where the store locates it; temp files and look-alike or non-regular entries apart."""
     gens: dict[int, Generation] = {}
     out = Listing()
-    for entry in sorted(os.scandir(root), key=lambda e: e.name):
+    for entry in store.entries():
         name = entry.name
         if fmt.is_temp_name(name):
-            out.temps.append(root / name)
+            out.temps.append(store.locate(name))
             continue
         parsed = fmt.parse_name(name)
         if parsed is None:
             if name.startswith("step_"):
-                out.foreign.append((root / name, "look-alike name, not a canonical step_NNNNNN"))
+                out.foreign.append((store.locate(name), "look-alike name, not a canonical step_NNNNNN"))
             continue
         step, kind = parsed
-        if kind == "shards":
-            if not entry.is_dir(follow_symlinks=False):
-                out.foreign.append((root / name, "a .shards entry that is not a directory"))
-                continue
-        elif not entry.is_file(follow_symlinks=False):
-            out.foreign.append((root / name, "not a regular file (symlink, directory or device)"))
+        if (kind == "shards") != (entry.kind == DIRECTORY) or entry.kind not in (FILE, DIRECTORY):
+            out.foreign.append((store.locate(name), _misfit(kind, entry)))
             continue
-        setattr(gens.setdefault(step, Generation(step)), _ROLE[kind], root / name)
+        gen = gens.setdefault(step, Generation(step, store=store))
+        setattr(gen, _ROLE[kind], store.locate(name))
+        if entry.size is not None:
+            gen.sizes[name] = entry.size
     out.generations = [gens[s] for s in sorted(gens)]
     return out
+
+
+def by_step(store: Store) -> dict[int, Generation]:
+    """``list_store``'s generations by step, oldest first."""
+    return {g.step: g for g in list_store(store).generations}
+
+
+def _misfit(kind: str, entry: Entry) -> str:
+    return "a .shards entry that is not a directory" if kind == "shards" else \
+        "not a regular file (symlink, directory or device)"

@@ -20,7 +20,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from . import atomic, companion, fingerprint, fsio, reader, writer
+from . import atomic, companion, fingerprint, reader, writer
 from . import facts as valfacts
 from . import format as fmt
 from . import manifest as mf
@@ -226,19 +226,6 @@ def check(manifest_path: Path, *, deep: bool = False) -> str | None:
         return exc.problem
     except OSError as exc:
         return f"shard unreadable: {exc.strerror or exc}"
-
-
-def remove(manifest_path: Path, directory: Path) -> None:
-    """Uncommit (manifest first), then delete the shard files, their directory and the
-    generation's companion file."""
-    atomic.remove(manifest_path)
-    atomic.remove(companion.path_for(directory))
-    if directory.is_dir() and not directory.is_symlink():
-        for entry in directory.iterdir():
-            if entry.is_file() and not entry.is_symlink():
-                fsio.unlink(str(entry))
-        directory.rmdir()
-        fsio.fsync_dir(str(directory.parent))
 
 
 def split(src: "str | os.PathLike[str]", run_dir: "str | os.PathLike[str]", world: int) -> Path:

@@ -75,7 +75,7 @@ def _parse_steps(steps: str | None) -> list[int] | None:
 def import_cmd(archive: str, dest: str, step: int | None, as_json: bool) -> None:
     """Unpack an exported .tar.zst into DEST and verify every file; or restore a mirrored run
     from a URL (s3://...) into DEST, as `ckptfmt mirror URL DEST` does."""
-    from ..tools.remote import is_url  # lazy: keeps `ckptfmt --help` fast
+    from ..store.objects import is_url  # lazy: keeps `ckptfmt --help` fast
     if is_url(archive):
         from .remote import restore_to  # lazy: as above
         return restore_to(archive, dest, step, as_json)

@@ -31,7 +31,7 @@ def inspect(path: str, as_json: bool, tensors: bool) -> None:
     pytorch_model.bin), safetensors (and their index.json), .npz and DCP directories: kind, step,
     tensors, parameters, dtypes (URL/step_N.bin: its header and manifest, read by ranged reads)."""
     from ..tools.inspect import inspect_path  # lazy: keeps `ckptfmt --help` fast
-    from ..tools.remote import is_url  # lazy: as above
+    from ..store.objects import is_url  # lazy: as above
     if is_url(path):
         from .remote import inspect_url_out  # lazy: as above
         return inspect_url_out(path, as_json)
@@ -136,7 +136,7 @@ def validate(paths: tuple[str, ...], as_json: bool, fast: bool, scan: bool, b3su
     compared with its manifest's blake3).
     Exit 1 names each defect, a diverged generation's non-finite values by region and count."""
     from ..tools.validate import validate_path  # lazy: keeps `ckptfmt --help` fast
-    from ..tools.remote import is_url  # lazy: as above
+    from ..store.objects import is_url  # lazy: as above
     if any(is_url(p) for p in paths):
         from .remote import validate_urls  # lazy: as above
         return validate_urls(paths, fast, as_json)

@@ -43,7 +43,7 @@ def mirror_cmd(source: str, dest: str, step: int | None, quick: bool, watch: boo
     given URL DEST, restore the newest valid generation (or --step) and the sidecars into the new
     run directory DEST. Needs the extra: pip install 'ckptfmt[remote]'. Credentials and endpoint
     from the AWS environment and config files (AWS_ENDPOINT_URL, AWS_ACCESS_KEY_ID, ...)."""
-    from ..tools.remote import is_url  # lazy: keeps `ckptfmt --help` fast
+    from ..store.objects import is_url  # lazy: keeps `ckptfmt --help` fast
     if is_url(source) == is_url(dest):
         raise click.UsageError("give one local run directory and one URL: mirror RUN URL, or mirror URL DEST")
     if not is_url(dest) and (quick or watch or any(v is not None for v in keep.values())):
@@ -114,7 +114,7 @@ def _print_mirror(d: dict) -> None:
 def validate_urls(paths: tuple[str, ...], fast: bool, as_json: bool) -> None:
     """``validate URL``: every committed object read back and hashed (``--fast``: headers and
     sizes); exit 1 when anything committed there is damaged."""
-    from ..tools.remote import is_url
+    from ..store.objects import is_url
     from ..tools.remote_check import validate_url  # lazy: keeps `ckptfmt --help` fast
     if len(paths) != 1 or not is_url(paths[0]):
         raise click.UsageError("validate takes one URL at a time (local paths in another call)")

@@ -32,7 +32,7 @@ def ls_cmd(run: str, as_json: bool, deep: bool, remote: bool, **policy: Any) -> 
     with the count per region. With retention flags (as gc's), which rule keeps each generation.
     A URL: the generations at the URL."""
     from ..run.ops import ls_run  # lazy: keeps `ckptfmt --help` fast
-    from ..tools.remote import is_url  # lazy: as above
+    from ..store.objects import is_url  # lazy: as above
     if is_url(run):
         from .remote import ls_url_out  # lazy: as above
         return ls_url_out(run, as_json)

@@ -29,7 +29,7 @@ from .. import kinds
 from ..errors import UnsupportedSetupError
 from ..tools.mirror import mirror_runs
 from ..tools.mirror_thread import BackgroundMirror
-from ..tools.remote import Remote, is_url
+from ..store.objects import ObjectStore, is_url
 
 __all__ = ["AREA", "Mirroring", "check_url", "snapshot"]
 
@@ -38,11 +38,11 @@ RETRIES = 2                       # a failed last pass at teardown is tried agai
 NO_LINKS = (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS)
 
 
-def check_url(url: str) -> Remote:
+def check_url(url: str) -> ObjectStore:
     """The URL as a destination, or refused in one line (not a URL; the extra missing)."""
     if not is_url(url):
         raise UnsupportedSetupError(url, "mirror= needs a URL (s3://bucket/prefix, file:///path)")
-    return Remote(url)
+    return ObjectStore(url)
 
 
 class Mirroring:

@@ -76,9 +76,8 @@ def inventory(where: "Path | None", above: int | None = None) -> dict[str, dict[
             except CheckpointError:
                 doc = None                       # a damaged manifest: another node's may serve
         digests = {}
-        files = sorted(gen.shards.iterdir()) if gen.shards is not None and gen.shards.is_dir() else []
-        for entry in files + ([gen.companion] if gen.companion is not None else []):
-            if entry.is_file() and not entry.is_symlink() and not entry.name.startswith("."):
+        for entry in gen.present():
+            if not entry.name.startswith("."):
                 digests[str(entry.relative_to(where))] = fingerprint.of_file(entry)
         out[str(gen.step)] = {"manifest": doc if doc is not None and shards.is_sharded(doc) else None,
                               "digests": digests}

@@ -18,18 +18,19 @@ import time
 import warnings
 from typing import Any, Callable, Iterable, Mapping
 
-from .. import companion, facts, fingerprint
+from .. import facts, fingerprint
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import CheckpointError, FingerprintMismatchError, ManifestError, RemoteError, UnsupportedSetupError
-from ..generation import Generation, list_dir
+from ..generation import Generation, by_step, list_dir
+from ..store import DIRECTORY
 from ..run import PINS, PIVOT, POLICY, SAMPLES, STATE, Run
 from ..run.generations import manifest_of, non_finite
 from ..run.retention import Candidate, Policy, candidate_for, plan
 from ..run.lease import ReadLease
 from ..run import history as hist
 from ..run import mirrors
-from .remote import Progress, Remote, RemoteGeneration, translated
+from ..store.objects import ObjectStore, Progress
 
 __all__ = ["INDEX", "SIDECARS", "mirror", "mirror_runs"]
 
@@ -54,7 +55,7 @@ def mirror(run_dir: "str | os.PathLike[str]", url: str, *, retention: Policy | N
     with ReadLease(run.path, purpose=f"mirror to {remote.url}") as lease:
         judge = run.judge()                 # the run's own generations only (roots: the history)
         local = {g.step: g for g in lease.listing.generations if g.committed and judge(g) is None}
-        there = remote.listing()
+        there = by_step(remote)
         policy = retention if retention is not None and retention.has_rule else None
         skip = _doomed(_candidates(policy, local, there, remote), policy, run.pins(),
                        max(local, default=None), _newest_finite(local, lambda s: non_finite(local[s])))
@@ -69,11 +70,11 @@ def mirror(run_dir: "str | os.PathLike[str]", url: str, *, retention: Policy | N
     if deleted:
         mirrors.record(run.path, remote.url, deleted=deleted)
     return {"run": str(run.path), "url": remote.url, **result, "sidecars": sidecars, "deleted": deleted,
-            "at_destination": [s for s, g in remote.listing().items() if g.committed],
+            "at_destination": [s for s, g in by_step(remote).items() if g.committed],
             "seconds": round(time.perf_counter() - started, 3)}
 
 
-def _upload_missing(run: Run, remote: Remote, local: dict[int, Generation], there: dict[int, RemoteGeneration],
+def _upload_missing(run: Run, remote: ObjectStore, local: dict[int, Generation], there: dict[int, Generation],
                     recheck: bool, progress: Progress, lease: ReadLease) -> dict[str, list]:
     """Upload each generation not (intact) at the destination, oldest first; record each one
     confirmed there and release it from the lease."""
@@ -90,7 +91,7 @@ def _upload_missing(run: Run, remote: Remote, local: dict[int, Generation], ther
                 continue
             out["replaced"].append(step)
         if there.get(step) is not None:
-            _remove_generation(remote, step, there[step])   # manifest first: uncommitted at once
+            there[step].remove()                 # manifest first: uncommitted at once
         try:
             out["uploaded"].append(_upload_generation(remote, gen, doc, progress))
         except FingerprintMismatchError as exc:           # the local bytes are damaged: never sent
@@ -103,8 +104,8 @@ def _upload_missing(run: Run, remote: Remote, local: dict[int, Generation], ther
     return out
 
 
-def _candidates(policy: Policy | None, local: dict[int, Generation], there: dict[int, RemoteGeneration],
-                remote: Remote) -> list[Candidate]:
+def _candidates(policy: Policy | None, local: dict[int, Generation], there: dict[int, Generation],
+                remote: ObjectStore) -> list[Candidate]:
     """What retention knows of every committed generation, local or at the destination: the
     manifest's metrics and commit time where a rule reads them (the local manifest, else the
     destination's)."""
@@ -115,7 +116,7 @@ def _candidates(policy: Policy | None, local: dict[int, Generation], there: dict
             for s in steps]
 
 
-def _remote_doc(remote: Remote, step: int) -> dict[str, Any] | None:
+def _remote_doc(remote: ObjectStore, step: int) -> dict[str, Any] | None:
     """The destination's manifest of ``step``, None where it cannot be read as one."""
     try:
         return remote.read_manifest(step)[0]
@@ -146,7 +147,7 @@ def _diverged(doc: dict[str, Any] | None) -> dict[str, int]:
         return {}
 
 
-def _matches(remote: Remote, there: RemoteGeneration, doc: dict[str, Any], gen: Generation,
+def _matches(remote: ObjectStore, there: Generation, doc: dict[str, Any], gen: Generation,
              recheck: bool) -> bool:
     """Whether the destination's committed generation is this one, intact: same manifest bytes,
     every payload object present with its size (and, ``recheck``, its blake3 read back)."""
@@ -165,7 +166,7 @@ def _matches(remote: Remote, there: RemoteGeneration, doc: dict[str, Any], gen: 
     return True
 
 
-def _upload_generation(remote: Remote, gen: Generation, doc: dict[str, Any], progress: Progress) -> dict[str, Any]:
+def _upload_generation(remote: ObjectStore, gen: Generation, doc: dict[str, Any], progress: Progress) -> dict[str, Any]:
     """Payload up (hashed while sent), read back and compared, then the manifest, read back."""
     files = gen.parts(doc, manifest=False)
     sent = 0
@@ -185,7 +186,7 @@ def _upload_generation(remote: Remote, gen: Generation, doc: dict[str, Any], pro
     return {"step": gen.step, "files": len(files) + 1, "bytes": sent + len(data), "blake3": doc["blake3"]}
 
 
-def _upload_sidecars(run: Run, remote: Remote, recheck: bool) -> dict[str, dict[str, Any]]:
+def _upload_sidecars(run: Run, remote: ObjectStore, recheck: bool) -> dict[str, dict[str, Any]]:
     """Each sidecar as one snapshot (it may grow while we read), read back, then the index of
     their digests, which ``restore`` verifies them against. A sidecar gone locally (a pivot
     archived it) is deleted at the destination too. Without ``recheck``, a sidecar whose digest
@@ -210,7 +211,7 @@ def _upload_sidecars(run: Run, remote: Remote, recheck: bool) -> dict[str, dict[
     return index
 
 
-def _index_there(remote: Remote) -> dict[str, Any]:
+def _index_there(remote: ObjectStore) -> dict[str, Any]:
     """The sidecar digests the destination's index holds ({} when it has none or it is bad)."""
     try:
         index = json.loads(remote.read_bytes(INDEX))["sidecars"]
@@ -219,28 +220,17 @@ def _index_there(remote: Remote) -> dict[str, Any]:
     return index if isinstance(index, dict) else {}
 
 
-def _prune(remote: Remote, policy: Policy, pins: list[int]) -> list[int]:
+def _prune(remote: ObjectStore, policy: Policy, pins: list[int]) -> list[int]:
     """Retention at the destination over its committed generations; the newest and the newest
     finite one are protected, as locally."""
-    there = {s: g for s, g in remote.listing().items() if g.committed}
+    there = {s: g for s, g in by_step(remote).items() if g.committed}
     doc = functools.lru_cache(maxsize=None)(lambda step: _remote_doc(remote, step))   # each read once, if at all
     candidates = [candidate_for(policy, s, lambda s=s: doc(s)) for s in sorted(there)]
     doomed = _doomed(candidates, policy, pins, max(there, default=None),
                      _newest_finite(there, lambda s: _diverged(doc(s))))
     for step in sorted(doomed):
-        _remove_generation(remote, step, there[step])
+        there[step].remove()
     return sorted(doomed)
-
-
-def _remove_generation(remote: Remote, step: int, gen: RemoteGeneration) -> None:
-    """Manifest first (uncommitted at once), then the payload."""
-    remote.remove(fmt.manifest_name(step))
-    if gen.bin is not None:
-        remote.remove(fmt.checkpoint_name(step))
-    if gen.companion is not None:
-        remote.remove(fmt.stem(step) + companion.SUFFIX)
-    if gen.shards:
-        remote.remove(fmt.stem(step) + ".shards", recursive=True)
 
 
 def mirror_runs(runs: Mapping[str, "str | os.PathLike[str]"], url: str, *, recheck: bool = True,
@@ -255,58 +245,53 @@ def mirror_runs(runs: Mapping[str, "str | os.PathLike[str]"], url: str, *, reche
     manifests first. ``trusted``: names the caller saw confirmed unchanged, not visited again.
     ``behind``: the names not confirmed; ``removed``: the names removed."""
     base, trusted = url.rstrip("/"), set(trusted)
-    out: dict[str, Any] = {"url": Remote(base).url, "runs": {}, "behind": [], "removed": []}
+    out: dict[str, Any] = {"url": ObjectStore(base).url, "runs": {}, "behind": [], "removed": []}
     for name, path in sorted((n, p) for n, p in runs.items() if n not in trusted):
         result = out["runs"][name] = mirror(path, f"{base}/{name}", recheck=recheck, progress=progress)
         local = {g.step for g in list_dir(path).generations if g.committed}
         if local and local <= set(result["present"]) | {u["step"] for u in result["uploaded"]}:
-            _keep_only(Remote(f"{base}/{name}"), local)
+            _keep_only(ObjectStore(f"{base}/{name}"), local)
         else:
             out["behind"].append(name)
     if not out["behind"]:
-        top = Remote(base)
+        top = ObjectStore(base)
         out["removed"] = [name for name in _names(top) if name not in runs and owned(name)
                           and _remove_run(top, base, name)]
     return out
 
 
-def _keep_only(remote: Remote, steps: set[int]) -> None:
+def _keep_only(remote: ObjectStore, steps: set[int]) -> None:
     """Remove every generation at the destination but ``steps`` (committed or leftovers)."""
-    for step, gen in remote.listing().items():
+    for step, gen in by_step(remote).items():
         if step not in steps:
-            _remove_generation(remote, step, gen)
+            gen.remove()
 
 
-def _names(remote: Remote) -> list[str]:
+def _names(remote: ObjectStore) -> list[str]:
     """The folders (prefixes) directly under the destination."""
-    with translated(remote.where(), "cannot list"):
-        try:
-            entries = remote.fs.ls(remote.root, detail=True)
-        except FileNotFoundError:
-            return []
-    return sorted(e["name"].rstrip("/").rsplit("/", 1)[-1] for e in entries if e.get("type") == "directory")
+    return [e.name for e in remote.entries() if e.kind == DIRECTORY]
 
 
-def _remove_run(top: Remote, base: str, name: str) -> bool:
+def _remove_run(top: ObjectStore, base: str, name: str) -> bool:
     """Remove the run at ``base/NAME`` (``top`` is ``base``): each generation's manifest first,
     then the rest; a folder holding neither a generation nor a mirror's index is not a run
     and stays (False)."""
-    remote = Remote(f"{base}/{name}")
-    gens = remote.listing()
+    remote = ObjectStore(f"{base}/{name}")
+    gens = by_step(remote)
     if not gens and not remote.exists(INDEX):
         return False
     for step, gen in gens.items():
-        _remove_generation(remote, step, gen)
+        gen.remove()
     top.remove(name, recursive=True)
     return True
 
 
-def destination(run_dir: "str | os.PathLike[str]", url: str) -> Remote:
+def destination(run_dir: "str | os.PathLike[str]", url: str) -> ObjectStore:
     """The URL as a destination for ``run_dir``, or ``UnsupportedSetupError`` (exit 2; a watch
-    stops on it, as it does not on a network failure): the URL's own form (``Remote``), and not
+    stops on it, as it does not on a network failure): the URL's own form (``ObjectStore``), and not
     the run directory itself (its retention would delete the run's own generations, past leases
     and the run lock)."""
-    remote = Remote(url)
+    remote = ObjectStore(url)
     if remote.local and os.path.realpath(remote.root or "/") == os.path.realpath(run_dir):
         raise UnsupportedSetupError(remote.url, f"is the run directory {run_dir} itself; mirror to another place")
     return remote

@@ -18,7 +18,7 @@ from typing import Any, Callable
 from ..errors import CheckpointError
 from ..run import Policy, list_dir, mirrors
 from .mirror import mirror
-from .remote import redact
+from ..store.objects import redact
 
 __all__ = ["BackgroundMirror"]
 

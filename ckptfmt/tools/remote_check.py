@@ -9,14 +9,13 @@ import io
 import json
 from typing import Any
 
-from .. import fingerprint
 from .. import format as fmt
 from ..errors import CheckpointError, RemoteError
 from .mirror import INDEX, SIDECARS
-from ..generation import recorded_parts
+from ..generation import Generation, by_step
 from ..run import history as hist
 from ..run import roots
-from .remote import Remote, RemoteGeneration, translated
+from ..store.objects import ObjectStore
 from .report import LOST_PAYLOAD
 
 __all__ = ["check_mirrors", "inspect_url", "ls_url", "validate_url"]
@@ -24,27 +23,27 @@ __all__ = ["check_mirrors", "inspect_url", "ls_url", "validate_url"]
 
 def ls_url(url: str) -> dict[str, Any]:
     """The generations at ``url`` from one listing: step, committed, size of the payload."""
-    remote = Remote(url)
-    rows = [{"step": s, "committed": g.committed, "size": g.bin,
-             "status": "committed" if g.committed else _uncommitted(g)} for s, g in remote.listing().items()]
+    remote = ObjectStore(url)
+    rows = [{"step": s, "committed": g.committed, "size": g.sizes.get(g.bin.name) if g.bin else None,
+             "status": "committed" if g.committed else _uncommitted(g)} for s, g in by_step(remote).items()]
     return {"url": remote.url, "generations": rows}
 
 
-def _uncommitted(gen: RemoteGeneration) -> str:
+def _uncommitted(gen: Generation) -> str:
     return LOST_PAYLOAD if gen.manifest else "not committed: no manifest (an interrupted upload)"
 
 
 def validate_url(url: str, *, deep: bool = True) -> dict[str, Any]:
     """Every generation and sidecar at ``url`` checked; ``ok`` is False when any committed one
     is damaged (uncommitted leftovers are warnings, as locally)."""
-    remote = Remote(url)
+    remote = ObjectStore(url)
     gens = []
     committed = _recorded_roots(remote)
-    for step, gen in remote.listing().items():
+    for step, gen in by_step(remote).items():
         if not gen.committed:
             gens.append({"step": step, "ok": not gen.manifest, "status": _uncommitted(gen), "warning": not gen.manifest})
             continue
-        problem = _check_generation(remote, step, deep, committed)
+        problem = _check_generation(remote, gen, deep, committed)
         gens.append({"step": step, "ok": problem is None,
                      "status": problem or ("verified" if deep else "committed")})
     sidecars = _check_sidecars(remote, deep)
@@ -57,66 +56,29 @@ def validate_url(url: str, *, deep: bool = True) -> dict[str, Any]:
     return doc
 
 
-def _recorded_roots(remote: Remote) -> dict[int, str]:
+def _recorded_roots(remote: ObjectStore) -> dict[int, str]:
     """The root digests the mirrored history records (``roots.recorded``); none without one."""
     if not remote.exists(hist.NAME):
         return {}
     return roots.recorded(io.BytesIO(remote.read_bytes(hist.NAME)))
 
 
-def _check_generation(remote: Remote, step: int, deep: bool, committed: dict[int, str]) -> str | None:
-    """None when generation ``step`` at the destination is whole (and, ``deep``, its bytes hash
-    to the manifest's digests) and is the one the mirrored history records (``committed``:
-    its root digests), else the first problem found."""
+def _check_generation(remote: ObjectStore, gen: Generation, deep: bool, committed: dict[int, str]) -> str | None:
+    """None when the generation at the destination is whole (and, ``deep``, its bytes hash to
+    the manifest's digests: ``Generation.check``) and is the one the mirrored history records
+    (``committed``: its root digests), else the first problem found."""
     try:
-        doc, _ = remote.read_manifest(step)
-        if doc["step"] != step:
-            return f"manifest says step {doc['step']}"
-        if swapped := roots.differs(step, roots.of(doc), committed):
-            return swapped
-        for part in recorded_parts(doc, step):
-            name, digest, size = part.name, part.blake3, remote.size(part.name)
-            if size is None:
-                return f"{name} is missing"
-            if size != part.size:
-                return f"{name}: expected {part.size} bytes, got {size}"
-            if name.endswith(".bin"):
-                problem = _check_header(remote, name, step, size)
-                if problem:
-                    return problem
-            if deep:
-                got, _ = remote.digest(name)
-                if got != digest:
-                    return f"{name}: {fingerprint.mismatch(digest, got, 'object')}"
+        doc, _ = remote.read_manifest(gen.step)
     except RemoteError:
         raise
     except CheckpointError as exc:
         return exc.problem
-    return None
+    if doc.get("step") == gen.step and (swapped := roots.differs(gen.step, roots.of(doc), committed)):
+        return swapped
+    return gen.check(deep=deep, doc=doc)
 
 
-def _header(remote: Remote, name: str) -> tuple[int, int] | None:
-    """(step, n_params) from one ranged read of 8 bytes; None when the object is shorter."""
-    with translated(remote.where(name), "cannot read the header"):
-        with remote.fs.open(remote.path(name), "rb", block_size=fmt.HEADER_SIZE, cache_type="none") as f:
-            head = f.read(fmt.HEADER_SIZE)
-    return fmt.unpack_header(head) if len(head) == fmt.HEADER_SIZE else None
-
-
-def _check_header(remote: Remote, name: str, step: int, size: int) -> str | None:
-    """The seed header: step and the size law (spec/FORMAT.md §2)."""
-    header = _header(remote, name)
-    if header is None:
-        return f"{name}: shorter than the header"
-    got_step, n = header
-    if fmt.file_size(n) != size:
-        return f"{name}: size law: expected {fmt.file_size(n)} bytes for n_params {n}, got {size}"
-    if "/" not in name and got_step != step:
-        return f"{name}: name says step {step}, header says step {got_step}"    # as reader.open says
-    return None
-
-
-def _check_sidecars(remote: Remote, deep: bool) -> list[dict[str, Any]]:
+def _check_sidecars(remote: ObjectStore, deep: bool) -> list[dict[str, Any]]:
     """Each sidecar the index lists, against its size (and, ``deep``, its blake3)."""
     if not remote.exists(INDEX):
         return []
@@ -147,14 +109,14 @@ def inspect_url(url: str) -> dict[str, Any]:
     parsed = fmt.parse_name(name)
     if parsed is None or parsed[1] != "bin":
         raise RemoteError(url, "inspect of a URL takes a generation's .bin (URL/step_NNNNNN.bin)")
-    remote = Remote(base)
+    remote = ObjectStore(base)
     size = remote.size(name)
     if size is None:
         raise RemoteError(url, "not found")
-    header = _header(remote, name)
-    if header is None:
+    head = remote.read_range(name, 0, fmt.HEADER_SIZE)
+    if len(head) < fmt.HEADER_SIZE:
         raise RemoteError(url, f"shorter than the {fmt.HEADER_SIZE}-byte header")
-    step, n = header
+    step, n = fmt.unpack_header(head)
     problem = None if fmt.file_size(n) == size else f"size law: expected {fmt.file_size(n)} bytes, got {size}"
     out: dict[str, Any] = {"path": url, "step": step, "n_params": n, "size": size, "header_problem": problem}
     if remote.exists(fmt.manifest_name(parsed[0])):
@@ -173,6 +135,6 @@ def check_mirrors(rows: list[dict[str, Any]], committed: list[int]) -> list[dict
     there now, after another mirror, a deletion or a damaged upload)."""
     out = []
     for row in rows:
-        there = [s for s, g in Remote(row["url"]).listing().items() if g.committed]
+        there = [s for s, g in by_step(ObjectStore(row["url"])).items() if g.committed]
         out.append({**row, "at_destination": there, "behind": [s for s in committed if s not in there]})
     return out

@@ -21,12 +21,12 @@ from .. import facts as valfacts
 from .. import format as fmt
 from ..errors import (DestinationExistsError, FingerprintMismatchError, GenerationNotFoundError, ManifestError,
                       NoValidGenerationError, RemoteError)
-from ..generation import list_dir, recorded_parts
+from ..generation import by_step, list_dir, recorded_parts
 from ..run import RunLock, roots
 from ..run import history as hist
 from ..run.lock import refuse_live, writing_into
 from .mirror import INDEX, SIDECARS
-from .remote import Progress, Remote
+from ..store.objects import Progress, ObjectStore
 
 __all__ = ["restore"]
 
@@ -36,12 +36,12 @@ def restore(url: str, dest: "str | os.PathLike[str]", *, step: int | None = None
     """Bring generation ``step`` (default: the newest valid one at ``url``), the history and the
     sidecars to the new run directory ``dest``; returns what was restored and how it was checked."""
     fsio.refuse_url(dest, "the destination")
-    remote, out = Remote(url), Path(dest)
+    remote, out = ObjectStore(url), Path(dest)
     refuse_live(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):
         raise DestinationExistsError(str(out), "exists and is not empty; choose a new destination")
     # a manifest is a commit: one whose payload is gone is a damaged generation, tried and named
-    committed = sorted((s for s, g in remote.listing().items() if g.manifest), reverse=True)
+    committed = sorted((s for s, g in by_step(remote).items() if g.manifest), reverse=True)
     if step is not None and step not in committed:
         raise GenerationNotFoundError(remote.url, f"no committed generation at step {step}")
     if not committed:
@@ -62,7 +62,7 @@ def restore(url: str, dest: "str | os.PathLike[str]", *, step: int | None = None
             "sidecars": sidecars, "verified": "blake3 of every file while received; generation checked fully"}
 
 
-def _first_valid(remote: Remote, steps: list[int], staging: Path, progress: Progress,
+def _first_valid(remote: ObjectStore, steps: list[int], staging: Path, progress: Progress,
                  finite_first: bool = False) -> tuple[int, list[dict]]:
     """Download candidates newest first until one verifies; damaged ones are warned about.
     ``finite_first``: pass over diverged generations (their manifest's facts count NaN or inf)
@@ -103,7 +103,7 @@ def _discard(staging: Path, step: int) -> None:
             shutil.rmtree(entry) if entry.is_dir() else entry.unlink()
 
 
-def _download_generation(remote: Remote, step: int, staging: Path, progress: Progress,
+def _download_generation(remote: ObjectStore, step: int, staging: Path, progress: Progress,
                          manifest: tuple[dict[str, Any], bytes]) -> None:
     """Payload (hashed while received), then the manifest (``remote.read_manifest``'s document
     and bytes) last, then the full local check."""
@@ -122,7 +122,7 @@ def _download_generation(remote: Remote, step: int, staging: Path, progress: Pro
         raise FingerprintMismatchError(str(staging / fmt.manifest_name(step)), reason)
 
 
-def _restore_sidecars(remote: Remote, staging: Path) -> dict[str, dict[str, Any]]:
+def _restore_sidecars(remote: ObjectStore, staging: Path) -> dict[str, dict[str, Any]]:
     """Every sidecar the mirror's index lists, verified against it; none without an index."""
     if not remote.exists(INDEX):
         warnings.warn(f"{remote.where(INDEX)}: missing; the history and sidecars were not restored",

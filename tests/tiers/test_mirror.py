@@ -82,6 +82,48 @@ def test_sharded_generation_is_mirrored_and_restored(s3, bucket, tmp_path):
         assert np.array_equal(sc.weights, ckptfmt.open(src / "step_000030.bin").weights)
 
 
+def test_a_generation_at_a_url_is_the_same_type_as_a_local_one_and_is_removed_through_its_store(s3, bucket, tmp_path):
+    """One listing for every store: the mirror's generations (a .bin one with its companion, a
+    sharded one) are ``Generation``s with the local ones' steps, shapes and commit state, their
+    parts named in the store; an object of a generation's name with the wrong kind is foreign;
+    ``remove()`` takes each shape away at the URL, manifest first, leaving the other."""
+    from ckptfmt.generation import Generation, by_step, list_dir, list_store
+    from ckptfmt.store.objects import ObjectStore
+    run = make_run(tmp_path / "run", steps=(10, 20))
+    shards.split(make_run(tmp_path / "single", steps=(30,)) / "step_000030.bin", run, 2)
+    url = f"s3://{bucket}/same"
+    assert cli("mirror", str(run), url).returncode == 0
+    s3.client().put_object(Bucket=bucket, Key="same/step_000040.shards", Body=b"not a folder")
+    store = ObjectStore(url)
+    there, here = by_step(store), {g.step: g for g in list_dir(run).generations}
+    assert all(type(g) is Generation for g in there.values()) and sorted(there) == sorted(here) == [10, 20, 30]
+    for step, gen in there.items():
+        assert (gen.committed, gen.sharded, gen.companion is None) == \
+            (here[step].committed, here[step].sharded, here[step].companion is None), step
+        assert gen.store is store and gen.manifest.name == here[step].manifest.name
+    assert there[20].size == (run / "step_000020.bin").stat().st_size + (run / "step_000020.extra.safetensors").stat().st_size
+    for step, gen in there.items():                                # the same parts, checked in the store
+        assert [(p.name, p.size, p.blake3) for p in gen.parts()] == \
+            [(p.name, p.size, p.blake3) for p in here[step].parts()] and all(p.path is None for p in gen.parts())
+        assert gen.check() is None and gen.check(deep=True) is None, step
+    shard = "same/step_000030.shards/00001-of-00002.bin"
+    flipped = bytearray(s3.client().get_object(Bucket=bucket, Key=shard)["Body"].read())
+    flipped[-1] ^= 1
+    s3.client().put_object(Bucket=bucket, Key=shard, Body=bytes(flipped))
+    assert there[30].check() is None                              # sizes and headers only
+    assert there[30].check(deep=True).startswith("step_000030.shards/00001-of-00002.bin: ")
+    with pytest.raises(ckptfmt.errors.UnsupportedSetupError, match="ckptfmt import URL DEST brings it here"):
+        there[10].open()
+    assert [(str(p), why) for p, why in list_store(store).foreign] == \
+        [("step_000040.shards", "a .shards entry that is not a directory")]
+    there[30].remove()
+    there[20].remove()
+    left = sorted(objects(s3, bucket, "same/"))
+    assert not [k for k in left if k.startswith(("step_000030", "step_000020"))], left
+    assert {"step_000010.bin", "step_000010.json"} <= set(left)
+    assert sorted(by_step(ObjectStore(url))) == [10]
+
+
 def test_ls_reports_the_lag_from_local_records_only(s3, bucket, tmp_path):
     run = make_run(tmp_path / "run")
     url = f"s3://{bucket}/lag"

@@ -1,6 +1,6 @@
-"""Object storage through fsspec (spec/RUN.md §10): one place that opens a URL, lists a run
-there, streams bytes up and down hashed as they pass, and turns the client's exceptions into
-one-line ``RemoteError`` messages.
+"""Object storage through fsspec (spec/RUN.md §10), a ``Store``: one place that opens a URL,
+lists a run there, streams bytes up and down hashed as they pass, and turns the client's
+exceptions into one-line ``RemoteError`` messages.
 
 fsspec and s3fs are the optional extra ``ckptfmt[remote]``: they are imported inside
 ``open_fs`` only, so the core and every other tool stay importable without them. Credentials
@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import re
 from contextlib import contextmanager
-from dataclasses import dataclass
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
@@ -22,6 +21,7 @@ from .. import format as fmt
 from .. import manifest as mf
 from ..errors import (CheckpointError, FingerprintMismatchError, MissingDependencyError,
                       RemoteError, UnsupportedSetupError)
+from . import DIRECTORY, FILE, Entry
 
 EXTRA = "pip install 'ckptfmt[remote]'"
 CHUNK = 8 << 20              # bytes per read while streaming
@@ -102,21 +102,7 @@ def translated(where: str, what: str) -> Iterator[None]:
         raise RemoteError(where, f"{what}: {_reason(exc)}") from None
 
 
-@dataclass
-class RemoteGeneration:
-    """What a listing shows of one generation at the destination (sizes, no contents)."""
-    step: int
-    bin: int | None = None          # size of step_N.bin
-    manifest: bool = False
-    shards: bool = False
-    companion: int | None = None
-
-    @property
-    def committed(self) -> bool:
-        return self.manifest and (self.bin is not None or self.shards)
-
-
-class Remote:
+class ObjectStore:
     """A run directory's mirror at ``url``: names are relative to it (``step_000100.bin``)."""
 
     def __init__(self, url: str):
@@ -133,31 +119,22 @@ class Remote:
     def where(self, name: str = "") -> str:
         return f"{self.url.rstrip('/')}/{name}" if name else self.url
 
-    def listing(self) -> dict[int, RemoteGeneration]:
-        """Generations at the destination by step; an absent prefix is an empty run, an absent
-        bucket an error."""
+    def locate(self, name: str) -> PurePosixPath:
+        """A listed part is its name under the prefix (``store.Store``)."""
+        return PurePosixPath(name)
+
+    def entries(self) -> list[Entry]:
+        """Every object and folder directly under the prefix (``store.Store``); an absent prefix
+        is an empty run, an absent bucket an error."""
         with translated(self.where(), "cannot list"):
             try:
-                entries = self.fs.ls(self.root, detail=True)
+                found = self.fs.ls(self.root, detail=True)
             except FileNotFoundError:
                 self._bucket_exists()
-                entries = []
-        gens: dict[int, RemoteGeneration] = {}
-        for entry in entries:
-            parsed = fmt.parse_name(entry["name"].rstrip("/").rsplit("/", 1)[-1])
-            if parsed is None:
-                continue
-            gen = gens.setdefault(parsed[0], RemoteGeneration(parsed[0]))
-            kind = parsed[1]
-            if kind == "bin":
-                gen.bin = entry.get("size")
-            elif kind == "json":
-                gen.manifest = True
-            elif kind == "shards":
-                gen.shards = entry.get("type") == "directory"
-            else:
-                gen.companion = entry.get("size")
-        return dict(sorted(gens.items()))
+                found = []
+        out = [Entry(e["name"].rstrip("/").rsplit("/", 1)[-1], e.get("size") if e.get("type") != "directory" else None,
+                     DIRECTORY if e.get("type") == "directory" else FILE) for e in found]
+        return sorted(out, key=lambda e: e.name)
 
     def _bucket_exists(self) -> None:
         if self.local:
@@ -180,6 +157,11 @@ class Remote:
     def read_bytes(self, name: str) -> bytes:
         with translated(self.where(name), "cannot read"):
             return self.fs.cat_file(self.path(name))
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        """One ranged GET (a header's 8 bytes: never the whole object)."""
+        with translated(self.where(name), "cannot read"):
+            return self.fs.cat_file(self.path(name), start=start, end=end)
 
     def read_manifest(self, step: int) -> tuple[dict[str, Any], bytes]:
         """A manifest at the destination, its seal and schema checked as a local one's, and its bytes."""

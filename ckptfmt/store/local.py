@@ -1,0 +1,74 @@
+"""The store of a local directory: a run directory, and the RAM tier's (spec/RUN.md §13)."""
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+
+from .. import atomic, fingerprint, fsio
+from ..errors import SaveError
+from . import DIRECTORY, FILE, OTHER, Entry
+
+
+class LocalStore:
+    """A local directory (the run directory, the RAM tier's): the durable removal of
+    ``atomic`` (the directory fsynced after each unlink), nothing followed through a link."""
+
+    def __init__(self, root: "str | os.PathLike[str]"):
+        self.root = Path(root)
+
+    def where(self, name: str = "") -> str:
+        return str(self.root / name) if name else str(self.root)
+
+    def locate(self, name: str) -> Path:
+        return self.root.joinpath(*name.split("/"))
+
+    def entries(self) -> list[Entry]:
+        out = []
+        for entry in sorted(os.scandir(self.root), key=lambda e: e.name):
+            if entry.is_file(follow_symlinks=False):
+                out.append(Entry(entry.name, None, FILE))     # sized on demand: a listing opens nothing
+            elif entry.is_dir(follow_symlinks=False):
+                out.append(Entry(entry.name, None, DIRECTORY))
+            else:
+                out.append(Entry(entry.name, None, OTHER))
+        return out
+
+    def size(self, name: str) -> int | None:
+        try:
+            return self.locate(name).stat().st_size
+        except FileNotFoundError:
+            return None
+
+    def read_bytes(self, name: str) -> bytes:
+        return self.locate(name).read_bytes()
+
+    def read_range(self, name: str, start: int, end: int) -> bytes:
+        with open(self.locate(name), "rb") as f:
+            f.seek(start)
+            return f.read(max(0, end - start))
+
+    def digest(self, name: str) -> tuple[str, int]:
+        path = self.locate(name)
+        return fingerprint.of_file(path), path.stat().st_size
+
+    def remove(self, name: str, *, recursive: bool = False) -> None:
+        path = self.locate(name)
+        if not recursive:
+            atomic.remove(path)
+            return
+        if path.is_symlink() or not path.is_dir():
+            atomic.remove(path)          # a link is removed, never followed; absent is no error
+            return
+        try:
+            for entry in os.scandir(path):
+                if entry.is_dir(follow_symlinks=False):
+                    shutil.rmtree(entry.path)
+                else:
+                    fsio.unlink(entry.path)
+            path.rmdir()
+        except FileNotFoundError:
+            return
+        except OSError as exc:
+            raise SaveError(str(path), f"cannot remove: {exc.strerror or exc}") from exc
+        fsio.fsync_dir(str(path.parent))
