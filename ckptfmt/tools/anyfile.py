@@ -70,7 +70,7 @@ def foreign_source(path: str, state: State) -> Source:
              "optimizer": opt.kind if opt is not None else None}
     if in_order:
         extra.update(moments=unnamed.ORDER, moment_structure=unnamed.structure(opt))
-    return Source(path, opt.step if opt is not None else 0, *flat, statemap.layout(params), None, extra)
+    return Source(path, statemap.step_of(state), *flat, statemap.layout(params), None, extra)
 
 
 def manifest_of(path: str) -> str:

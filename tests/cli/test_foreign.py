@@ -255,3 +255,24 @@ def test_a_state_dict_without_a_floating_parameter_is_refused_naming_the_source(
             f"ckptfmt: {tmp_path / name}.safetensors: no floating-point parameter tensor (it holds "
             f"{holds[name]}): nothing to put in the weights\n"), result.stderr
         assert not list(tmp_path.glob("step_*"))
+
+
+@pytest.mark.parametrize("key", ["step", "global_step", "iter_num"])
+def test_the_step_a_foreign_checkpoint_records_beside_its_state_is_the_step_every_command_reports(runner, tmp_path, key):
+    """A loop that saves ``{"model": ..., "step": 5}`` (nanoGPT: ``iter_num``) with SGD, which
+    counts no step of its own, or with no optimizer: inspect and validate report 5, as a torch
+    DCP directory of the same dict does; an optimizer's own count wins where it keeps one."""
+    import torch.distributed.checkpoint as dcp
+    model, sgd = model_and_optimizer(torch.optim.SGD)
+    torch.save({"model": model.state_dict(), "optimizer": sgd.state_dict(), key: 5}, tmp_path / "sgd.pt")
+    torch.save({"model": model.state_dict(), key: 5}, tmp_path / "bare.pt")
+    dcp.save({"model": model.state_dict(), key: 5}, checkpoint_id=str(tmp_path / "dcp"), no_dist=True)
+    for name in ("sgd.pt", "bare.pt", "dcp"):
+        doc = json.loads(run(runner, "inspect", tmp_path / name, "--json").output)
+        assert doc["step"] == 5, (name, doc["step"])
+        report = json.loads(run(runner, "validate", tmp_path / name, "--json").output)
+        assert report["step"] == 5, (name, report)
+    adamw, _ = model_and_optimizer(steps=3)
+    _, opt = model_and_optimizer(steps=3)
+    torch.save({"model": adamw.state_dict(), "optimizer": opt.state_dict(), key: 5}, tmp_path / "adamw.pt")
+    assert json.loads(run(runner, "inspect", tmp_path / "adamw.pt", "--json").output)["step"] == 3
