@@ -37,14 +37,16 @@ def policy_options(fn: Callable) -> Callable:
 
 def policy_of(keep_last: int | None = None, keep_every: int | None = None, keep_best: int | None = None,
               metric: str | None = None, mode: str | None = None, keep_missing: bool | None = None,
-              keep_within: str | None = None, keep_interval: str | None = None) -> "Policy":
-    """The ``Policy`` of the flags; a usage error (exit 2) for what cannot be one, or a flag
-    that would change nothing."""
+              keep_within: str | None = None, keep_interval: str | None = None) -> "Policy | None":
+    """The ``Policy`` of the flags (None: no keep flag given); a usage error (exit 2) for what
+    cannot be one, or a flag that would change nothing."""
     from ..run.retention import Policy  # lazy: keeps `ckptfmt --help` fast
     if keep_best is not None and metric is None:
         raise click.UsageError("--keep-best needs --metric NAME (the best K by which metric)")
     if keep_best is None and (metric, mode, keep_missing) != (None, None, None):
         raise click.UsageError("--metric, --mode and --[no-]keep-missing-metric need --keep-best K")
+    if (keep_last, keep_every, keep_best, keep_within, keep_interval) == (None,) * 5:
+        return None
     try:
         return Policy(keep_last=keep_last, keep_every=keep_every, keep_best=keep_best, metric=metric,
                       mode=mode or "min", keep_missing=keep_missing is not False,

@@ -119,7 +119,7 @@ def gc(run: str, dry_run: bool, as_json: bool, **policy: Any) -> None:
     one a reader leases. At least one keep rule is needed."""
     from ..run import gc as run_gc  # lazy: keeps `ckptfmt --help` fast
     chosen = policy_of(**policy)
-    if not chosen.has_rule:
+    if chosen is None:
         raise click.UsageError(f"gc: Missing a keep rule: {POLICY_FLAGS} (the guards alone are no "
                                "policy). (see --help)")     # as click's own usage errors read
     data = run_gc(run, chosen, dry_run=dry_run)

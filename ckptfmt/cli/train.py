@@ -171,11 +171,11 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
         raise click.UsageError("--summary and --pause-at-step are single-process only (not under torchrun)")
     overrides = _overrides(config_name, sets, seed, threads)
     from ..trainer.config import METRICS  # lazy: as above
-    require_metrics(METRICS, metric=retention.metric, checkpoint_on_best=saving.on_best)
+    require_metrics(METRICS, metric=retention.metric if retention else None, checkpoint_on_best=saving.on_best)
     from ..trainer.loop import train as run_train  # lazy: imports torch
     code = run_train(run_dir, config_name, steps, seed=seed, threads=threads, sets=overrides, flags=flags,
                      device=device, saving=saving, sample_every=sample_every,
-                     retention=retention if retention.has_rule else None, async_save=async_save, amp=amp,
+                     retention=retention, async_save=async_save, amp=amp,
                      log_every=log_every, omit_rng_restore=omit_rng_restore, parallel=parallel,
                      allow_nonfinite=allow_nonfinite, allow_device_change=allow_device_change,
                      force_nonfinite_at=force_nonfinite_at,

@@ -110,10 +110,6 @@ class Checkpointing(TrainerCallback):
                  signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)):
         if retention is not None and not isinstance(retention, Policy):
             raise TypeError(f"Checkpointing: retention must be a ckptfmt.run.Policy, got {type(retention).__name__}")
-        if retention is not None and not retention.has_rule:
-            raise UnsupportedSetupError(None, "Checkpointing(retention=Policy()): no keep rule (keep_last, "
-                                              "keep_every, keep_best, keep_within, keep_interval); it would delete "
-                                              "all but the guarded checkpoints")
         self.retention, self.signals = retention, tuple(signals)
         self.stopped_by_signal: str | None = None      # "SIGTERM" when train() returned because of it
         self.committed: list[str] = []                # checkpoint directories committed, in order

@@ -254,9 +254,6 @@ class Run:
                 strict_metric: bool = False) -> tuple[list[int], dict[int, list[str]], Generation | None]:
         """``gc`` that also says why each generation left is kept: (deleted steps, step -> reasons,
         a leased one with the reason ``leased``; the newest valid finite generation)."""
-        if not policy.has_rule:
-            raise ValueError("a retention policy needs at least one keep rule (keep_last, keep_every, "
-                             "keep_best, keep_within, keep_interval)")
         doomed, resumable, chosen = self.plan_gc(policy, strict_metric=strict_metric)
         kept = dict(chosen.kept)
         with honoured(self.path, sweep=not dry_run) as leased:

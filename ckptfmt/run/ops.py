@@ -36,8 +36,8 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
     generation while it is checked; the live writer's unfinished save is "save in progress"."""
     run = Run(path)
     holder = lock_holder(path)
-    policy, shown = _ls_policy(path, policy or Policy(keep_every=keep_every))
-    keep_every = keep_every or policy.keep_every
+    policy, shown = _ls_policy(path, policy or (Policy(keep_every=keep_every) if keep_every else None))
+    keep_every = keep_every or (policy.keep_every if policy is not None else None)
     with ReadLease(path, purpose="ls") as lease:
         listing = lease.listing
         pins = set(run.pins())
@@ -78,12 +78,12 @@ def _ls_memory(path: "str | os.PathLike[str]", deep: bool) -> dict[str, Any] | N
     return found
 
 
-def _ls_policy(path: "str | os.PathLike[str]", given: Policy) -> tuple[Policy, dict[str, Any]]:
+def _ls_policy(path: "str | os.PathLike[str]", given: Policy | None) -> tuple[Policy | None, dict[str, Any]]:
     """The policy whose rules ``ls`` shows: the one given, else the one the run's writer
     recorded (spec/RUN.md §5.6), else none; with what ``ls`` says of it (``from``: ``given``,
     ``.policy.json`` or None; ``retention``: its rules, None where every generation is kept;
     ``problem`` for a damaged record)."""
-    if given.has_rule:
+    if given is not None:
         return given, {"from": "given", "retention": given.to_json()}
     try:
         found, recorded = recorded_policy(path)
@@ -149,12 +149,12 @@ def _metrics(gen: Generation) -> dict[str, Any]:
     return {}
 
 
-def _kept_by(run: Run, gens: list[Generation], policy: Policy, deep: bool, pins: set[int],
+def _kept_by(run: Run, gens: list[Generation], policy: Policy | None, deep: bool, pins: set[int],
              strict: bool) -> dict[int, list[str]]:
     """step -> what keeps it under ``policy`` (the plan ``gc`` would make, guards included);
-    without a keep rule, only the pins. ``strict``: a metric no generation records is refused
+    without a policy, only the pins. ``strict``: a metric no generation records is refused
     (flags given to ``ls``); the run's recorded policy may name one not reported yet."""
-    if not policy.has_rule:
+    if policy is None:
         return {s: ["pinned"] for s in pins}
     committed = [g for g in gens if g.committed]
     with warnings.catch_warnings():

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, Iterable, Mapping
+from typing import Any, Callable, ClassVar, Iterable, Mapping
 
 __all__ = ["Candidate", "Plan", "Policy", "candidate", "candidate_for", "ordering", "parse_duration", "plan",
            "plan_retention"]
@@ -18,7 +18,10 @@ __all__ = ["Candidate", "Plan", "Policy", "candidate", "candidate_for", "orderin
 DURATION = re.compile(r"([1-9][0-9]*)([smhd])")
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
 MODES = ("min", "max")
-FIELDS = ("keep_last", "keep_every", "keep_best", "metric", "keep_within", "keep_interval")   # as recorded
+FIELDS = ("keep_last", "keep_every", "keep_best", "metric", "keep_within", "keep_interval", "keep_all")   # as recorded
+RULES = ("keep_last", "keep_every", "keep_best", "keep_within", "keep_interval")
+NO_RULE = ("a retention policy needs a keep rule (keep_last, keep_every, keep_best with metric, keep_within, "
+           "keep_interval); Policy.KEEP_ALL keeps every generation")
 
 
 def parse_duration(text: str) -> int:
@@ -38,11 +41,18 @@ class Policy:
     """What to keep; a generation is kept if ANY rule keeps it. ``keep_best`` K by ``metric``
     (``mode`` min or max; NaN and inf are never best; generations without the metric are kept
     while ``keep_missing``); ``keep_within`` and ``keep_interval`` in seconds of commit time, or
-    a duration (``"6h"``, ``parse_duration``); ``None`` turns a rule off.
+    a duration (``"6h"``, ``parse_duration``); ``None`` turns a rule off. A policy has at least
+    one rule (the guards alone are never a policy, spec/RUN.md §5.1): ``Policy()`` is a
+    ``ValueError``, and ``Policy.KEEP_ALL`` (``keep_all=True``, no other rule) is the explicit
+    value that keeps every generation.
 
     >>> Policy(keep_last=2, keep_interval="1h").keep_interval
     3600
+    >>> plan(Policy.KEEP_ALL, [Candidate(1), Candidate(2)]).doomed
+    []
     """
+
+    KEEP_ALL: ClassVar["Policy"]
 
     keep_last: int | None = None
     keep_every: int | None = None
@@ -52,6 +62,7 @@ class Policy:
     keep_missing: bool = True
     keep_within: int | str | None = None      # seconds once made
     keep_interval: int | str | None = None
+    keep_all: bool = False
 
     def __post_init__(self) -> None:
         for name in ("keep_within", "keep_interval"):
@@ -65,6 +76,11 @@ class Policy:
             raise ValueError("keep_best and metric go together: the best K by which metric")
         if self.mode not in MODES:
             raise ValueError(f"mode must be 'min' or 'max', got {self.mode!r}")
+        ruled = any(getattr(self, name) is not None for name in RULES)
+        if self.keep_all is not False and (self.keep_all is not True or ruled):
+            raise ValueError("keep_all=True keeps every generation and takes no other rule")
+        if not ruled and not self.keep_all:
+            raise ValueError(NO_RULE)
 
     @classmethod
     def by_count(cls, keep_last: int | None, keep_every: int | None = None) -> "Policy":
@@ -74,7 +90,7 @@ class Policy:
 
     def to_json(self) -> dict[str, Any]:
         """The rules that are on, as the run's policy sidecar records them (spec/RUN.md §5.6)."""
-        doc = {name: getattr(self, name) for name in FIELDS if getattr(self, name) is not None}
+        doc = {name: getattr(self, name) for name in FIELDS if getattr(self, name) not in (None, False)}
         if self.keep_best is not None:
             doc.update(mode=self.mode, keep_missing=self.keep_missing)
         return doc
@@ -90,15 +106,12 @@ class Policy:
             raise ValueError(f"not a retention policy: {exc}") from None
 
     @property
-    def has_rule(self) -> bool:
-        """Whether any keep rule is on (the guards alone are never a policy: spec/RUN.md §5.1)."""
-        return any(v is not None for v in (self.keep_last, self.keep_every, self.keep_best,
-                                           self.keep_within, self.keep_interval))
-
-    @property
     def needs_manifests(self) -> bool:
         """Whether the rules read what manifests record (metrics, commit times)."""
         return any(v is not None for v in (self.keep_best, self.keep_within, self.keep_interval))
+
+
+Policy.KEEP_ALL = Policy(keep_all=True)
 
 
 @dataclass(frozen=True)
@@ -138,6 +151,8 @@ def plan(policy: Policy, generations: Iterable[Candidate], *, pinned: Iterable[i
 
 def _reasons(policy: Policy, gens: list[Candidate]) -> Iterable[tuple[int, str]]:
     """(step, rule) for every rule of ``policy`` that keeps a generation of ``gens`` (in step order)."""
+    if policy.keep_all:
+        yield from ((g.step, "keep all") for g in gens)
     if policy.keep_last:
         yield from ((g.step, "last") for g in gens[-policy.keep_last:])
     if policy.keep_every:

@@ -97,11 +97,7 @@ def retain(output_dir: "str | os.PathLike[str]", policy: Policy, *, best: str | 
     (step -> why) or one a reader leases (spec/RUN.md §5.3). The checkpoints the guards keep are
     verified first (blake3 of every file, newest first until one verifies): nothing is deleted
     while none does. Directories that do not verify are never candidates (nothing is deleted on
-    a guess). ``Policy()`` without a keep rule is refused. Returns the steps deleted."""
-    if not policy.has_rule:
-        raise UnsupportedSetupError(os.fspath(output_dir), "retention Policy() has no keep rule (keep_last, "
-                                    "keep_every, keep_best, keep_within, keep_interval): it would delete all "
-                                    "but the guarded checkpoints")
+    a guess). Returns the steps deleted."""
     sweep_deleting(output_dir)
     valid = [(step, path, record) for step, path in checkpoints(output_dir)
              if not hfdir.problems(path, deep=False) and (record := _record_or_none(path)) is not None]

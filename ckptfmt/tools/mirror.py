@@ -56,7 +56,7 @@ def mirror(run_dir: "str | os.PathLike[str]", url: str, *, retention: Policy | N
         judge = run.judge()                 # the run's own generations only (roots: the history)
         local = {g.step: g for g in lease.listing.generations if g.committed and judge(g) is None}
         there = by_step(remote)
-        policy = retention if retention is not None and retention.has_rule else None
+        policy = None if retention is None or retention.keep_all else retention   # None: nothing to delete
         skip = _doomed(_candidates(policy, local, there, remote), policy, run.pins(),
                        max(local, default=None), _newest_finite(local, lambda s: non_finite(local[s])))
         lease.narrow(s for s in local if s not in skip)

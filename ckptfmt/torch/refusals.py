@@ -39,9 +39,6 @@ def policies(every: Any, keep_last: Any, keep_every: int | None, retention: Any,
         if keep_last is not None and keep_last < 1:
             raise ValueError(f"keep_last must be at least 1, got {keep_last}")
         retention = Policy.by_count(keep_last, keep_every) if keep_last or keep_every else None
-    elif retention is not None and not retention.has_rule:
-        raise ValueError("CheckpointManager: retention needs at least one keep rule (keep_last, keep_every, "
-                         "keep_best, keep_within, keep_interval); None keeps every generation")
     return retention, saving or SavePolicy(every=every)
 
 

@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from ckptfmt import kinds, tensorfile
 from ckptfmt.cli import main
-from ckptfmt.errors import CheckpointError, NoValidGenerationError, UnsupportedSetupError
+from ckptfmt.errors import CheckpointError, NoValidGenerationError
 from ckptfmt.run import Policy
 from ckptfmt.tools import hfdir, hfrun
 
@@ -135,12 +135,10 @@ def test_nothing_is_deleted_while_no_checkpoint_verifies(tmp_path):
     assert hfrun.retain(tmp_path, Policy(keep_last=1)) == [] and steps(tmp_path) == [5, 10]
 
 
-def test_a_policy_without_a_keep_rule_is_refused_and_deletes_nothing(tmp_path):
+def test_the_keep_everything_policy_deletes_nothing(tmp_path):
     for s in (5, 10, 15):
         checkpoint(tmp_path, s)
-    with pytest.raises(UnsupportedSetupError, match=r"Policy\(\) has no keep rule"):
-        hfrun.retain(tmp_path, Policy())
-    assert steps(tmp_path) == [5, 10, 15]
+    assert hfrun.retain(tmp_path, Policy.KEEP_ALL) == [] and steps(tmp_path) == [5, 10, 15]
 
 
 def output_dir_after_save_model(out: Path) -> Path:

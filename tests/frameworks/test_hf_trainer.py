@@ -314,10 +314,9 @@ def test_a_signal_during_the_all_reduce_counts_at_the_next_step(monkeypatch):
     assert control.should_save
 
 
-def test_retention_without_a_rule_and_a_hyperparameter_search_are_refused():
+def test_retention_keeping_everything_is_taken_and_a_hyperparameter_search_is_refused():
     from ckptfmt.run import Policy
-    with pytest.raises(UnsupportedSetupError, match=r"retention=Policy\(\)\): no keep rule"):
-        Checkpointing(retention=Policy())
+    assert Checkpointing(retention=Policy.KEEP_ALL).retention is Policy.KEEP_ALL
     args, state, control = hooks()
     state.is_hyper_param_search = True
     with pytest.raises(UnsupportedSetupError, match="hyperparameter_search"):

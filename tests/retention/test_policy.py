@@ -37,7 +37,9 @@ POLICIES = st.fixed_dictionaries({
     "keep_best": st.none() | st.integers(1, 3), "mode": st.sampled_from(["min", "max"]),
     "keep_missing": st.booleans(), "keep_within": st.none() | st.integers(1, 20 * 3600),
     "keep_interval": st.none() | st.integers(1, 10 * 3600)}).map(
-    lambda p: Policy(**p, metric="val_loss" if p["keep_best"] else None))
+    lambda p: Policy(**p, metric="val_loss" if p["keep_best"] else None)
+    if any(p[k] is not None for k in ("keep_last", "keep_every", "keep_best", "keep_within", "keep_interval"))
+    else Policy.KEEP_ALL)                   # no rule drawn: the explicit keep-everything value
 
 
 def guards(gens, diverged):
@@ -53,6 +55,8 @@ def guards(gens, diverged):
 def by_rule(policy, gens):
     """Each rule restated directly from spec/RUN.md §5.1, as {step}."""
     steps = [g.step for g in gens]
+    if policy.keep_all:
+        return set(steps)
     kept = set(steps[-policy.keep_last:]) if policy.keep_last else set()
     kept |= {s for s in steps if policy.keep_every and s % policy.keep_every == 0}
     if policy.keep_best:
@@ -139,10 +143,20 @@ def test_anything_else_is_not_a_duration(text):
 
 @pytest.mark.parametrize("fields,match", [({"keep_best": 2}, "metric"), ({"metric": "loss"}, "metric"),
                                           ({"keep_last": 0}, "keep_last"), ({"keep_every": True}, "keep_every"),
-                                          ({"keep_best": 1, "metric": "x", "mode": "best"}, "mode")])
+                                          ({"keep_best": 1, "metric": "x", "mode": "best"}, "mode"),
+                                          ({}, r"needs a keep rule.*Policy\.KEEP_ALL keeps every generation"),
+                                          ({"keep_within": None, "metric": None}, "needs a keep rule"),
+                                          ({"keep_all": True, "keep_last": 1}, "takes no other rule"),
+                                          ({"keep_all": 1}, "takes no other rule")])
 def test_a_policy_that_cannot_be_is_refused(fields, match):
     with pytest.raises(ValueError, match=match):
         Policy(**fields)
+
+
+def test_the_keep_everything_policy_keeps_every_generation_and_is_recorded_as_such():
+    gens = [Candidate(s) for s in (10, 20, 30)]
+    assert plan(Policy.KEEP_ALL, gens).kept == {10: ["keep all"], 20: ["keep all"], 30: ["keep all"]}
+    assert Policy.KEEP_ALL.to_json() == {"keep_all": True} and Policy.from_json({"keep_all": True}) == Policy.KEEP_ALL
 
 
 def test_a_candidate_from_a_manifest():

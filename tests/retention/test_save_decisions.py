@@ -219,12 +219,13 @@ def test_a_damaged_policy_record_is_replaced_and_never_fails_a_save(tmp_path):
 
 @pytest.mark.parametrize("kw,recorded,kept", [
     ({"retention": None}, None, [1, 2, 3, 4, 5, 6]),
+    ({"retention": Policy.KEEP_ALL}, {"keep_all": True}, [1, 2, 3, 4, 5, 6]),
     ({"keep_last": None, "keep_every": 3}, {"keep_every": 3}, [3, 6]),
     ({"keep_every": 3}, {"keep_last": 3, "keep_every": 3}, [3, 4, 5, 6]),
     ({}, {"keep_last": 3}, [4, 5, 6]),
 ])
 def test_the_managers_retention_arguments_mean_what_they_say(tmp_path, kw, recorded, kept):
-    """``retention=None`` keeps every generation (as for mirror and the trainer); ``keep_every``
+    """``retention=None`` and ``Policy.KEEP_ALL`` keep every generation (as for mirror and the trainer); ``keep_every``
     alone is a policy, as on the command line; the defaults keep the last 3."""
     torch.manual_seed(0)
     model = torch.nn.Linear(2, 1)
@@ -238,7 +239,6 @@ def test_the_managers_retention_arguments_mean_what_they_say(tmp_path, kw, recor
 
 @pytest.mark.parametrize("kw,error", [
     ({"retention": Policy(keep_last=1), "keep_last": 2}, "not both"),
-    ({"retention": Policy()}, "at least one keep rule"),
     ({"retention": {"keep_last": 1}}, "retention must be a Policy"),
     ({"saving": 10}, "saving must be a SavePolicy"),
 ])
