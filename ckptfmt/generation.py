@@ -124,7 +124,8 @@ class Generation:
         if self.payload is None:
             return None
         if not self.local:               # what the store's listing said (a prefix's shards: not sized)
-            return sum(self.sizes.get(p.name, 0) for p in (self.bin, self.companion) if p is not None)
+            return None if self.bin is None else sum(self.sizes.get(p.name, 0) for p in (self.bin, self.companion)
+                                                     if p is not None)
         extra = self.companion.stat().st_size if self.companion else 0
         if self.bin is not None:
             return self.bin.stat().st_size + extra
@@ -157,7 +158,7 @@ class Generation:
         store = self.store
         try:
             if doc is None:
-                doc = mf.parse(store.read_bytes(self.manifest.name), store.where(self.manifest.name))
+                doc = self.read_manifest()
             if doc["step"] != self.step:
                 return f"manifest says step {doc['step']}"
             for part in recorded_parts(doc, self.step):
@@ -272,7 +273,7 @@ def _header_problem(store: Store, part: Part, step: int, size: int) -> str | Non
     """A ``.bin``'s or a shard's seed header in a store, from one ranged read: the size law and
     (a ``.bin``) the step its name says (spec/FORMAT.md §2), as ``reader.open`` words them."""
     name = part.name
-    head = store.read_range(name, 0, fmt.HEADER_SIZE)
+    head = store.read_range(name, 0, fmt.HEADER_SIZE) if size >= fmt.HEADER_SIZE else b""
     if len(head) < fmt.HEADER_SIZE:
         return f"{name}: shorter than the header"
     got_step, n = fmt.unpack_header(head)
@@ -284,7 +285,8 @@ def _header_problem(store: Store, part: Part, step: int, size: int) -> str | Non
 
 
 def _not_committed(gen: Generation) -> CheckpointError:
-    return NoValidGenerationError(str(gen.any_part), f"generation {gen.step} is not committed: "
+    where = str(gen.any_part) if gen.local else gen.store.where(gen.any_part.name)
+    return NoValidGenerationError(where, f"generation {gen.step} is not committed: "
                                   + (gen.check() or "incomplete"))
 
 

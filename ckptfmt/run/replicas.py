@@ -22,6 +22,7 @@ from a node that holds it (``transfers``), verified by blake3 on arrival.
 """
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -77,8 +78,9 @@ def inventory(where: "Path | None", above: int | None = None) -> dict[str, dict[
                 doc = None                       # a damaged manifest: another node's may serve
         digests = {}
         for entry in gen.present():
-            if not entry.name.startswith("."):
-                digests[str(entry.relative_to(where))] = fingerprint.of_file(entry)
+            if entry != gen.bin and not entry.name.startswith("."):    # what nodes hold: shards, companion
+                with contextlib.suppress(FileNotFoundError):            # one removed meanwhile: not held
+                    digests[str(entry.relative_to(where))] = fingerprint.of_file(entry)
         out[str(gen.step)] = {"manifest": doc if doc is not None and shards.is_sharded(doc) else None,
                               "digests": digests}
     return out

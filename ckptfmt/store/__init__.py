@@ -22,7 +22,7 @@ A remover takes a generation's manifest first (uncommitted at once), then its pa
 (``Generation.remove``), so no reader ever takes a half-removed generation as committed. A crash
 between those calls leaves parts without a manifest: listed as uncommitted (``Generation.leftover``), never as
 committed, and removed by the next removal of that step
-(retention, ``gc``, a mirror's pass). A crash inside ``remove(recursive=True)`` leaves some
+(retention, ``gc``). A crash inside ``remove(recursive=True)`` leaves some
 shards of a generation whose manifest is gone already: the same leftover.
 
 Writing is each store's own (the durable local commit of ``atomic``; a mirror's upload, read

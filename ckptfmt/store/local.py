@@ -1,6 +1,7 @@
 """The store of a local directory: a run directory, and the RAM tier's (spec/RUN.md §13)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
 from pathlib import Path
@@ -60,15 +61,28 @@ class LocalStore:
         if path.is_symlink() or not path.is_dir():
             atomic.remove(path)          # a link is removed, never followed; absent is no error
             return
-        try:
-            for entry in os.scandir(path):
-                if entry.is_dir(follow_symlinks=False):
-                    shutil.rmtree(entry.path)
-                else:
-                    fsio.unlink(entry.path)
-            path.rmdir()
-        except FileNotFoundError:
-            return
+        try:                             # an entry another remover took first is no error: go on
+            for entry in _entries(path):
+                with contextlib.suppress(FileNotFoundError):
+                    if entry.is_dir(follow_symlinks=False):
+                        shutil.rmtree(entry.path, onerror=_gone_is_fine)
+                    else:
+                        fsio.unlink(entry.path)
+            with contextlib.suppress(FileNotFoundError):
+                path.rmdir()
         except OSError as exc:
             raise SaveError(str(path), f"cannot remove: {exc.strerror or exc}") from exc
         fsio.fsync_dir(str(path.parent))
+
+
+def _entries(path: Path) -> list[os.DirEntry]:
+    try:
+        return list(os.scandir(path))
+    except FileNotFoundError:
+        return []
+
+
+def _gone_is_fine(function, path, info) -> None:
+    """``rmtree``'s error handler: an entry removed meanwhile is what was asked for."""
+    if not issubclass(info[0], FileNotFoundError):
+        raise info[1]

@@ -21,7 +21,7 @@ from .. import format as fmt
 from .. import manifest as mf
 from ..errors import (CheckpointError, FingerprintMismatchError, MissingDependencyError,
                       RemoteError, UnsupportedSetupError)
-from . import DIRECTORY, FILE, Entry
+from . import DIRECTORY, FILE, OTHER, Entry
 
 EXTRA = "pip install 'ckptfmt[remote]'"
 CHUNK = 8 << 20              # bytes per read while streaming
@@ -102,6 +102,14 @@ def translated(where: str, what: str) -> Iterator[None]:
         raise RemoteError(where, f"{what}: {_reason(exc)}") from None
 
 
+def _kind(entry: dict[str, Any]) -> str:
+    """An fsspec listing entry's kind: a prefix (``directory``), an object or regular file, or
+    anything else (a link or a FIFO of a ``file://`` URL: never followed or opened)."""
+    if entry.get("islink"):
+        return OTHER
+    return {"directory": DIRECTORY, "file": FILE}.get(entry.get("type"), OTHER)
+
+
 class ObjectStore:
     """A run directory's mirror at ``url``: names are relative to it (``step_000100.bin``)."""
 
@@ -132,8 +140,8 @@ class ObjectStore:
             except FileNotFoundError:
                 self._bucket_exists()
                 found = []
-        out = [Entry(e["name"].rstrip("/").rsplit("/", 1)[-1], e.get("size") if e.get("type") != "directory" else None,
-                     DIRECTORY if e.get("type") == "directory" else FILE) for e in found]
+        out = [Entry(e["name"].rstrip("/").rsplit("/", 1)[-1], e.get("size") if _kind(e) == FILE else None, _kind(e))
+               for e in found]
         return sorted(out, key=lambda e: e.name)
 
     def _bucket_exists(self) -> None:

@@ -113,7 +113,7 @@ def inspect_url(url: str) -> dict[str, Any]:
     size = remote.size(name)
     if size is None:
         raise RemoteError(url, "not found")
-    head = remote.read_range(name, 0, fmt.HEADER_SIZE)
+    head = remote.read_range(name, 0, fmt.HEADER_SIZE) if size >= fmt.HEADER_SIZE else b""
     if len(head) < fmt.HEADER_SIZE:
         raise RemoteError(url, f"shorter than the {fmt.HEADER_SIZE}-byte header")
     step, n = fmt.unpack_header(head)

@@ -115,6 +115,23 @@ def test_remove_uncommits_first_and_leaves_nothing_of_the_generation(tmp_path, s
         generation.Generation(4).parts()
 
 
+def test_a_shard_another_remover_took_first_does_not_stop_the_removal(tmp_path, monkeypatch):
+    """Two removers of one generation (retention and gc): the shard the other took between the
+    listing and the unlink is no error, and every other part and the shard directory still go."""
+    from ckptfmt import fsio
+    run = _sharded_run(tmp_path)
+    gen = _only(run)
+    taken = []
+
+    def other_remover_first(op, path):
+        if op == "unlink" and "00000-of-00003" in path and not taken:
+            taken.append(path)
+            Path(path).unlink()
+    monkeypatch.setattr(fsio, "hook", other_remover_first)
+    gen.remove()
+    assert taken and sorted(p.name for p in run.iterdir()) == []
+
+
 def test_a_sharded_run_exports_imports_forks_and_lists_every_part_byte_for_byte(tmp_path):
     run = _sharded_run(tmp_path)
     (run / ".loss.json").write_text('{"step": 4, "loss": 1.5}\n')

@@ -124,6 +124,14 @@ def test_a_generation_at_a_url_is_the_same_type_as_a_local_one_and_is_removed_th
     assert sorted(by_step(ObjectStore(url))) == [10]
 
 
+def test_an_object_shorter_than_the_header_is_named_so(s3, bucket, tmp_path):
+    """An empty or cut ``.bin`` at the URL: one line saying it is shorter than the header
+    (no ranged read past its end, which S3 answers with 416)."""
+    s3.client().put_object(Bucket=bucket, Key="cut/step_000010.bin", Body=b"")
+    proc = cli("inspect", f"s3://{bucket}/cut/step_000010.bin")
+    assert proc.returncode == 2 and "shorter than the 8-byte header" in proc.stderr, proc.stderr
+
+
 def test_ls_reports_the_lag_from_local_records_only(s3, bucket, tmp_path):
     run = make_run(tmp_path / "run")
     url = f"s3://{bucket}/lag"
