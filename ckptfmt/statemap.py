@@ -259,24 +259,6 @@ def group_members(doc: dict[str, Any], path: str) -> list[list[str]]:
                                            "recorded optimizer.members)")
 
 
-STEP_KEYS = ("step", "global_step", "iter_num", "iteration")   # what loops save beside their state
-
-
-def step_of(state: State) -> int:
-    """The step a foreign checkpoint records: its optimizer's own where it counted one (Adam,
-    AdamW), else a whole number its container held beside the state under one of ``STEP_KEYS``
-    (``{"model": ..., "step": 5}``; nanoGPT's ``iter_num``), else 0."""
-    opt = state.optimizer
-    if opt is not None and opt.step:
-        return opt.step
-    other = state.imported.get("other") if isinstance(state.imported, dict) else None
-    for key in STEP_KEYS:
-        value = other.get(key) if isinstance(other, dict) else None
-        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= fmt.MAX_STEP:
-            return value
-    return 0
-
-
 def header_step(state: State, named: int) -> int:
     """The step a ``.bin`` of ``state`` records: the optimizer's own (Adam/AdamW: the largest
     step any parameter took); ``named`` (what the file's name or the caller says) for SGD, which
