@@ -15,9 +15,9 @@ import threading
 from typing import Any, Iterable
 
 from .. import kinds
-from ..run import Run, plan
+from ..run import Run
 from ..run.generations import manifest_of
-from ..run.retention import Policy, candidate_for
+from ..run.retention import Policy, candidate_for, guarded
 from . import files
 
 __all__ = ["Policy", "prune", "checkpoints", "Signals"]
@@ -44,9 +44,10 @@ def prune(dirpath: "str | os.PathLike[str]", policy: Policy, *, keep: Iterable[s
     found = checkpoints(dirpath)
     if not found:
         return []
-    protect = _guards(found)
+    valid, finite = _guards(found)
     newest = [run.generations()[-1] for _, run in found]
-    chosen = plan(policy, [candidate_for(policy, g.step, lambda g=g: manifest_of(g)) for g in newest], protect=protect)
+    chosen = guarded(policy, [candidate_for(policy, g.step, lambda g=g: manifest_of(g)) for g in newest],
+                     newest_valid=valid, newest_finite=finite)
     doomed, keep = set(chosen.doomed), {os.path.abspath(p) for p in keep}
     removed = []
     for path, run in found:
@@ -56,18 +57,17 @@ def prune(dirpath: "str | os.PathLike[str]", policy: Policy, *, keep: Iterable[s
     return removed
 
 
-def _guards(found: list[tuple[str, Run]]) -> dict[int, str]:
-    """step -> why, for the newest valid and the newest valid finite checkpoint (newest first,
-    each hashed, until both are known)."""
-    protect: dict[int, str] = {}
+def _guards(found: list[tuple[str, Run]]) -> tuple[int | None, int | None]:
+    """(the newest valid, the newest valid finite checkpoint's step), newest first, each hashed,
+    until both are known."""
+    valid = None
     for _, run in reversed(found):
         choice = run.choose(deep=True)
-        if choice.newest_valid is not None and "newest valid" not in protect.values():
-            protect.setdefault(choice.newest_valid.step, "newest valid")
+        if choice.newest_valid is not None and valid is None:
+            valid = choice.newest_valid.step
         if choice.gen is not None:
-            protect.setdefault(choice.gen.step, "newest finite")
-            break
-    return protect
+            return valid, choice.gen.step
+    return valid, None
 
 
 class Signals:

@@ -22,7 +22,7 @@ from .history import History
 from .lease import honoured
 from .lock import sidecar_in_progress
 from .roots import mismatch, of_step, recorded
-from .retention import Candidate, Plan, Policy, candidate_for, plan
+from .retention import Candidate, Plan, Policy, candidate_for, guarded
 from .sidecars import PINS, read_json, write_json
 
 
@@ -228,12 +228,11 @@ class Run:
         latest-valid found among them): pins, the newest valid and the newest finite one.
         ``strict_metric``: a best-K metric no generation records is refused (``gc``'s flags: a
         typo); without it, it is a metric not reported yet (a training loop's own policy)."""
-        protect = {g.step: why for g, why in ((choice.gen, "newest finite"), (choice.newest_valid, "newest valid"))
-                   if g is not None}
         candidates = [candidate_for(policy, g.step, lambda g=g: manifest_of(g)) for g in committed]
         if strict_metric:
             self._check_metric(policy, candidates)
-        return plan(policy, candidates, pinned=self.pins(), protect=protect)
+        return guarded(policy, candidates, pinned=self.pins(), newest_valid=_step(choice.newest_valid),
+                       newest_finite=_step(choice.gen))
 
     def _check_metric(self, policy: Policy, candidates: list[Candidate]) -> None:
         """A best-K by a metric no generation records is a mistake (a typo), refused before
@@ -285,3 +284,7 @@ class Run:
     def write_sidecar(self, name: str, value: Any) -> None:
         """Replace a sidecar atomically (temp, fsync, rename, fsync the directory)."""
         write_json(self.path / name, value)
+
+
+def _step(gen: Generation | None) -> int | None:
+    return None if gen is None else gen.step

@@ -12,8 +12,8 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Iterable, Mapping
 
-__all__ = ["Candidate", "Plan", "Policy", "candidate", "candidate_for", "ordering", "parse_duration", "plan",
-           "plan_retention"]
+__all__ = ["Candidate", "Plan", "Policy", "candidate", "candidate_for", "guarded", "ordering", "parse_duration",
+           "plan", "plan_retention"]
 
 DURATION = re.compile(r"([1-9][0-9]*)([smhd])")
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -147,6 +147,24 @@ def plan(policy: Policy, generations: Iterable[Candidate], *, pinned: Iterable[i
         if protect and g.step in protect:
             kept[g.step].append(protect[g.step])
     return Plan({s: r for s, r in kept.items() if r}, [s for s, r in kept.items() if not r])
+
+
+def guarded(policy: Policy, generations: Iterable[Candidate], *, newest_valid: int | None,
+            newest_finite: int | None, pinned: Iterable[int] = (), also: Mapping[int, str] | None = None) -> Plan:
+    """``plan`` under the guards (spec/RUN.md §5.2, §5.4), built one way for every caller (the run
+    directory, a mirror, Lightning's and Hugging Face's checkpoint directories): ``also`` (step
+    -> why: a caller's own, e.g. the Trainer's best), then the newest valid generation and the
+    newest finite one (one step, ``newest valid``, where they are the same), and the pins;
+    each caller finds those two its own way (verify before delete), none builds the guards.
+
+    >>> guarded(Policy(keep_last=1), [Candidate(s) for s in (1, 2, 3)], newest_valid=3, newest_finite=2).doomed
+    [1]
+    """
+    protect = dict(also or {})
+    for step, why in ((newest_valid, "newest valid"), (newest_finite, "newest finite")):
+        if step is not None:
+            protect.setdefault(step, why)
+    return plan(policy, generations, pinned=pinned, protect=protect)
 
 
 def _reasons(policy: Policy, gens: list[Candidate]) -> Iterable[tuple[int, str]]:

@@ -26,7 +26,7 @@ import numpy as np
 from .. import atomic, fsio, kinds
 from ..errors import CheckpointError, NoValidGenerationError, UnsupportedSetupError
 from ..run.lease import honoured
-from ..run.retention import Policy, candidate, plan
+from ..run.retention import Policy, candidate, guarded
 from ..tensorfile import TensorFile
 from . import hfdir
 from .report import Report
@@ -105,13 +105,11 @@ def retain(output_dir: "str | os.PathLike[str]", policy: Policy, *, best: str | 
     if newest is None:
         return []                           # no checkpoint verifies: no guard holds, nothing is deleted
     valid = [v for v in valid if v[0] not in failed]
-    guards = dict(protect or {})
-    guards.setdefault(newest, "newest valid")
-    if finite is not None:
-        guards.setdefault(finite, "newest finite")
+    also = dict(protect or {})
     if best is not None and hfdir.step_of_dir(best) is not None:
-        guards.setdefault(hfdir.step_of_dir(best), "best_model_checkpoint")
-    doomed = plan(policy, [candidate(s, r) for s, _, r in valid], protect=guards).doomed
+        also.setdefault(hfdir.step_of_dir(best), "best_model_checkpoint")
+    doomed = guarded(policy, [candidate(s, r) for s, _, r in valid], newest_valid=newest, newest_finite=finite,
+                     also=also).doomed
     with honoured(output_dir) as leased:
         doomed = [s for s in doomed if s not in leased]
         for step, path, _ in valid:

@@ -26,7 +26,7 @@ from ..generation import Generation, by_step, list_dir
 from ..store import DIRECTORY
 from ..run import PINS, PIVOT, POLICY, SAMPLES, STATE, Run
 from ..run.generations import manifest_of, non_finite
-from ..run.retention import Candidate, Policy, candidate_for, plan
+from ..run.retention import Candidate, Policy, candidate_for, guarded
 from ..run.lease import ReadLease
 from ..run import history as hist
 from ..run import mirrors
@@ -130,8 +130,7 @@ def _doomed(candidates: list[Candidate], policy: Policy | None, pins: list[int],
     with the local guards, the newest and the newest finite generation (spec/RUN.md §5.4)."""
     if policy is None:
         return set()
-    protect = {s: why for s, why in ((finite, "newest finite"), (newest, "newest valid")) if s is not None}
-    return set(plan(policy, candidates, pinned=pins, protect=protect).doomed)
+    return set(guarded(policy, candidates, pinned=pins, newest_valid=newest, newest_finite=finite).doomed)
 
 
 def _newest_finite(steps: Iterable[int], diverged: Callable[[int], dict[str, int]]) -> int | None:
