@@ -1,4 +1,4 @@
-"""Mirror throughput against a plain upload of the same file (issue 19).
+"""Mirror throughput against a plain upload of the same file: what verifying and committing at the destination cost.
 
     .venv/bin/python benchmarks/mirror_bench.py [--n-params 12800000] [--reps 3]
 
@@ -57,7 +57,7 @@ def main() -> int:
             doc = mirror(run, f"s3://bench/mirror{i}")
             mirrored.append(time.perf_counter() - t)
             assert [u["step"] for u in doc["uploaded"]] == [1000]
-            remote = ObjectStore(f"s3://bench/parts{i}")      # the two halves of the mirror's cost
+            remote = ObjectStore(f"s3://bench/parts{i}")  # the two halves of the mirror's cost
             t = time.perf_counter()
             remote.upload(path, path.name, None)
             sent.append(time.perf_counter() - t)
