@@ -56,7 +56,8 @@ def print_ls(d: dict) -> None:
     click.echo(f"{d['run']}" + (f"  (locked by pid {d['lock'].get('pid')})" if d.get("lock") else ""))
     policy = d.get("policy") or {}
     if policy.get("from"):
-        rules = ", ".join(f"{k}={v}" for k, v in (policy["retention"] or {}).items()) or "keeps every generation"
+        rules = ", ".join(f"{k}={v}" for k, v in (policy["retention"] or {}).items() if k != "keep_all") \
+            or "keeps every generation"
         click.echo(f"  retention ({'the flags' if policy['from'] == 'given' else 'recorded in ' + policy['from']}): {rules}")
     if policy.get("problem"):
         click.echo(f"  {policy['problem']}")

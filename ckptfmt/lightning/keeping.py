@@ -42,7 +42,7 @@ def prune(dirpath: "str | os.PathLike[str]", policy: Policy, *, keep: Iterable[s
     delete) and the newest valid finite one are kept, whatever the rules say; so is every path
     in ``keep`` (``last.ckpt``, ModelCheckpoint's best). Returns the removed paths."""
     found = checkpoints(dirpath)
-    if not found:
+    if not found or policy.keep_all:       # nothing to delete: nothing to hash
         return []
     valid, finite = _guards(found)
     newest = [run.generations()[-1] for _, run in found]

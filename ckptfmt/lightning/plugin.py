@@ -170,6 +170,8 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
     def __init__(self, *, restore_rng: bool = True, signals: bool = False, retention: Policy | None = None,
                  history: bool = False, mirror: str | None = None) -> None:
         super().__init__()
+        if retention is not None and not isinstance(retention, Policy):
+            raise TypeError(f"Checkpointing: retention must be a ckptfmt.run.Policy, got {type(retention).__name__}")
         if mirror is not None:
             mirroring.check_url(mirror)
         self.restore_rng, self.retention, self.history, self.mirror = restore_rng, retention, history, mirror

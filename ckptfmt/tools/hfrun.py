@@ -99,6 +99,8 @@ def retain(output_dir: "str | os.PathLike[str]", policy: Policy, *, best: str | 
     while none does. Directories that do not verify are never candidates (nothing is deleted on
     a guess). Returns the steps deleted."""
     sweep_deleting(output_dir)
+    if policy.keep_all:                    # nothing to delete: nothing to hash
+        return []
     valid = [(step, path, record) for step, path in checkpoints(output_dir)
              if not hfdir.problems(path, deep=False) and (record := _record_or_none(path)) is not None]
     newest, finite, failed = _verified_guards(valid)

@@ -306,7 +306,7 @@ class CheckpointManager:
     def _committed(self, step: int, manifest: dict[str, Any]) -> None:
         if self.rank == 0:
             self._say_unreported(manifest)
-        if self.retention is not None and self.rank == 0 and (deleted := self.run.gc(self.retention)):
+        if self.rank == 0 and self.retention is not None and not self.retention.keep_all and (deleted := self.run.gc(self.retention)):
             self.log(f"retention deleted steps {deleted}", info=True)
         if self.on_commit is not None:
             self.on_commit(step, manifest)

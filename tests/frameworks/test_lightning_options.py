@@ -226,3 +226,9 @@ def test_a_modelcheckpoint_writing_to_a_url_is_refused_before_the_first_step(tmp
     with pytest.raises(UnsupportedSetupError, match="a URL where ModelCheckpoint's dirpath"):
         train("memory://ckpt", every=2)
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_retention_that_is_not_a_policy_is_refused_before_training():
+    with pytest.raises(TypeError, match="retention must be a ckptfmt.run.Policy, got dict"):
+        Checkpointing(retention={"keep_last": 3})
+    assert Checkpointing(retention=Policy.KEEP_ALL).retention is Policy.KEEP_ALL

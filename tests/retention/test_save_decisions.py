@@ -270,3 +270,18 @@ def test_the_best_of_a_history_is_its_best_value_of_the_metric_or_none(tmp_path,
     path = tmp_path / ".loss.json"
     path.write_text("".join(json.dumps(r) + "\n" for r in records))
     assert best_in_history(path, "val", "min", upto=5) == then
+
+
+def test_keeping_every_generation_hashes_nothing_after_a_commit(tmp_path, monkeypatch):
+    """``Policy.KEEP_ALL`` deletes nothing, so the manager's retention after each commit does not
+    run (no newest generation deep-verified for nothing), as with ``retention=None``; ``ls``
+    says it keeps every generation."""
+    from conftest import cli
+    chosen = []
+    real = Run.choose
+    monkeypatch.setattr(Run, "choose", lambda self, *a, **k: chosen.append(k) or real(self, *a, **k))
+    with manager(tmp_path / "run", every=1, retention=Policy.KEEP_ALL) as mgr:
+        for step in range(1, 5):
+            mgr.step(step, loss=1.0)
+    assert chosen == [] and [g.step for g in Run(tmp_path / "run").generations()] == [1, 2, 3, 4]
+    assert "retention (recorded in .policy.json): keeps every generation" in cli("ls", str(tmp_path / "run")).stdout
