@@ -102,6 +102,12 @@ class Generation:
         return self.bin is None and self.shards is not None
 
     @property
+    def kind(self) -> str:
+        """The name, in the kinds registry (``ckptfmt.kinds``), of what its ``path`` is: ``bin``
+        or ``shards`` (a sharded generation's manifest)."""
+        return "shards" if self.sharded else "bin"
+
+    @property
     def payload(self) -> Path | None:
         """The .bin, or the shard directory of a sharded generation."""
         return self.bin if self.bin is not None else self.shards
@@ -343,6 +349,22 @@ def list_store(store: Store) -> Listing:
             gen.sizes[name] = entry.size
     out.generations = [gens[s] for s in sorted(gens)]
     return out
+
+
+def at(path: "str | os.PathLike[str]") -> Generation:
+    """The local generation a file of it names: its ``.bin``, its manifest, or a sharded
+    generation's ``.shards`` directory; the parts beside it by its stem (``model.bin`` has
+    ``model.json``), so a source outside a run directory, of any name, is one too (its step:
+    the name's, else -1). Nothing is opened; ``open``/``check`` say what is wrong."""
+    p = Path(path)
+    base = p.with_name(p.name[:-len(p.suffix)]) if p.suffix in (".bin", ".json", shards.SUFFIX) else p
+    parsed = fmt.parse_name(base.name + ".bin")
+    bin_, sharded = base.with_name(base.name + ".bin"), base.with_name(base.name + shards.SUFFIX)
+    manifest, extra = base.with_name(base.name + ".json"), base.with_name(base.name + companion.SUFFIX)
+    return Generation(parsed[0] if parsed else -1, bin=bin_ if bin_.is_file() else None,
+                      manifest=manifest if os.path.lexists(manifest) else None,
+                      shards=sharded if sharded.is_dir() and not bin_.is_file() else None,
+                      companion=extra if extra.is_file() else None)
 
 
 def by_step(store: Store) -> dict[int, Generation]:

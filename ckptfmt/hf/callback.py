@@ -45,6 +45,7 @@ import transformers
 from transformers import TrainerCallback
 
 from ..errors import UnsupportedSetupError
+from ..hfcheckpoint import HFCheckpoint
 from ..run.retention import Policy
 from ..tools import hfdir, hfrun
 from ..torch import optim
@@ -245,7 +246,7 @@ class Checkpointing(TrainerCallback):
         if state.is_world_process_zero and directory.is_dir() and not directory.is_symlink():
             warnings.warn(f"{directory}: there before this save (a lost timeline's): removed first, "
                           "so it is never committed while rewritten", stacklevel=2)
-            hfrun.remove(directory)
+            HFCheckpoint.at(directory).remove()
         if rank_world()[1] > 1:
             dist.barrier()                         # no rank writes into it before it is gone
 

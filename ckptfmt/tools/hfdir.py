@@ -1,6 +1,7 @@
-"""A Hugging Face Trainer checkpoint directory (``checkpoint-N``) and its ckptfmt commit record
-(spec/RUN.md §12.2): torch-free, so ``validate``, ``ls`` and ``inspect`` read it without
-transformers, and ``ckptfmt.hf`` (the Trainer callback) writes it.
+"""Writing a Hugging Face Trainer checkpoint directory's (``checkpoint-N``) ckptfmt commit record
+(spec/RUN.md §12.2), and reading the weights it holds: torch-free, so ``ckptfmt.hf`` (the Trainer
+callback) commits with it and ``validate``, ``ls`` and ``inspect`` read without transformers.
+Reading and checking the record is ``ckptfmt.hfcheckpoint``'s (the checkpoint as a generation).
 
 The record ``ckptfmt-commit.json`` is written last, durably, after every file of the directory
 and the directory itself were fsynced: each file with its size and blake3, the step, the
@@ -14,6 +15,7 @@ differs from its row (a flipped byte, a second save into the same directory) mak
 >>> record = commit(d, 3)
 >>> record["step"], sorted(record["files"]), record["metrics"]
 (3, ['trainer_state.json'], {'loss': {'value': 0.5, 'step': 3}})
+>>> from ckptfmt.hfcheckpoint import problems
 >>> problems(d)
 []
 >>> _ = (d / "trainer_state.json").write_text("{}")
@@ -25,53 +27,26 @@ from __future__ import annotations
 import json
 import math
 import os
-import re
 import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .. import atomic, fingerprint, fsio, seal
-from .. import format as fmt
+from .. import atomic, fingerprint, fsio
 from .. import manifest as mf
 from ..errors import CheckpointError, TensorFileError
 from ..facts import PASS
+from ..hfcheckpoint import DIR_NAME, FORMAT_ID, RECORD, files_of
 from ..tensorfile import TensorFile
 
-__all__ = ["FORMAT_ID", "RECORD", "commit", "durable", "files_of", "metrics_at", "non_finite", "problems",
-           "read_record", "step_of_dir", "weight_files", "weight_map"]
+__all__ = ["commit", "durable", "metrics_at", "non_finite", "weight_files", "weight_map"]
 
-RECORD = "ckptfmt-commit.json"            # spec/RUN.md §12.2: written last; its presence is the commit
-FORMAT_ID = "ckptfmt-hf-checkpoint"
 VERSION = 1
-DIR_NAME = re.compile(r"checkpoint-([0-9]+)")
 INDEX = "model.safetensors.index.json"
 WEIGHTS = "model.safetensors"
 TORCH_WEIGHTS = "pytorch_model.bin"          # save_pretrained(safe_serialization=False)
 FLOATS = {"F64": "<f8", "F32": "<f4", "F16": "<f2"}
-
-
-def step_of_dir(path: "str | os.PathLike[str]") -> int | None:
-    """N of a ``checkpoint-N`` name; None for any other name."""
-    match = DIR_NAME.fullmatch(os.path.basename(os.fspath(path).rstrip("/")))
-    return int(match.group(1)) if match else None
-
-
-def files_of(directory: Path) -> list[str]:
-    """Every regular file under ``directory`` (relative, '/'-separated, sorted), but the record,
-    temp files of a durable write in progress and what ``checkpoint-N`` subdirectories hold
-    (each its own checkpoint: an output directory is never one)."""
-    out = []
-    for root, dirs, files in os.walk(directory):
-        dirs[:] = sorted(d for d in dirs if not DIR_NAME.fullmatch(d))
-        for name in files:
-            if name == RECORD or fmt.is_temp_name(name):
-                continue
-            full = Path(root) / name
-            if full.is_file() and not full.is_symlink():
-                out.append(full.relative_to(directory).as_posix())
-    return sorted(out)
 
 
 def durable(directory: Path) -> None:
@@ -209,58 +184,3 @@ def non_finite(record: dict[str, Any]) -> int:
     weights = facts.get("weights") if isinstance(facts, dict) else None
     count = weights.get("non_finite") if isinstance(weights, dict) else 0
     return count if isinstance(count, int) and not isinstance(count, bool) and count > 0 else 0
-
-
-# ---------------------------------------------------------------- checks
-def read_record(directory: Path) -> dict[str, Any] | None:
-    """The directory's record; None where there is none (an incomplete save, or a Trainer
-    without the callback); ``CheckpointError`` where it is not one."""
-    path = directory / RECORD
-    try:
-        doc = json.loads(path.read_bytes())
-    except FileNotFoundError:
-        return None
-    except (OSError, ValueError) as exc:
-        raise CheckpointError(str(path), f"commit record unreadable: {exc}") from None
-    if not isinstance(doc, dict):
-        raise CheckpointError(str(path), f"not a commit record (format {FORMAT_ID!r} with files expected)")
-    seal.check(str(path), doc)                  # before any field is believed; records before it: unsealed
-    if doc.get("format") != FORMAT_ID or not isinstance(doc.get("files"), dict):
-        raise CheckpointError(str(path), f"not a commit record (format {FORMAT_ID!r} with files expected)")
-    return doc
-
-
-def problems(directory: "str | os.PathLike[str]", *, deep: bool = True) -> list[str]:
-    """Why ``directory`` is not the committed checkpoint its record says (empty: verified):
-    no record, a step other than the name's, a file missing, of another size or (``deep``)
-    another blake3, a file the record does not name (written after it: stale)."""
-    directory = Path(directory)
-    try:
-        record = read_record(directory)
-    except CheckpointError as exc:
-        return [str(exc)]
-    if record is None:
-        return [f"no {RECORD}: an incomplete save (the record is written last)"]
-    out = []
-    named = step_of_dir(directory)
-    if named is not None and record.get("step") != named:
-        out.append(f"{RECORD}: step {record.get('step')}, the directory is checkpoint-{named}")
-    present = set(files_of(directory))
-    for name, row in sorted(record["files"].items()):
-        out.extend(_file_problem(directory, name, row, present, deep))
-    out.extend(f"{name}: not in {RECORD}: written after the record (a second save made it stale)"
-               for name in sorted(present - set(record["files"])))
-    return out
-
-
-def _file_problem(directory: Path, name: str, row: Any, present: set[str], deep: bool) -> list[str]:
-    if name not in present:
-        return [f"{name}: missing, the record names it"]
-    size = (directory / name).stat().st_size
-    if not isinstance(row, dict) or size != row.get("size"):
-        return [f"{name}: size {size}, the record says {row.get('size') if isinstance(row, dict) else row}"]
-    if deep:
-        got = fingerprint.of_file(directory / name)
-        if got != row.get("blake3"):
-            return [f"{name}: {fingerprint.mismatch(str(row.get('blake3')), got, by='record')}"]
-    return []

@@ -15,7 +15,6 @@ its ckptfmt record, spec/RUN.md §12): which one to resume, retention with the r
 from __future__ import annotations
 
 import os
-import shutil
 import time
 import warnings
 from pathlib import Path
@@ -23,8 +22,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import atomic, fsio, kinds
+from .. import fsio, kinds
 from ..errors import CheckpointError, NoValidGenerationError, UnsupportedSetupError
+from ..hfcheckpoint import HFCheckpoint, checkpoints, deleting, read_record, step_of_dir, sweep_deleting
 from ..run.lease import honoured
 from ..run.retention import Policy, candidate, guarded
 from ..tensorfile import TensorFile
@@ -32,10 +32,7 @@ from . import hfdir
 from .report import Report
 from .stats import CHUNK, RegionStats
 
-__all__ = ["checkpoints", "choose", "deleting", "hf_kind", "inspect_hf", "ls_hf", "remove", "resume_path", "retain",
-           "sweep_deleting", "validate_hf"]
-
-DELETING = ".ckptfmt-deleting."           # a checkpoint being removed: renamed first, never half there
+__all__ = ["choose", "hf_kind", "inspect_hf", "ls_hf", "resume_path", "retain", "validate_hf"]
 
 
 def hf_kind(path: "str | os.PathLike[str]") -> str | None:
@@ -47,29 +44,19 @@ def hf_kind(path: "str | os.PathLike[str]") -> str | None:
     return name if name in ("hf-run", "hf-checkpoint") else None
 
 
-def checkpoints(output_dir: "str | os.PathLike[str]") -> list[tuple[int, Path]]:
-    """(step, path) of every ``checkpoint-N`` directory (not a symlink), newest first."""
-    out = []
-    for entry in os.scandir(output_dir):
-        step = hfdir.step_of_dir(entry.name)
-        if step is not None and entry.is_dir(follow_symlinks=False):
-            out.append((step, Path(entry.path)))
-    return sorted(out, reverse=True)
-
-
 def choose(output_dir: "str | os.PathLike[str]", *, allow_nonfinite: bool = False,
            deep: bool = True) -> tuple[str | None, list[tuple[str, str]]]:
     """(the newest checkpoint directory that verifies, and is finite unless ``allow_nonfinite``;
     [(each newer one skipped, why)]). None when there is none."""
     skipped = []
-    for _, path in checkpoints(output_dir):
-        found = hfdir.problems(path, deep=deep)
-        if not found:
-            bad = hfdir.non_finite(hfdir.read_record(path) or {})
+    for gen in checkpoints(output_dir):
+        why = gen.check(deep=deep)
+        if why is None:
+            bad = hfdir.non_finite(gen.read_manifest() or {})
             if not bad or allow_nonfinite:
-                return str(path), skipped
-            found = [f"diverged: its weights hold {bad} non-finite values"]
-        skipped.append((str(path), "; ".join(found)))
+                return str(gen.directory), skipped
+            why = f"diverged: its weights hold {bad} non-finite values"
+        skipped.append((str(gen.directory), why))
     return None, skipped
 
 
@@ -101,65 +88,42 @@ def retain(output_dir: "str | os.PathLike[str]", policy: Policy, *, best: str | 
     sweep_deleting(output_dir)
     if policy.keep_all:                    # nothing to delete: nothing to hash
         return []
-    valid = [(step, path, record) for step, path in checkpoints(output_dir)
-             if not hfdir.problems(path, deep=False) and (record := _record_or_none(path)) is not None]
+    valid = [(gen, record) for gen in checkpoints(output_dir)
+             if gen.check() is None and (record := _record_or_none(gen.directory)) is not None]
     newest, finite, failed = _verified_guards(valid)
     if newest is None:
         return []                           # no checkpoint verifies: no guard holds, nothing is deleted
-    valid = [v for v in valid if v[0] not in failed]
+    valid = [v for v in valid if v[0].step not in failed]
     also = dict(protect or {})
-    if best is not None and hfdir.step_of_dir(best) is not None:
-        also.setdefault(hfdir.step_of_dir(best), "best_model_checkpoint")
-    doomed = guarded(policy, [candidate(s, r) for s, _, r in valid], newest_valid=newest, newest_finite=finite,
+    if best is not None and step_of_dir(best) is not None:
+        also.setdefault(step_of_dir(best), "best_model_checkpoint")
+    doomed = guarded(policy, [candidate(g.step, r) for g, r in valid], newest_valid=newest, newest_finite=finite,
                      also=also).doomed
     with honoured(output_dir) as leased:
         doomed = [s for s in doomed if s not in leased]
-        for step, path, _ in valid:
-            if step in doomed:
-                remove(path)
+        for gen, _ in valid:
+            if gen.step in doomed:
+                gen.remove()
     return doomed
 
 
-def _verified_guards(valid: list[tuple[int, Path, dict[str, Any]]]) -> tuple[int | None, int | None, set[int]]:
+def _verified_guards(valid: list[tuple[HFCheckpoint, dict[str, Any]]]) -> tuple[int | None, int | None, set[int]]:
     """(the newest checkpoint of ``valid`` (newest first) whose every file matches its blake3,
     the newest finite one that does, the steps found not to): verify before delete, so a
     same-size corruption is never the one protected while good ones are deleted."""
     newest = finite = None
     failed: set[int] = set()
-    for step, path, record in valid:
+    for gen, record in valid:
+        step = gen.step
         if newest is not None and (finite is not None or hfdir.non_finite(record)):
             continue                        # both guards found, or this one cannot be the finite one
-        if hfdir.problems(path):
+        if gen.check(deep=True) is not None:
             failed.add(step)
             continue
         newest = step if newest is None else newest
         if finite is None and not hfdir.non_finite(record):
             finite = step
     return newest, finite, failed
-
-
-def remove(path: Path) -> None:
-    """Remove a checkpoint directory in the run layer's order: its record first (durably: it is
-    uncommitted from then on), then renamed aside (the parent fsynced, so a crash never leaves
-    half a ``checkpoint-N`` under its name), then deleted."""
-    atomic.remove(path / hfdir.RECORD)
-    aside = path.with_name(f"{DELETING}{path.name}.{os.getpid()}")
-    os.rename(path, aside)
-    fsio.fsync_dir(str(path.parent))
-    shutil.rmtree(aside)
-
-
-def deleting(output_dir: "str | os.PathLike[str]") -> list[Path]:
-    """Directories a removal renamed aside and did not finish (a crash): uncommitted, to delete."""
-    return sorted(p for p in Path(output_dir).glob(f"{DELETING}*") if p.is_dir() and not p.is_symlink())
-
-
-def sweep_deleting(output_dir: "str | os.PathLike[str]") -> list[Path]:
-    """Finish what ``deleting`` lists (their records went first); returns them."""
-    found = deleting(output_dir)
-    for path in found:
-        shutil.rmtree(path, ignore_errors=True)     # another retention may be removing it now
-    return found
 
 
 # ---------------------------------------------------------------- validate / ls / inspect
@@ -171,10 +135,10 @@ def validate_hf(path: "str | os.PathLike[str]", *, deep: bool = True) -> Report:
     path = Path(path)
     kind, dirs = _dirs(path)
     report = Report(str(path), kind=kind)
-    rows = [_validate_one(report, p, deep) for _, p in dirs]
+    rows = [_validate_one(report, gen, deep) for gen in dirs]
     report.details["checkpoints"] = rows
     if dirs:
-        report.step = dirs[0][0]
+        report.step = _step(dirs[0])
     if report.ok and rows and all(r["status"] == "verified" for r in rows):
         report.status = "verified"
     elif not rows:
@@ -182,33 +146,32 @@ def validate_hf(path: "str | os.PathLike[str]", *, deep: bool = True) -> Report:
     return report
 
 
-def _dirs(path: Path) -> tuple[str, list[tuple[int | None, Path]]]:
+def _dirs(path: Path) -> tuple[str, list[HFCheckpoint]]:
     """(kind, its checkpoint directories newest first): an output directory's, or the one."""
     if kinds.sniff(path).name == "hf-checkpoint":
-        return "hf-checkpoint", [(_step(path), path)]
-    return "hf-run", list(checkpoints(path))
+        return "hf-checkpoint", [HFCheckpoint.at(path)]
+    return "hf-run", checkpoints(path)
 
 
-def _step(path: Path) -> int | None:
-    """A checkpoint's step: its name's, else its record's."""
-    step = hfdir.step_of_dir(path)
-    return step if step is not None else (_record_or_none(path) or {}).get("step")
+def _step(gen: HFCheckpoint) -> int | None:
+    """A checkpoint's step: its name's, else its record's (None: neither says)."""
+    return gen.step if gen.step >= 0 else None
 
 
-def _validate_one(report: Report, path: Path, deep: bool) -> dict[str, Any]:
-    row: dict[str, Any] = {"step": _step(path), "path": str(path)}
+def _validate_one(report: Report, gen: HFCheckpoint, deep: bool) -> dict[str, Any]:
+    path = gen.directory
+    row: dict[str, Any] = {"step": _step(gen), "path": str(path)}
     try:
-        record = hfdir.read_record(path)
+        record = gen.read_manifest()
         for f in hfdir.weight_files(path):
             TensorFile(str(f))
     except (CheckpointError, OSError) as exc:
         report.defect("hf_checkpoint_defect", f"{path}: {exc}")
         return {**row, "status": "damaged"}
     if record is None:
-        report.warn("unverified", f"{path}: no {hfdir.RECORD}: an incomplete save, or a Trainer without "
-                                  "ckptfmt.hf.Checkpointing (unverified)")
+        report.warn("unverified", f"{path}: {gen.leftover()[1]} (unverified)")
         return {**row, "status": "unverified"}
-    found = hfdir.problems(path, deep=deep)
+    found = gen.problems(deep=deep)
     for problem in found:
         report.defect("hf_checkpoint_defect", f"{path}/{problem}")
     bad = hfdir.non_finite(record)
@@ -224,13 +187,14 @@ def ls_hf(path: "str | os.PathLike[str]", *, deep: bool = False) -> dict[str, An
     status (verified/committed, damaged, incomplete, diverged), size, age and metrics."""
     now = time.time()
     rows = []
-    for step, p in reversed(_dirs(Path(path))[1]):
+    for gen in reversed(_dirs(Path(path))[1]):
+        p = gen.directory
         record = _record_or_none(p)
-        found = hfdir.problems(p, deep=deep)
+        found = gen.problems(deep=deep)
         status = "incomplete" if record is None else "damaged" if found else \
             "diverged" if hfdir.non_finite(record) else "verified" if deep else "committed"
         metrics = (record or {}).get("metrics")
-        rows.append({"step": step, "path": str(p), "size": fsio.tree_size(p), "status": status, "pinned": False,
+        rows.append({"step": _step(gen), "path": str(p), "size": gen.size, "status": status, "pinned": False,
                      "committed": record is not None and not found,
                      "metrics": metrics if isinstance(metrics, dict) else {},
                      "age_s": None if record is None else _age(record, now),
@@ -248,7 +212,7 @@ def _age(record: dict[str, Any], now: float) -> float | None:
 
 def _record_or_none(path: Path) -> dict[str, Any] | None:
     try:
-        return hfdir.read_record(path)
+        return read_record(path)
     except CheckpointError:
         return None
 
@@ -263,7 +227,7 @@ def inspect_hf(path: "str | os.PathLike[str]", read_other=None) -> dict[str, Any
         out = ls_hf(path)
         newest, _ = choose(path)
         if newest is None:     # a Trainer without the callback writes no record: unverified, as validate says
-            newest = next((str(p) for _, p in checkpoints(path) if not (p / hfdir.RECORD).exists()), None)
+            newest = next((str(g.directory) for g in checkpoints(path) if g.manifest is None), None)
         out["latest"] = inspect_hf(newest, read_other) if newest else None
         if newest is None and out["generations"]:
             out["latest_problem"] = f"{path}: no checkpoint-N verifies"
@@ -275,7 +239,7 @@ def _inspect_checkpoint(path: Path, read_other=None) -> dict[str, Any]:
     record = _record_or_none(path)
     files = hfdir.weight_files(path)
     head = {"path": str(path), "kind": "hf-checkpoint", "label": kinds.get("hf-checkpoint").label,
-            "origin": "ckptfmt" if record else "foreign", "step": _step(path), "size": fsio.tree_size(path),
+            "origin": "ckptfmt" if record else "foreign", "step": _step(HFCheckpoint.at(path)), "size": fsio.tree_size(path),
             "record": record}
     if not files and (path / hfdir.TORCH_WEIGHTS).is_file() and read_other is not None:   # without safetensors
         return {**read_other(str(path), kinds.get("hf-checkpoint")), **head}

@@ -179,8 +179,7 @@ def validate_committed(gen: Any, *, deep: bool = True, progress=None, scan: bool
     """A generation's file as its shape says (a seed ``.bin``, or a sharded generation's
     manifest), never as its content would suggest: a ``.bin`` replaced by a file of another kind
     is damage, not a foreign file."""
-    kind = kinds.get("shards" if gen.sharded else "bin")
-    return validate_generation_file(gen.path, kind, deep=deep, progress=progress, scan=scan)
+    return validate_generation_file(gen.path, kinds.get(gen.kind), deep=deep, progress=progress, scan=scan)
 
 
 def validate_other(path: str, kind: kinds.Kind, *, deep: bool = True, scan: bool = False) -> Report:

@@ -24,7 +24,6 @@ returns what it did (``Restored``), which ``CheckpointManager.restore`` keeps.
 from __future__ import annotations
 
 import copy
-import os
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,14 +32,14 @@ from typing import Any, Callable, Mapping
 import torch
 
 from .. import facts as valfacts
+from .. import generation
 from .. import format as fmt
 from .. import manifest as mf
-from .. import reader
 from ..errors import (ConfigMismatchError, DeviceChangeError, IncompleteResumeStateError, LayoutMismatchError,
                       NoValidGenerationError, RankDisagreementError, StateRefusedError, UnsupportedSetupError)
 from ..run import Run, tiers
 from ..run.lock import first_writer, keep_unwritten
-from ..shards import ShardedCheckpoint, is_sharded
+from ..shards import ShardedCheckpoint
 from . import adapter, notes, optim, ranks, rng
 from .distributed import any_rank, is_sharded_model, load_into
 from .state import dtype_name, join, persistent_buffers
@@ -386,9 +385,6 @@ def _no_companion(path: str) -> Callable[[str], Any]:
 
 
 def _open(path: Any, verify: bool) -> Any:
-    """A generation to restore from: a ``.bin`` or a sharded generation's manifest."""
-    if str(path).endswith(".json"):
-        if not os.path.exists(path) or is_sharded(mf.read(path)):
-            return ShardedCheckpoint(path, verify=verify)
-        path = str(path)[:-len(".json")] + ".bin"   # one file's manifest names its .bin
-    return reader.open(path, manifest="require", verify=verify)
+    """A generation to restore from, by a file of it: a ``.bin``, its manifest, or a sharded
+    generation's manifest (``generation.at``: the shape is the generation's to know)."""
+    return generation.at(path).open(verify=verify)

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 from click.testing import CliRunner
 
-from ckptfmt import kinds, tensorfile
+from ckptfmt import fingerprint, generation, hfcheckpoint, kinds, tensorfile
 from ckptfmt.cli import main
-from ckptfmt.errors import CheckpointError, NoValidGenerationError
+from ckptfmt.errors import CheckpointError, NoValidGenerationError, UnsupportedSetupError
 from ckptfmt.run import Policy
 from ckptfmt.tools import hfdir, hfrun
 
@@ -41,7 +41,7 @@ def cli(*args) -> tuple[int, str]:
 
 
 def steps(out: Path) -> list[int]:
-    return sorted(hfdir.step_of_dir(p) for p in out.glob("checkpoint-*"))
+    return sorted(hfcheckpoint.step_of_dir(p) for p in out.glob("checkpoint-*"))
 
 
 def test_a_commit_record_edited_after_its_seal_is_damage_and_resume_passes_it_over(tmp_path):
@@ -50,11 +50,11 @@ def test_a_commit_record_edited_after_its_seal_is_damage_and_resume_passes_it_ov
     for s in (5, 10):
         checkpoint(tmp_path, s)
     checkpoint(tmp_path, 15, nan=True)
-    path = tmp_path / "checkpoint-15" / hfdir.RECORD
+    path = tmp_path / "checkpoint-15" / hfcheckpoint.RECORD
     doc = json.loads(path.read_text())
     doc["facts"]["weights"] = {"finite": True, "non_finite": 0}      # hides the NaN
     path.write_text(json.dumps(doc))
-    assert any("field 'facts' does not match" in p for p in hfdir.problems(tmp_path / "checkpoint-15"))
+    assert any("field 'facts' does not match" in p for p in hfcheckpoint.problems(tmp_path / "checkpoint-15"))
     assert hfrun.resume_path(tmp_path) == str(tmp_path / "checkpoint-10")
     code, out = cli("validate", tmp_path / "checkpoint-15")
     assert code == 1 and "field 'facts' does not match the manifest's seal" in out, out
@@ -71,7 +71,7 @@ def test_a_diverged_newest_keeps_the_newest_finite_and_resume_passes_it_over(tmp
     for s in (5, 10):
         checkpoint(tmp_path, s)
     checkpoint(tmp_path, 15, nan=True)
-    record = hfdir.read_record(tmp_path / "checkpoint-15")
+    record = hfcheckpoint.read_record(tmp_path / "checkpoint-15")
     assert record["facts"] == {"weights": {"finite": False, "non_finite": 1}, "tensors": {"w": 1}}
     assert hfrun.retain(tmp_path, Policy(keep_last=1)) == [5]
     assert steps(tmp_path) == [10, 15]
@@ -109,7 +109,7 @@ def test_no_checkpoint_is_a_fresh_start_and_none_valid_is_refused_naming_each(tm
 def test_a_file_added_after_the_record_makes_it_stale(tmp_path):
     d = checkpoint(tmp_path, 5)
     (d / "rng_state_1.pth").write_bytes(b"x")
-    assert hfdir.problems(d) == ["rng_state_1.pth: not in ckptfmt-commit.json: written after the record "
+    assert hfcheckpoint.problems(d) == ["rng_state_1.pth: not in ckptfmt-commit.json: written after the record "
                                  "(a second save made it stale)"]
 
 
@@ -154,7 +154,7 @@ def output_dir_after_save_model(out: Path) -> Path:
 def test_an_output_directory_with_the_model_at_the_top_is_a_run_and_a_flipped_byte_in_it_a_defect(tmp_path):
     out = output_dir_after_save_model(tmp_path / "out")
     flip_a_byte(out / "checkpoint-10" / "model.safetensors")
-    assert kinds.sniff(out).name == "hf-run" and hfdir.files_of(out) == ["model.safetensors", "trainer_state.json"]
+    assert kinds.sniff(out).name == "hf-run" and hfcheckpoint.files_of(out) == ["model.safetensors", "trainer_state.json"]
     assert not kinds.get("hf-checkpoint").sniff(kinds.Probe(out))         # whatever the order of the kinds
     code, text = cli("validate", out)
     assert code == 1 and "checkpoint-10/model.safetensors: blake3 mismatch: record says" in text, text
@@ -195,10 +195,10 @@ def test_removal_uncommits_first_and_a_leftover_is_listed_then_swept(tmp_path, m
 
     def refuse(*args):
         raise OSError("simulated crash before the rename")
-    monkeypatch.setattr(hfrun.os, "rename", refuse)
+    monkeypatch.setattr(hfcheckpoint.os, "rename", refuse)
     with pytest.raises(OSError):
-        hfrun.remove(d)
-    assert not (d / hfdir.RECORD).exists()                  # the record went first: uncommitted, not half there
+        hfcheckpoint.HFCheckpoint.at(d).remove()
+    assert not (d / hfcheckpoint.RECORD).exists()                  # the record went first: uncommitted, not half there
     monkeypatch.undo()
     leftover = tmp_path / ".ckptfmt-deleting.checkpoint-3.999"
     leftover.mkdir()
@@ -237,3 +237,36 @@ def test_a_shard_name_that_leaves_the_directory_is_refused(tmp_path):
     (d / "model.safetensors.index.json").write_text(json.dumps({"weight_map": {"w": "../outside.safetensors"}}))
     with pytest.raises(CheckpointError, match="shard files beside it"):
         hfdir.weight_files(d)
+
+
+def test_a_checkpoint_directory_is_a_generation_with_every_file_a_part_and_the_record_last(tmp_path):
+    d = checkpoint(tmp_path / "out", 5)
+    (d / "sub").mkdir()
+    (d / "sub" / "rng_state.pth").write_bytes(b"rng")
+    hfdir.commit(d, 5, [["w"]])
+    gen = hfcheckpoint.checkpoints(tmp_path / "out")[0]
+    assert isinstance(gen, generation.Generation) and gen.step == 5 and gen.committed
+    parts = gen.parts()
+    assert [p.name for p in parts] == ["checkpoint-5/model.safetensors", "checkpoint-5/sub/rng_state.pth",
+                                       "checkpoint-5/trainer_state.json", "checkpoint-5/ckptfmt-commit.json"]
+    assert all(p.blake3 == fingerprint.of_file(p.path) and p.size == p.path.stat().st_size for p in parts[:-1])
+    assert gen.check(deep=True) is None
+    rows = gen.copy_to(tmp_path / "copy")
+    copied = hfcheckpoint.HFCheckpoint.at(tmp_path / "copy" / "checkpoint-5")
+    assert copied.check(deep=True) is None and [r["file"] for r in rows] == [p.name for p in parts]
+    data = bytearray((d / "model.safetensors").read_bytes())
+    data[-1] ^= 0x01                                            # same size: only the blake3 sees it
+    (d / "model.safetensors").write_bytes(bytes(data))
+    assert gen.check() is None and "model.safetensors: blake3" in gen.check(deep=True)
+    with pytest.raises(CheckpointError, match="checkpoint-5/model.safetensors: blake3 mismatch"):
+        gen.copy_to(tmp_path / "again")
+    with pytest.raises(UnsupportedSetupError, match="checkpoint-5"):
+        gen.open()
+
+
+def test_a_checkpoint_without_its_record_is_an_uncommitted_generation(tmp_path):
+    d = checkpoint(tmp_path, 7, commit=False)
+    gen = hfcheckpoint.HFCheckpoint.at(d)
+    assert not gen.committed and gen.leftover()[0] == d and "no ckptfmt-commit.json" in gen.check()
+    with pytest.raises(CheckpointError, match="checkpoint-7"):
+        gen.parts()

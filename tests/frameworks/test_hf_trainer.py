@@ -24,7 +24,7 @@ from click.testing import CliRunner  # noqa: E402
 from ckptfmt.cli import main  # noqa: E402
 from ckptfmt.errors import UnsupportedSetupError  # noqa: E402
 from ckptfmt.hf import Checkpointing, resume_path  # noqa: E402
-from ckptfmt.tools import hfdir  # noqa: E402
+from ckptfmt import fingerprint, hfcheckpoint  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 EXAMPLE = ROOT / "examples" / "hf_trainer.py"
@@ -79,13 +79,13 @@ def cut(tmp_path_factory) -> tuple[Path, Checkpointing, int]:
 def test_sigterm_at_step_12_commits_checkpoint_12_and_train_returns(cut):
     out, ckpt, step = cut
     assert step == 12 and ckpt.stopped_by_signal == "SIGTERM"
-    assert sorted(hfdir.step_of_dir(p) for p in out.glob("checkpoint-*")) == [5, 10, 12]
-    record = json.loads((out / "checkpoint-12" / hfdir.RECORD).read_text())
+    assert sorted(hfcheckpoint.step_of_dir(p) for p in out.glob("checkpoint-*")) == [5, 10, 12]
+    record = json.loads((out / "checkpoint-12" / hfcheckpoint.RECORD).read_text())
     assert record["step"] == 12 and "loss" in record["metrics"]
     assert set(FILES) <= set(record["files"]) and record["facts"]["weights"]["non_finite"] == 0
     assert "transformer.wte.weight" in record["param_groups"][0]     # tied lm_head: stored once
     weights = out / "checkpoint-12" / "model.safetensors"
-    assert record["files"]["model.safetensors"]["blake3"] == hfdir.fingerprint.of_file(weights)
+    assert record["files"]["model.safetensors"]["blake3"] == fingerprint.of_file(weights)
 
 
 def test_every_checkpoint_and_the_output_directory_validate_ls_and_inspect(cut):
@@ -116,7 +116,7 @@ def test_a_flipped_byte_is_a_defect_and_resume_path_takes_the_one_before(cut, tm
 def test_a_torn_checkpoint_without_its_record_is_skipped_with_the_reason(cut, tmp_path):
     copy = tmp_path / "copy"
     shutil.copytree(cut[0], copy)
-    (copy / "checkpoint-12" / hfdir.RECORD).unlink()
+    (copy / "checkpoint-12" / hfcheckpoint.RECORD).unlink()
     with pytest.warns(UserWarning, match=r"checkpoint-12: skipped for resume: no ckptfmt-commit.json: an incomplete"):
         assert resume_path(copy) == str(copy / "checkpoint-10")
     code, text = cli("ls", copy, "--json")
@@ -141,8 +141,8 @@ def test_a_requested_save_survives_save_strategy_best_overwriting_should_save(tm
                  greater_is_better=True, eval_dataset=Tokens(n=4))   # lr 0: one eval_loss, no new best after 1
     tr.train()
     assert tr.state.global_step == 4 and ckpt.stopped_by_signal is None
-    assert sorted(hfdir.step_of_dir(p) for p in (tmp_path / "best").glob("checkpoint-*")) == [1, 3]
-    assert not hfdir.problems(tmp_path / "best" / "checkpoint-3")
+    assert sorted(hfcheckpoint.step_of_dir(p) for p in (tmp_path / "best").glob("checkpoint-*")) == [1, 3]
+    assert not hfcheckpoint.problems(tmp_path / "best" / "checkpoint-3")
 
 
 def test_save_total_limit_is_refused_naming_it(tmp_path):
@@ -155,14 +155,14 @@ def test_the_example_exits_0_on_sigterm_with_its_newest_checkpoint_committed(tmp
     proc = warm.Popen([sys.executable, str(EXAMPLE), "--output", str(out), "--steps", "400"],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    while not (out / "checkpoint-5" / hfdir.RECORD).exists() and proc.poll() is None and time.monotonic() < deadline:
+    while not (out / "checkpoint-5" / hfcheckpoint.RECORD).exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     proc.send_signal(signal.SIGTERM)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
-    newest = max(out.glob("checkpoint-*"), key=hfdir.step_of_dir)
-    assert f"stopped by SIGTERM: {newest.name} committed" in err and 5 <= hfdir.step_of_dir(newest) < 400
-    assert not hfdir.problems(newest)
+    newest = max(out.glob("checkpoint-*"), key=hfcheckpoint.step_of_dir)
+    assert f"stopped by SIGTERM: {newest.name} committed" in err and 5 <= hfcheckpoint.step_of_dir(newest) < 400
+    assert not hfcheckpoint.problems(newest)
 
 
 @pytest.mark.xdist_group("torchrun")     # two ranks: never beside another multi-rank job
@@ -174,15 +174,15 @@ def test_under_two_processes_a_sigterm_to_one_rank_stops_both_at_one_committed_s
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     rank1 = worker_of_rank(proc.pid, 1)
     deadline = time.monotonic() + 120
-    while not (out / "checkpoint-5" / hfdir.RECORD).exists() and proc.poll() is None and time.monotonic() < deadline:
+    while not (out / "checkpoint-5" / hfcheckpoint.RECORD).exists() and proc.poll() is None and time.monotonic() < deadline:
         time.sleep(0.01)
     os.kill(rank1, signal.SIGTERM)                 # rank 1 alone: the decision is all-reduced
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 0, err[-3000:]
-    newest = max(out.glob("checkpoint-*"), key=hfdir.step_of_dir)
+    newest = max(out.glob("checkpoint-*"), key=hfcheckpoint.step_of_dir)
     assert err.count(f"stopped by SIGTERM: {newest.name} committed") == 2      # both ranks, one step
-    record = json.loads((newest / hfdir.RECORD).read_text())
-    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(record["files"]) and not hfdir.problems(newest)
+    record = json.loads((newest / hfcheckpoint.RECORD).read_text())
+    assert {"rng_state_0.pth", "rng_state_1.pth"} <= set(record["files"]) and not hfcheckpoint.problems(newest)
 
 
 def test_the_trainers_checkpoint_12_converts_into_step_12_bin_that_loads_into_the_model(cut, tmp_path):
@@ -193,7 +193,7 @@ def test_the_trainers_checkpoint_12_converts_into_step_12_bin_that_loads_into_th
     dst.parent.mkdir()
     code, text = cli("convert", cut[0] / "checkpoint-12", dst)
     assert code == 0 and "verified: round-trip" in text, text
-    record = hfdir.read_record(cut[0] / "checkpoint-12")
+    record = hfcheckpoint.read_record(cut[0] / "checkpoint-12")
     model = tiny_gpt2()
     named = dict(model.named_parameters())
     opt = torch.optim.AdamW([{"params": [named[n] for n in g]} for g in record["param_groups"]])
@@ -212,7 +212,7 @@ def test_retention_keeps_the_last_checkpoint_and_the_trainers_best_one(tmp_path)
                  eval_dataset=Tokens(n=4))                  # lr 0: checkpoint-2's eval_loss stays the best
     tr.train()
     assert tr.state.best_model_checkpoint == str(tmp_path / "kept" / "checkpoint-2")
-    assert sorted(hfdir.step_of_dir(p) for p in (tmp_path / "kept").glob("checkpoint-*")) == [2, 6]
+    assert sorted(hfcheckpoint.step_of_dir(p) for p in (tmp_path / "kept").glob("checkpoint-*")) == [2, 6]
     assert ckpt.deleted == [4] and not list((tmp_path / "kept").glob(".ckptfmt-deleting.*"))
 
 
@@ -231,7 +231,7 @@ def test_with_save_strategy_epoch_a_sigterm_saves_its_step_once_and_the_control_
     tr = trainer(tmp_path / "epoch", [SignalAt(3), ckpt, counted], steps=8, save_strategy="epoch")
     tr.train()
     assert counted.saves == [3] and ckpt.stopped_by_signal == "SIGTERM"    # on_epoch_end asked again: refused
-    assert not hfdir.problems(tmp_path / "epoch" / "checkpoint-3")
+    assert not hfcheckpoint.problems(tmp_path / "epoch" / "checkpoint-3")
     for copied in (pickle.loads(pickle.dumps(tr.control)), copy.deepcopy(tr.control)):
         assert type(copied) is transformers.TrainerControl and copied.should_training_stop
 
@@ -243,8 +243,8 @@ def test_a_resume_saving_into_a_lost_timelines_checkpoint_records_none_of_its_fi
     ckpt = Checkpointing()
     with pytest.warns(UserWarning, match="checkpoint-10: there before this save"):
         trainer(out, [ckpt], steps=10).train(resume_from_checkpoint=str(out / "checkpoint-5"))
-    record = hfdir.read_record(out / "checkpoint-10")
-    assert "rng_state_7.pth" not in record["files"] and not hfdir.problems(out / "checkpoint-10")
+    record = hfcheckpoint.read_record(out / "checkpoint-10")
+    assert "rng_state_7.pth" not in record["files"] and not hfcheckpoint.problems(out / "checkpoint-10")
 
 
 class RaiseAt(transformers.TrainerCallback):

@@ -239,7 +239,7 @@ def _convert_file(src: str, dst: str, src_kind: str, dst_kind: str, weights_only
                                                   "to any other form)")
         loaded, checked, recorded = hf.load(src)
         return bridge.import_foreign(src, "hf", loaded, dst, verify, groups or recorded,
-                                     groups_file if groups else hf.hfdir.RECORD, checked)
+                                     groups_file if groups else hf.RECORD, checked)
     opened = open_file(src, src_kind)
     if not isinstance(opened, Source):
         if dst_kind != "bin":

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import FingerprintMismatchError, UnsupportedConversionError
+from ...hfcheckpoint import RECORD, HFCheckpoint
 from ...statemap import Entry, State
 from ...tensorfile import TensorFile
 from ...wrappers import strip
@@ -25,7 +26,7 @@ from .. import hfdir
 from .safetensors import TORCH_NAMES
 from .torchside import torchsave
 
-VERIFIED_RECORD = f"verified: every file against {hfdir.RECORD}"
+VERIFIED_RECORD = f"verified: every file against {RECORD}"
 OPTIMIZER = "optimizer.pt"
 
 
@@ -33,11 +34,7 @@ def load(src: str) -> tuple[dict[str, Any], str, list[list[str]] | None]:
     """(the directory as the object ``torchsave.to_state`` maps: ``{"model": ..., "optimizer":
     ...}``, how the source was checked, each group's parameter names from the record or None)."""
     directory = Path(src)
-    record = hfdir.read_record(directory)
-    if record is not None:
-        found = hfdir.problems(directory)
-        if found:
-            raise FingerprintMismatchError(src, f"does not match its {hfdir.RECORD}: {found[0]}")
+    record = _record(src)
     ts = torchsave(src)
     entries = in_model_order(_torch_weights(directory, ts) or weight_entries(directory), (record or {}).get("parameters"))
     obj = ts.from_state(State(entries, None, {"keys": {"model": "model", "optimizer": None}}), src)
@@ -56,13 +53,21 @@ def state_of(src: str) -> State:
     if (directory / OPTIMIZER).is_file() or _torch_weights(directory, None) is not None:
         loaded, _, groups = load(src)               # no record: the file's order is not the model's
         return torchsave(src).to_state(loaded, src, groups, by_index=True if groups else "always")
-    record = hfdir.read_record(directory)
-    if record is not None and (found := hfdir.problems(directory)):
-        raise FingerprintMismatchError(src, f"does not match its {hfdir.RECORD}: {found[0]}")
+    record = _record(src)
     entries = in_model_order(weight_entries(directory), (record or {}).get("parameters"))
     named, _ = strip({e.name: e for e in entries})        # DDP's and compile's prefixes, as torch's reader does
     return State([dataclasses.replace(e, name=n) for n, e in named.items()], None,
                  {"keys": {"model": "model", "optimizer": None}})
+
+
+def _record(src: str) -> dict[str, Any] | None:
+    """The directory's commit record, every file checked against it first (None: it has none,
+    unverified); ``FingerprintMismatchError`` for the first file that differs."""
+    gen = HFCheckpoint.at(src)
+    record = gen.read_manifest()
+    if record is not None and (found := gen.problems()):
+        raise FingerprintMismatchError(src, f"does not match its {RECORD}: {found[0]}")
+    return record
 
 
 def _torch_weights(directory: Path, ts: Any) -> list[Entry] | None:
