@@ -23,6 +23,7 @@ from . import format as fmt
 from . import manifest as mf
 from . import reader, writer
 from .errors import UnsupportedConversionError
+from .statestep import header_step
 
 # The one optimizer table: the state keys that map onto the m and v regions (None: v stays zero).
 OPTIMIZERS = {"Adam": ("exp_avg", "exp_avg_sq"), "AdamW": ("exp_avg", "exp_avg_sq"),
@@ -259,14 +260,6 @@ def group_members(doc: dict[str, Any], path: str) -> list[list[str]]:
                                            "recorded optimizer.members)")
 
 
-def header_step(state: State, named: int) -> int:
-    """The step a ``.bin`` of ``state`` records: the optimizer's own (Adam/AdamW: the largest
-    step any parameter took); ``named`` (what the file's name or the caller says) for SGD, which
-    keeps no step of its own, and without an optimizer."""
-    opt = state.optimizer
-    return opt.step if opt is not None and OPTIMIZERS[opt.kind][1] is not None else named
-
-
 def write_bin(state: State, dst: str, source: str, fields: dict[str, Any] | None = None) -> writer.SaveResult:
     """Map ``state`` by the rule and write it as a committed ``.bin`` (+ companion): layout,
     aliases, buffers, the optimizer by name, and what the way back needs (``imported``);
@@ -282,7 +275,7 @@ def write_bin(state: State, dst: str, source: str, fields: dict[str, Any] | None
         manifest["aliases"] = aliases
     imported = {**state.imported, "order": [e.name for e in state.model], "aliases": aliases}
     named = fmt.parse_name(os.path.basename(dst))
-    step = header_step(state, named[0] if named is not None else 0)   # the name, where nothing else says
+    step = header_step(state, named[0] if named is not None else None)
     if opt is None:
         imported["optimizer_state"] = "absent"
     else:

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import atomic, fsio, kinds, statemap
+from ..statestep import header_step
 from .. import format as fmt
 from ..errors import NotACheckpointError, NoValidGenerationError, SaveError, UnsupportedSetupError
 from ..torch import torchsave
@@ -76,7 +77,7 @@ def write(checkpoint: dict[str, Any], path: "str | os.PathLike[str]") -> str:
     state = torchsave.to_state(_torch_form(checkpoint), path, _members(ours), "the Checkpointing callback")
     state.imported.update({"from": "lightning", "file": os.path.basename(path)})
     global_step = int(checkpoint.get("global_step", 0))
-    step = statemap.header_step(state, global_step)
+    step = header_step(state, global_step)
     fields = {kinds.LIGHTNING: {"epoch": checkpoint.get("epoch"), "global_step": global_step,
                                 "version": checkpoint.get("pytorch-lightning_version"),
                                 "namespace": ours.get("namespace"), "optimizers": _count(checkpoint)}}

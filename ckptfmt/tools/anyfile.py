@@ -23,6 +23,7 @@ from ..errors import UnsupportedKindError
 from ..kinds import Kind
 from ..shards import ShardedCheckpoint
 from ..statemap import State
+from ..statestep import header_step
 from . import convert
 from .convert import bin, foreign, hf, safetensors
 from .convert.source import Source
@@ -55,24 +56,6 @@ def open_source(path: str, kind: Kind | None = None) -> Source:
     return foreign_source(path, state)
 
 
-STEP_KEYS = ("step", "global_step", "iter_num", "iteration")   # what loops save beside their state
-
-
-def step_of(state: State) -> int:
-    """The step a foreign checkpoint records: its optimizer's own where it counted one (Adam,
-    AdamW), else a whole number its container held beside the state under one of ``STEP_KEYS``
-    (``{"model": ..., "step": 5}``; nanoGPT's ``iter_num``), else 0."""
-    opt = state.optimizer
-    if opt is not None and opt.step:
-        return opt.step
-    other = state.imported.get("other") if isinstance(state.imported, dict) else None
-    for key in STEP_KEYS:
-        value = other.get(key) if isinstance(other, dict) else None
-        if isinstance(value, int) and not isinstance(value, bool) and 0 <= value <= fmt.MAX_STEP:
-            return value
-    return 0
-
-
 def foreign_source(path: str, state: State) -> Source:
     """A foreign state as convert maps it: parameters in order, m and v by parameter name (or,
     where its param groups name nothing, in the optimizer's order: ``ckptfmt.unnamed``)."""
@@ -88,7 +71,7 @@ def foreign_source(path: str, state: State) -> Source:
              "optimizer": opt.kind if opt is not None else None}
     if in_order:
         extra.update(moments=unnamed.ORDER, moment_structure=unnamed.structure(opt))
-    return Source(path, step_of(state), *flat, statemap.layout(params), None, extra)
+    return Source(path, header_step(state, None), *flat, statemap.layout(params), None, extra)
 
 
 def manifest_of(path: str) -> str:

@@ -13,6 +13,7 @@ from safetensors.torch import load_file, save_file
 
 import ckptfmt
 import ckptfmt.torch as ct
+from ckptfmt import reader
 from ckptfmt.cli import main
 from ckptfmt.tools.convert import convert
 from ckptfmt.torch.torchsave import difference
@@ -276,3 +277,24 @@ def test_the_step_a_foreign_checkpoint_records_beside_its_state_is_the_step_ever
     _, opt = model_and_optimizer(steps=3)
     torch.save({"model": adamw.state_dict(), "optimizer": opt.state_dict(), key: 5}, tmp_path / "adamw.pt")
     assert json.loads(run(runner, "inspect", tmp_path / "adamw.pt", "--json").output)["step"] == 3
+
+
+def test_one_step_rule_for_what_inspect_reports_and_what_convert_writes(runner, tmp_path):
+    """The step beside the state may be a 0-d integer tensor; a bool, a float, a negative
+    number or one past the header's range is no step (0); an Adam that never stepped counts 0
+    whatever the container says; and the ``.bin`` convert writes records the step inspect
+    reported, for each case."""
+    model, sgd = model_and_optimizer(torch.optim.SGD)
+    cases = {"tensor": (torch.tensor(5), 5), "bool": (True, 0), "float": (5.0, 0), "negative": (-5, 0),
+             "huge": (1 << 40, 0)}
+    for name, (value, step) in cases.items():
+        torch.save({"model": model.state_dict(), "optimizer": sgd.state_dict(), "step": value},
+                   tmp_path / f"{name}.pt")
+    fresh, adam = model_and_optimizer(steps=0)
+    torch.save({"model": fresh.state_dict(), "optimizer": adam.state_dict(), "iter_num": 5}, tmp_path / "unstepped.pt")
+    cases["unstepped"] = (None, 0)
+    for name, (_, step) in cases.items():
+        doc = json.loads(run(runner, "inspect", tmp_path / f"{name}.pt", "--json").output)
+        assert doc["step"] == step, (name, doc["step"])
+        assert run(runner, "convert", tmp_path / f"{name}.pt", tmp_path / f"{name}.bin").exit_code == 0
+        assert reader.read_header(tmp_path / f"{name}.bin")[0] == step, name
