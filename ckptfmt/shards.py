@@ -16,7 +16,7 @@ from __future__ import annotations
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any, Callable, Iterator
 
 import numpy as np
 
@@ -66,10 +66,15 @@ def save_shard(run_dir: "str | os.PathLike[str]", step: int, rank: int, world: i
 
 
 def commit(run_dir: "str | os.PathLike[str]", step: int, rows: list[dict[str, Any]],
-           manifest: dict[str, Any] | None = None) -> Path:
-    """Write the manifest once every shard is durable; refuses an incomplete or holed set."""
+           manifest: dict[str, Any] | None = None,
+           before_commit: Callable[[dict[str, Any]], None] | None = None) -> Path:
+    """Write the manifest once every shard is durable; refuses an incomplete or holed set.
+    ``before_commit``: shown the sealed manifest just before it is written (``writer.save``)."""
     path = Path(run_dir) / fmt.manifest_name(step)
-    mf.write(path, manifest_for(run_dir, step, rows, manifest))
+    doc = mf.sealed(manifest_for(run_dir, step, rows, manifest))
+    if before_commit is not None:
+        before_commit(doc)
+    mf.write(path, doc)
     return path
 
 

@@ -123,7 +123,8 @@ def _chunks(views: Iterable[memoryview]) -> Iterator[memoryview]:
 def save(path: "str | os.PathLike[str]", step: int, weights: Region, m: Region, v: Region, *,
          manifest: dict[str, Any] | None = None, n_params: int | None = None,
          write_manifest: bool = True, overwrite: bool = False,
-         extra_tensors: dict[str, Any] | None = None, value_facts: bool = True) -> SaveResult:
+         extra_tensors: dict[str, Any] | None = None, value_facts: bool = True,
+         before_commit: Callable[[dict[str, Any]], None] | None = None) -> SaveResult:
     """Durably write ``step_NNNNNN.bin`` and commit its manifest; returns what was written.
 
     ``n_params`` is required only when regions are generators. An existing file is refused
@@ -139,6 +140,9 @@ def save(path: "str | os.PathLike[str]", step: int, weights: Region, m: Region, 
     ``value_facts`` records whether each region is finite (and v non-negative) in the manifest,
     computed on the hashing thread over the bytes as they are written (spec §5.9); a ``facts``
     field passed in ``manifest`` is never kept, since it was computed over other bytes.
+    ``before_commit(doc)`` is called with the sealed manifest after every other part is durable
+    and before the manifest is written (a run records the root it is about to commit); what it
+    raises fails the save, uncommitted.
     """
     started = time.perf_counter()
     path = os.fspath(path)
@@ -153,7 +157,7 @@ def save(path: "str | os.PathLike[str]", step: int, weights: Region, m: Region, 
     if facts is not None:
         manifest[valfacts.FIELD] = facts.to_dict()
     try:
-        mpath = _commit(path, step, n, digest, manifest, write_manifest, overwrite, extra_tensors)
+        mpath = _commit(path, step, n, digest, manifest, write_manifest, overwrite, extra_tensors, before_commit)
     except BaseException:
         if not overwrite:           # ours alone: nothing of a refused commit stays behind
             _remove_quietly(path, companion.path_for(path))
@@ -173,8 +177,10 @@ def _remove_quietly(*paths: "str | os.PathLike[str]") -> None:
 
 
 def _commit(path: str, step: int, n: int, digest: str, manifest: dict[str, Any] | None,
-            write_manifest: bool, overwrite: bool, extra_tensors: dict[str, Any] | None) -> str | None:
-    """After the ``.bin``: the companion file (if any), then the manifest, the commit point."""
+            write_manifest: bool, overwrite: bool, extra_tensors: dict[str, Any] | None,
+            before_commit: Callable[[dict[str, Any]], None] | None = None) -> str | None:
+    """After the ``.bin``: the companion file (if any), then the manifest, the commit point;
+    ``before_commit`` is shown the sealed manifest just before it is written."""
     if extra_tensors:
         manifest = {**(manifest or {}), companion.FIELD: companion.write(path, step, extra_tensors)}
     elif overwrite:
@@ -182,8 +188,11 @@ def _commit(path: str, step: int, n: int, digest: str, manifest: dict[str, Any] 
     if not write_manifest:
         return None
     mpath = mf.path_for(path)
-    mf.write(mpath, mf.build(file=os.path.basename(path), size=fmt.file_size(n), step=step,
+    doc = mf.sealed(mf.build(file=os.path.basename(path), size=fmt.file_size(n), step=step,
                              n_params=n, digest=digest, extra=manifest))
+    if before_commit is not None:
+        before_commit(doc)
+    mf.write(mpath, doc)
     return str(mpath)
 
 

@@ -112,20 +112,34 @@ class Run:
         blake3 too), then that it is the generation the run committed at its step (its root
         digest is the one the history records, ``roots.mismatch``; the history is read once, at
         the first generation that gets that far). ``tier="memory"``: the run's RAM-tier
-        generations, by the history's RAM checkpoint events. None, or why not."""
+        generations, by the history's RAM checkpoint events. None, or why not. A mismatch
+        reads the history once more: a live writer records a root before it commits the
+        manifest (§3.7), so a generation committed since the first reading is not called
+        another's."""
         roots: dict[int, str] | None = None
+        fresh = False
 
         def reason(gen: Generation) -> str | None:
-            nonlocal roots
+            nonlocal roots, fresh
             why = gen.check(deep=deep)
             if why is not None or gen.manifest is None:
                 return why
             if roots is None:
-                roots = recorded(self.history.path, tier=tier)
-                if tier == "disk":
-                    roots.update(self._vouched)
-            return mismatch(gen, roots)
+                roots = self._recorded(tier)
+            why = mismatch(gen, roots)
+            if why is not None and not fresh:
+                roots, fresh = self._recorded(tier), True
+                why = mismatch(gen, roots)
+            return why
         return reason
+
+    def _recorded(self, tier: str) -> dict[int, str]:
+        """The root digest the history records for each step of ``tier`` (``roots.recorded``),
+        the disk's with what this writer vouches for."""
+        roots = recorded(self.history.path, tier=tier)
+        if tier == "disk":
+            roots.update(self._vouched)
+        return roots
 
     def vouch(self, step: int) -> None:
         """This writer has just committed generation ``step``: until its ``checkpoint`` event
@@ -163,12 +177,13 @@ class Run:
         return choice
 
     def commit(self, step: int, weights: Any, m: Any, v: Any, *, manifest: dict[str, Any],
-               n_params: int | None = None, extra_tensors: dict[str, Any] | None = None
-               ) -> writer.SaveResult:
+               n_params: int | None = None, extra_tensors: dict[str, Any] | None = None,
+               before_commit: Callable[[dict[str, Any]], None] | None = None) -> writer.SaveResult:
         """Durably write and commit generation ``step``; a valid committed one is never
         overwritten. A damaged one (it fails the deep check, e.g. a bit flip after a resume fell
         back past it, or it is not the generation the history records for the step) is
-        replaced, or the run could never pass that step again."""
+        replaced, or the run could never pass that step again. ``before_commit``: as
+        ``writer.save`` (the writer records the root it commits, §3.7)."""
         gen = next((g for g in self.generations() if g.step == step), None)
         if gen is not None and gen.committed and self.judge(deep=True)(gen) is None:
             bad = non_finite(gen)
@@ -178,7 +193,7 @@ class Run:
                           "run resumed from an earlier finite one and reached its step again", stacklevel=2)
         result = writer.save_generation(self.path, step, weights, m, v, manifest=manifest,
                                         n_params=n_params, overwrite=gen is not None,
-                                        extra_tensors=extra_tensors)
+                                        extra_tensors=extra_tensors, before_commit=before_commit)
         if gen is not None and gen.shards is not None:     # a damaged sharded one replaced by a .bin
             shutil.rmtree(gen.shards, ignore_errors=True)
         self.vouch(step)

@@ -14,6 +14,7 @@ import contextlib
 import json
 import math
 import os
+import threading
 import time
 from array import array
 from dataclasses import dataclass, field
@@ -79,11 +80,13 @@ class History:
     """The append-only ``.loss.json`` of a run: one JSON line per record, never rewritten.
 
     A torn last line (a crash mid-append) is terminated before the next record, so readers
-    can skip it; ``read`` gives the canonical one-record-per-step view (spec/RUN.md §4).
+    can skip it; ``read`` gives the canonical one-record-per-step view (spec/RUN.md §4). Appends
+    are whole lines from any thread (a background save records what it is about to commit).
     """
     def __init__(self, path: "str | os.PathLike[str]"):
         self.path = os.fspath(path)
         self._fd: int | None = None
+        self._lock = threading.RLock()     # opening terminates a torn tail by a write of its own
 
     def _ensure_open(self) -> int:
         if self._fd is None:
@@ -108,18 +111,22 @@ class History:
         self._write(line.encode(), f"appending the record of step {record.get('step')}")
 
     def _write(self, data: bytes, what: str) -> None:
-        fd = self._ensure_open()
-        size = os.fstat(fd).st_size
-        try:
-            fsio.write_all(fd, data, self.path)
-        except OSError as exc:
-            with contextlib.suppress(OSError):
-                os.ftruncate(fd, size)        # no torn line of ours left behind
-            raise HistoryWriteError(self.path, what, exc) from exc
+        with self._lock:
+            fd = self._ensure_open()
+            size = os.fstat(fd).st_size
+            try:
+                fsio.write_all(fd, data, self.path)
+            except OSError as exc:
+                with contextlib.suppress(OSError):
+                    os.ftruncate(fd, size)        # no torn line of ours left behind
+                raise HistoryWriteError(self.path, what, exc) from exc
 
-    def event(self, kind: str, step: int, **fields: Any) -> None:
-        """Append an event record (resume, pivot, fork, signal) at ``step``."""
+    def event(self, kind: str, step: int, *, durable: bool = False, **fields: Any) -> None:
+        """Append an event record (resume, pivot, fork, signal) at ``step``; ``durable``: fsynced
+        before this returns (an event that must precede what it announces, after a power cut too)."""
         self.append({"event": kind, "step": step, "time": time.time(), **fields})
+        if durable:
+            self.sync()
 
     def sync(self) -> None:
         """fsync what was appended, so it survives a power cut."""

@@ -9,11 +9,11 @@ newest such record names for its step was swapped in from another run or timelin
 was damaged): latest-valid passes over it and ``validate`` calls it damaged.
 
 The newest record of a step wins; one without a root unrecords the step. A record is never
-dropped by a resume at an earlier step: a writer killed between a commit and its event leaves
-the older record standing, and the generation it committed is then passed over (resumed from
-the one before; the run commits that step again, and records it). Until its event is written
-the writer vouches for what it committed (``Run.vouch``). A step without a record (a generation
-older than the records, a manifest without a seal) is not checked here.
+dropped by a resume at an earlier step. The checkpoint manager records what it is about to
+commit (``committing``, durably, before the manifest is written), so a kill between the commit
+and its ``checkpoint`` event leaves the new generation recorded; ``Run.commit`` called on its
+own vouches for what it committed (``Run.vouch``) until its caller's event. A step without a
+record (a generation older than the records, a manifest without a seal) is not checked here.
 
 >>> import tempfile, os
 >>> run = tempfile.mkdtemp()
@@ -36,7 +36,7 @@ from ..generation import Generation
 from . import history as hist
 
 FIELD = "root"
-EVENTS = frozenset({"checkpoint", "fork", "import", "convert"})   # what brings a generation in
+EVENTS = frozenset({"committing", "checkpoint", "fork", "import", "convert"})   # what brings a generation in
 _KEY = b'"event":"'                       # how every writer spells an event line (compact JSON)
 CHUNK = 8 << 20
 

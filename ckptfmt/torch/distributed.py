@@ -214,13 +214,15 @@ def _range_from_dtensors(tensors: list[torch.Tensor], start: int, stop: int) -> 
 
 
 def save_sharded(run_dir: "str | Path", step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
-                 manifest: dict[str, Any] | None = None) -> dict[str, Any]:
-    """Collective: every rank writes its shard; rank 0 commits. Returns this rank's row."""
+                 manifest: dict[str, Any] | None = None,
+                 before_commit: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
+    """Collective: every rank writes its shard; rank 0 commits (``before_commit``: as
+    ``shards.commit``). Returns this rank's row."""
     rank, world = rank_world()
     row = own_shard(run_dir, step, model, optimizer)
     rows = gather_json(row)              # returns only when every rank's shard is durable
     if rank == 0:
-        shards.commit(run_dir, step, rows, manifest)
+        shards.commit(run_dir, step, rows, manifest, before_commit)
     if world > 1:
         dist.barrier()
     return row

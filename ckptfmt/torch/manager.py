@@ -97,8 +97,8 @@ class CheckpointManager:
         self._dropped = handlers.release_when_collected(self, self._lock)
         self._policy_recorded = self.rank != 0        # rank 0 records it at the first step
         self._clock = SaveClock(self.saving)
-        self._saver = Saver(self.run, asynchronous=async_save, sharded=self.world > 1,
-                            after_commit=self._committed)
+        self._saver = Saver(self.run, asynchronous=async_save, sharded=self.world > 1, after_commit=self._committed,
+                            intent=lambda step, root: self._event("committing", step, root=root, durable=True))
         self._mirror = _start_mirror(self, mirror) if mirror and self.rank == 0 else None
         self._memory = MemoryTier(self.run, memory_every, rank=self.rank, world=self.world, log=self.log,
                                   event=self._event, asynchronous=async_save) if memory_every is not None else None

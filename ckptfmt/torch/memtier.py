@@ -72,7 +72,9 @@ class MemoryTier:
                 self._prune(step, manifest)
             else:
                 if self._saver is None:
-                    self._saver = Saver(self._open(), asynchronous=self.asynchronous, after_commit=self._prune)
+                    self._saver = Saver(self._open(), asynchronous=self.asynchronous, after_commit=self._prune,
+                                        intent=lambda s, root: self.event("committing", s, tier=tiers.MEMORY,
+                                                                          root=root, durable=True))
                 self._saver.save(step, model, optimizer, manifest, extra)
         except (CheckpointError, OSError) as exc:
             self._failed(step, exc)

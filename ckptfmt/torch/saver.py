@@ -21,7 +21,7 @@ import torch
 
 from .. import companion, shards
 from .. import format as fmt
-from ..run import Run
+from ..run import Run, roots
 from . import adapter, optim, staging
 from .distributed import rank_world, save_sharded
 
@@ -30,11 +30,15 @@ class Saver:
     """One writer of a run's generations; ``save`` then ``wait``."""
 
     def __init__(self, run: Run, *, asynchronous: bool = False, sharded: bool = False,
-                 after_commit: Callable[[int, dict[str, Any]], None] | None = None):
+                 after_commit: Callable[[int, dict[str, Any]], None] | None = None,
+                 intent: Callable[[int, str], None] | None = None):
+        """``intent(step, root)``: records, durably, the root digest of the generation about to
+        be committed, before its manifest is written (on the saving thread: spec/RUN.md §3.7)."""
         self.run = run
         self.asynchronous = asynchronous and not sharded
         self.sharded = sharded
         self.after_commit = after_commit
+        self.intent = intent
         self._thread: threading.Thread | None = None
         self._error: BaseException | None = None
         self._buffers: list[np.ndarray] | None = None
@@ -85,7 +89,8 @@ class Saver:
     def _commit(self, step: int, regions: list[Any], n: int, manifest: dict[str, Any],
                 extra: dict[str, Any] | None) -> None:
         self.run.history.sync()   # the history up to this step is durable before the commit marker
-        self.run.commit(step, *regions, manifest=manifest, n_params=n, extra_tensors=extra or None)
+        self.run.commit(step, *regions, manifest=manifest, n_params=n, extra_tensors=extra or None,
+                        before_commit=self._announce(step))
         if self.after_commit is not None:
             self.after_commit(step, manifest)
 
@@ -96,11 +101,17 @@ class Saver:
             if extra:                 # rank 0's companion, durable before the manifest lists it
                 where = shards.shards_dir(self.run.path, step)
                 manifest = {**manifest, companion.FIELD: companion.write(where, step, extra)}
-        save_sharded(self.run.path, step, model, optimizer, manifest)
+        save_sharded(self.run.path, step, model, optimizer, manifest, self._announce(step))
         if rank_world()[0] == 0:
             self.run.vouch(step)      # as Run.commit does: retention below must not take it for another's
         if self.after_commit is not None:
             self.after_commit(step, manifest)
+
+    def _announce(self, step: int) -> Callable[[dict[str, Any]], None] | None:
+        """What the commit of ``step`` shows its sealed manifest to: ``intent`` with its root."""
+        if self.intent is None:
+            return None
+        return lambda doc: self.intent(step, roots.of(doc))
 
     def then(self, action: Callable[[], None]) -> None:
         """Run ``action`` (in the caller's thread: the history is written by one thread) once
