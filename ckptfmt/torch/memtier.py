@@ -74,7 +74,7 @@ class MemoryTier:
                 if self._saver is None:
                     self._saver = Saver(self._open(), asynchronous=self.asynchronous, after_commit=self._prune,
                                         intent=lambda s, root: self.event("committing", s, tier=tiers.MEMORY,
-                                                                          root=root, durable=True))
+                                                                          root=root))   # a kill keeps it: no fsync
                 self._saver.save(step, model, optimizer, manifest, extra)
         except (CheckpointError, OSError) as exc:
             self._failed(step, exc)

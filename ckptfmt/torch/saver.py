@@ -88,7 +88,8 @@ class Saver:
 
     def _commit(self, step: int, regions: list[Any], n: int, manifest: dict[str, Any],
                 extra: dict[str, Any] | None) -> None:
-        self.run.history.sync()   # the history up to this step is durable before the commit marker
+        if self.intent is None:   # else its record, durable, syncs what came before it too
+            self.run.history.sync()   # the history up to this step is durable before the commit marker
         self.run.commit(step, *regions, manifest=manifest, n_params=n, extra_tensors=extra or None,
                         before_commit=self._announce(step))
         if self.after_commit is not None:
@@ -97,7 +98,8 @@ class Saver:
     def _commit_sharded(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                         manifest: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
         if rank_world()[0] == 0:
-            self.run.history.sync()   # as in _commit: the history first, then the commit marker
+            if self.intent is None:
+                self.run.history.sync()   # as in _commit: the history first, then the commit marker
             if extra:                 # rank 0's companion, durable before the manifest lists it
                 where = shards.shards_dir(self.run.path, step)
                 manifest = {**manifest, companion.FIELD: companion.write(where, step, extra)}
