@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from .. import generation
 from .. import manifest as mf
 from .. import torch as ct
 from .config import from_dict
@@ -16,7 +17,8 @@ from .model import GPT
 
 
 def export_check(path: "str | Path") -> str:
-    """Load ``path`` (verified) into a fresh model + optimizer; one line saying what happened."""
+    """Load the generation ``path`` names (its ``.bin``, or a sharded one's manifest), verified,
+    into a fresh model + optimizer; one line saying what happened."""
     doc = mf.read(mf.path_for(path))
     if not isinstance(doc.get("config"), dict) or "ctx" not in doc["config"]:
         return "skipped: not a reference-trainer checkpoint (validated fully instead)"
@@ -24,6 +26,6 @@ def export_check(path: "str | Path") -> str:
     model = GPT(cfg)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=cfg.betas, eps=cfg.eps,
                             weight_decay=cfg.weight_decay)
-    ck = ct.load(str(path), model, opt, verify=True)
-    ck.close()
+    with generation.at(path).open(verify=True) as ck:     # whatever its shape
+        ct.load(ck, model, opt)
     return f"loaded into a fresh {cfg.name} model + AdamW at step {doc['optimizer']['step']}"
