@@ -28,17 +28,14 @@ directory) is one more entry in ``KINDS``.
 """
 from __future__ import annotations
 
-import json
 import os
-import stat
 import struct
-import zipfile
 from dataclasses import dataclass, field
-from functools import cached_property
 from typing import Any, Callable, Mapping
 
 from . import format as fmt
 from . import fsio, hfdirs, seal
+from .probe import Probe
 from .errors import UnsupportedKindError
 
 __all__ = ["KINDS", "COMMANDS", "Kind", "Probe", "by_name", "get", "require", "sniff", "generation_in",
@@ -49,49 +46,9 @@ ZSTD_FRAME = 0xFD2FB528       # an ordinary zstd frame (RFC 8878 §3.1.1)
 PLANES_MAGIC = b"CKPTZST\x01"  # the byte-plane form, spec §10.5
 TORCH_LEGACY_MAGIC = b"\x80\x02\x8a\x0al\xfc\x9cF\xf9 j\xa8P\x19"   # torch.save's pickled magic number (< 1.6)
 ZIP_MAGIC = b"PK\x03\x04"
-HEAD = 64                     # bytes read from every file
-MAX_JSON = 16 << 20           # a manifest or an index.json larger than this is no document we sniff
 COMMANDS = ("inspect", "validate", "diff", "convert", "ls")
 LIGHTNING = "lightning"       # the manifest field of a Lightning checkpoint's generation (RUN.md §11)
 LIGHTNING_ENTRIES = 16        # a Lightning checkpoint directory holds one generation: a few entries
-
-
-class Probe:
-    """What the sniffers look at: the path's stat, its first ``HEAD`` bytes, and (on demand,
-    once) a zip's member names or a JSON document's top-level object."""
-
-    def __init__(self, path: "str | os.PathLike[str]"):
-        self.path = os.fspath(path)
-        self.name = os.path.basename(self.path.rstrip("/")).lower()
-        st = os.stat(self.path)            # a missing path stays FileNotFoundError (exit 2)
-        self.is_dir = stat.S_ISDIR(st.st_mode)
-        self.is_file = stat.S_ISREG(st.st_mode)
-        self.size = st.st_size if self.is_file else 0
-        self.head = b""
-        if self.is_file:                   # never open a FIFO or a device: it could hang or lie
-            with open(self.path, "rb") as f:
-                self.head = f.read(HEAD)
-
-    @cached_property
-    def zip_names(self) -> list[str] | None:
-        """A zip's member names; None when the directory cannot be read (a torn zip)."""
-        try:
-            with zipfile.ZipFile(self.path) as z:
-                return z.namelist()
-        except (zipfile.BadZipFile, OSError, ValueError, EOFError):
-            return None
-
-    @cached_property
-    def document(self) -> dict[str, Any] | None:
-        """A small JSON file's top-level object (None for anything else)."""
-        if not (self.is_file and self.name.endswith(".json") and self.size <= MAX_JSON):
-            return None
-        try:
-            with open(self.path, "rb") as f:
-                doc = json.loads(f.read())
-        except (OSError, ValueError, RecursionError):
-            return None
-        return doc if isinstance(doc, dict) else None
 
 
 @dataclass(frozen=True)
@@ -125,6 +82,13 @@ def _le32(head: bytes) -> int | None:
 
 def _zst(p: Probe) -> bool:
     return p.is_file and _le32(p.head) in (ZSTD_SKIPPABLE, ZSTD_FRAME)
+
+
+def _archive(p: Probe) -> bool:
+    """A zstd frame whose first decompressed block is a POSIX tar header (``ustar`` at byte
+    257): what ``export --archive`` writes. A ckptfmt ``.zst`` stream decompresses to a seed
+    header instead."""
+    return p.is_file and _le32(p.head) == ZSTD_FRAME and p.unpacked_head[257:262] == b"ustar"
 
 
 def _planes(p: Probe) -> bool:
@@ -290,6 +254,9 @@ FOREIGN = {"inspect": "tensors, parameter count, dtypes, step where known, per-r
 
 KINDS: tuple[Kind, ...] = (
     Kind("planes", "ckptfmt byte-plane file (.ckz)", _planes, OURS, "planes", (".ckz",), ours=True),
+    Kind("archive", "ckptfmt export archive (.tar.zst)", _archive,
+         {"validate": "every member against the archive's export.json, read without unpacking"},
+         None, (".tar.zst",), ours=True),
     Kind("zst", "ckptfmt zstd stream (.zst)", _zst, OURS, "zst", (".zst",), ours=True),
     Kind("safetensors", "safetensors file", _safetensors, FOREIGN, "safetensors", (".safetensors",)),
     Kind("npz", "NumPy .npz archive", _npz, FOREIGN | {"inspect": "its arrays", "validate": "structure; "
@@ -387,6 +354,7 @@ def require(kind: Kind, command: str, path: "str | os.PathLike[str]") -> Kind:
     naming the command, the kind and the file."""
     if not kind.can(command):
         hint = " (pass its step_N.bin)" if kind.name == "manifest" else \
-            " (pass a file)" if kind.name == "run" else ""
+            " (pass a file)" if kind.name == "run" else \
+            " (ckptfmt validate checks it; ckptfmt import ARCHIVE DEST unpacks it)" if kind.name == "archive" else ""
         raise UnsupportedKindError(os.fspath(path), f"{command} cannot read a {kind.label}{hint}")
     return kind

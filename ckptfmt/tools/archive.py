@@ -8,7 +8,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import re
 import shutil
 import tarfile
 import tempfile
@@ -17,11 +16,12 @@ from typing import Any
 
 import zstandard
 
-from .. import atomic, fingerprint, fsio
+from .. import atomic, fsio
 from .. import format as fmt
 from ..errors import DestinationExistsError, ExportError
 from ..generation import list_dir
 from ..run.lock import publish, refuse_live, writing_into
+from .archived import read_members
 from .export import ARCHIVE_MANIFEST, export, mark_incomplete, new_dest
 from .validate import INCOMPLETE, validate_committed
 
@@ -48,52 +48,13 @@ def archive(run_dir: str, archive_path: str, **options: Any) -> dict[str, Any]:
                     for name in names:
                         tar.add(staged / name, arcname=name)
             out.commit()
-    unpacked = _read_archive(target, None)
+    unpacked = read_members(target, None)
     for row in doc["files"]:
         if unpacked.get(row["file"]) != row["blake3"]:
             atomic.remove(target)
             raise ExportError(str(target), f"{row['file']} does not read back from the archive intact")
     doc["archive"] = {"path": str(target), "size": target.stat().st_size}
     return doc
-
-
-def _safe_member(name: str) -> bool:
-    """A bare file name, or a shard of a sharded generation (``step_N.shards/KKKKK-of-WWWWW.bin``):
-    nothing an archive holds can land outside DEST."""
-    if os.path.basename(name) == name:
-        return name not in ("", ".", "..")
-    directory, _, file = name.partition("/")
-    parsed = fmt.parse_name(directory)
-    return parsed is not None and parsed[1] == "shards" and re.fullmatch(r"\d{5}-of-\d{5}\.bin", file) is not None
-
-
-def _read_archive(path: Path, dest: Path | None) -> dict[str, str]:
-    """blake3 of every member (extracting into ``dest`` when given); refuses unsafe members."""
-    digests = {}
-    with open(path, "rb") as f, zstandard.ZstdDecompressor().stream_reader(f) as z, \
-            tarfile.open(fileobj=z, mode="r|") as tar:
-        for member in tar:
-            if not member.isfile() or not _safe_member(member.name):
-                raise ExportError(str(path), f"unsafe archive member {member.name!r}")
-            data = tar.extractfile(member)
-            h = fingerprint.hasher(0)
-            if dest and "/" in member.name:
-                atomic.make_durable_dir(dest / member.name.split("/")[0])
-            writer = atomic.AtomicWriter(dest / member.name) if dest else None
-            if writer:
-                writer.__enter__()
-            try:
-                while chunk := data.read(8 << 20):
-                    h.update(chunk)
-                    if writer:
-                        writer.write(chunk)
-                if writer:
-                    writer.commit()
-            finally:
-                if writer:
-                    writer.__exit__(None, None, None)
-            digests[member.name] = h.hexdigest()
-    return digests
 
 
 def import_archive(archive_path: str, dest: str) -> dict[str, Any]:
@@ -141,7 +102,7 @@ def _unpack_verified(source: Path, staging: Path) -> dict[str, Any]:
             raise ExportError(str(source), "not an export archive: not zstd-compressed (expected a "
                                            ".tar.zst written by ckptfmt export --archive)")
     try:
-        digests = _read_archive(source, staging)
+        digests = read_members(source, staging)
     except ExportError:
         raise
     except (tarfile.TarError, ValueError, zstandard.ZstdError, EOFError) as exc:

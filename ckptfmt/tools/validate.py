@@ -156,6 +156,9 @@ def validate_path(path: "str | os.PathLike[str]", *, deep: bool = True, progress
     if kind.name in ("hf-run", "hf-checkpoint"):     # a Trainer's checkpoint-N against its record
         from .hfrun import validate_hf  # lazy: one more kind, read only when given
         return validate_hf(path, deep=deep)
+    if kind.name == "archive":                       # an export archive: every member against its record
+        from .archived import validate_archive  # lazy: as above
+        return validate_archive(path)
     if kind.name == "lightning-dir":                 # ModelCheckpoint's directory: each checkpoint as alone
         from .lightningdir import validate_lightning_dir  # lazy: as above
         return validate_lightning_dir(path, validate_run, deep=deep)

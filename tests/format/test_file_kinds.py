@@ -15,7 +15,7 @@ import pytest
 
 import ckptfmt
 from ckptfmt import format as fmt
-from ckptfmt import kinds
+from ckptfmt import kinds, probe
 from ckptfmt.errors import UnsupportedKindError
 from ckptfmt.tools.convert import detect
 from conftest import cli, make, without_torch
@@ -104,7 +104,7 @@ def test_a_device_could_not_run():
 
 def test_reads_a_few_bytes(tmp_path):
     path = make(tmp_path, 1, n=100_000)
-    assert len(kinds.Probe(path).head) == kinds.HEAD < 100
+    assert len(kinds.Probe(path).head) == probe.HEAD < 100
 
 
 def test_every_entry_says_what_each_command_does():

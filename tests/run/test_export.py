@@ -124,3 +124,22 @@ def test_a_sharded_generation_of_the_trainer_exports_and_loads_into_a_fresh_mode
     for dest, more in ((tmp_path / "dest", ()), (tmp_path / "dest.tar.zst", ("--archive",))):
         done = cli("export", str(tmp_path / "sharded"), str(dest), "--latest", *more)
         assert done.returncode == 0 and "loaded into a fresh tiny model + AdamW at step 40" in done.stdout, done.stderr
+
+
+def test_an_export_archive_validates_against_its_own_record_and_a_flip_names_the_member(trained, tmp_path):
+    """validate of an export archive (and of the first format's golden archive) checks every
+    file its export.json records without unpacking, instead of taking it for a zstd stream of a
+    .bin (exit 1, "not a checkpoint"); inspect says in one line what reads it (exit 2)."""
+    arc = tmp_path / "run.tar.zst"
+    assert cli("export", str(trained / "run"), str(arc), "--archive").returncode == 0
+    golden = __import__("pathlib").Path(__file__).parents[1] / "golden" / "v1" / "export" / "run.tar.zst"
+    for path in (arc, golden):
+        done = cli("validate", str(path))
+        assert done.returncode == 0 and "OK (verified)" in done.stdout, done.stdout
+    refused = cli("inspect", str(arc))
+    assert refused.returncode == 2 and refused.stderr.count("\n") == 1 and "ckptfmt import ARCHIVE DEST" in refused.stderr
+    data = bytearray(arc.read_bytes())
+    data[len(data) // 2] ^= 0x04
+    (tmp_path / "flipped.tar.zst").write_bytes(bytes(data))
+    done = cli("validate", str(tmp_path / "flipped.tar.zst"))
+    assert done.returncode == 1 and "DAMAGED" in done.stdout and str(tmp_path / "flipped.tar.zst") in done.stdout
