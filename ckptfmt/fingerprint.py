@@ -7,8 +7,12 @@ from __future__ import annotations
 
 import mmap
 import os
+from typing import Any, Callable
 
 import blake3
+import numpy as np
+
+from . import format as fmt
 
 ALGORITHM = "blake3"
 CHUNK = 16 << 20
@@ -55,4 +59,28 @@ def of_buffer(view: memoryview, progress=None) -> str:
                 progress(min(CHUNK, len(view) - start))
     finally:
         view.release()
+    return h.hexdigest()
+
+
+def of_regions(step: int, regions: "tuple[Any, Any, Any]", progress: "Callable[[int], None] | None" = None) -> str:
+    """blake3 of the ``.bin`` that ``step`` and the three float32 regions (weights, m, v) make,
+    header and regions hashed as they would stand in the file (spec §2), never written: equal to
+    ``of_file`` of that ``.bin``.
+
+    >>> z = np.zeros(2, fmt.DTYPE)
+    >>> of_regions(3, (z, z, z)) == of_bytes(fmt.pack_header(3, 2) + bytes(24))
+    True
+    """
+    n = int(np.asarray(regions[0]).size)
+    h = hasher(0)
+    h.update(fmt.pack_header(step, n))
+    if progress is not None:
+        progress(fmt.HEADER_SIZE)
+    for region in regions:
+        view = memoryview(np.ascontiguousarray(region)).cast("B")
+        for start in range(0, view.nbytes, CHUNK):
+            piece = view[start:start + CHUNK]
+            h.update(piece)
+            if progress is not None:
+                progress(len(piece))
     return h.hexdigest()

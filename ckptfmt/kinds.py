@@ -265,9 +265,10 @@ KINDS: tuple[Kind, ...] = (
     Kind("torch", "torch.save file (zip)", _torch_zip, FOREIGN, "pt", (".pt", ".pth", ".ckpt"), needs="torch"),
     Kind("torch-legacy", "torch.save file (legacy pickle)", _torch_legacy, FOREIGN, "pt", needs="torch"),
     Kind("dcp", "torch.distributed.checkpoint directory", _dcp,
-         {"inspect": "step, parameters, per-region statistics (read through a temporary .bin)",
-          "validate": "structure (unverified: no digest ckptfmt checks)", "diff": "its regions",
-          "convert": "into any form, through a .bin"}, "dcp", needs="torch"),
+         {"inspect": "step, parameters, per-region statistics; ckptfmt's: the blake3 it records",
+          "validate": "ckptfmt's: its arrays as a .bin against the blake3 its embedded manifest records "
+                      "(an older ckptfmt's records none); dcp.save's own: structure (unverified: no digest of its own)",
+          "diff": "its regions", "convert": "into any form, through a .bin"}, "dcp", needs="torch"),
     Kind("shards", "sharded generation (step_N.json of shards)", _sharded,
          {"inspect": "step, shards, per-region statistics", "validate": "every shard against its row's blake3",
           "diff": "its regions, consolidated", "convert": "into any form, consolidated into a .bin first"}, "shards", (".shards",),

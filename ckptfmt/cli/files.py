@@ -27,7 +27,7 @@ from .runs import print_ls
 def inspect(path: str, as_json: bool, tensors: bool) -> None:
     """Show what a file or run holds, whatever its kind (known by its content, spec/FORMAT.md
     §8.6): a seed .bin's step, size, fingerprint status and per-region statistics; ckptfmt's
-    .zst, .ckz, .safetensors, .pt, .npz, sharded generations; foreign torch.save files (.pt, .ckpt,
+    .zst, .ckz, .safetensors, .pt, .npz, sharded generations and DCP directories; foreign torch.save files (.pt, .ckpt,
     pytorch_model.bin), safetensors (and their index.json), .npz and DCP directories: kind, step,
     tensors, parameters, dtypes (URL/step_N.bin: its header and manifest, read by ranged reads)."""
     from ..tools.inspect import inspect_path  # lazy: keeps `ckptfmt --help` fast
@@ -85,7 +85,7 @@ def _print_other(d: dict) -> None:
     if held:
         click.echo("  " + "; ".join(held))
     click.echo(f"  recorded blake3 {d['recorded_blake3']}" if d.get("recorded_blake3") else
-               "  no digest of its own (unverified)")
+               f"  {d.get('no_digest', 'no digest of its own')} (unverified)")
     _print_stats_table(d["regions"])
     for name, regions in (d.get("tensors") or {}).items():
         click.echo(f"  {name}")
@@ -131,8 +131,9 @@ def validate(paths: tuple[str, ...], as_json: bool, fast: bool, scan: bool, b3su
     seed .bin's structure, fingerprint, manifest (its seal: every field against its own digest,
     §4.7), values; a run's generations and sidecars;
     ckptfmt's .zst, .ckz, .safetensors, .pt, .npz and sharded generations against the blake3
-    they record; a foreign file (torch.save, safetensors, index.json, .npz, DCP) by its structure
-    and values ("unverified: no digest of its own") (a URL: every committed object read back and
+    they record; a DCP directory ckptfmt wrote by its arrays against the blake3 of the .bin
+    they make, which it records; a foreign file (torch.save, safetensors, index.json, .npz, DCP) by
+    its structure and values ("unverified: no digest of its own") (a URL: every committed object read back and
     compared with its manifest's blake3).
     Exit 1 names each defect, a diverged generation's non-finite values by region and count."""
     from ..tools.validate import validate_path  # lazy: keeps `ckptfmt --help` fast

@@ -10,8 +10,6 @@ optimizer's moments by parameter, zeros where there are none), with ``extra["ori
 from __future__ import annotations
 
 import dataclasses
-import os
-import tempfile
 from typing import Any
 
 import numpy as np
@@ -25,7 +23,8 @@ from ..shards import ShardedCheckpoint
 from ..statemap import State
 from ..statestep import header_step
 from . import convert
-from .convert import bin, foreign, hf, safetensors
+from .convert import foreign, hf, safetensors
+from .convert.shards import dcp_source
 from .convert.source import Source
 from .convert.torchside import dcp, torchsave
 
@@ -89,21 +88,17 @@ def _sharded(path: str) -> Source:
 
 
 def _dcp(path: str) -> Source:
-    """A DCP directory ckptfmt wrote read into a temporary ``.bin`` (mapped, then the file is
-    gone); any other as the foreign state dict it holds, mapped as a torch.save file's."""
+    """A DCP directory ckptfmt wrote as its arrays and the digest it records (``dcp_source``);
+    any other as the foreign state dict it holds, mapped as a torch.save file's."""
     if not dcp(path).is_ours(path):
         return foreign_source(path, torchsave(path).to_state(dcp(path).read_foreign(path), path, by_index=True))
-    with tempfile.TemporaryDirectory() as tmp:
-        source = bin.load(dcp(path).from_dcp(path, os.path.join(tmp, "consolidated.bin")).path)
-        source = Source(path, source.step, np.array(source.weights), np.array(source.m), np.array(source.v),
-                        source.layout, None, {"origin": "foreign"})
-    return source
+    return dcp_source(path)
 
 
 def describe(source: Source) -> dict[str, Any]:
     """What inspect shows of a ``Source`` beside its statistics."""
     out = {k: source.extra[k] for k in ("origin", "n_tensors", "parameters", "buffers", "dtypes", "optimizer",
-                                        "moments", "shards") if k in source.extra}
+                                        "moments", "shards", "no_digest") if k in source.extra}
     if source.layout:
         out["layout_tensors"] = len(source.layout)
     if source.blake3:

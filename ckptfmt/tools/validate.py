@@ -186,8 +186,9 @@ def validate_committed(gen: Any, *, deep: bool = True, progress=None, scan: bool
 
 
 def validate_other(path: str, kind: kinds.Kind, *, deep: bool = True, scan: bool = False) -> Report:
-    """A file of another kind than the seed ``.bin``: ckptfmt's own forms against the blake3 they
-    record (convert's source check), a sharded generation shard by shard, a foreign file by its
+    """A file of another kind than the seed ``.bin``: ckptfmt's own forms (a DCP directory it
+    wrote: its arrays as a ``.bin``) against the blake3 they record (convert's source check, which
+    also says why one that records none is unverified), a sharded generation shard by shard, a foreign file by its
     structure and values ("unverified: no digest of its own"). Not ``deep``: readable is enough."""
     report = Report(path)
     report.details["kind"] = kind.name

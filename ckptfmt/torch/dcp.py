@@ -6,6 +6,10 @@ To DCP: weights under ``model.<name>`` and the Adam state under ``optim.state.<n
 ``exp_avg_sq`` / ``step`` and ``optim.param_groups``, the usual keys of a model + optimizer state
 dict, so DCP's own ``load`` restores them into a model. ``ckptfmt.step`` and ``ckptfmt.manifest``
 (the manifest's extra fields as UTF-8 JSON bytes in a uint8 tensor) make the way back exact.
+The embedded manifest records, under ``dcp``, the blake3 and size of the ``.bin`` the arrays
+make (spec/FORMAT.md §11.6); its seal covers that record, so the arrays read back and hashed as a
+``.bin`` (``fingerprint.of_regions``, nothing written) are checked against it. A directory of an
+older ``to_dcp`` has no such record: its arrays carry no digest (``NO_DIGEST``).
 From DCP: DCP's reader unpickles its own ``.metadata`` file; convert only DCP directories you
 trust. The .bin side never unpickles anything. A DCP directory ckptfmt did not write (one of
 ``torch.distributed.checkpoint.save`` itself) is read whole as the nested state dict it was
@@ -19,6 +23,7 @@ import math
 import os
 import stat
 import warnings
+from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -31,7 +36,10 @@ from torch.distributed.checkpoint.state_dict_loader import _load_state_dict
 from .. import format as fmt
 from .. import manifest as mf
 from .. import fsio, reader, seal, writer
-from ..errors import ConvertError, parse_json
+from ..errors import ConvertError, ManifestSealError, parse_json
+
+FIELD = "dcp"        # the embedded manifest's record of the .bin the arrays make: bin_blake3, bin_size
+NO_DIGEST = "written by an older ckptfmt: its arrays carry no digest"
 
 
 @contextlib.contextmanager
@@ -56,7 +64,8 @@ def _tensors(region: np.ndarray, layout: list[dict[str, Any]]) -> dict[str, Any]
 
 
 def to_dcp(src: str, dst: str) -> None:
-    """Write a .bin (with or without manifest) as a DCP directory."""
+    """Write a .bin (with or without manifest) as a DCP directory; its embedded manifest records
+    the blake3 and size of that .bin (``FIELD``), the .bin the arrays make."""
     if os.path.exists(dst) and os.listdir(dst):
         raise ConvertError(dst, "DCP destination exists and is not empty")
     ck = reader.open(src, copy_on_write=True, check_name=False)
@@ -64,6 +73,7 @@ def to_dcp(src: str, dst: str) -> None:
         layout = _layout(ck)
         extra = {k: v for k, v in (ck.manifest or {}).items() if k not in mf.REQUIRED}
         extra.setdefault("layout", layout)
+        extra[FIELD] = {"bin_blake3": ck.fingerprint(), "bin_size": ck.size}   # the bytes the tensors view
         opt = (ck.manifest or {}).get("optimizer", {})
         weights, m, v = (_tensors(getattr(ck, r), layout) for r in fmt.REGIONS)
         extra = mf.sealed(extra)                  # its own seal: a flip inside the DCP is damage too
@@ -90,8 +100,27 @@ def _checked(src: str, data: bytes) -> dict:
         and bool(set(record["fields"]) - set(extra)) and set(record["fields"]) - set(extra) <= set(mf.REQUIRED)
     if not copied:
         seal.check(src, extra)
+    elif FIELD in extra:                 # no released to_dcp wrote it: added outside the copied seal
+        raise ManifestSealError(src, f"field '{FIELD}' is not covered by the embedded manifest's seal: the "
+                                     "manifest was damaged or edited after it was written")
     extra.pop(seal.FIELD, None)
     return extra
+
+
+def _recorded(src: str, extra: dict, n: int) -> dict[str, Any] | None:
+    """What ``to_dcp`` recorded of the .bin the arrays make (None: an older ``to_dcp``), its
+    shape checked and its size against the ``n`` parameters the layout holds."""
+    record = extra.pop(FIELD, None)
+    if record is None:
+        return None
+    if not (isinstance(record, dict) and mf.is_digest(record.get("bin_blake3"))
+            and type(record.get("bin_size")) is int):
+        raise ConvertError(src, f"the embedded ckptfmt manifest's field '{FIELD}' is malformed: expected "
+                                "bin_blake3 (64 hex digits) and bin_size (an integer)")
+    if record["bin_size"] != fmt.file_size(n):
+        raise ConvertError(src, f"the embedded ckptfmt manifest records a .bin of {record['bin_size']} bytes, "
+                                f"its layout's {n} parameters make one of {fmt.file_size(n)}")
+    return record
 
 
 def is_ours(src: str) -> bool:
@@ -150,9 +179,27 @@ def read_foreign(src: str) -> dict[str, Any]:
     return state
 
 
-def from_dcp(src: str, dst: str) -> writer.SaveResult:
+@dataclass
+class Arrays:
+    """A DCP directory ``to_dcp`` wrote, read back: the step, the three regions, the manifest
+    its .bin gets (the embedded one: its seal checked and dropped, ``layout`` kept, ``FIELD``
+    taken out) and ``recorded``, that field (None: written by an older ``to_dcp``)."""
+    step: int
+    weights: np.ndarray
+    m: np.ndarray
+    v: np.ndarray
+    manifest: dict[str, Any]
+    recorded: dict[str, Any] | None
+
+    @property
+    def blake3(self) -> str | None:
+        """The blake3 ``to_dcp`` recorded of the .bin the arrays make (None: it recorded none)."""
+        return self.recorded["bin_blake3"] if self.recorded else None
+
+
+def read(src: str) -> Arrays:
     """Read a DCP directory written by ``to_dcp`` (or any with model/optim keys and a layout)
-    into arrays, then save a .bin and its manifest."""
+    into arrays; nothing is written and nothing hashed (``fingerprint.of_regions`` hashes them)."""
     meta = _metadata(src)
     if "ckptfmt.manifest" not in meta:
         raise ConvertError(src, "not written by ckptfmt: no ckptfmt.manifest entry (its layout is needed)")
@@ -163,12 +210,23 @@ def from_dcp(src: str, dst: str) -> writer.SaveResult:
     extra = _checked(src, bytes(head["ckptfmt"]["manifest"].tolist()))
     layout = extra["layout"]
     n = sum(math.prod(e["shape"]) for e in layout)
+    recorded = _recorded(src, extra, n)
     regions = {r: np.empty(n, dtype=fmt.DTYPE) for r in fmt.REGIONS}
     w, m, v = (_tensors(regions[r], layout) for r in fmt.REGIONS)
     state = {"model": w, "optim": {"state": {k: {"exp_avg": m[k], "exp_avg_sq": v[k]} for k in w}}}
     with _reading(src):
         dcp.load(state, checkpoint_id=src)
-    if extra.get("layout") == [{"name": "flat", "shape": [n], "offset": 0}]:
+    return Arrays(int(head["ckptfmt"]["step"]), regions["weights"], regions["m"], regions["v"], extra, recorded)
+
+
+def save_bin(arrays: Arrays, dst: str) -> writer.SaveResult:
+    """Save the arrays as a .bin and its manifest (the .bin's own: ``FIELD`` is not kept)."""
+    extra = dict(arrays.manifest)
+    if extra.get("layout") == [{"name": "flat", "shape": [arrays.weights.size], "offset": 0}]:
         extra.pop("layout")
-    return writer.save(dst, int(head["ckptfmt"]["step"]), regions["weights"], regions["m"], regions["v"],
-                       manifest=extra)
+    return writer.save(dst, arrays.step, arrays.weights, arrays.m, arrays.v, manifest=extra)
+
+
+def from_dcp(src: str, dst: str) -> writer.SaveResult:
+    """Read a DCP directory written by ``to_dcp`` into arrays, then save a .bin and its manifest."""
+    return save_bin(read(src), dst)

@@ -1,6 +1,7 @@
 """One verdict per thing: every command that reads an input (inspect, validate, diff, convert)
-knows it as the same kind and judges it alike: a DCP directory that torch itself wrote, a
-foreign checkpoint whose optimizer has several unnamed param groups, Hugging Face model and
+knows it as the same kind and judges it alike: a DCP directory that torch itself wrote, one
+ckptfmt wrote (verified against the .bin its arrays make) or an older ckptfmt wrote, a foreign
+checkpoint whose optimizer has several unnamed param groups, Hugging Face model and
 Trainer directories, a directory that holds only foreign checkpoint files, a live run before
 its first commit."""
 from __future__ import annotations
@@ -18,6 +19,9 @@ import numpy as np
 import torch.distributed.checkpoint as dcp
 from safetensors.torch import save_file
 
+import ckptfmt
+from ckptfmt import fingerprint
+from ckptfmt import manifest as mf
 from conftest import cli, without_torch
 from models import train_steps, two_layer
 
@@ -64,11 +68,100 @@ def test_a_dcp_directory_torch_wrote_is_foreign_and_unverified_in_every_command(
         assert verdicts(tmp_path / name) == ((0, 0, 0), "unverified"), name
         said = cli("inspect", tmp_path / name).stdout
         assert "kind dcp (torch.distributed.checkpoint directory, foreign)" in said and "unverified" in said
+        assert "no digest of its own (unverified)" in said
+        said = cli("validate", tmp_path / name).stdout
+        assert "unverified: no digest of its own" in said and "OK (unverified)" in said, said
     for name in ("both", "optim", "both.converted.bin"):       # the moments are the optimizer's, by name
         out = cli("diff", tmp_path / name, tmp_path / "same.pt")
         assert out.returncode == 0 and "bit-identical" in out.stdout, (name, out.stdout)
     weights_only = cli("diff", tmp_path / "flat", tmp_path / "same.pt")
     assert weights_only.returncode == 1 and "weights  identical" in weights_only.stdout
+
+
+def _ours_dcp(tmp_path):
+    """(a .bin with a layout and an optimizer, the DCP directory ``convert --to dcp`` makes of it)."""
+    model, opt = one_group()
+    torch.save({"model": model.state_dict(), "optimizer": opt.state_dict()}, tmp_path / "same.pt")
+    src = tmp_path / "step_000003.bin"
+    assert cli("convert", tmp_path / "same.pt", src).returncode == 0
+    assert cli("convert", src, tmp_path / "ours", "--to", "dcp").returncode == 0
+    return src, tmp_path / "ours"
+
+
+def _older_dcp(src, dst):
+    """The DCP directory ``convert --to dcp`` wrote before its embedded manifest recorded the
+    .bin its arrays make: the same keys, the manifest sealed without that record."""
+    with ckptfmt.open(src) as ck:
+        extra = {k: v for k, v in ck.manifest.items() if k not in mf.REQUIRED}
+        weights, m, v = ({name: torch.from_numpy(np.array(ck.tensor(name, r))) for name in ck.names()}
+                         for r in ("weights", "m", "v"))
+        opt = ck.manifest["optimizer"]
+        state = {"model": weights,
+                 "optim": {"state": {name: {"exp_avg": m[name], "exp_avg_sq": v[name],
+                                            "step": torch.tensor(float(opt["step"]))} for name in weights},
+                           "param_groups": [dict(g, params=list(weights)) for g in opt["hyperparams"]]},
+                 "ckptfmt": {"step": torch.tensor(ck.step, dtype=torch.int64),
+                             "manifest": torch.frombuffer(bytearray(json.dumps(mf.sealed(extra)).encode()),
+                                                          dtype=torch.uint8)}}
+    assert "dcp" not in extra
+    _dcp_save(state, dst)
+
+
+def test_a_dcp_directory_ckptfmt_wrote_is_verified_against_the_bin_its_arrays_make(tmp_path):
+    src, ours = _ours_dcp(tmp_path)
+    assert verdicts(ours) == ((0, 0, 0), "verified")
+    said = cli("validate", ours)
+    assert said.stdout.strip() == f"{ours}: OK (verified)", said.stdout
+    digest = fingerprint.of_file(src)
+    shown = cli("inspect", ours).stdout
+    assert "kind dcp (torch.distributed.checkpoint directory, written by ckptfmt)" in shown
+    assert f"recorded blake3 {digest}" in shown and "unverified" not in shown
+    from ckptfmt.torch import dcp as ckdcp
+    assert ckdcp.read(str(ours)).recorded == {"bin_blake3": digest, "bin_size": src.stat().st_size}
+    (tmp_path / "back").mkdir()
+    back = cli("convert", ours, tmp_path / "back" / src.name)
+    assert back.returncode == 0 and "verified: round-trip (source matched its own digest)" in back.stdout, back.stdout
+    assert (tmp_path / "back" / src.name).read_bytes() == src.read_bytes()
+    assert "dcp" not in mf.read(tmp_path / "back" / "step_000003.json")      # the .bin's manifest is its own
+
+
+def test_a_flipped_value_in_a_dcp_data_file_is_a_defect_naming_the_directory(tmp_path):
+    src, ours = _ours_dcp(tmp_path)
+    with ckptfmt.open(src) as ck:
+        value = ck.tensor("0.weight").tobytes()
+    (data,) = ours.glob("__0_0.distcp")
+    raw = bytearray(data.read_bytes())
+    assert raw.count(value) == 1
+    raw[raw.index(value) + 1] ^= 0x01                        # a mantissa bit of the first weight: still finite
+    data.write_bytes(bytes(raw))
+    said = cli("validate", ours)
+    assert said.returncode == 1, said.stdout
+    assert f"{ours}: DAMAGED" in said.stdout
+    assert f"defect: {ours}: its arrays do not match the recorded blake3: its embedded manifest says " \
+           f"{fingerprint.of_file(src)}, the .bin of its arrays hashes to " in said.stdout, said.stdout
+    assert json.loads(cli("validate", "--json", ours).stdout)["status"] == "damaged"
+    (tmp_path / "x").mkdir()
+    out = cli("convert", ours, tmp_path / "x" / "step_000003.bin")
+    assert out.returncode == 1 and f"{ours}: its arrays do not match the recorded blake3" in out.stderr, out.stderr
+    assert list((tmp_path / "x").iterdir()) == []                          # nothing was written
+    assert cli("convert", ours, tmp_path / "x" / "w.safetensors").returncode == 1
+    assert list((tmp_path / "x").iterdir()) == []
+
+
+def test_a_dcp_directory_of_an_older_ckptfmt_is_unverified_and_says_why(tmp_path):
+    src, _ = _ours_dcp(tmp_path)
+    _older_dcp(src, tmp_path / "older")
+    assert verdicts(tmp_path / "older") == ((0, 0, 0), "unverified")
+    said = cli("validate", tmp_path / "older")
+    assert f"{tmp_path / 'older'}: OK (unverified)" in said.stdout
+    assert "unverified: written by an older ckptfmt: its arrays carry no digest" in said.stdout, said.stdout
+    shown = cli("inspect", tmp_path / "older").stdout
+    assert "kind dcp (torch.distributed.checkpoint directory, written by ckptfmt)" in shown
+    assert "written by an older ckptfmt: its arrays carry no digest (unverified)" in shown
+    (tmp_path / "back").mkdir()
+    back = cli("convert", tmp_path / "older", tmp_path / "back" / src.name)
+    assert back.returncode == 0 and "source unverified: written by an older ckptfmt" in back.stdout, back.stdout
+    assert (tmp_path / "back" / src.name).read_bytes() == src.read_bytes()
 
 
 def test_a_torn_dcp_directory_is_one_line_defect_and_converts_to_nothing(tmp_path):

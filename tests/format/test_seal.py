@@ -232,6 +232,13 @@ def test_the_manifest_a_dcp_directory_embeds_is_checked_before_it_is_used():
     assert _checked("d", json.dumps(released).encode()) == extra     # a copied seal: cannot be checked
     with pytest.raises(CheckpointError, match="not valid JSON"):
         _checked("d", b"{")
+    recorded = {**extra, "dcp": {"bin_blake3": "0" * 64, "bin_size": 32}}     # the .bin the arrays make
+    sealed = mf.sealed(recorded)
+    assert _checked("d", json.dumps(sealed).encode()) == recorded
+    with pytest.raises(ManifestSealError, match="field 'dcp' does not match"):
+        _checked("d", json.dumps({**sealed, "dcp": {"bin_blake3": "1" * 64, "bin_size": 32}}).encode())
+    with pytest.raises(ManifestSealError, match="field 'dcp' is not covered by the embedded manifest's seal"):
+        _checked("d", json.dumps({**released, "dcp": recorded["dcp"]}).encode())
 
 
 def test_every_writer_seals_what_it_writes(tmp_path):

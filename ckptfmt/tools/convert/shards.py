@@ -3,6 +3,10 @@
 Each is verified by going back: a split is consolidated again and must hash like the source;
 a consolidation is split again with the same world size and every shard must hash like the
 original shard; a DCP export is read back into a .bin that must hash like the source.
+
+A DCP directory ckptfmt wrote is one ``Source`` for every command (``dcp_source``): its arrays
+against the blake3 its embedded manifest records of the .bin they make, checked as every form of
+ours is (``check.source``), or, from an older ``to_dcp``, unverified and saying so.
 """
 from __future__ import annotations
 
@@ -10,15 +14,16 @@ import dataclasses
 import os
 import tempfile
 from pathlib import Path
+from typing import Any
 
 from ... import fingerprint, reader, shards
 from ... import format as fmt
 from ... import manifest as mf
 from ...errors import ConvertError, DestinationExistsError, UnsupportedConversionError
-from . import bridge
+from . import bridge, check
 from .torchside import dcp as torch_dcp
 from .check import VERIFIED
-from .source import ConvertReport, discard, verdict
+from .source import ConvertReport, Source, discard, verdict
 
 
 def _report(src: str, dst: str, src_kind: str, dst_kind: str, step: int, n: int, how: str,
@@ -119,6 +124,19 @@ def _to_dcp(src: str, dst: str, verify: bool):
     return _report(src, dst, "bin", "dcp", step, n, how, original, checked)
 
 
+def dcp_source(path: str, arrays: Any = None) -> Source:
+    """A DCP directory ckptfmt wrote (``arrays``: it read already) as the ``Source`` every
+    command judges: ``blake3`` the digest its embedded manifest records of the .bin its arrays
+    make; where an older ``to_dcp`` recorded none, ``extra["no_digest"]`` says so."""
+    dcp = torch_dcp(path)
+    arrays = arrays if arrays is not None else dcp.read(path)
+    extra: dict[str, Any] = {"origin": "ckptfmt", "manifest": arrays.manifest}
+    if arrays.blake3 is None:
+        extra["no_digest"] = dcp.NO_DIGEST
+    return Source(path, arrays.step, arrays.weights, arrays.m, arrays.v, arrays.manifest.get("layout"),
+                  arrays.blake3, extra)
+
+
 def _from_dcp(src: str, dst: str, verify: bool, groups: "list[list[str]] | None" = None,
               groups_file: str = "--groups"):
     dcp = torch_dcp(src)
@@ -128,7 +146,13 @@ def _from_dcp(src: str, dst: str, verify: bool, groups: "list[list[str]] | None"
     if groups is not None:
         raise UnsupportedConversionError(groups_file, "--groups names a foreign optimizer's param groups: this "
                                                       "DCP directory was written by ckptfmt and names its own")
-    result = dcp.from_dcp(src, dst)
+    arrays = dcp.read(src)
+    _, checked = check.source(dcp_source(src, arrays), "dcp", None)    # before anything is written
+    result = dcp.save_bin(arrays, dst)
+    if arrays.blake3 is not None and result.blake3 != arrays.blake3:
+        discard(dst)
+        raise ConvertError(dst, f"converted from {src}, it hashes to {result.blake3}, not to the blake3 the DCP "
+                                f"directory records ({arrays.blake3}); removed")
     how = "skipped"
     if verify:
         with tempfile.TemporaryDirectory() as tmp:
@@ -138,5 +162,4 @@ def _from_dcp(src: str, dst: str, verify: bool, groups: "list[list[str]] | None"
             discard(dst)
             raise ConvertError(dst, "round trip failed: the result does not survive DCP and back")
         how = "round-trip"
-    return _report(src, dst, "dcp", "bin", result.step, result.n_params, how, result.blake3,
-                   "unverified: a DCP directory carries no digest ckptfmt checks")
+    return _report(src, dst, "dcp", "bin", result.step, result.n_params, how, result.blake3, checked)
