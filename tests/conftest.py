@@ -132,6 +132,7 @@ def cli_in_process(args, cwd=None, env=None) -> subprocess.CompletedProcess:
             warnings.simplefilter("default")
             warnings.simplefilter("ignore", DeprecationWarning)
             warnings.simplefilter("ignore", PendingDeprecationWarning)
+            warnings.simplefilter("ignore", ResourceWarning)   # as python does: an earlier test's garbage is not this command's
             warnings.showwarning = _warning_on_stderr
             result = CliRunner().invoke(main, args, env=env, prog_name="ckptfmt")
     finally:
