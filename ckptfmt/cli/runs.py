@@ -43,13 +43,19 @@ def ls_cmd(run: str, as_json: bool, deep: bool, remote: bool, **policy: Any) -> 
     if is_lightning_dir(run):                # Lightning's ModelCheckpoint directory of checkpoints
         return emit(ls_lightning_dir(run, deep=deep), as_json, print_ls)
     data = ls_run(run, deep=deep, keep_every=policy["keep_every"], policy=policy_of(**policy))
-    if not data["generations"]:              # checkpoint files of other kinds, no generation (RUN §2.5)
-        from ..tools.loose import checkpoint_files  # lazy: as above
-        data["files"] = [{"path": p, "kind": k.name, "label": k.label} for p, k in checkpoint_files(run)]
+    if not data["generations"]:              # judged as validate and inspect judge it (RUN §2.5)
+        from ..tools.loose import empty_directory  # lazy: as above
+        case, said = empty_directory(run, data["lock"])
+        if case == "files":
+            data["files"] = [{"path": p, "kind": k.name, "label": k.label} for p, k in said]
+        else:
+            data["training" if case == "training" else "problem"] = said
     if remote:
         from ..tools.remote_check import check_mirrors  # lazy: as above
         data["mirrors"] = check_mirrors(data["mirrors"], [g["step"] for g in data["generations"] if g["committed"]])
     emit(data, as_json, print_ls)
+    if data.get("problem"):                  # nothing to resume from: NO CHECKPOINT, as validate says
+        sys.exit(EXIT_DEFECT)
 
 
 def print_ls(d: dict) -> None:
@@ -61,6 +67,8 @@ def print_ls(d: dict) -> None:
         click.echo(f"  retention ({'the flags' if policy['from'] == 'given' else 'recorded in ' + policy['from']}): {rules}")
     if policy.get("problem"):
         click.echo(f"  {policy['problem']}")
+    if d.get("training") or d.get("problem"):
+        click.echo(f"  {d.get('training') or 'NO CHECKPOINT: ' + d['problem']}")
     if d["generations"]:
         click.echo(f"  {'step':>10}  {'size':>10}  {'age':>10}  status")
     for g in d["generations"]:

@@ -191,14 +191,14 @@ def ls_hf(path: "str | os.PathLike[str]", *, deep: bool = False) -> dict[str, An
         p = gen.directory
         record = _record_or_none(p)
         found = gen.problems(deep=deep)
-        status = "incomplete" if record is None else "damaged" if found else \
+        status = "incomplete" if gen.manifest is None else f"damaged: {found[0]}" if found else \
             "diverged" if hfdir.non_finite(record) else "verified" if deep else "committed"
         metrics = (record or {}).get("metrics")
         rows.append({"step": _step(gen), "path": str(p), "size": gen.size, "status": status, "pinned": False,
                      "committed": record is not None and not found,
                      "metrics": metrics if isinstance(metrics, dict) else {},
                      "age_s": None if record is None else _age(record, now),
-                     **({"problems": found} if record is not None and found else {})})
+                     **({"problems": found} if gen.manifest is not None and found else {})})
     leftovers = [f"{p}: a removal that did not finish (uncommitted; the next retention deletes it)"
                  for p in deleting(path)] if Path(path).is_dir() else []
     return {"run": str(path), "kind": "hf-run", "generations": rows, "leftovers": leftovers, "in_progress": [],
@@ -225,7 +225,9 @@ def inspect_hf(path: "str | os.PathLike[str]", read_other=None) -> dict[str, Any
     path = Path(path)
     if _dirs(path)[0] == "hf-run":
         out = ls_hf(path)
-        newest, _ = choose(path)
+        newest, skipped = choose(path)
+        for where, why in skipped:          # as a run's latest-valid says what it passed over
+            warnings.warn(f"{where}: skipping it: {why}", stacklevel=2)
         if newest is None:     # a Trainer without the callback writes no record: unverified, as validate says
             newest = next((str(g.directory) for g in checkpoints(path) if g.manifest is None), None)
         out["latest"] = inspect_hf(newest, read_other) if newest else None

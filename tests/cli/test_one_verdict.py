@@ -262,8 +262,10 @@ def test_a_directory_of_foreign_checkpoint_files_is_checked_as_those_files(tmp_p
         out = cli(command, loose)
         assert out.returncode == 1 and str(loose / "broken.pt") in out.stdout, (command, out.stdout)
     (tmp_path / "empty").mkdir()
-    out = cli("validate", tmp_path / "empty")
-    assert out.returncode == 1 and "NO CHECKPOINT" in out.stdout
+    for command in ("validate", "inspect", "ls"):               # one verdict: ls listed nothing, exit 0
+        out = cli(command, tmp_path / "empty")
+        assert out.returncode == 1 and "no generation to resume from" in out.stdout, (command, out.stdout)
+    assert "NO CHECKPOINT" in cli("ls", tmp_path / "empty").stdout
 
 
 @pytest.mark.parametrize("saving", [False, True])
@@ -278,9 +280,10 @@ def test_a_live_run_before_its_first_commit_is_training_not_a_defect(tmp_path, s
     try:
         assert holder.stdout.readline().strip() == "HELD"
         said = f"no generation yet: training, pid {holder.pid} holds the run"
-        for command in ("validate", "inspect"):
+        for command in ("validate", "inspect", "ls"):
             out = cli(command, tmp_path / "run")
-            assert out.returncode == 0 and said in out.stdout, (command, out.stdout)
+            shown = said if command != "ls" or not saving else "save in progress"    # ls lists the part
+            assert out.returncode == 0 and shown in out.stdout, (command, out.stdout)
             assert "latest valid generation" not in out.stdout
     finally:
         holder.kill()

@@ -270,3 +270,19 @@ def test_a_checkpoint_without_its_record_is_an_uncommitted_generation(tmp_path):
     assert not gen.committed and gen.leftover()[0] == d and "no ckptfmt-commit.json" in gen.check()
     with pytest.raises(CheckpointError, match="checkpoint-7"):
         gen.parts()
+
+
+def test_ls_says_damaged_with_the_reason_for_a_record_edited_after_its_seal_and_inspect_says_what_it_skipped(tmp_path):
+    for s in (4, 6):
+        checkpoint(tmp_path, s)
+    path = tmp_path / "checkpoint-6" / hfcheckpoint.RECORD
+    path.write_text(path.read_text().replace('"size": ', '"size": 1', 1))       # one field edited
+    code, out = cli("ls", tmp_path)
+    assert code == 0 and "damaged: " in out and "incomplete" not in out, out
+    data = bytearray((tmp_path / "checkpoint-4" / "model.safetensors").read_bytes())
+    data[-1] ^= 0x01
+    (tmp_path / "checkpoint-4" / "model.safetensors").write_bytes(bytes(data))
+    code, out = cli("ls", tmp_path, "--deep")
+    assert code == 0 and "damaged: model.safetensors: blake3 mismatch" in out, out
+    with pytest.warns(UserWarning, match="checkpoint-6: skipping it: .*seal"):
+        hfrun.inspect_hf(tmp_path)
