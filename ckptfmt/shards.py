@@ -227,10 +227,10 @@ def check(manifest_path: Path, *, deep: bool = False) -> str | None:
     try:
         with ShardedCheckpoint(manifest_path, verify=deep):
             return None
-    except CheckpointError as exc:
-        return exc.problem
+    except CheckpointError as exc:      # a shard's own problem names the shard
+        return exc.problem if Path(exc.path or manifest_path) == Path(manifest_path) else f"{exc.path}: {exc.problem}"
     except OSError as exc:
-        return f"shard unreadable: {exc.strerror or exc}"
+        return f"{exc.filename or 'a shard'}: unreadable: {exc.strerror or exc}"
 
 
 def split(src: "str | os.PathLike[str]", run_dir: "str | os.PathLike[str]", world: int) -> Path:

@@ -172,3 +172,16 @@ def test_split_and_join_carry_the_companion_byte_for_byte(tmp_path):
     assert fingerprint.of_file(tmp_path / "joined.bin") == fingerprint.of_file(src)
     r = cli("validate", str(tmp_path / "joined.bin"))
     assert r.returncode == 0 and "OK (verified)" in r.stdout, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("fault", ["missing", "truncated"])
+def test_a_missing_or_truncated_shard_is_named_by_its_own_path(tmp_path, fault):
+    run = _sharded_run(tmp_path, world=2)
+    shard = run / "step_000004.shards" / "00001-of-00002.bin"
+    if fault == "missing":
+        shard.unlink()
+    else:
+        shard.write_bytes(shard.read_bytes()[:100])
+    assert _only(run).check().startswith(f"{shard}: ")
+    out = cli("validate", str(run))
+    assert out.returncode == 1 and f"{run / 'step_000004.json'}: {shard}: " in out.stdout, out.stdout
