@@ -16,7 +16,7 @@ from ..errors import CheckpointError
 from ..run import history as hist
 from ..run import timeline
 
-__all__ = ["checkpoint_files", "empty_directory"]
+__all__ = ["checkpoint_files", "empty_directory", "own_kind"]
 
 LIMIT = 256                         # entries looked at: thousands of files are no checkpoint set
 NEVER_OPENED = ("training_args.bin",)
@@ -38,6 +38,13 @@ def empty_directory(path: "str | os.PathLike[str]", holder: dict[str, Any] | Non
     if files:
         return "files", files
     return "empty", f"{path}: no generation to resume from (not a run directory, or an empty one)"
+
+
+def own_kind(directory: "str | os.PathLike[str]") -> kinds.Kind | None:
+    """The kind a directory without generations is itself, by its content (a DCP directory, a
+    ``save_pretrained`` model: what validate and inspect take it as); None for a plain one."""
+    kind = _by_content(os.fspath(directory))
+    return kind if kind is not None and kind.name != "run" and kind.can("validate") else None
 
 
 def checkpoint_files(directory: "str | os.PathLike[str]") -> list[tuple[str, kinds.Kind]]:

@@ -71,6 +71,8 @@ def test_a_dcp_directory_torch_wrote_is_foreign_and_unverified_in_every_command(
         assert "no digest of its own (unverified)" in said
         said = cli("validate", tmp_path / name).stdout
         assert "unverified: no digest of its own" in said and "OK (unverified)" in said, said
+        listed = cli("ls", tmp_path / name)                     # the directory's kind, not its data files'
+        assert listed.returncode == 0 and f"{tmp_path / name}: torch.distributed.checkpoint directory" in listed.stdout
     for name in ("both", "optim", "both.converted.bin"):       # the moments are the optimizer's, by name
         out = cli("diff", tmp_path / name, tmp_path / "same.pt")
         assert out.returncode == 0 and "bit-identical" in out.stdout, (name, out.stdout)
@@ -222,6 +224,7 @@ def test_hugging_face_model_directories_of_either_weights_file_read_alike(tmp_pa
         assert verdicts(tmp_path / d) == ((0, 0, 0), "unverified"), d
         assert "kind hf-model (Hugging Face model directory (save_pretrained), foreign)" in \
             cli("inspect", tmp_path / d).stdout
+        assert f"{tmp_path / d}: Hugging Face model directory (save_pretrained)" in cli("ls", tmp_path / d).stdout
     same = cli("diff", tmp_path / "st", tmp_path / "pt")
     assert same.returncode == 0 and "bit-identical" in same.stdout
     for command in ("inspect", "validate"):                     # safetensors need no torch, and say the same
