@@ -5,13 +5,13 @@ import os
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from .. import companion, fsio, kinds
+from .. import companion, fsio, generation, kinds
 from .. import format as fmt
 from .. import manifest as mf
 from .. import reader
 from ..errors import CheckpointError, NoValidGenerationError
 from ..run import ReadLease, Run, ls_run
-from .anyfile import describe, open_source
+from .anyfile import describe, manifest_of, open_source
 from .loose import empty_directory
 from .stats import region_stats
 
@@ -42,8 +42,9 @@ def inspect_other(path: str, kind: kinds.Kind, *, tensors: bool = False) -> dict
     """Kind, step, parameters, dtypes and per-region statistics of a file that is not a seed
     ``.bin``, read as convert reads it (``anyfile.open_source``)."""
     src = open_source(path, kind)
+    size = generation.at(manifest_of(path)).size if kind.name == "shards" else fsio.tree_size(path)
     out: dict[str, Any] = {"path": path, "kind": kind.name, "label": kind.label, "step": src.step,
-                           "n_params": src.n_params, "size": fsio.tree_size(path), **describe(src)}
+                           "n_params": src.n_params, "size": size, **describe(src)}
     out["regions"] = {r: region_stats(getattr(src, r)).to_dict() for r in fmt.REGIONS
                       if getattr(src, r) is not None}
     if tensors and src.layout:            # moments in the optimizer's order belong to no one parameter

@@ -185,3 +185,10 @@ def test_a_missing_or_truncated_shard_is_named_by_its_own_path(tmp_path, fault):
     assert _only(run).check().startswith(f"{shard}: ")
     out = cli("validate", str(run))
     assert out.returncode == 1 and f"{run / 'step_000004.json'}: {shard}: " in out.stdout, out.stdout
+
+
+def test_inspect_gives_a_sharded_generation_its_size_not_its_manifests(tmp_path):
+    run = _sharded_run(tmp_path)
+    gen = _only(run)
+    doc = __import__("json").loads(cli("inspect", str(gen.path), "--json").stdout)
+    assert doc["size"] == gen.size == sum(p.stat().st_size for p in gen.present()) != gen.path.stat().st_size
