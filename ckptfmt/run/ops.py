@@ -56,13 +56,13 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
            "mirrors": mirrors.lag(path, [r["step"] for r in rows if r["committed"]]), "policy": shown}
     if lease.problem:
         out["lease_problem"] = lease.problem
-    memory = _ls_memory(path, deep)
+    memory = memory_tier(path, deep)
     if memory is not None:
         out["tiers"] = {"memory": memory}
     return out
 
 
-def _ls_memory(path: "str | os.PathLike[str]", deep: bool) -> dict[str, Any] | None:
+def memory_tier(path: "str | os.PathLike[str]", deep: bool) -> dict[str, Any] | None:
     """The run's RAM tier (spec/RUN.md §13) when it has one: its directory, the run ID, whether
     it is there (a reboot removes it) and its generations, each row marked ``tier: memory``. Not
     leased: the writer's RAM retention may remove a generation while it is listed."""

@@ -23,6 +23,7 @@ from ..run import (STATE, SAMPLES, ReadLease, Run, lock_holder, save_in_progress
                    zombie_arms)
 from ..run import history as hist
 from ..run import roots
+from ..run.ops import memory_tier
 from ..shards import check as shards_check
 from .anyfile import manifest_of, open_source
 from .loose import empty_directory
@@ -266,6 +267,11 @@ def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=
         report.details["diverged"] = [g["step"] for g in gens_out if g["status"] == "diverged"]
         _report_entries(report, listing, holder)
         _validate_sidecars(report, run, live=holder is not None)
+    memory = memory_tier(path, deep=deep) or {}           # a cache, but one a restore reads (RUN §13)
+    for row in memory.get("generations", []):
+        if row["status"].startswith("damaged"):
+            part = row["file"] or fmt.manifest_name(row["step"])      # a lost payload: its manifest
+            report.defect("ram_tier_damaged", f"{memory['dir']}/{part} (the RAM tier): {row['status']}")
     if lease.problem and holder is not None:
         report.warn("no_read_lease", lease.problem)
     committed_ok = [g for g in gens_out if g["status"] in ("verified", "committed")]

@@ -210,7 +210,7 @@ def test_a_fault_in_a_part_of_the_newest_generation_on_disk(runs, tmp_path, monk
 @pytest.mark.parametrize("part, fault", run_cases("memory"))
 def test_a_fault_in_a_part_of_the_newest_ram_generation(runs, tmp_path, monkeypatch, part, fault):
     """The durable step 30 gone and RAM generation 25, the newest in any tier, damaged: ``ls``
-    shows it not valid (--deep: hashed), the restore takes disk generation 20 (the newest intact one in any tier,
+    shows it not valid (--deep: hashed), ``validate`` names it (exit 1), the restore takes disk generation 20 (the newest intact one in any tier,
     RAM 15 being older) and the run ends bit-exact."""
     monkeypatch.setenv(tiers.MEMORY_ENV, str(tmp_path / "ram"))
     for offset in range(OFFSETS if fault in ("flip", "truncate") else 1):
@@ -228,6 +228,10 @@ def test_a_fault_in_a_part_of_the_newest_ram_generation(runs, tmp_path, monkeypa
         assert proc.returncode == 0, proc.stderr
         row = {g["step"]: g for g in json.loads(proc.stdout)["tiers"]["memory"]["generations"]}[25]
         assert not row["valid"], row
+        done = cli("validate", str(run))                 # the tier a restore reads: its damage is the run's
+        if row["status"].startswith("damaged"):          # a deleted manifest: an uncommitted leftover, no damage
+            assert done.returncode == 1 and f"{ram}/step_000025" in done.stdout and "(the RAM tier)" in done.stdout, \
+                done.stdout
         assert train(run, 30, memory_every=5) == 20, (part, fault, offset)
         assert (run / name(30, "payload")).read_bytes() == base_payload(runs.base), (part, fault, offset)
         if LONG:
