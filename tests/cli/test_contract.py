@@ -387,7 +387,7 @@ def _run_cases():
         if name == "file_for_dir":   # inspect takes a file as well as a run
             cases[-1] = (f"inspect-run-{name}", ["inspect", path], 0, "", [])
     cases += [
-        ("ls-empty-run", ["ls", "{w}/empty_run"], 0, "", []),
+        ("ls-empty-run", ["ls", "{w}/empty_run"], 1, "no generation", []),
         ("validate-empty-run", ["validate", "{w}/empty_run"], 1, "no generation", []),
         ("validate-history-only", ["validate", "{w}/hist_only"], 1, "before its first checkpoint", []),
         ("inspect-history-only", ["inspect", "{w}/hist_only"], 1, "before its first checkpoint", []),
