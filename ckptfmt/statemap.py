@@ -65,7 +65,7 @@ class Optimizer:
     first: dict[str, Entry | None]              # None: the parameter has no state yet
     second: dict[str, Entry | None]
     steps: dict[str, int | None]
-    indices: list[list[int]] | None = None      # the foreign file's own index lists, for the way back
+    indices: list[list[int | str]] | None = None    # the foreign file's own lists (its state's keys), for the way back
     param_names: list[list[str]] | None = None  # the foreign groups' own ``param_names``, for the way back
     types: list[dict[str, str]] = field(default_factory=list)   # per group: settings not plain numbers
 
@@ -284,7 +284,9 @@ def write_bin(state: State, dst: str, source: str, fields: dict[str, Any] | None
                                  "param_steps": [opt.steps.get(e.name) for e in params]}
         # ``param_groups`` keeps its released meaning (index lists whose concatenation is the
         # layout order), written only where that holds; ``indices`` are the file's own lists
-        in_order = [n for group in opt.members for n in group] == [e.name for e in params]
+        # (parameter names where its state is keyed by name, as torch.distributed's state_dict keys it)
+        in_order = [n for group in opt.members for n in group] == [e.name for e in params] \
+            and not any(isinstance(i, str) for group in opt.indices or [] for i in group)
         imported.update(optimizer_state="present", indices=opt.indices,
                         param_groups=opt.indices if in_order else None, tuples=opt.tuples,
                         param_names=opt.param_names)

@@ -22,3 +22,15 @@ def strip(names: dict[str, Any]) -> tuple[dict[str, Any], str]:
         prefix += found
         names = {k[len(found):]: v for k, v in names.items()}
     return names, prefix
+
+
+def key_of(name: str, prefix: str, keys: set[str]) -> str:
+    """A parameter name as the stripped state dict has it: without the prefix stripped from the
+    keys, or without a wrapper's own prefixes (names from a DDP or compiled wrapper beside a
+    state dict of the bare model); unchanged where neither gives a key."""
+    if prefix and name.startswith(prefix) and name[len(prefix):] in keys:
+        return name[len(prefix):]
+    bare = name
+    while bare not in keys and bare.startswith(PREFIXES):
+        bare = bare[len(next(p for p in PREFIXES if bare.startswith(p))):]
+    return bare if bare in keys else name

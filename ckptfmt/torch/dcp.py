@@ -165,7 +165,8 @@ def read_foreign(src: str) -> dict[str, Any]:
     """A DCP directory written by anything as the nested state dict it was saved from (what
     torch's own ``dcp_to_torch_save`` reads), with DCP's spelling of an optimizer made torch's:
     an ``optim`` entry is the ``optimizer``, and its ``state`` keys, strings in DCP, are the
-    parameter indices they were."""
+    parameter indices they were, unless its param groups list names (a state keyed by parameter
+    name, as ``torch.distributed.checkpoint.state_dict`` keys it: a name may be all digits)."""
     _metadata(src)
     state: dict[str, Any] = {}
     with _reading(src):
@@ -174,7 +175,10 @@ def read_foreign(src: str) -> dict[str, Any]:
     if isinstance(state.get("optim"), dict) and "optimizer" not in state:
         state["optimizer"] = state.pop("optim")
     opt = state.get("optimizer")
-    if isinstance(opt, dict) and isinstance(opt.get("state"), dict):
+    groups = opt.get("param_groups") if isinstance(opt, dict) else None
+    by_name = isinstance(groups, list) and any(isinstance(g, dict) and isinstance(g.get("params"), list)
+                                               and any(isinstance(p, str) for p in g["params"]) for g in groups)
+    if isinstance(opt, dict) and isinstance(opt.get("state"), dict) and not by_name:
         opt["state"] = {int(k) if isinstance(k, str) and k.isdigit() else k: v for k, v in opt["state"].items()}
     return state
 

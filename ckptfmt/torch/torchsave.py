@@ -20,7 +20,7 @@ import torch
 
 from .. import atomic, unnamed
 from ..errors import ConvertError, UnsupportedConversionError, UnsupportedSetupError
-from ..wrappers import PREFIXES, strip
+from ..wrappers import key_of, strip
 from ..statemap import EXTRAS, OPTIMIZERS, Entry, Optimizer, State, resolve_members
 from . import optim
 from .state import join, split
@@ -198,10 +198,13 @@ def _optimizer(osd: dict, entries: list[Entry], prefix: str, given: list[list[st
         raise UnsupportedConversionError(path, "optimizer: param_groups list an index twice, or state has an "
                                                "index no group lists")
     keys = {e.name for e in entries}
-    names = [[_key(n, prefix, keys) for n in group] for group in given] if given is not None \
+    names = [[key_of(n, prefix, keys) for n in group] for group in given] if given is not None \
         else _param_names(groups, entries, prefix)
+    by_name = _by_name(indices, prefix, keys, names if given is not None else None, given_by, path)
+    label = "param_groups" if by_name is not None else given_by if given is not None else "param_names"
+    names = names if by_name is None else by_name
     by_group = unnamed.members(indices) if by_index and names is None and (len(indices) > 1 or by_index == "always") else \
-        resolve_members(entries, [len(i) for i in indices], names, path, given_by if given is not None else "param_names")
+        resolve_members(entries, [len(i) for i in indices], names, path, label)
     first, second, steps = {}, {}, {}
     for group, names_of_group in zip(indices, by_group):
         for i, name in zip(group, names_of_group):
@@ -219,31 +222,40 @@ def _param_names(groups: list[dict], entries: list[Entry], prefix: str) -> list[
     if not all(isinstance(n, list) and all(isinstance(x, str) for x in n) for n in lists):
         return None
     keys = {e.name for e in entries if e.alias_of is None}
-    names = [[_key(x, prefix, keys) for x in n] for n in lists]
+    names = [[key_of(x, prefix, keys) for x in n] for n in lists]
     flat = [x for n in names for x in n]
     if len(set(flat)) != len(flat) or not set(flat) <= keys:
         return None
     return names
 
 
-def _key(name: str, prefix: str, keys: set[str]) -> str:
-    """A parameter name as the stripped state dict has it: without the prefix stripped from the
-    keys, or without a wrapper's own prefixes (names from a DDP or compiled wrapper beside a
-    state dict of the bare model); unchanged where neither gives a key."""
-    if prefix and name.startswith(prefix) and name[len(prefix):] in keys:
-        return name[len(prefix):]
-    bare = name
-    while bare not in keys and bare.startswith(PREFIXES):
-        bare = bare[len(next(p for p in PREFIXES if bare.startswith(p))):]
-    return bare if bare in keys else name
+def _by_name(keyed: list[list[int | str]], prefix: str, keys: set[str], given: list[list[str]] | None,
+             given_by: str, path: str) -> list[list[str]] | None:
+    """Each group's parameter names where the optimizer's state is keyed by name
+    (``torch.distributed.checkpoint.state_dict``'s form: state under each parameter's FQN, param
+    groups listing FQNs): the names are the membership, after the prefix rule; None where the
+    state is numbered. Names ``given`` beside them must be the same names."""
+    if not any(isinstance(k, str) for group in keyed for k in group):
+        return None
+    names = [[key_of(n, prefix, keys) for n in group] for group in keyed]
+    if given is not None and given != names:
+        raise UnsupportedConversionError(path, f"{given_by} disagrees with the optimizer's param groups, which "
+                                               "name their parameters themselves")
+    return names
 
 
-def _groups(groups: list[dict], path: str) -> tuple[list[dict[str, Any]], list[list[int]], set[str], list[dict[str, str]]]:
+def _groups(groups: list[dict], path: str) -> tuple[list[dict[str, Any]], list[list[int | str]], set[str],
+                                                    list[dict[str, str]]]:
+    """Settings, ``params`` (indices, or the names of a state keyed by name), tuples, types by group."""
     settings, indices, tuples, kinds = [], [], set(), []
+    keyed = {type(i) for group in groups if isinstance(group.get("params"), list) for i in group["params"]}
+    if len(keyed) > 1:
+        raise UnsupportedConversionError(path, "optimizer param_groups mix indices and parameter names")
     for n, group in enumerate(groups):
         params = group.get("params")
-        if not isinstance(params, list) or not all(isinstance(i, int) for i in params):
-            raise UnsupportedConversionError(path, f"optimizer param group {n}: params is not a list of indices")
+        if not isinstance(params, list) or not all(type(i) in (int, str) for i in params):
+            raise UnsupportedConversionError(path, f"optimizer param group {n}: params is not a list of indices "
+                                                   "or of parameter names")
         indices.append(list(params))
         row, said = {}, {}
         for key, value in group.items():
@@ -282,7 +294,7 @@ def _kind(groups: list[dict], path: str) -> str:
                                            "only their exp_avg and exp_avg_sq, or momentum_buffer, map onto m and v")
 
 
-def _moments(i: int, name: str, st: Any, kind: str, path: str) -> tuple[Entry | None, Entry | None, int | None]:
+def _moments(i: int | str, name: str, st: Any, kind: str, path: str) -> tuple[Entry | None, Entry | None, int | None]:
     if st is None:
         return None, None, None
     first, second = OPTIMIZERS[kind]
@@ -338,7 +350,7 @@ def _optimizer_sd(opt: Optimizer) -> dict[str, Any]:
     float32 tensor, SGD's momentum buffer), each group's settings in the types they had (NumPy
     scalars as Python numbers: ``torch.load(weights_only=True)`` refuses NumPy objects)."""
     first_key, second_key = OPTIMIZERS[opt.kind]
-    state: dict[int, Any] = {}
+    state: dict[int | str, Any] = {}
     indices = opt.indices or []
     for group, numbers in zip(opt.members, indices):
         for name, i in zip(group, numbers):

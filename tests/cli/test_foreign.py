@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import torch
 from safetensors.torch import load_file, save_file
+from torch.distributed.checkpoint.state_dict import get_state_dict
 
 import ckptfmt
 import ckptfmt.torch as ct
@@ -90,6 +91,51 @@ def test_ddp_and_compile_prefixes_are_stripped_and_restored(tmp_path, prefix):
     assert layout[0]["name"] == "0.weight"
     convert(str(tmp_path / "step_000003.bin"), str(tmp_path / "back.pt"), to="torch")
     assert_same(torch.load(tmp_path / "ck.pt", weights_only=True), torch.load(tmp_path / "back.pt", weights_only=True))
+
+
+def _prefixed(sd, prefix):
+    return {prefix + k: v for k, v in sd.items()}
+
+
+@pytest.mark.parametrize("model_prefix,opt_prefix", [("", ""), ("module.", ""), ("", "module._orig_mod."),
+                                                     ("_orig_mod.", "_orig_mod.")])
+def test_an_optimizer_state_keyed_by_parameter_name_maps_by_name(runner, tmp_path, model_prefix, opt_prefix):
+    """``get_state_dict``'s optimizer (state under each parameter's name, groups listing names) in a
+    torch.save file: each moment lands on its parameter, wrapper prefixes on either side or both,
+    and the way back writes the same names."""
+    model, opt = model_and_optimizer()
+    msd, osd = get_state_dict(model, opt)
+    osd = {"state": _prefixed(osd["state"], opt_prefix),
+           "param_groups": [dict(g, params=[opt_prefix + n for n in g["params"]]) for g in osd["param_groups"]]}
+    torch.save({"model": _prefixed(msd, model_prefix), "optimizer": osd}, tmp_path / "ck.pt")
+    for command in ("inspect", "validate"):
+        result = run(runner, command, tmp_path / "ck.pt")
+        assert result.exit_code == 0 and "unverified" in result.output, (command, result.output)
+    rep = convert(str(tmp_path / "ck.pt"), str(tmp_path / "step_000003.bin"))
+    assert rep.round_trip == "bytes"
+    with ckptfmt.open(tmp_path / "step_000003.bin", verify=True) as ck:
+        assert [e["name"] for e in ck.layout] == [n for n, _ in model.named_parameters()]
+        imported = ck.manifest["imported"]          # the file's own names, never as index lists
+        assert imported["indices"] == [g["params"] for g in osd["param_groups"]] and imported["param_groups"] is None
+        for name, state in osd["state"].items():
+            np.testing.assert_array_equal(ck.tensor(name.removeprefix(opt_prefix), "m"), state["exp_avg"].numpy())
+            np.testing.assert_array_equal(ck.tensor(name.removeprefix(opt_prefix), "v"), state["exp_avg_sq"].numpy())
+    convert(str(tmp_path / "step_000003.bin"), str(tmp_path / "back.pt"), to="torch")
+    assert_same(torch.load(tmp_path / "ck.pt", weights_only=True), torch.load(tmp_path / "back.pt", weights_only=True))
+
+
+def test_groups_beside_an_optimizer_that_names_its_parameters_must_agree(runner, tmp_path):
+    model, opt = model_and_optimizer()
+    msd, osd = get_state_dict(model, opt)
+    torch.save({"model": msd, "optimizer": osd}, tmp_path / "ck.pt")
+    names = osd["param_groups"][0]["params"]
+    (tmp_path / "same.json").write_text(json.dumps([names]))
+    (tmp_path / "other.json").write_text(json.dumps([list(reversed(names))]))
+    same = run(runner, "convert", tmp_path / "ck.pt", tmp_path / "step_000003.bin", "--groups", tmp_path / "same.json")
+    assert same.exit_code == 0, same.output
+    other = run(runner, "convert", tmp_path / "ck.pt", tmp_path / "x.bin", "--groups", tmp_path / "other.json")
+    assert other.exit_code == 2 and "disagrees with the optimizer's param groups" in other.stderr
+    assert not (tmp_path / "x.bin").exists()
 
 
 def test_a_bare_state_dict_comes_in_without_optimizer(tmp_path):

@@ -17,11 +17,13 @@ import pytest
 import torch
 import numpy as np
 import torch.distributed.checkpoint as dcp
+from torch.distributed.checkpoint.state_dict import get_state_dict
 from safetensors.torch import save_file
 
 import ckptfmt
 from ckptfmt import fingerprint
 from ckptfmt import manifest as mf
+from ckptfmt import reader
 from conftest import cli, without_torch
 from models import train_steps, two_layer
 
@@ -164,6 +166,56 @@ def test_a_dcp_directory_of_an_older_ckptfmt_is_unverified_and_says_why(tmp_path
     back = cli("convert", tmp_path / "older", tmp_path / "back" / src.name)
     assert back.returncode == 0 and "source unverified: written by an older ckptfmt" in back.stdout, back.stdout
     assert (tmp_path / "back" / src.name).read_bytes() == src.read_bytes()
+
+
+def test_a_dcp_directory_of_get_state_dict_is_read_by_parameter_name(tmp_path):
+    """torch's documented model + optimizer DCP save: the optimizer's state under each parameter's
+    name and param groups that list names, in another order than the model's, with no --groups."""
+    model, opt = nanogpt_like()
+    msd, osd = get_state_dict(model, opt)
+    assert [g["params"] for g in osd["param_groups"]] == [["0.weight", "1.weight"], ["0.bias", "1.bias"]]
+    _dcp_save({"model": msd, "optimizer": osd}, tmp_path / "dcp")
+    assert verdicts(tmp_path / "dcp") == ((0, 0, 0), "unverified")
+    said = cli("inspect", tmp_path / "dcp").stdout
+    assert "kind dcp (torch.distributed.checkpoint directory, foreign)" in said and "unverified" in said
+    same = cli("diff", tmp_path / "dcp", tmp_path / "dcp")
+    assert same.returncode == 0 and "bit-identical" in same.stdout, same.stdout
+    with reader.open(tmp_path / "dcp.converted.bin", check_name=False) as ck:
+        assert [row["name"] for row in ck.layout] == [n for n, _ in model.named_parameters()]
+        for name, state in osd["state"].items():          # each moment on the parameter it is named for
+            np.testing.assert_array_equal(ck.tensor(name, "m"), state["exp_avg"].numpy())
+            np.testing.assert_array_equal(ck.tensor(name, "v"), state["exp_avg_sq"].numpy())
+        assert ck.manifest["optimizer"]["members"] == [["0.weight", "1.weight"], ["0.bias", "1.bias"]]
+    back = cli("diff", tmp_path / "dcp", tmp_path / "dcp.converted.bin")
+    assert back.returncode == 0 and "bit-identical" in back.stdout, back.stdout
+
+
+def test_a_dcp_state_keyed_by_names_that_are_all_digits_stays_keyed_by_name(tmp_path):
+    torch.manual_seed(0)
+    model = torch.nn.ParameterList([torch.nn.Parameter(torch.randn(3)), torch.nn.Parameter(torch.randn(2, 2))])
+    opt = torch.optim.Adam(model.parameters())
+    (model[0].sum() + model[1].pow(2).sum()).backward()
+    opt.step()
+    msd, osd = get_state_dict(model, opt)           # a ParameterList's parameters are named "0", "1"
+    _dcp_save({"model": msd, "optimizer": osd}, tmp_path / "dcp")
+    assert verdicts(tmp_path / "dcp") == ((0, 0, 0), "unverified")
+    with reader.open(tmp_path / "dcp.converted.bin", check_name=False) as ck:
+        for name, state in osd["state"].items():
+            np.testing.assert_array_equal(ck.tensor(name, "m"), state["exp_avg"].numpy())
+
+
+def test_a_dcp_group_naming_a_parameter_the_model_lacks_is_a_one_line_refusal(tmp_path):
+    model, opt = one_group()
+    msd, osd = get_state_dict(model, opt)
+    osd["state"]["2.weight"] = osd["state"].pop("1.weight")
+    osd["param_groups"][0]["params"] = ["2.weight" if n == "1.weight" else n for n in osd["param_groups"][0]["params"]]
+    _dcp_save({"model": msd, "optimizer": osd}, tmp_path / "dcp")
+    for args in (["inspect", tmp_path / "dcp"], ["validate", tmp_path / "dcp"], ["convert", tmp_path / "dcp", tmp_path / "o.bin"]):
+        out = cli(*args)
+        said = (out.stdout + out.stderr).strip()
+        assert out.returncode == 2 and "Traceback" not in said and len(said.splitlines()) == 1, (args, said)
+        assert f"{tmp_path / 'dcp'}: param_groups lists '2.weight', which is not a key of the model state dict" in said
+    assert not (tmp_path / "o.bin").exists()
 
 
 def test_a_torn_dcp_directory_is_one_line_defect_and_converts_to_nothing(tmp_path):
