@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import struct
 from pathlib import Path
 from typing import Any, Callable, Iterator
 
@@ -220,6 +221,43 @@ class ShardedCheckpoint:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
+
+
+def bin_digest(manifest_path: "str | os.PathLike[str]") -> str:
+    """The blake3 of the ``.bin`` holding the same generation (header, then weights, m and v
+    whole: what ``consolidate`` writes, and what a ``.bin``'s manifest records), without writing
+    it. One pass over the shards feeds both that digest and each shard's own, which must be its
+    row's (``FingerprintMismatchError``), so what is digested is the committed data. A generation
+    above 2^31-1 parameters, which no ``.bin`` holds, has its header packed as two int64."""
+    with ShardedCheckpoint(manifest_path) as sc:
+        whole = fingerprint.hasher(0)
+        whole.update(fmt.pack_header(sc.step, sc.n_params) if sc.n_params <= fmt.MAX_N
+                     else struct.pack("<qq", sc.step, sc.n_params))
+        own = [fingerprint.hasher(0) for _ in sc.shards]
+        for ck, h in zip(sc.shards, own):
+            _feed(ck, 0, fmt.HEADER_SIZE, h)
+        for region in fmt.REGIONS:                   # the .bin's order: every shard's range of a region
+            for ck, h in zip(sc.shards, own):
+                _feed(ck, fmt.region_offset(region, ck.n_params), fmt.ITEM * ck.n_params, h, whole)
+        for row, h in zip(sc.rows, own):
+            if h.hexdigest() != row["blake3"]:
+                raise FingerprintMismatchError(sc.path, fingerprint.mismatch(
+                    row["blake3"], h.hexdigest(), f"shard {row['file']}"), expected=row["blake3"], got=h.hexdigest())
+        return whole.hexdigest()
+
+
+def _feed(ck: reader.Checkpoint, offset: int, length: int, *hashers: Any) -> None:
+    """Hash bytes [offset, offset + length) of an open shard into each hasher, chunk by chunk,
+    dropping each chunk's mapped pages once hashed."""
+    view = ck.buffer()
+    try:
+        for lo in range(offset, offset + length, fingerprint.CHUNK):
+            hi = min(lo + fingerprint.CHUNK, offset + length)
+            for h in hashers:
+                h.update(view[lo:hi])
+            ck.release(lo, hi - lo)
+    finally:
+        view.release()
 
 
 def check(manifest_path: Path, *, deep: bool = False) -> str | None:

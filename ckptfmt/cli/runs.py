@@ -233,7 +233,9 @@ def fork(run: str, dest: str, step: int, as_json: bool) -> None:
 @json_option
 @guarded
 def bisect(run_a: str, run_b: str, as_json: bool) -> None:
-    """First step where two runs' generations or loss histories differ (exit 1 if any)."""
+    """First step where two runs' generations or loss histories differ (exit 1 if any).
+    Generations are compared by content (step, weights, m, v, companion): a .bin and the same
+    generation sharded are identical."""
     from ..run.ops import bisect as run_bisect  # lazy: keeps `ckptfmt --help` fast
     data = run_bisect(run_a, run_b)
     emit(data, as_json, _print_bisect)

@@ -9,13 +9,13 @@ import warnings
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from .. import atomic, companion, fsio, kinds
+from .. import atomic, fsio, kinds
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoundError,
                       NoValidGenerationError, SidecarError)
 from . import history as hist
-from . import mirrors, ramdirs, roots, tiers, timeline
+from . import content, mirrors, ramdirs, roots, tiers, timeline
 from .directory import Run
 from ..generation import Generation, list_dir
 from .generations import check_bare, non_finite
@@ -294,20 +294,12 @@ def _fork_into(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
 
 
 def bisect(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]") -> dict[str, Any]:
-    """First step at which two runs' generations (by fingerprint) and loss histories differ."""
-    digests = []
-    for path in (path_a, path_b):
-        out = {}
-        for gen in Run(path).generations():
-            if gen.committed:
-                try:
-                    doc = mf.read(gen.manifest)     # the companion is part of the generation
-                    out[gen.step] = (doc["blake3"], (doc.get(companion.FIELD) or {}).get("blake3"))
-                except CheckpointError:
-                    continue
-        digests.append(out)
-    common = sorted(set(digests[0]) & set(digests[1]))
-    first_gen = next((s for s in common if digests[0][s] != digests[1][s]), None)
+    """First step at which two runs' common generations differ in content (step, weights, m, v,
+    companion; ``content.same``: a ``.bin`` and the same generation sharded are identical), and
+    the first step at which their loss histories differ."""
+    found = [content.committed(path) for path in (path_a, path_b)]
+    common = sorted(set(found[0]) & set(found[1]))
+    first_gen = next((s for s in common if not content.same(found[0][s], found[1][s])), None)
     last_same = max((s for s in common if first_gen is None or s < first_gen), default=None)
     first_hist, lengths = first_loss_difference(*(timeline.canonical(Path(p) / hist.NAME) for p in (path_a, path_b)))
     return {"a": str(path_a), "b": str(path_b), "common_generations": common,

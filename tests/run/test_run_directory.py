@@ -4,6 +4,7 @@ import subprocess
 import sys
 import warnings
 
+import numpy as np
 import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
@@ -15,6 +16,7 @@ from ckptfmt.errors import NoValidGenerationError, RunLockedError, SaveError
 from ckptfmt.run import Run, RunLock, plan_retention
 from ckptfmt.run.ops import bisect, fork, ls_run, pivot
 from ckptfmt.tools.validate import validate_run
+from ckptfmt import shards
 from ckptfmt.run import roots, zombie_arms
 from conftest import arrays, cli, make
 
@@ -397,6 +399,52 @@ def test_bisect_finds_the_first_difference(tmp_path):
     r = bisect(a, b)
     assert r["first_generation_difference"] == 300 and r["last_identical_generation"] == 200
     assert r["first_history_difference"] == 250 and not r["identical"]
+
+
+def test_bisect_compares_generations_of_different_shapes_by_content(tmp_path):
+    """A .bin and the same generation sharded (in 2 or in 3), companions included, are identical
+    whatever digest each manifest records, and so is a fork of the sharded one (its manifest adds
+    provenance); other values or another companion at a step are its first difference."""
+    a, b, other = tmp_path / "a", tmp_path / "b", tmp_path / "other"
+    extra = {"buffers/x": np.arange(3, dtype="<f4")}
+    for d in (a, b, other, tmp_path / "changed", tmp_path / "moved"):
+        d.mkdir()
+    for s in (100, 200, 300):
+        make(a, s, seed=s, extra_tensors=extra)
+    make(b, 100, seed=100, extra_tensors=extra)                     # the same .bin
+    shards.split(a / "step_000200.bin", b, 2)                        # the same values, sharded
+    shards.split(a / "step_000300.bin", other, 3)
+    for run in (a, b, other):
+        h = hist.History(run / ".loss.json")
+        for s in range(1, 301):
+            h.append({"step": s, "loss": 1.0 / s})
+        h.close()
+    recorded = [json.loads((d / "step_000200.json").read_text())["blake3"] for d in (a, b)]
+    assert recorded[0] != recorded[1]                                # a .bin's digest, a root over shards
+    r = bisect(a, b)
+    assert r["identical"] and r["first_generation_difference"] is None and r["last_identical_generation"] == 200
+    assert bisect(b, other)["identical"]                             # 2 shards against 3 of the same values
+    fork(b, 200, tmp_path / "child")
+    assert json.loads((tmp_path / "child" / "step_000200.json").read_text())["provenance"]["parent_step"] == 200
+    r = bisect(a, tmp_path / "child")
+    assert r["common_generations"] == [200] and r["first_generation_difference"] is None
+    done = cli("bisect", str(a), str(b))
+    assert done.returncode == 0 and "generations: identical" in done.stdout
+
+    shards.split(make(tmp_path / "changed", 300, seed=999, extra_tensors=extra), b, 3)
+    r = bisect(a, b)
+    assert r["first_generation_difference"] == 300 and r["last_identical_generation"] == 200 and not r["identical"]
+    done = cli("bisect", str(a), str(b))
+    assert done.returncode == 1 and "first differ at step 300 (last identical: step 200)" in done.stdout
+    make(tmp_path / "moved", 300, seed=300, extra_tensors={"buffers/x": np.ones(3, dtype="<f4")})
+    assert bisect(tmp_path / "moved", other)["first_generation_difference"] == 300    # the companion differs
+
+    shard = other / "step_000300.shards" / "00001-of-00003.bin"
+    data = bytearray(shard.read_bytes())
+    data[-1] ^= 1
+    shard.write_bytes(bytes(data))
+    with pytest.raises(ckptfmt.errors.FingerprintMismatchError, match="00001-of-00003.bin"):
+        bisect(a, other)                 # read to be compared: a shard that is not its row's is named
 
 
 def test_zombie_arms_are_flagged(tmp_path):
