@@ -177,11 +177,13 @@ def sync_dir_of(path: str) -> None:
         raise SaveError(path, f"fsync of directory {directory} failed: {exc.strerror or exc}") from exc
 
 
-def write_bytes(final: "str | os.PathLike[str]", chunks: "bytes | Iterable[bytes]") -> None:
-    """Durably replace ``final`` with ``chunks`` (small files: manifests, sidecars)."""
+def write_bytes(final: "str | os.PathLike[str]", chunks: "bytes | Iterable[bytes]", *,
+                exclusive: bool = False) -> None:
+    """Durably replace ``final`` with ``chunks`` (small files: manifests, sidecars);
+    ``exclusive``: only where nothing is (``SaveError`` ``EXISTS`` otherwise)."""
     if isinstance(chunks, (bytes, bytearray, memoryview)):
         chunks = [chunks]
-    with AtomicWriter(final) as writer:
+    with AtomicWriter(final, exclusive=exclusive) as writer:
         for chunk in chunks:
             writer.write(chunk)
         writer.commit()

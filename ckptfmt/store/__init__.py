@@ -25,8 +25,19 @@ committed, and removed by the next removal of that step
 (retention, ``gc``). A crash inside ``remove(recursive=True)`` leaves some
 shards of a generation whose manifest is gone already: the same leftover.
 
-Writing is each store's own (the durable local commit of ``atomic``; a mirror's upload, read
-back before the manifest goes up, in ``tools.mirror``). Two implementations: ``local.LocalStore``
+A writer calls, in this order::
+
+    write(name, chunks, expected=)  each part as a stream, its blake3 computed as it is written
+                                    (``expected``: refused, never published, when it differs);
+                                    returns a ``Written`` (name, size, blake3)
+    commit(store, manifest, data, parts)
+                                    every part confirmed on the store by its size and its blake3
+                                    read back, then the manifest (the commit marker) written last
+    create(name, data)              an object made only where none is (the run's writer lock):
+                                    False when one is there already (S3's ``If-None-Match: *``)
+
+A crash before the manifest leaves parts without one: the uncommitted leftover above. Two
+implementations: ``local.LocalStore``
 (a run directory, and the RAM tier's, which is a local directory in shared memory), and
 ``objects.ObjectStore`` over fsspec, which imports fsspec only when one is made (the optional
 extra ``ckptfmt[remote]``). Neither imports ``generation``: the listing is made there, from
@@ -36,7 +47,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Protocol
+from typing import Iterable, Protocol
+
+from ..errors import SaveError
 
 FILE, DIRECTORY, OTHER = "file", "directory", "other"
 
@@ -49,6 +62,15 @@ class Entry:
     name: str
     size: int | None
     kind: str
+
+
+@dataclass(frozen=True)
+class Written:
+    """A part as its writer sent it: ``name`` in the store, ``size`` in bytes, ``blake3`` of the
+    bytes as they were written."""
+    name: str
+    size: int
+    blake3: str
 
 
 class Store(Protocol):
@@ -78,3 +100,29 @@ class Store(Protocol):
     def remove(self, name: str, *, recursive: bool = False) -> None:
         """Remove the file, or with ``recursive`` the directory and what it holds; absent is
         no error."""
+
+    def write(self, name: str, chunks: Iterable[bytes], *, expected: str | None = None) -> Written:
+        """Write part ``name`` from ``chunks``, hashed as written; one whose blake3 is not
+        ``expected`` is refused (``FingerprintMismatchError``) and never published."""
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        """Write one small file whole (a manifest, a sidecar), published at once or not at all."""
+
+    def create(self, name: str, data: bytes) -> bool:
+        """Make ``name`` holding ``data`` only where nothing is; False when something is."""
+
+
+def commit(store: Store, manifest: str, data: bytes, parts: "list[Written]") -> None:
+    """Publish a generation: each part of ``parts`` confirmed on ``store`` (its size, then its
+    blake3 read back), then ``manifest`` written last. A part that is not what was written is a
+    ``SaveError`` naming it, and no manifest is written: the generation stays uncommitted."""
+    for part in parts:
+        size = store.size(part.name)
+        if size != part.size:
+            raise SaveError(store.where(part.name), f"on the store: {size} bytes, {part.size} were written; "
+                                                    "not committed")
+        got = store.digest(part.name)[0]
+        if got != part.blake3:
+            raise SaveError(store.where(part.name), f"on the store it hashes to {got}, {part.blake3} was "
+                                                    "written; not committed")
+    store.put_bytes(manifest, data)

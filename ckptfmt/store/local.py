@@ -5,10 +5,11 @@ import contextlib
 import os
 import shutil
 from pathlib import Path
+from typing import Iterable
 
 from .. import atomic, fingerprint, fsio
-from ..errors import SaveError
-from . import DIRECTORY, FILE, OTHER, Entry
+from ..errors import FingerprintMismatchError, SaveError
+from . import DIRECTORY, FILE, OTHER, Entry, Written
 
 
 class LocalStore:
@@ -52,6 +53,35 @@ class LocalStore:
     def digest(self, name: str) -> tuple[str, int]:
         path = self.locate(name)
         return fingerprint.of_file(path), path.stat().st_size
+
+    def write(self, name: str, chunks: Iterable[bytes], *, expected: str | None = None) -> Written:
+        """The durable write (temp file, fsync, rename, the directory fsynced), hashed as written;
+        a part whose blake3 is not ``expected`` is never renamed into place."""
+        path = self.locate(name)
+        if "/" in name:
+            atomic.make_durable_dir(path.parent)
+        h = fingerprint.hasher(0)
+        with atomic.AtomicWriter(path) as out:
+            for chunk in chunks:
+                h.update(chunk)
+                out.write(chunk)
+            if expected is not None and h.hexdigest() != expected:
+                raise FingerprintMismatchError(str(path), fingerprint.mismatch(expected, h.hexdigest(), by="writer")
+                                               + "; not written")
+            out.commit()
+        return Written(name, out.offset, h.hexdigest())
+
+    def put_bytes(self, name: str, data: bytes) -> None:
+        atomic.write_bytes(self.locate(name), data)
+
+    def create(self, name: str, data: bytes) -> bool:
+        try:
+            atomic.write_bytes(self.locate(name), data, exclusive=True)
+        except SaveError as exc:
+            if exc.problem == atomic.EXISTS:
+                return False
+            raise
+        return True
 
     def remove(self, name: str, *, recursive: bool = False) -> None:
         path = self.locate(name)

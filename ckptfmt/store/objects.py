@@ -12,7 +12,7 @@ from __future__ import annotations
 import re
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterable, Iterator
 from urllib.parse import urlsplit, urlunsplit
 
 from .. import atomic, fingerprint
@@ -21,7 +21,7 @@ from .. import format as fmt
 from .. import manifest as mf
 from ..errors import (CheckpointError, FingerprintMismatchError, MissingDependencyError,
                       RemoteError, UnsupportedSetupError)
-from . import DIRECTORY, FILE, OTHER, Entry
+from . import DIRECTORY, FILE, OTHER, Entry, Written
 
 EXTRA = "pip install 'ckptfmt[remote]'"
 CHUNK = 8 << 20              # bytes per read while streaming
@@ -188,28 +188,51 @@ class ObjectStore:
             self.fs.makedirs(self.path(name).rsplit("/", 1)[0], exist_ok=True)
 
     def upload(self, local: Path, name: str, expected: str | None, progress: Progress = None) -> tuple[str, int]:
-        """Stream ``local`` to ``name`` (multipart above ``BLOCK``), hashed while sent; an upload
-        whose bytes do not hash to ``expected`` is aborted before S3 would publish it."""
+        """Stream the local file ``local`` to ``name`` (``write``); a file whose bytes do not
+        hash to ``expected`` is named and never published."""
+        def chunks() -> Iterator[bytes]:
+            with open(local, "rb") as src:
+                while chunk := src.read(CHUNK):
+                    yield chunk
+        done = self.write(name, chunks(), expected=expected, progress=progress, source=str(local))
+        return done.blake3, done.size
+
+    def write(self, name: str, chunks: Iterable[bytes], *, expected: str | None = None,
+              progress: Progress = None, source: str | None = None) -> Written:
+        """Stream ``chunks`` to ``name`` (multipart above ``BLOCK``), hashed while sent; an upload
+        whose bytes do not hash to ``expected`` is aborted before S3 would publish it (the error
+        names ``source``, the file it came from, else the object)."""
         self._parent(name)
         h, sent = fingerprint.hasher(0), 0
         with translated(self.where(name), "upload failed"):
             out = self.fs.open(self.path(name), "wb", block_size=BLOCK)
             try:
-                with open(local, "rb") as src:
-                    while chunk := src.read(CHUNK):
-                        h.update(chunk)
-                        out.write(chunk)
-                        sent += len(chunk)
-                        if progress is not None:
-                            progress(len(chunk))
+                for chunk in chunks:
+                    h.update(chunk)
+                    out.write(chunk)
+                    sent += len(chunk)
+                    if progress is not None:
+                        progress(len(chunk))
                 if expected is not None and h.hexdigest() != expected:
-                    raise FingerprintMismatchError(str(local), f"hashes to {h.hexdigest()} while sent, "
-                                                               f"its manifest says {expected}; not uploaded")
+                    raise FingerprintMismatchError(source or self.where(name), f"hashes to {h.hexdigest()} while "
+                                                   f"sent, its manifest says {expected}; not uploaded")
             except BaseException:
                 self._discard(out, name)
                 raise
             out.close()
-        return h.hexdigest(), sent
+        return Written(name, sent, h.hexdigest())
+
+    def create(self, name: str, data: bytes) -> bool:
+        """One small object made only where none is: S3's conditional PUT (``If-None-Match: *``,
+        which s3fs sends for ``mode="create"``; moto's server honours it too), an exclusive
+        create on a local target. False when the object is there already."""
+        self._parent(name)
+        with translated(self.where(name), "cannot create"):
+            try:
+                self.fs.pipe_file(self.path(name), data, mode="create")
+            except FileExistsError:
+                return False
+        return True
 
     def _discard(self, out: Any, name: str) -> None:
         """Abort an upload: S3 drops the parts of an uncompleted multipart upload (if the abort

@@ -1,0 +1,82 @@
+"""A generation written through a store, the same calls on a local directory and on an
+S3-protocol server (moto's, on 127.0.0.1): each part streamed and hashed as written, the
+manifest last and only once every part reads back as written; an exclusive create for the
+run's writer lock (S3's conditional PUT)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ckptfmt import fingerprint, generation, writer
+from ckptfmt import format as fmt
+from ckptfmt.errors import FingerprintMismatchError, SaveError
+from ckptfmt.store import commit
+from ckptfmt.store.local import LocalStore
+from s3server import fixtures
+
+pytest.importorskip("s3fs")
+from ckptfmt.store.objects import ObjectStore  # noqa: E402
+
+s3, bucket = fixtures("writes")
+
+
+@pytest.fixture(params=["local", "s3"])
+def store(request, tmp_path):
+    if request.param == "local":
+        (tmp_path / "run").mkdir()
+        return LocalStore(tmp_path / "run")
+    return ObjectStore(f"s3://{request.getfixturevalue('bucket')}/runs/a")
+
+
+def a_generation(tmp_path, step=7):
+    """A committed .bin generation's files (bytes by name) as the writer makes them."""
+    src = tmp_path / "src"
+    src.mkdir(exist_ok=True)
+    writer.save(src / fmt.checkpoint_name(step), step, np.arange(50, dtype="<f4"), np.ones(50, "<f4"),
+                np.zeros(50, "<f4"))
+    return {name: (src / name).read_bytes() for name in (fmt.checkpoint_name(step), fmt.manifest_name(step))}
+
+
+def in_chunks(data: bytes, size: int = 64):
+    return (data[i:i + size] for i in range(0, len(data), size))
+
+
+def test_a_generation_written_part_by_part_is_committed_by_its_manifest_last(store, tmp_path):
+    files = a_generation(tmp_path)
+    payload = fmt.checkpoint_name(7)
+    done = store.write(payload, in_chunks(files[payload]))
+    assert (done.name, done.size, done.blake3) == (payload, len(files[payload]), fingerprint.of_bytes(files[payload]))
+    gen = generation.by_step(store)[7]
+    assert not gen.committed and gen.leftover() is not None          # parts without a manifest: uncommitted
+    commit(store, fmt.manifest_name(7), files[fmt.manifest_name(7)], [done])
+    gen = generation.by_step(store)[7]
+    assert gen.committed and gen.check(deep=True) is None
+
+
+def test_a_part_that_is_not_what_was_written_is_never_committed(store, tmp_path):
+    files = a_generation(tmp_path)
+    payload = fmt.checkpoint_name(7)
+    done = store.write(payload, [files[payload]])
+    damaged = bytearray(files[payload])
+    damaged[-1] ^= 0x01                                              # same size: only the read-back digest sees it
+    store.put_bytes(payload, bytes(damaged))
+    with pytest.raises(SaveError, match=f"{payload}: on the store it hashes to .*; not committed"):
+        commit(store, fmt.manifest_name(7), files[fmt.manifest_name(7)], [done])
+    assert store.size(fmt.manifest_name(7)) is None
+    store.put_bytes(payload, files[payload][:-4])
+    with pytest.raises(SaveError, match=f"{len(files[payload]) - 4} bytes, {len(files[payload])} were written"):
+        commit(store, fmt.manifest_name(7), files[fmt.manifest_name(7)], [done])
+
+
+def test_a_part_whose_bytes_are_not_the_expected_ones_is_never_published(store, tmp_path):
+    files = a_generation(tmp_path)
+    payload = fmt.checkpoint_name(7)
+    with pytest.raises(FingerprintMismatchError, match="not (written|uploaded)"):
+        store.write(payload, in_chunks(files[payload]), expected="0" * 64)
+    assert store.size(payload) is None
+
+
+def test_an_exclusive_create_is_made_once_and_never_replaced(store):
+    assert store.create(".writer", b"pid 1") is True
+    assert store.create(".writer", b"pid 2") is False
+    assert store.read_bytes(".writer") == b"pid 1"
