@@ -1,15 +1,20 @@
 """A generation written through a store, the same calls on a local directory and on an
 S3-protocol server (moto's, on 127.0.0.1): each part streamed and hashed as written, the
-manifest last and only once every part reads back as written; an exclusive create for the
-run's writer lock (S3's conditional PUT)."""
+manifest last and only once every part reads back as written; an exclusive create (S3's
+conditional PUT), and on it the run's writer lease: one holder, renewed, taken over only once
+expired, and a taken-over holder told at its next renew."""
 from __future__ import annotations
+
+import os
+import threading
 
 import numpy as np
 import pytest
 
 from ckptfmt import fingerprint, generation, writer
 from ckptfmt import format as fmt
-from ckptfmt.errors import FingerprintMismatchError, SaveError
+from ckptfmt.errors import FingerprintMismatchError, RunLockedError, SaveError
+from ckptfmt.run.storelock import StoreLock
 from ckptfmt.store import commit
 from ckptfmt.store.local import LocalStore
 from s3server import fixtures
@@ -80,3 +85,55 @@ def test_an_exclusive_create_is_made_once_and_never_replaced(store):
     assert store.create(".writer", b"pid 1") is True
     assert store.create(".writer", b"pid 2") is False
     assert store.read_bytes(".writer") == b"pid 1"
+
+
+class Clock:
+    """A wall clock the test moves (every writer sharing the store reads the same time)."""
+
+    def __init__(self) -> None:
+        self.now = 1_000_000.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_one_writer_holds_the_lease_until_it_expires_and_a_taken_over_holder_learns_it_at_its_renew(store):
+    clock = Clock()
+    first = StoreLock(store, purpose="trainer", ttl_s=60, clock=clock).acquire()
+    with pytest.raises(RunLockedError, match=f"held by trainer pid {os.getpid()} on "):
+        StoreLock(store, purpose="second", ttl_s=60, clock=clock).acquire()
+    clock.now += 50
+    first.renew()                                        # the heartbeat: 60 s more from now
+    clock.now += 50
+    with pytest.raises(RunLockedError):
+        StoreLock(store, purpose="second", ttl_s=60, clock=clock).acquire()
+    clock.now += 11                                      # 61 s since the renew: expired
+    second = StoreLock(store, purpose="second", ttl_s=60, clock=clock).acquire()
+    with pytest.raises(RunLockedError, match="taken over by second pid"):
+        first.renew()                                    # the stalled holder stops before it writes more
+    first.release()                                      # leaves the new holder's lease alone
+    with pytest.raises(RunLockedError, match="held by second"):
+        StoreLock(store, purpose="third", ttl_s=60, clock=clock).acquire()
+    second.release()
+    StoreLock(store, purpose="third", ttl_s=60, clock=clock).acquire()
+
+
+def test_of_writers_racing_for_an_expired_lease_exactly_one_gets_it(store):
+    clock = Clock()
+    StoreLock(store, ttl_s=60, clock=clock).acquire()
+    clock.now += 61
+    start, won, refused = threading.Barrier(6), [], []
+
+    def race(i):
+        lock = StoreLock(store, purpose=f"racer{i}", ttl_s=60, clock=clock)
+        start.wait()
+        try:
+            won.append(lock.acquire())
+        except RunLockedError:
+            refused.append(i)
+    threads = [threading.Thread(target=race, args=(i,)) for i in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert len(won) == 1 and len(refused) == 5

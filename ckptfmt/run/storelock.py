@@ -1,0 +1,122 @@
+"""One writer per run on a store without ``flock`` (object storage): a lease made by a
+conditional create (spec/RUN.md §4.1).
+
+The lease is an object ``.writer.NNNNNNNNNN`` holding its holder (pid, host, purpose, a random
+token) and when it expires. The newest number is the lease in force. ``acquire`` makes the next
+number with ``Store.create`` (S3's ``If-None-Match: *``), so of two writers that try at once
+exactly one gets it; it does so only while the newest lease has expired (or there is none). A
+holder ``renew``s before its lease runs out (the heartbeat) and finds out there whether a newer
+number was made meanwhile: then its lease was taken over after it expired, and it must stop
+writing (``RunLockedError``). ``release`` removes the holder's own lease objects.
+
+What holds: as long as the holder renews within ``ttl_s`` and the clocks of the machines that
+share the store agree to well within ``ttl_s``, there is one writer. A holder stalled past its
+expiry can be taken over; its next ``renew`` says so before it writes more. No reader waits on
+a lease; an expired one is never removed by anyone but the next holder.
+
+>>> import tempfile
+>>> from ckptfmt.store.local import LocalStore
+>>> store = LocalStore(tempfile.mkdtemp())
+>>> first = StoreLock(store, purpose="trainer").acquire()
+>>> try:
+...     StoreLock(store, purpose="trainer").acquire()
+... except RunLockedError as exc:
+...     print(exc.problem.split(";")[0])
+held by trainer pid ... until ...
+"""
+from __future__ import annotations
+
+import json
+import os
+import re
+import socket
+import time
+import uuid
+from typing import Any, Callable
+
+from ..errors import RunLockedError
+from ..store import Store
+
+__all__ = ["PREFIX", "StoreLock"]
+
+PREFIX = ".writer."
+_NAME = re.compile(r"\.writer\.([0-9]{10})")
+
+
+class StoreLock:
+    """The run's writer lease on ``store``; ``ttl_s``: how long one lasts unrenewed; ``clock``:
+    seconds since the epoch (``time.time``, the clock every machine sharing the store reads)."""
+
+    def __init__(self, store: Store, *, purpose: str = "writer", ttl_s: float = 60.0,
+                 clock: Callable[[], float] = time.time):
+        self.store, self.purpose, self.ttl_s, self.clock = store, purpose, ttl_s, clock
+        self.token = uuid.uuid4().hex
+        self.number: int | None = None
+
+    def _record(self) -> bytes:
+        return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
+                           "token": self.token, "expires": self.clock() + self.ttl_s}).encode()
+
+    def _leases(self) -> list[int]:
+        """The lease numbers on the store, oldest first."""
+        found = (_NAME.fullmatch(e.name) for e in self.store.entries())
+        return sorted(int(m.group(1)) for m in found if m)
+
+    def _read(self, number: int) -> dict[str, Any]:
+        try:
+            doc = json.loads(self.store.read_bytes(_name(number)))
+        except (OSError, ValueError):        # half there, or gone meanwhile: a holder that is no longer
+            return {}
+        return doc if isinstance(doc, dict) else {}
+
+    def acquire(self) -> "StoreLock":
+        """Take the lease, or ``RunLockedError`` naming the live holder (exit 2)."""
+        leases = self._leases()
+        if leases:
+            newest = self._read(leases[-1])
+            if isinstance(newest.get("expires"), (int, float)) and newest["expires"] > self.clock():
+                raise RunLockedError(self.store.where(), f"held by {newest.get('purpose', 'a writer')} pid "
+                                     f"{newest.get('pid', '?')} on {newest.get('host', '?')} until "
+                                     f"{time.strftime('%H:%M:%S', time.localtime(newest['expires']))}; "
+                                     "one writer per run")
+        number = leases[-1] + 1 if leases else 1
+        if not self.store.create(_name(number), self._record()):
+            raise RunLockedError(self.store.where(), "another writer took the lease at the same moment; "
+                                                     "one writer per run")
+        self.number = number
+        for old in leases:                   # expired: the new holder clears them
+            self.store.remove(_name(old))
+        return self
+
+    def renew(self) -> None:
+        """Extend the lease (call well within ``ttl_s``); ``RunLockedError`` when a newer lease
+        was taken meanwhile (this one had expired): stop writing."""
+        self._still_mine()
+        self.store.put_bytes(_name(self.number), self._record())
+        self._still_mine()                   # taken over while renewing: never two writers after it
+
+    def _still_mine(self) -> None:
+        if self.number is None:
+            raise RunLockedError(self.store.where(), "the writer lease is not held")
+        newer = [n for n in self._leases() if n > self.number]
+        if newer:
+            holder = self._read(newer[-1])
+            raise RunLockedError(self.store.where(), f"the writer lease expired and was taken over by "
+                                 f"{holder.get('purpose', 'a writer')} pid {holder.get('pid', '?')} on "
+                                 f"{holder.get('host', '?')}; this writer stops")
+
+    def release(self) -> None:
+        """Give the lease up (its object removed, when no newer holder took it over)."""
+        if self.number is not None and not [n for n in self._leases() if n > self.number]:
+            self.store.remove(_name(self.number))
+        self.number = None
+
+    def __enter__(self) -> "StoreLock":
+        return self.acquire()
+
+    def __exit__(self, *exc: object) -> None:
+        self.release()
+
+
+def _name(number: int) -> str:
+    return f"{PREFIX}{number:010d}"
