@@ -1,5 +1,6 @@
-"""One writer per run on a store without ``flock`` (object storage): a lease made by a
-conditional create (spec/RUN.md §4.1).
+"""Leases on a store without ``flock`` (object storage): the run's one writer, by a
+conditional create (spec/RUN.md §4.1), and readers' claims on the generations they read, which
+retention there keeps (§5.3.1).
 
 The lease is an object ``.writer.NNNNNNNNNN`` holding its holder (pid, host, purpose, a random
 token) and when it expires. The newest number is the lease in force. ``acquire`` makes the next
@@ -34,12 +35,13 @@ import time
 import uuid
 from typing import Any, Callable
 
-from ..errors import RunLockedError
+from ..errors import CheckpointError, RunLockedError
 from ..store import Store
 
-__all__ = ["PREFIX", "StoreLock"]
+__all__ = ["PREFIX", "READ_PREFIX", "StoreLock", "StoreReadLease", "leased"]
 
 PREFIX = ".writer."
+READ_PREFIX = ".lease."
 _NAME = re.compile(r"\.writer\.([0-9]{10})")
 
 
@@ -120,3 +122,48 @@ class StoreLock:
 
 def _name(number: int) -> str:
     return f"{PREFIX}{number:010d}"
+
+
+class StoreReadLease:
+    """A reader's claim on ``steps`` at ``store``: an object ``.lease.TOKEN`` naming them (with
+    the reader and when the claim expires), written on entry and removed on exit; retention at
+    the store (``leased``) keeps those steps meanwhile. Where the store refuses the object (a
+    read-only bucket) the reader reads without one and ``problem`` says why."""
+
+    def __init__(self, store: Store, steps: "list[int]", *, purpose: str = "reader", ttl_s: float = 3600.0,
+                 clock: Callable[[], float] = time.time):
+        self.store, self.steps, self.purpose, self.ttl_s, self.clock = store, sorted(steps), purpose, ttl_s, clock
+        self.name = f"{READ_PREFIX}{uuid.uuid4().hex}"
+        self.problem: str | None = None
+
+    def renew(self) -> None:
+        """Write (again) the claim, to last ``ttl_s`` from now."""
+        self.store.put_bytes(self.name, json.dumps({
+            "steps": self.steps, "purpose": self.purpose, "pid": os.getpid(), "host": socket.gethostname(),
+            "expires": self.clock() + self.ttl_s}).encode())
+
+    def __enter__(self) -> "StoreReadLease":
+        try:
+            self.renew()
+        except CheckpointError as exc:        # a read-only store: read unleased, and say so
+            self.problem = f"no read lease: {exc}"
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        if self.problem is None:
+            self.store.remove(self.name)
+
+
+def leased(store: Store, clock: Callable[[], float] = time.time) -> set[int]:
+    """The steps the unexpired read leases at ``store`` hold (what its retention keeps)."""
+    steps: set[int] = set()
+    for entry in store.entries():
+        if not entry.name.startswith(READ_PREFIX):
+            continue
+        try:
+            doc = json.loads(store.read_bytes(entry.name))
+        except (OSError, ValueError, CheckpointError):    # gone meanwhile, or half there
+            continue
+        if isinstance(doc, dict) and isinstance(doc.get("expires"), (int, float)) and doc["expires"] > clock():
+            steps |= {s for s in doc.get("steps", []) if isinstance(s, int)}
+    return steps

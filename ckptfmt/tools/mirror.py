@@ -27,6 +27,7 @@ from ..store import DIRECTORY
 from ..run import PINS, PIVOT, POLICY, SAMPLES, STATE, Run
 from ..run.generations import manifest_of, non_finite
 from ..run.retention import Candidate, Policy, candidate_for, guarded
+from ..run.storelock import leased
 from ..run.lease import ReadLease
 from ..run import history as hist
 from ..run import mirrors
@@ -221,12 +222,13 @@ def _index_there(remote: ObjectStore) -> dict[str, Any]:
 
 def _prune(remote: ObjectStore, policy: Policy, pins: list[int]) -> list[int]:
     """Retention at the destination over its committed generations; the newest and the newest
-    finite one are protected, as locally."""
+    finite one are protected, as locally, and so is a step a reader's unexpired lease there
+    holds (``run.storelock.leased``: an import in progress)."""
     there = {s: g for s, g in by_step(remote).items() if g.committed}
     doc = functools.lru_cache(maxsize=None)(lambda step: _remote_doc(remote, step))   # each read once, if at all
     candidates = [candidate_for(policy, s, lambda s=s: doc(s)) for s in sorted(there)]
     doomed = _doomed(candidates, policy, pins, max(there, default=None),
-                     _newest_finite(there, lambda s: _diverged(doc(s))))
+                     _newest_finite(there, lambda s: _diverged(doc(s)))) - leased(remote)   # readers' claims there
     for step in sorted(doomed):
         there[step].remove()
     return sorted(doomed)

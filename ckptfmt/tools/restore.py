@@ -22,6 +22,7 @@ from .. import format as fmt
 from ..errors import (DestinationExistsError, FingerprintMismatchError, GenerationNotFoundError, ManifestError,
                       NoValidGenerationError, RemoteError)
 from ..generation import by_step, list_dir, recorded_parts
+from ..run.storelock import StoreReadLease
 from ..run import RunLock, roots
 from ..run import history as hist
 from ..run.lock import refuse_live, writing_into
@@ -49,7 +50,10 @@ def restore(url: str, dest: "str | os.PathLike[str]", *, step: int | None = None
     staging = Path(atomic.temp_path_for(out))
     atomic.make_durable_dir(staging)
     try:
-        with writing_into(staging, "restore") as lock:    # held through the rename: DEST's lock
+        with writing_into(staging, "restore") as lock, \
+                StoreReadLease(remote, committed, purpose=f"import into {out}") as claim:   # kept by its retention
+            if claim.problem is not None:
+                warnings.warn(f"{remote.url}: {claim.problem}; a retention there may delete what is read", stacklevel=2)
             sidecars = _restore_sidecars(remote, staging)     # first: its history names each generation's root
             chosen, skipped = _first_valid(remote, [step] if step is not None else committed, staging, progress,
                                            finite_first=step is None)

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -14,9 +15,13 @@ import pytest
 from ckptfmt import fingerprint, generation, writer
 from ckptfmt import format as fmt
 from ckptfmt.errors import FingerprintMismatchError, RunLockedError, SaveError
-from ckptfmt.run.storelock import StoreLock
+from ckptfmt.run import Policy
+from ckptfmt.run.storelock import StoreLock, StoreReadLease, leased
+from ckptfmt.tools import restore as restore_module
+from ckptfmt.tools.mirror import mirror
 from ckptfmt.store import commit
 from ckptfmt.store.local import LocalStore
+from conftest import make
 from s3server import fixtures
 
 pytest.importorskip("s3fs")
@@ -137,3 +142,36 @@ def test_of_writers_racing_for_an_expired_lease_exactly_one_gets_it(store):
     for t in threads:
         t.join(60)
     assert len(won) == 1 and len(refused) == 5
+
+
+def test_a_readers_lease_at_a_mirror_keeps_its_steps_from_the_retention_there_until_it_ends(s3, bucket, tmp_path):
+    run, url = tmp_path / "run", f"s3://{bucket}/leased"
+    run.mkdir()
+    for step in (10, 20, 30):
+        make(run, step)
+    mirror(run, url)                                               # every generation at the destination
+    remote = ObjectStore(url)
+    with StoreReadLease(remote, [10], purpose="import", ttl_s=3600) as claim:
+        assert claim.problem is None and leased(remote) == {10}
+        mirror(run, url, retention=Policy(keep_last=1))
+        assert sorted(s for s, g in generation.by_step(remote).items() if g.committed) == [10, 30]
+        assert leased(remote, lambda: time.time() + 3601) == set()  # an expired claim holds nothing
+    assert leased(remote) == set() and not [e for e in remote.entries() if e.name.startswith(".lease.")]
+    mirror(run, url, retention=Policy(keep_last=1))
+    assert sorted(s for s, g in generation.by_step(remote).items() if g.committed) == [30]
+
+
+def test_an_import_from_a_mirror_holds_a_read_lease_while_it_reads(s3, bucket, tmp_path, monkeypatch):
+    run, url = tmp_path / "run", f"s3://{bucket}/importing"
+    run.mkdir()
+    make(run, 10)
+    mirror(run, url)
+    seen = []
+    first_valid = restore_module._first_valid
+
+    def looking(remote, *args, **kwargs):                         # what a retention there would see now
+        seen.append(leased(remote))
+        return first_valid(remote, *args, **kwargs)
+    monkeypatch.setattr(restore_module, "_first_valid", looking)
+    restore_module.restore(url, tmp_path / "back")
+    assert seen == [{10}] and leased(ObjectStore(url)) == set()
