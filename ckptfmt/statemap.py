@@ -75,6 +75,11 @@ class Optimizer:
         return [name for group in self.members for name in group]
 
     @property
+    def counts_steps(self) -> bool:
+        """It keeps a step count of its own (Adam, AdamW: a second moment); SGD keeps none."""
+        return OPTIMIZERS[self.kind][1] is not None
+
+    @property
     def step(self) -> int:
         """The largest step any parameter has taken."""
         return max((s for s in self.steps.values() if s is not None), default=0)

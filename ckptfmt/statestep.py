@@ -25,17 +25,16 @@ from typing import Any
 
 from . import format as fmt
 
-__all__ = ["STEP_KEYS", "COUNTING", "header_step", "beside"]
+__all__ = ["STEP_KEYS", "header_step", "beside"]
 
 STEP_KEYS = ("step", "global_step", "iter_num", "iteration")   # what loops save beside their state
-COUNTING = ("Adam", "AdamW")                                   # optimizers that keep a step count
 
 
 def header_step(state: Any, named: int | None) -> int:
     """The step a ``.bin`` of ``state`` records, by the rule above; ``named``: the step the
     caller's name says (None: it says none)."""
     opt = state.optimizer
-    if opt is not None and opt.kind in COUNTING:
+    if opt is not None and opt.counts_steps:      # statemap.Optimizer: by the one optimizer table
         return opt.step
     if named is not None:
         return named

@@ -45,7 +45,8 @@ def ls_cmd(run: str, as_json: bool, deep: bool, remote: bool, **policy: Any) -> 
     data = ls_run(run, deep=deep, keep_every=policy["keep_every"], policy=policy_of(**policy))
     if not data["generations"]:              # judged as validate and inspect judge it (RUN §2.5)
         from ..tools.loose import empty_directory, own_kind  # lazy: as above
-        case, said = ("files", [(run, own_kind(run))]) if own_kind(run) else empty_directory(run, data["lock"])
+        kind = own_kind(run)
+        case, said = ("files", [(run, kind)]) if kind else empty_directory(run, data["lock"])
         if case == "files":
             data["files"] = [{"path": p, "kind": k.name, "label": k.label} for p, k in said]
         else:

@@ -21,8 +21,8 @@ from .. import format as fmt
 from ..errors import DestinationExistsError, ExportError
 from ..generation import list_dir
 from ..run.lock import publish, refuse_live, writing_into
-from .archived import read_members
-from .export import ARCHIVE_MANIFEST, export, mark_incomplete, new_dest
+from .archived import ARCHIVE_MANIFEST, read_members, unmatched
+from .export import export, mark_incomplete, new_dest
 from .validate import INCOMPLETE, validate_committed
 
 __all__ = ["archive", "import_archive"]
@@ -48,7 +48,7 @@ def archive(run_dir: str, archive_path: str, **options: Any) -> dict[str, Any]:
                     for name in names:
                         tar.add(staged / name, arcname=name)
             out.commit()
-    unpacked = read_members(target, None)
+    unpacked, _ = read_members(target, None)
     for row in doc["files"]:
         if unpacked.get(row["file"]) != row["blake3"]:
             atomic.remove(target)
@@ -102,7 +102,7 @@ def _unpack_verified(source: Path, staging: Path) -> dict[str, Any]:
             raise ExportError(str(source), "not an export archive: not zstd-compressed (expected a "
                                            ".tar.zst written by ckptfmt export --archive)")
     try:
-        digests = read_members(source, staging)
+        digests, _ = read_members(source, staging)
     except ExportError:
         raise
     except (tarfile.TarError, ValueError, zstandard.ZstdError, EOFError) as exc:
@@ -112,10 +112,9 @@ def _unpack_verified(source: Path, staging: Path) -> dict[str, Any]:
         rows, steps = list(doc["files"]), [int(s) for s in doc["steps"]]
     except (OSError, ValueError, KeyError, TypeError):
         raise ExportError(str(source), f"archive has no readable {ARCHIVE_MANIFEST}") from None
-    for row in rows:
-        if not isinstance(row, dict) or digests.get(row.get("file")) != row.get("blake3"):
-            raise ExportError(str(source), f"{row.get('file') if isinstance(row, dict) else row}: blake3 "
-                                           "after unpacking differs from the export manifest")
+    problems = unmatched(rows, digests)
+    if problems:
+        raise ExportError(str(source), f"{problems[0]} (after unpacking)")
     for gen in list_dir(staging).generations:
         if gen.step in steps and gen.path is not None and gen.path.exists():
             report = validate_committed(gen, deep=True)

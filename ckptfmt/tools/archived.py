@@ -9,6 +9,7 @@ import os
 import re
 import tarfile
 from pathlib import Path
+from typing import Any
 
 import zstandard
 
@@ -17,9 +18,9 @@ from .. import format as fmt
 from ..errors import ExportError
 from .report import Report
 
-__all__ = ["read_members", "validate_archive"]
+__all__ = ["ARCHIVE_MANIFEST", "read_members", "unmatched", "validate_archive"]
 
-RECORD = "export.json"             # the export's own record of every file (export.ARCHIVE_MANIFEST)
+ARCHIVE_MANIFEST = "export.json"   # the export's own record of every file it wrote
 
 
 def _safe_member(name: str) -> bool:
@@ -32,10 +33,11 @@ def _safe_member(name: str) -> bool:
     return parsed is not None and parsed[1] == "shards" and re.fullmatch(r"\d{5}-of-\d{5}\.bin", file) is not None
 
 
-def read_members(path: Path, dest: Path | None, keep: str | None = None) -> dict[str, str]:
-    """blake3 of every member (extracting into ``dest`` when given); refuses unsafe members.
-    ``keep``: a member whose bytes are returned too, under the key ``keep + ":bytes"``."""
-    digests: dict = {}
+def read_members(path: Path, dest: Path | None, keep: str | None = None) -> tuple[dict[str, str], bytes | None]:
+    """(blake3 of every member, the bytes of member ``keep``: None where there is none),
+    extracting into ``dest`` when given; refuses unsafe members."""
+    digests: dict[str, str] = {}
+    kept_bytes: bytes | None = None
     with open(path, "rb") as f, zstandard.ZstdDecompressor().stream_reader(f) as z, \
             tarfile.open(fileobj=z, mode="r|") as tar:
         for member in tar:
@@ -63,8 +65,8 @@ def read_members(path: Path, dest: Path | None, keep: str | None = None) -> dict
                     writer.__exit__(None, None, None)
             digests[member.name] = h.hexdigest()
             if kept is not None:
-                digests[f"{keep}:bytes"] = b"".join(kept)
-    return digests
+                kept_bytes = b"".join(kept)
+    return digests, kept_bytes
 
 
 def validate_archive(path: "str | os.PathLike[str]") -> Report:
@@ -72,9 +74,8 @@ def validate_archive(path: "str | os.PathLike[str]") -> Report:
     blake3, a torn stream, an unsafe member name or no readable record is a defect (exit 1)."""
     report = Report(os.fspath(path), kind="archive")
     try:
-        found = read_members(Path(path), None, keep=RECORD)
-        record = json.loads(found.pop(f"{RECORD}:bytes"))
-        rows = {row["file"]: row["blake3"] for row in record["files"]}
+        found, data = read_members(Path(path), None, keep=ARCHIVE_MANIFEST)
+        record = json.loads(data if data is not None else b"")
         report.step = max(int(s) for s in record["steps"]) if record["steps"] else None
     except ExportError as exc:
         report.defect("archive_defect", str(exc))
@@ -83,12 +84,28 @@ def validate_archive(path: "str | os.PathLike[str]") -> Report:
         report.defect("archive_defect", f"{path}: a torn or damaged archive: {exc}")
         return report
     except (KeyError, ValueError, TypeError):
-        report.defect("archive_defect", f"{path}: no readable {RECORD} in the archive")
+        report.defect("archive_defect", f"{path}: no readable {ARCHIVE_MANIFEST} in the archive")
         return report
-    for name, want in sorted(rows.items()):      # what import checks; its B3SUMS and EXPORT.md derive from these
-        if found.get(name) != want:
-            why = "missing" if name not in found else fingerprint.mismatch(want, found[name], by=RECORD)
-            report.defect("archive_defect", f"{path}: {name}: {why}")
+    for problem in unmatched(record.get("files"), found):    # its B3SUMS and EXPORT.md derive from these
+        report.defect("archive_defect", f"{path}: {problem}")
     if report.ok:
         report.status = "verified"
     return report
+
+
+def unmatched(rows: Any, digests: dict[str, str]) -> list[str]:
+    """``NAME: why`` for each file the export's record (its ``files`` rows) names that the
+    archive does not hold with the recorded blake3 (``digests``: what ``read_members`` found)."""
+    if not isinstance(rows, list):
+        return [f"{ARCHIVE_MANIFEST}: its files are not a list"]
+    out = []
+    for row in rows:
+        name = row.get("file") if isinstance(row, dict) else None
+        want = row.get("blake3") if isinstance(row, dict) else None
+        if name is None or want is None:
+            out.append(f"{ARCHIVE_MANIFEST}: a row names no file and blake3: {row!r:.80}")
+        elif name not in digests:
+            out.append(f"{name}: missing")
+        elif digests[name] != want:
+            out.append(f"{name}: {fingerprint.mismatch(want, digests[name], by=ARCHIVE_MANIFEST)}")
+    return out

@@ -24,13 +24,13 @@ from ..run import history as hist
 from ..run import timeline
 from ..run.lock import refuse_live, writing_into
 from . import b3sums
+from .archived import ARCHIVE_MANIFEST
 from .convert import convert
 from .validate import INCOMPLETE, validate_committed
 
 __all__ = ["INCOMPLETE", "checks_in_words", "export", "mark_incomplete", "new_dest"]
 
 SIDECARS = (hist.NAME, SAMPLES, STATE)
-ARCHIVE_MANIFEST = "export.json"
 
 
 def _choose(run: Run, listing: Listing, steps: list[int] | None) -> list:
