@@ -29,11 +29,11 @@ from . import atomic, fingerprint, fsio, seal
 from . import format as fmt
 from .errors import CheckpointError, UnsupportedSetupError
 from .generation import Generation, Part
+from .hfdirs import RECORD     # written last: its presence is the commit (spec/RUN.md §12.2)
 
 __all__ = ["DELETING", "DIR_NAME", "FORMAT_ID", "RECORD", "HFCheckpoint", "checkpoints", "deleting", "files_of",
            "problems", "read_record", "step_of_dir", "sweep_deleting"]
 
-RECORD = "ckptfmt-commit.json"            # spec/RUN.md §12.2: written last; its presence is the commit
 FORMAT_ID = "ckptfmt-hf-checkpoint"
 DIR_NAME = re.compile(r"checkpoint-([0-9]+)")
 DELETING = ".ckptfmt-deleting."           # a checkpoint being removed: renamed first, never half there

@@ -7,9 +7,10 @@ import os
 
 from . import format as fmt
 
-__all__ = ["MARKERS", "WEIGHTS", "MODEL", "ENTRIES", "is_checkpoint", "is_model", "is_output", "checkpoint_dirs"]
+__all__ = ["RECORD", "MARKERS", "WEIGHTS", "MODEL", "ENTRIES", "is_checkpoint", "is_model", "is_output", "checkpoint_dirs"]
 
-MARKERS = ("ckptfmt-commit.json", "trainer_state.json")   # a Trainer checkpoint-N (RUN.md §12)
+RECORD = "ckptfmt-commit.json"      # ckptfmt's commit record in a checkpoint-N (RUN.md §12.2)
+MARKERS = (RECORD, "trainer_state.json")                   # a Trainer checkpoint-N (RUN.md §12)
 WEIGHTS = ("model.safetensors.index.json", "model.safetensors")   # a save_pretrained model
 MODEL = WEIGHTS + ("pytorch_model.bin",)                          # ... or one without safetensors
 ENTRIES = 4096             # entries of a directory looked at for checkpoint-N directories
