@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Iterator, Mapping
 
 import numpy as np
 
@@ -57,14 +57,27 @@ def write(bin_path: "str | os.PathLike[str]", step: int,
     Each value is an array, or ``(code, array)`` where the code must be given (``"BF16"`` with
     the uint16 bits of bfloat16 values).
     """
+    path = path_for(bin_path)
+    digest = tensorfile.write(str(path), _rows(tensors), _metadata(step))
+    return {"file": path.name, "size": path.stat().st_size, "blake3": digest}
+
+
+def pieces(step: int, tensors: Mapping[str, "np.ndarray | tuple[str, np.ndarray]"]) -> Iterator[memoryview]:
+    """The companion file ``write`` makes, as pieces in file order (what a store's writer sends)."""
+    return (piece for piece, _ in tensorfile.encode(_rows(tensors), _metadata(step)))
+
+
+def _rows(tensors: Mapping[str, "np.ndarray | tuple[str, np.ndarray]"]) -> list[tuple[str, str, list[int], np.ndarray]]:
     rows = []
     for name, value in tensors.items():
         code, array = value if isinstance(value, tuple) else (code_of(value), value)
         shape = list(np.shape(array))          # before ascontiguousarray, which makes 0-d 1-d
         rows.append((name, code, shape, np.ascontiguousarray(_little(np.asarray(array)))))
-    path = path_for(bin_path)
-    digest = tensorfile.write(str(path), rows, {"format": "ckptfmt-companion", "step": str(step)})
-    return {"file": path.name, "size": path.stat().st_size, "blake3": digest}
+    return rows
+
+
+def _metadata(step: int) -> dict[str, str]:
+    return {"format": "ckptfmt-companion", "step": str(step)}
 
 
 def check(bin_path: "str | os.PathLike[str]", entry: Mapping[str, Any], *, deep: bool) -> str | None:

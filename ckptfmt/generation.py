@@ -26,12 +26,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePath
 from typing import Any, Callable
 
-from . import atomic, companion, fingerprint, reader, shards
+from . import atomic, companion, fingerprint, reader, shards, tensorfile
 from .store import DIRECTORY, FILE, Entry, Store
 from .store.local import LocalStore
 from . import format as fmt
 from . import manifest as mf
-from .errors import CheckpointError, ManifestError, NoValidGenerationError, RemoteError, UnsupportedSetupError
+from .errors import (CheckpointError, FingerprintMismatchError, ManifestError, NoValidGenerationError,
+                     RemoteError, UnsupportedSetupError)
 
 
 # A manifest whose payload is gone, locally or at a mirror: damage, never a leftover, because every
@@ -198,13 +199,34 @@ class Generation:
     def open(self, *, verify: bool = False) -> "reader.Checkpoint | shards.ShardedCheckpoint":
         """The committed generation's arrays (``weights``, ``m``, ``v``, ``manifest``), hashed
         first when ``verify``; raises ``CheckpointError`` for one that is not valid, and
-        ``UnsupportedSetupError`` for one in object storage (``ckptfmt import`` brings it here)."""
+        ``UnsupportedSetupError`` for a sharded one in object storage (``ckptfmt import`` brings
+        it here). A ``.bin`` generation in another store is read into memory, every part hashed
+        against its manifest as it arrives (``verify`` or not: nothing is mapped to check later)."""
+        if not self.local and not self.sharded and self.committed:
+            return self._read_in()
         self._here("opened")
         if self.sharded and self.manifest is not None:
             return shards.ShardedCheckpoint(self.manifest, verify=verify)
         if self.bin is None:
             raise _not_committed(self)
         return reader.open(self.bin, manifest="require", verify=verify)
+
+    def _read_in(self) -> reader.Checkpoint:
+        """The generation from its store, in memory: the manifest, then each recorded part read
+        whole and refused unless its blake3 is the recorded one."""
+        doc = self.read_manifest()
+        if doc["step"] != self.step:
+            raise ManifestError(self.store.where(self.manifest.name), f"manifest says step {doc['step']}")
+        data = {}
+        for part in recorded_parts(doc, self.step):
+            data[part.role] = got = self.store.read_bytes(part.name)
+            if (digest := fingerprint.of_bytes(got)) != part.blake3:
+                raise FingerprintMismatchError(self.store.where(part.name), fingerprint.mismatch(part.blake3, digest, "object"))
+        ck = reader.from_bytes(data["generation"], self.store.where(self.bin.name))
+        ck.manifest, ck.verified = doc, True
+        if "companion" in data:
+            ck.held = tensorfile.TensorFile(self.store.where(doc[companion.FIELD]["file"]), data["companion"])
+        return ck
 
     def read_manifest(self) -> dict[str, Any] | None:
         """The manifest, checked against its seal (None where there is none), read from its store."""

@@ -121,6 +121,8 @@ class Checkpoint:
         self.manifest = manifest
         self._mmap = mm
         self._buffer = buffer
+        self.held: "tensorfile.TensorFile | None" = None   # a companion read already (from a store)
+        self.verified = False                                # every part hashed already
         self.weights, self.m, self.v = (self.region(r) for r in fmt.REGIONS)
 
     def region(self, name: str) -> np.ndarray:
@@ -193,7 +195,7 @@ class Checkpoint:
 
     def verify(self) -> None:
         """Check the content hash against the manifest; a bare file has nothing to check."""
-        if self.manifest is None:
+        if self.manifest is None or self.verified:
             return
         digest = self.fingerprint()
         if digest != self.manifest["blake3"]:
@@ -205,6 +207,8 @@ class Checkpoint:
     def companion(self) -> "tensorfile.TensorFile | None":
         """The generation's companion file (buffers and state tensors), None when it has
         none; its size is checked here, its blake3 by ``verify``."""
+        if self.held is not None:
+            return self.held
         if self.manifest is None or companion.FIELD not in self.manifest:
             return None
         return companion.read(self.path, self.manifest[companion.FIELD])

@@ -20,7 +20,7 @@ import math
 import mmap
 import os
 import struct
-from typing import Any, Iterable
+from typing import Any, Iterable, Iterator
 
 import numpy as np
 
@@ -41,6 +41,21 @@ def write(path: str, tensors: Iterable[tuple[str, str, list[int], np.ndarray]],
           metadata: dict[str, str], progress=None) -> str:
     """Durably write ``tensors`` ((name, dtype code, shape, array holding that dtype's bytes),
     in file order); returns the blake3 of the file, hashed as it is written."""
+    hasher = fingerprint.hasher(0)
+    with atomic.AtomicWriter(path) as out:
+        for piece, is_data in encode(tensors, metadata):
+            hasher.update(piece)
+            out.write(piece)
+            if progress is not None and is_data:   # progress counts tensor bytes
+                progress(len(piece))
+        out.commit()
+    return hasher.hexdigest()
+
+
+def encode(tensors: Iterable[tuple[str, str, list[int], np.ndarray]],
+           metadata: dict[str, str]) -> Iterator[tuple[memoryview, bool]]:
+    """The file ``write`` makes, as (piece, whether it is tensor data) in file order: what a
+    store's writer streams."""
     tensors = list(tensors)
     header: dict[str, Any] = {"__metadata__": metadata}
     offset = 0
@@ -49,16 +64,9 @@ def write(path: str, tensors: Iterable[tuple[str, str, list[int], np.ndarray]],
         offset += arr.nbytes
     blob = json.dumps(header, separators=(",", ":")).encode()
     blob += b" " * (-len(blob) % 8)
-    hasher = fingerprint.hasher(0)
-    with atomic.AtomicWriter(path) as out:
-        head = struct.pack("<Q", len(blob)) + blob
-        for piece in _pieces(head, tensors):
-            hasher.update(piece)
-            out.write(piece)
-            if progress is not None and piece.obj is not head:   # progress counts tensor bytes
-                progress(len(piece))
-        out.commit()
-    return hasher.hexdigest()
+    head = struct.pack("<Q", len(blob)) + blob
+    for piece in _pieces(head, tensors):
+        yield piece, piece.obj is not head
 
 
 def _pieces(head: bytes, tensors: list) -> Iterable[memoryview]:
@@ -69,6 +77,13 @@ def _pieces(head: bytes, tensors: list) -> Iterable[memoryview]:
         view = memoryview(np.ascontiguousarray(arr).reshape(-1)).cast("B")
         for start in range(0, view.nbytes, CHUNK):
             yield view[start:start + CHUNK]
+
+
+def _head(f: Any) -> bytes:
+    """The 8-byte length and the JSON header it announces (no more than ``MAX_HEADER``)."""
+    first = f.read(8)
+    (hlen,) = struct.unpack("<Q", first)
+    return first + f.read(min(hlen, MAX_HEADER))
 
 
 def _check_entry(path: str, name: str, info: object) -> None:
@@ -84,28 +99,40 @@ def _check_entry(path: str, name: str, info: object) -> None:
 class TensorFile:
     """A parsed safetensors file: ``metadata`` and ``tensor(name)`` views over one mmap."""
 
-    def __init__(self, path: str):
+    def __init__(self, path: str, data: "bytes | None" = None):
+        """The file at ``path``, mapped; or ``data``, its bytes held in memory (read from a
+        store), ``path`` then naming it in messages."""
         self.path = path
+        if data is not None:
+            self._parse(memoryview(data))
+            self._mm: Any = data
+            return
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
-            if size < 8:
-                raise TensorFileError(path, f"not a safetensors file: {size} bytes")
-            (hlen,) = struct.unpack("<Q", f.read(8))
-            if hlen > MAX_HEADER or 8 + hlen > size:
-                raise TensorFileError(path, f"safetensors header length {hlen} is impossible for a "
-                                         f"{size}-byte file")
-            self.header = parse_json(f.read(hlen), TensorFileError, path, "safetensors header is not JSON")
-            self.data_start = 8 + hlen
-            if not isinstance(self.header, dict):
-                raise TensorFileError(path, "safetensors header is not a JSON object")
-            self.metadata = self.header.pop("__metadata__", None) or {}
-            if not isinstance(self.metadata, dict):
-                raise TensorFileError(path, "safetensors __metadata__ is not an object")
-            for name, info in self.header.items():
-                _check_entry(path, name, info)
-            self._check_coverage(size)
+            self._parse(_head(f) if size >= 8 else b"", size)
             # mapped last, once the header is accepted: a refused file leaves no map behind
             self._mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+
+    def _parse(self, head: "bytes | memoryview", size: int | None = None) -> None:
+        """The header from the file's first bytes (``size``: the file's, else ``len(head)``)."""
+        path = self.path
+        size = len(head) if size is None else size
+        if size < 8:
+            raise TensorFileError(path, f"not a safetensors file: {size} bytes")
+        (hlen,) = struct.unpack("<Q", bytes(head[:8]))
+        if hlen > MAX_HEADER or 8 + hlen > size:
+            raise TensorFileError(path, f"safetensors header length {hlen} is impossible for a "
+                                     f"{size}-byte file")
+        self.header = parse_json(bytes(head[8:8 + hlen]), TensorFileError, path, "safetensors header is not JSON")
+        self.data_start = 8 + hlen
+        if not isinstance(self.header, dict):
+            raise TensorFileError(path, "safetensors header is not a JSON object")
+        self.metadata = self.header.pop("__metadata__", None) or {}
+        if not isinstance(self.metadata, dict):
+            raise TensorFileError(path, "safetensors __metadata__ is not an object")
+        for name, info in self.header.items():
+            _check_entry(path, name, info)
+        self._check_coverage(size)
 
     def _check_coverage(self, size: int) -> None:
         spans = sorted(tuple(t["data_offsets"]) for t in self.header.values())

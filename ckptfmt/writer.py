@@ -146,9 +146,7 @@ def save(path: "str | os.PathLike[str]", step: int, weights: Region, m: Region, 
     """
     started = time.perf_counter()
     path = os.fspath(path)
-    counts, sources = zip(*(_pieces(r, name, path) for r, name in zip((weights, m, v), fmt.REGIONS)))
-    n = _agree_on_n(path, counts, None if n_params is None else _integer(path, "n_params", n_params, fmt.MAX_N))
-    step = check_arguments(path, step, n, manifest if write_manifest else None)
+    step, n, sources = prepare(path, step, weights, m, v, n_params, manifest if write_manifest else None)
     if not overwrite and os.path.lexists(path):
         raise SaveError(path, atomic.EXISTS)
     facts = valfacts.ValueFacts() if value_facts else None
@@ -164,6 +162,15 @@ def save(path: "str | os.PathLike[str]", step: int, weights: Region, m: Region, 
         raise
     return SaveResult(path, mpath, step, n, fmt.file_size(n), digest, time.perf_counter() - started,
                       manifest.get(valfacts.FIELD))
+
+
+def prepare(path: str, step: Any, weights: Region, m: Region, v: Region, n_params: int | None,
+            manifest: dict[str, Any] | None) -> tuple[int, int, tuple]:
+    """(step, n_params, the regions' chunk sources), every argument checked as ``save`` says,
+    before a byte is written; ``path`` names the generation in messages."""
+    counts, sources = zip(*(_pieces(r, name, path) for r, name in zip((weights, m, v), fmt.REGIONS)))
+    n = _agree_on_n(path, counts, None if n_params is None else _integer(path, "n_params", n_params, fmt.MAX_N))
+    return check_arguments(path, step, n, manifest), n, sources
 
 
 def _remove_quietly(*paths: "str | os.PathLike[str]") -> None:
@@ -273,11 +280,21 @@ def _write_hashed(path: str, header: bytes, sources: tuple, n: int,
     writing chunk k+1. The value facts are folded in by the hashing task itself, so they cover
     exactly the bytes hashed, under the same contract (spec §5.9).
     """
-    hasher = fingerprint.hasher(1)
-    expected = fmt.file_size(n)
     if os.path.exists(path):  # overwrite: uncommit the old generation before replacing it
         atomic.remove(mf.path_for(path))
-    with atomic.AtomicWriter(path, exclusive=exclusive) as out, ThreadPoolExecutor(1, "ckptfmt-hash") as pool:
+    with atomic.AtomicWriter(path, exclusive=exclusive) as out:
+        digest = stream_hashed(out, path, header, sources, n, facts)
+        out.commit()
+    return digest
+
+
+def stream_hashed(out: Any, path: str, header: bytes, sources: tuple, n: int,
+                  facts: valfacts.ValueFacts | None = None) -> str:
+    """``_write_hashed`` into ``out``, any sink with ``write`` and ``offset`` (a local temp file,
+    a store's upload), left uncommitted: the blake3 of what went in, ``path`` naming it."""
+    hasher = fingerprint.hasher(1)
+    expected = fmt.file_size(n)
+    with ThreadPoolExecutor(1, "ckptfmt-hash") as pool:
         pending: deque[Future] = deque()
 
         def drain(keep: int = 0) -> None:
@@ -292,7 +309,6 @@ def _write_hashed(path: str, header: bytes, sources: tuple, n: int,
         if out.offset != expected:
             raise SaveError(path, f"regions hold {out.offset - fmt.HEADER_SIZE} bytes, header "
                                   f"promises {expected - fmt.HEADER_SIZE}", expected=expected, got=out.offset)
-        out.commit()
     return hasher.hexdigest()
 
 

@@ -29,7 +29,7 @@ import tempfile
 from pathlib import Path
 
 PRELOAD = ("numpy", "torch", "torch._dynamo", "torch.nn.functional", "ckptfmt", "ckptfmt.torch",
-           "ckptfmt.cli", "ckptfmt.trainer.loop", "ckptfmt.trainer.mini")
+           "ckptfmt.cli", "ckptfmt.trainer.entry", "ckptfmt.trainer.mini")
 FLAGS = {"-B", "-u"}
 
 

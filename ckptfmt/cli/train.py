@@ -85,7 +85,9 @@ def _why(check: dict) -> str:
 # ---------------------------------------------------------------- train
 @main.command()
 @click.option("--run", "--run-dir", "run_dir", required=True, type=click.Path(),
-              help="Run directory (created if new). Under torchrun use --run-dir (torchrun claims --run).")
+              help="Run directory (created if new), or a URL: a run written straight to object storage "
+              "(s3://bucket/runs/x; one process; the remote extra). Under torchrun use --run-dir "
+              "(torchrun claims --run).")
 @click.option("--config", "config_name", default="tiny", show_default=True,
               type=click.Choice(["tiny", "andrea-12m", "andrea-120m"]), help="Named model/training config.")
 @click.option("--steps", type=click.IntRange(min=0, max=2**31 - 1), required=True,
@@ -172,7 +174,7 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
     overrides = _overrides(config_name, sets, seed, threads)
     from ..trainer.config import METRICS  # lazy: as above
     require_metrics(METRICS, metric=retention.metric if retention else None, checkpoint_on_best=saving.on_best)
-    from ..trainer.loop import train as run_train  # lazy: imports torch
+    from ..trainer.entry import train as run_train  # lazy: imports torch
     code = run_train(run_dir, config_name, steps, seed=seed, threads=threads, sets=overrides, flags=flags,
                      device=device, saving=saving, sample_every=sample_every,
                      retention=retention, async_save=async_save, amp=amp,

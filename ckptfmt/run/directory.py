@@ -16,11 +16,11 @@ from .. import atomic, fsio, writer
 from ..errors import (GenerationNotFoundError, NoValidGenerationError, SaveError,
                       SidecarError, UnsupportedSetupError)
 from ..facts import describe
-from ..generation import Generation, Listing, list_dir
+from ..generation import Generation, Listing, at, list_dir
 from .generations import check_bare, manifest_of, non_finite
 from .history import History
 from .lease import honoured
-from .lock import sidecar_in_progress
+from .lock import RunLock, sidecar_in_progress
 from .roots import mismatch, of_step, recorded
 from .retention import Candidate, Plan, Policy, candidate_for, guarded
 from .sidecars import PINS, read_json, write_json
@@ -49,7 +49,10 @@ class Choice:
 
 
 class Run:
-    """A run directory. ``Run(path).latest()`` is the newest committed, valid generation."""
+    """A run directory. ``Run(path).latest()`` is the newest committed, valid generation.
+    (A run on a store, object storage, is ``storerun.StoreRun``: the same calls.)"""
+
+    retention_deep = True      # retention verifies the newest by its blake3 before deleting
 
     def __init__(self, path: "str | os.PathLike[str]", *, create: bool = False):
         fsio.refuse_url(path, "a run directory")       # never the local directory s3:/bucket/...
@@ -60,7 +63,8 @@ class Run:
             raise FileNotFoundError(errno.ENOENT, "no such run directory", str(self.path))
         if not self.path.is_dir():
             raise NotADirectoryError(errno.ENOTDIR, "not a run directory", str(self.path))
-        self.history = History(self.path / ".loss.json")
+        self.where = str(self.path)             # the run as messages name it
+        self.history: Any = History(self.path / ".loss.json")
         self._vouched: dict[int, str] = {}    # roots this writer committed, before its events say so
 
     def __fspath__(self) -> str:
@@ -93,7 +97,7 @@ class Run:
         """
         choice = self.choose(deep=deep, allow_bare=allow_bare, allow_nonfinite=allow_nonfinite, among=among)
         if choice.diverged and choice.gen is not None:
-            warnings.warn(f"{self.path}: latest finite generation is {choice.gen.step}: {choice.why()} "
+            warnings.warn(f"{self.where}: latest finite generation is {choice.gen.step}: {choice.why()} "
                           "(allow_nonfinite=True picks the newest)", stacklevel=2)
         return self.chosen(choice)
 
@@ -102,10 +106,10 @@ class Run:
         if choice.gen is not None or not (choice.reasons or choice.diverged):
             return choice.gen
         if choice.diverged:
-            raise NoValidGenerationError(str(self.path), "no finite generation to resume from: "
+            raise NoValidGenerationError(self.where, "no finite generation to resume from: "
                                          + choice.why() + " (allow_nonfinite / --allow-nonfinite "
                                          f"resumes the newest, {choice.diverged[0].step})")
-        raise NoValidGenerationError(str(self.path), "no valid generation: " + "; ".join(choice.reasons))
+        raise NoValidGenerationError(self.where, "no valid generation: " + "; ".join(choice.reasons))
 
     def judge(self, *, deep: bool = False, tier: str = "disk") -> Callable[[Generation], str | None]:
         """The check latest-valid makes of each generation: ``Generation.check`` (``deep``: the
@@ -136,24 +140,43 @@ class Run:
     def _recorded(self, tier: str) -> dict[int, str]:
         """The root digest the history records for each step of ``tier`` (``roots.recorded``),
         the disk's with what this writer vouches for."""
-        roots = recorded(self.history.path, tier=tier)
+        roots = self._history_roots(tier)
         if tier == "disk":
             roots.update(self._vouched)
         return roots
+
+    def name_of(self, gen: Generation) -> str:
+        """The generation as a file names it (``generation_at`` takes it back): its path."""
+        return str(gen.path)
+
+    def generation_at(self, path: "str | os.PathLike[str]") -> Generation:
+        """The generation a file of it names (``generation.at``)."""
+        return at(path)
+
+    def _history_roots(self, tier: str) -> dict[int, str]:
+        return recorded(self.history.path, tier=tier)
+
+    def writer_lock(self, purpose: str) -> Any:
+        """The run's writer lock, held (``release()`` gives it back; spec/RUN.md §4)."""
+        return RunLock(self.path, purpose=purpose).acquire()
+
+    def manifest_root(self, step: int) -> str | None:
+        """The root digest generation ``step``'s manifest records (None: none readable)."""
+        return of_step(self.path, step)
 
     def vouch(self, step: int) -> None:
         """This writer has just committed generation ``step``: until its ``checkpoint`` event
         names it (written after the commit, and after retention), ``judge`` takes its manifest's
         root as recorded, so an older record of the step (a timeline the run fell back from)
         does not make retention delete it."""
-        root = of_step(self.path, step)
+        root = self.manifest_root(step)
         if root is not None:
             self._vouched[step] = root
 
     def committed_root(self, step: int) -> str | None:
         """The root digest of generation ``step`` as this writer committed it (``vouch``), read
         from its manifest otherwise: what its ``checkpoint`` event records."""
-        return self._vouched.get(step) or of_step(self.path, step)
+        return self._vouched.get(step) or self.manifest_root(step)
 
     def choose(self, *, deep: bool = False, allow_bare: bool = False, allow_nonfinite: bool = False,
                among: list[Generation] | None = None) -> Choice:
@@ -166,7 +189,7 @@ class Run:
             reason = judge(gen)
             if reason is not None:
                 choice.reasons.append(f"step {gen.step}: {reason}")
-                warnings.warn(f"{self.path}: skipping generation {gen.step}: {reason}", stacklevel=3)
+                warnings.warn(f"{self.where}: skipping generation {gen.step}: {reason}", stacklevel=3)
                 continue
             bad = {} if bare or allow_nonfinite else non_finite(gen)
             if not bad:
@@ -188,24 +211,29 @@ class Run:
         if gen is not None and gen.committed and self.judge(deep=True)(gen) is None:
             bad = non_finite(gen)
             if not bad:
-                raise SaveError(str(gen.path), "generation is committed already; refusing to overwrite")
-            warnings.warn(f"{gen.path}: replacing diverged generation {step} ({describe(bad)}): the "
+                raise SaveError(self.where + "/" + gen.path.name, "generation is committed already; refusing to overwrite")
+            warnings.warn(f"{self.where}/{gen.path.name}: replacing diverged generation {step} ({describe(bad)}): the "
                           "run resumed from an earlier finite one and reached its step again", stacklevel=2)
-        result = writer.save_generation(self.path, step, weights, m, v, manifest=manifest,
-                                        n_params=n_params, overwrite=gen is not None,
-                                        extra_tensors=extra_tensors, before_commit=before_commit)
+        result = self._write(gen, step, weights, m, v, manifest=manifest, n_params=n_params,
+                             extra_tensors=extra_tensors, before_commit=before_commit)
+        self.vouch(step)
+        return result
+
+    def _write(self, gen: Generation | None, step: int, *regions: Any, **how: Any) -> writer.SaveResult:
+        """The durable write of generation ``step`` over ``gen``, what is there of it (uncommitted
+        first, then replaced)."""
+        result = writer.save_generation(self.path, step, *regions, overwrite=gen is not None, **how)
         if gen is not None and gen.shards is not None:     # a damaged sharded one replaced by a .bin
             shutil.rmtree(gen.shards, ignore_errors=True)
-        self.vouch(step)
         return result
 
     # ------------------------------------------------------------ retention
     def pins(self) -> list[int]:
         """Pinned steps: retention never deletes them. A pins file that is not a list of steps is
         a ``SidecarError`` (retention must not guess what it protects)."""
-        pins = read_json(self.path / PINS, default=[])
+        pins = self.read_sidecar(PINS, default=[])
         if not isinstance(pins, list) or not all(type(s) is int for s in pins):
-            raise SidecarError(str(self.path / PINS), f"expected a list of steps, got {pins!r:.60}")
+            raise SidecarError(f"{self.where}/{PINS}", f"expected a list of steps, got {pins!r:.60}")
         return pins
 
     def pin(self, step: int, on: bool = True) -> list[int]:
@@ -213,11 +241,11 @@ class Run:
         committed generation can be pinned (a pin on nothing would protect nothing, silently);
         unpinning works for any step, so a pin outliving its generation can be removed."""
         if on and not any(g.step == step and g.committed for g in self.generations()):
-            raise GenerationNotFoundError(str(self.path), f"no committed generation at step {step} "
+            raise GenerationNotFoundError(self.where, f"no committed generation at step {step} "
                                                           "to pin (see ckptfmt ls)")
         pins = set(self.pins())
         pins = pins | {step} if on else pins - {step}
-        write_json(self.path / PINS, sorted(pins))
+        self.write_sidecar(PINS, sorted(pins))
         return sorted(pins)
 
     def plan_gc(self, policy: Policy | None = None, *, keep_last: int | None = None, keep_every: int | None = None,
@@ -231,7 +259,7 @@ class Run:
         values) never push out the last good one (§5.4)."""
         policy = policy or Policy.by_count(keep_last, keep_every)
         committed = [g for g in self.generations() if g.committed]
-        choice = self.choose(deep=True) if committed else Choice()
+        choice = self.choose(deep=self.retention_deep) if committed else Choice()
         if committed and choice.newest_valid is None:
             self.chosen(choice)            # raises: no valid generation
         chosen = self.retention_plan(policy, committed, choice, strict_metric)
@@ -254,7 +282,7 @@ class Run:
         anything is deleted."""
         if policy.metric is not None and candidates and not any(policy.metric in c.metrics for c in candidates):
             known = sorted({m for c in candidates for m in c.metrics})
-            raise UnsupportedSetupError(str(self.path), f"no generation records metric {policy.metric!r} "
+            raise UnsupportedSetupError(self.where, f"no generation records metric {policy.metric!r} "
                                         f"(recorded: {', '.join(known) or 'none'})")
 
     def gc(self, policy: Policy | None = None, *, keep_last: int | None = None,
@@ -270,7 +298,7 @@ class Run:
         a leased one with the reason ``leased``; the newest valid finite generation)."""
         doomed, resumable, chosen = self.plan_gc(policy, strict_metric=strict_metric)
         kept = dict(chosen.kept)
-        with honoured(self.path, sweep=not dry_run) as leased:
+        with self.leases(sweep=not dry_run) as leased:
             for gen in doomed:
                 if gen.step in leased:
                     kept[gen.step] = ["leased"]
@@ -279,6 +307,10 @@ class Run:
                 for gen in doomed:
                     gen.remove()
         return [g.step for g in doomed], dict(sorted(kept.items())), resumable
+
+    def leases(self, *, sweep: bool) -> Any:
+        """For retention: a context whose value is the steps live readers hold (§5.3)."""
+        return honoured(self.path, sweep=sweep)
 
     def sweep_temps(self) -> list[Path]:
         """Remove orphan temp files of our own pattern (killed saves); nothing else: not a

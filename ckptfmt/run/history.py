@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import bisect
 import contextlib
+import io
 import json
 import math
 import os
@@ -142,6 +143,11 @@ class History:
             os.close(self._fd)
             self._fd = None
 
+    @property
+    def source(self) -> str:
+        """What the module's readers take (a store's history is a source of its own)."""
+        return self.path
+
     def read(self) -> HistoryRead:
         """Read the whole history (see the module function ``read``)."""
         return read(self.path)
@@ -192,6 +198,20 @@ def _lines(f: BinaryIO, length: int | None) -> Iterator[tuple[int, int, bytes]]:
         pos += len(raw)
 
 
+def name_of(source: Any) -> str:
+    """The history as messages name it: its path, or a store history's ``path`` (its URL)."""
+    return source.path if hasattr(source, "read_all") else os.fspath(source)
+
+
+def opened(source: Any) -> BinaryIO | None:
+    """The history's bytes to read once through: its file, or a store history's segments
+    joined (``read_all``); None where there is none."""
+    if hasattr(source, "read_all"):
+        return io.BytesIO(source.read_all())
+    path = os.fspath(source)
+    return open(path, "rb") if os.path.exists(path) else None
+
+
 @dataclass
 class Survey:
     """What one pass over the history found besides the records: how many there are, a torn
@@ -202,18 +222,20 @@ class Survey:
     problems: list[str] = field(default_factory=list)
 
 
-def stream(path: "str | os.PathLike[str]", length: int | None = None,
+def stream(source: "str | os.PathLike[str] | Any", length: int | None = None,
            survey: Survey | None = None) -> Iterator[tuple[int, dict[str, Any]]]:
     """(byte offset, record) of every complete record in file order, one line in memory at a
     time; a torn or NUL-filled tail is a warning, damage mid-file a problem, both added to
     ``survey`` as the lines go by (its last-line warning once the stream is exhausted).
-    ``length``: read only that prefix (``complete_length`` while a writer appends)."""
-    path = os.fspath(path)
+    ``length``: read only that prefix (``complete_length`` while a writer appends). ``source``:
+    the history's path, or a history on a store (``segments.SegmentedHistory``)."""
+    path = name_of(source)
     survey = Survey(path) if survey is None else survey
-    if not os.path.exists(path):
+    f = opened(source)
+    if f is None:
         return
     last_bad, count = None, 0
-    with open(path, "rb") as f:
+    with f:
         for i, (offset, _, raw) in enumerate(_lines(f, length)):
             count = i + 1
             rec = record_of(raw)
@@ -233,14 +255,14 @@ def stream(path: "str | os.PathLike[str]", length: int | None = None,
 def read(path: "str | os.PathLike[str]", length: int | None = None) -> HistoryRead:
     """Every complete record in memory (small histories and tests; a run's tools use ``survey``
     or ``index``, which hold no records); warnings and problems as ``stream`` finds them."""
-    found = Survey(os.fspath(path))
+    found = Survey(name_of(path))
     records = [rec for _, rec in stream(path, length, found)]
     return HistoryRead(records=records, warnings=found.warnings, problems=found.problems)
 
 
 def survey(path: "str | os.PathLike[str]", length: int | None = None) -> Survey:
     """Count the records and find the damage, holding one line at a time (``validate``)."""
-    found = Survey(os.fspath(path))
+    found = Survey(name_of(path))
     for _ in stream(path, length, found):
         pass
     return found
@@ -319,7 +341,7 @@ def index(path: "str | os.PathLike[str]", length: int | None = None, *,
     """The canonical history of ``path`` in one pass, holding one line at a time: the same steps
     in the same order as ``read(path).canonical()``, and (``offsets``) where each one's line
     is, for ``records``."""
-    found = HistoryIndex(os.fspath(path), length=length, offsets=array("q") if offsets else None)
+    found = HistoryIndex(name_of(path), length=length, offsets=array("q") if offsets else None)
     for offset, rec in stream(path, length, found):
         if "event" not in rec:
             found.put(rec["step"], offset)

@@ -31,6 +31,7 @@ import json
 import os
 import re
 import socket
+import threading
 import time
 import uuid
 from typing import Any, Callable
@@ -38,7 +39,7 @@ from typing import Any, Callable
 from ..errors import CheckpointError, RunLockedError
 from ..store import Store
 
-__all__ = ["PREFIX", "READ_PREFIX", "StoreLock", "StoreReadLease", "leased"]
+__all__ = ["PREFIX", "READ_PREFIX", "Heartbeat", "StoreLock", "StoreReadLease", "leased"]
 
 PREFIX = ".writer."
 READ_PREFIX = ".lease."
@@ -118,6 +119,43 @@ class StoreLock:
 
     def __exit__(self, *exc: object) -> None:
         self.release()
+
+
+class Heartbeat:
+    """A held ``StoreLock`` renewed every third of its ``ttl_s`` on a daemon thread until
+    ``release()``. A renewal that finds the lease taken over, or none that succeeded for a whole
+    ``ttl_s`` (the store unreachable: another writer may take it over now), is kept, and
+    ``check()`` raises it: the writer calls it before each commit and stops there."""
+
+    def __init__(self, lock: StoreLock):
+        self.lock, self.error = lock, None
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._beat, name="ckptfmt-lease", daemon=True)
+        self._thread.start()
+
+    def _beat(self) -> None:
+        renewed = self.lock.clock()
+        while not self._stop.wait(self.lock.ttl_s / 3):
+            try:
+                self.lock.renew()
+                renewed = self.lock.clock()
+            except RunLockedError as exc:
+                self.error = exc
+                return
+            except CheckpointError as exc:    # the store unreachable: tried again, until the lease is gone
+                if self.lock.clock() - renewed > self.lock.ttl_s:
+                    self.error = RunLockedError(self.lock.store.where(), f"the writer lease could not be "
+                                                f"renewed for {self.lock.ttl_s:.0f} s ({exc}); this writer stops")
+                    return
+
+    def check(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def release(self) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.lock.release()
 
 
 def _name(number: int) -> str:

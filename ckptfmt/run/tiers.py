@@ -111,6 +111,8 @@ def tier_dir(found: str) -> Path:
 def run_id(run: "str | os.PathLike[str]", *, create: bool = False) -> str | None:
     """The run's ID from ``.run-id.json``; None when it has none (or a damaged one). ``create``
     (the writer, holding the run lock): a new ID is written once, atomically, if there is none."""
+    if run is None:                      # a run on object storage: no RAM tier
+        return None
     path = Path(run) / RUN_ID
     try:
         doc = read_json(path, default=None)

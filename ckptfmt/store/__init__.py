@@ -30,9 +30,14 @@ A writer calls, in this order::
     write(name, chunks, expected=)  each part as a stream, its blake3 computed as it is written
                                     (``expected``: refused, never published, when it differs);
                                     returns a ``Written`` (name, size, blake3)
-    commit(store, manifest, data, parts)
+    open_part(name)                 the same as a sink the caller writes and hashes itself
+                                    (``write``, ``offset``, ``commit``; leaving it uncommitted
+                                    publishes nothing: the seed writer's hashing thread uses it)
+    commit(store, manifest, data, parts, before=)
                                     every part confirmed on the store by its size and its blake3
-                                    read back, then the manifest (the commit marker) written last
+                                    read back, ``before()`` (the run records the root it commits),
+                                    then the manifest (the commit marker) written last
+    put_bytes(name, data)           a small file whole (a sidecar, a history segment)
     create(name, data)              an object made only where none is (the run's writer lock):
                                     False when one is there already (S3's ``If-None-Match: *``)
 
@@ -47,7 +52,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import PurePath
-from typing import Iterable, Protocol
+from typing import Callable, Iterable, Protocol
 
 from ..errors import SaveError
 
@@ -111,11 +116,29 @@ class Store(Protocol):
     def create(self, name: str, data: bytes) -> bool:
         """Make ``name`` holding ``data`` only where nothing is; False when something is."""
 
+    def open_part(self, name: str) -> "Sink":
+        """A part to write: ``with store.open_part(name) as out: out.write(chunk) ...;
+        out.commit()`` publishes it; leaving the block uncommitted publishes nothing."""
 
-def commit(store: Store, manifest: str, data: bytes, parts: "list[Written]") -> None:
+    def under(self, prefix: str) -> "Store":
+        """The store of the files under ``prefix`` (a folder of this one: the history's segments)."""
+
+
+class Sink(Protocol):
+    """A part being written (``Store.open_part``): ``offset`` bytes so far."""
+    offset: int
+
+    def write(self, data: "bytes | memoryview") -> None: ...
+
+    def commit(self) -> None: ...
+
+
+def commit(store: Store, manifest: str, data: bytes, parts: "list[Written]",
+           before: "Callable[[], None] | None" = None) -> None:
     """Publish a generation: each part of ``parts`` confirmed on ``store`` (its size, then its
-    blake3 read back), then ``manifest`` written last. A part that is not what was written is a
-    ``SaveError`` naming it, and no manifest is written: the generation stays uncommitted."""
+    blake3 read back), then ``before()`` (what raises there fails the commit), then ``manifest``
+    written last. A part that is not what was written is a ``SaveError`` naming it, and no
+    manifest is written: the generation stays uncommitted."""
     for part in parts:
         size = store.size(part.name)
         if size != part.size:
@@ -125,4 +148,6 @@ def commit(store: Store, manifest: str, data: bytes, parts: "list[Written]") -> 
         if got != part.blake3:
             raise SaveError(store.where(part.name), f"on the store it hashes to {got}, {part.blake3} was "
                                                     "written; not committed")
+    if before is not None:
+        before()
     store.put_bytes(manifest, data)

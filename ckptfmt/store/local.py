@@ -54,14 +54,27 @@ class LocalStore:
         path = self.locate(name)
         return fingerprint.of_file(path), path.stat().st_size
 
+    def under(self, prefix: str) -> "LocalStore":
+        return LocalStore(self.locate(prefix))
+
+    def open_part(self, name: str) -> atomic.AtomicWriter:
+        """The durable write of ``name`` (temp file; ``commit``: fsync, rename, the directory
+        fsynced); the folders it is in are made first."""
+        return atomic.AtomicWriter(self._parent(name))
+
+    def _parent(self, name: str) -> Path:
+        """``name``'s path, the folders it is in made first (a store under a prefix not made yet)."""
+        path = self.locate(name)
+        if not path.parent.is_dir():
+            atomic.make_durable_dir(path.parent)
+        return path
+
     def write(self, name: str, chunks: Iterable[bytes], *, expected: str | None = None) -> Written:
         """The durable write (temp file, fsync, rename, the directory fsynced), hashed as written;
         a part whose blake3 is not ``expected`` is never renamed into place."""
         path = self.locate(name)
-        if "/" in name:
-            atomic.make_durable_dir(path.parent)
         h = fingerprint.hasher(0)
-        with atomic.AtomicWriter(path) as out:
+        with self.open_part(name) as out:
             for chunk in chunks:
                 h.update(chunk)
                 out.write(chunk)
@@ -72,11 +85,11 @@ class LocalStore:
         return Written(name, out.offset, h.hexdigest())
 
     def put_bytes(self, name: str, data: bytes) -> None:
-        atomic.write_bytes(self.locate(name), data)
+        atomic.write_bytes(self._parent(name), data)
 
     def create(self, name: str, data: bytes) -> bool:
         try:
-            atomic.write_bytes(self.locate(name), data, exclusive=True)
+            atomic.write_bytes(self._parent(name), data, exclusive=True)
         except SaveError as exc:
             if exc.problem == atomic.EXISTS:
                 return False

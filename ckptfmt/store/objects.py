@@ -78,6 +78,8 @@ def _reason(exc: BaseException) -> str:
         return "no such bucket"
     if isinstance(exc, FileNotFoundError):
         return "not found"
+    if re.search(r"NoCredentials|Unable to locate credentials", text):
+        return "no credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile in ~/.aws)"
     if re.search(r"AccessDenied|Forbidden|InvalidAccessKeyId|SignatureDoesNotMatch|403", text):
         return "access denied"
     if re.search(r"Connect(ion)?(Error|Timeout|Refused)|Could not connect|Cannot connect|"
@@ -202,25 +204,28 @@ class ObjectStore:
         """Stream ``chunks`` to ``name`` (multipart above ``BLOCK``), hashed while sent; an upload
         whose bytes do not hash to ``expected`` is aborted before S3 would publish it (the error
         names ``source``, the file it came from, else the object)."""
-        self._parent(name)
-        h, sent = fingerprint.hasher(0), 0
-        with translated(self.where(name), "upload failed"):
-            out = self.fs.open(self.path(name), "wb", block_size=BLOCK)
-            try:
-                for chunk in chunks:
-                    h.update(chunk)
-                    out.write(chunk)
-                    sent += len(chunk)
-                    if progress is not None:
-                        progress(len(chunk))
-                if expected is not None and h.hexdigest() != expected:
-                    raise FingerprintMismatchError(source or self.where(name), f"hashes to {h.hexdigest()} while "
-                                                   f"sent, its manifest says {expected}; not uploaded")
-            except BaseException:
-                self._discard(out, name)
-                raise
-            out.close()
-        return Written(name, sent, h.hexdigest())
+        h = fingerprint.hasher(0)
+        with self.open_part(name) as out:
+            for chunk in chunks:
+                h.update(chunk)
+                out.write(chunk)
+                if progress is not None:
+                    progress(len(chunk))
+            if expected is not None and h.hexdigest() != expected:
+                raise FingerprintMismatchError(source or self.where(name), f"hashes to {h.hexdigest()} while "
+                                               f"sent, its manifest says {expected}; not uploaded")
+            out.commit()
+        return Written(name, out.offset, h.hexdigest())
+
+    def open_part(self, name: str) -> "Upload":
+        """An upload of ``name`` to write chunk by chunk (``Upload``)."""
+        return Upload(self, name)
+
+    def under(self, prefix: str) -> "ObjectStore":
+        """The files under ``prefix``, on the same client."""
+        child = object.__new__(ObjectStore)
+        child.__dict__.update(self.__dict__, url=self.where(prefix), root=self.path(prefix))
+        return child
 
     def create(self, name: str, data: bytes) -> bool:
         """One small object made only where none is: S3's conditional PUT (``If-None-Match: *``,
@@ -297,3 +302,34 @@ class ObjectStore:
                 self.fs.rm(self.path(name), recursive=recursive)
             except FileNotFoundError:
                 pass
+
+
+class Upload:
+    """One object being uploaded (``ObjectStore.open_part``): ``write`` sends (multipart above
+    ``BLOCK``), ``commit`` completes it; leaving the ``with`` block without ``commit`` aborts
+    it (``_discard``), so a failed or refused write never publishes an object."""
+
+    def __init__(self, store: ObjectStore, name: str):
+        self.store, self.name, self.offset = store, name, 0
+        self._out: Any = None
+        self._done = False
+
+    def __enter__(self) -> "Upload":
+        self.store._parent(self.name)
+        with translated(self.store.where(self.name), "upload failed"):
+            self._out = self.store.fs.open(self.store.path(self.name), "wb", block_size=BLOCK)
+        return self
+
+    def write(self, data: "bytes | memoryview") -> None:
+        with translated(self.store.where(self.name), "upload failed"):
+            self._out.write(data)
+        self.offset += memoryview(data).nbytes
+
+    def commit(self) -> None:
+        with translated(self.store.where(self.name), "upload failed"):
+            self._out.close()
+        self._done = True
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._done and self._out is not None:
+            self.store._discard(self._out, self.name)

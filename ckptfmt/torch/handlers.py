@@ -40,7 +40,7 @@ def _on_signal(ref: "weakref.ref[Any]", before: Any, signum: int, frame: Any) ->
         mgr.request_save()
     else:
         if signum == signal.SIGINT and not mgr._stop:     # said, or a Ctrl-C that only reaches a
-            sys.stderr.write(f"ckptfmt: Ctrl-C: the checkpoint manager of {mgr.run.path} commits at its "
+            sys.stderr.write(f"ckptfmt: Ctrl-C: the checkpoint manager of {mgr.run.where} commits at its "
                              "next step() and stops the loop; Ctrl-C again interrupts at once\n")
         mgr.request_stop(name)
 

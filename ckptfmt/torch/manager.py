@@ -28,7 +28,8 @@ from typing import Any, Mapping
 import torch
 
 from ..errors import CheckpointError, ConfigMismatchError
-from ..run import Run, RunLock, SaveClock, SavePolicy, record_policy, tiers
+from ..run import SaveClock, SavePolicy, record_policy, tiers
+from ..run.storerun import open_run
 from ..run.saving import best_in_history
 from . import adapter, handlers, optim, ranks, refusals, rng
 from . import restore as restoring
@@ -68,14 +69,14 @@ class CheckpointManager:
                  keep_last: Any = refusals.UNSET, keep_every: int | None = None, retention: Any = refusals.UNSET,
                  saving: SavePolicy | None = None, async_save: bool = False, memory_every: int | None = None,
                  handle_signals: bool = True, config: Any = None, mirror: str | None = None, **hooks: Any):
-        """``directory`` is a run directory (created if needed) or a ``Run``. ``every`` (default
-        100) saves every N steps, ``every=None`` only on request and at ``close``; ``keep_last``
-        (default 3) and ``keep_every`` are the retention of the last K and every N-th step,
-        ``keep_last=None`` alone keeps every generation. ``retention=Policy(...)`` instead of them
-        (``retention=None``: keep every generation) composes every rule (the best K by a metric, time windows; spec/RUN.md §5.1), and
-        ``saving=SavePolicy(...)`` instead of ``every`` saves on a step cadence, on wall time and
-        on a new best of a metric (§5.5); the run records both in ``.policy.json`` (§5.6).
-        """
+        """``directory`` is a run directory (created if needed), a ``Run`` or a URL (a run on
+        object storage, spec/RUN.md §2.0.2). ``every`` (default 100) saves every N steps,
+        ``every=None`` only on request and at ``close``; ``keep_last`` (default 3) and
+        ``keep_every`` are the retention of the last K and every N-th step, ``keep_last=None``
+        alone keeps every generation. ``retention=Policy(...)`` instead of them (``retention=None``:
+        keep every generation) composes every rule (the best K by a metric, time windows; spec/RUN.md §5.1),
+        and ``saving=SavePolicy(...)`` instead of ``every`` saves on a step cadence, on wall time and
+        on a new best of a metric (§5.5); the run records both in ``.policy.json`` (§5.6)."""
         optim.kind(optimizer)
         refusals.check_pieces(state, hooks)
         self.retention, self.saving = refusals.policies(every, keep_last, keep_every, retention, saving)
@@ -88,12 +89,13 @@ class CheckpointManager:
         self.manifest_fields, self.on_restore = hooks.get("manifest_fields"), hooks.get("on_restore")
         self.upgrade, self.on_commit = hooks.get("upgrade"), hooks.get("on_commit")
         self._log = hooks.get("log")
-        self.run = directory if isinstance(directory, Run) else Run(directory, create=True)
+        self.run = open_run(directory, create=True)     # a URL: a run on object storage (StoreRun)
+        refusals.on_store(self.run, memory_every, mirror, self.world)
         self._stop = self._save_requested = False
         self._stop_reason = "SIGTERM"         # another rank's signal: the one the cluster sends
         self._handlers = handlers.install(self) if handle_signals else None   # before the lock: may raise
         locked = self.rank == 0 and hooks.get("lock", True)
-        self._lock = RunLock(self.run.path, purpose="checkpoint manager").acquire() if locked else None
+        self._lock = self.run.writer_lock("checkpoint manager") if locked else None
         self._dropped = handlers.release_when_collected(self, self._lock)
         self._policy_recorded = self.rank != 0        # rank 0 records it at the first step
         self._clock = SaveClock(self.saving)
@@ -111,7 +113,6 @@ class CheckpointManager:
         self._last_step: int | None = None    # the newest step restored or given to step()
         self._resumed_at: int | None = None
         self._checked = False                 # the run's generations looked at (restore, first step)
-        self._unreported_said = False         # a policy's metric not reported: said once
 
     # ------------------------------------------------------------ driving
     def request_save(self) -> None:
@@ -129,7 +130,7 @@ class CheckpointManager:
         """Record step ``step`` in ``.loss.json``; save on cadence or on request. True once a
         stop was requested: the generation is committed and the loop should exit."""
         self._require_open()
-        step = refusals.step_of(self.run.path, step)
+        step = refusals.step_of(self.run.where, step)
         self._check_order(step)
         self._saver.poll()                    # a background save that committed: its event now
         record: dict[str, Any] = {"step": step, "time": time.time()}
@@ -166,7 +167,7 @@ class CheckpointManager:
             return
         self._policy_recorded = True
         try:
-            record_policy(self.run.path, self.retention, self.saving)
+            record_policy(self.run, self.retention, self.saving)
         except (CheckpointError, OSError) as exc:
             self.log(f"the run's policy record was not written: {exc}")
 
@@ -177,13 +178,13 @@ class CheckpointManager:
         last = self._last_step
         if last is not None and step <= last:
             where = "where this run resumed" if last == self._resumed_at else "the last one given to step()"
-            raise ConfigMismatchError(str(self.run.path), f"step {step} is not after step {last}, {where}: "
+            raise ConfigMismatchError(str(self.run.where), f"step {step} is not after step {last}, {where}: "
                                       "the loop goes on from restore()'s return (range(start + 1, ...))")
         if not self._checked:
             self._checked = True
             done = [g.step for g in self.run.generations() if g.committed]
             if done and max(done) >= step:
-                raise ConfigMismatchError(str(self.run.path), f"step {step}: the run has generations up to "
+                raise ConfigMismatchError(str(self.run.where), f"step {step}: the run has generations up to "
                                           f"step {max(done)}; call restore() before the loop and go on "
                                           "from the step it returns")
         self._last_step = step
@@ -193,7 +194,7 @@ class CheckpointManager:
         ``checkpoint`` event records ``reason`` and how long the loop stalled. Everything that
         cannot be stored is refused here, before a byte is written."""
         self._require_open()
-        step = refusals.step_of(self.run.path, step)
+        step = refusals.step_of(self.run.where, step)
         reshard(self.model)                 # FSDP2 after a sample: the optimizer's own tensors
         manifest, extra = self._manifest(step)
         refusals.strict_json(manifest)
@@ -252,7 +253,7 @@ class CheckpointManager:
 
     def _require_open(self) -> None:
         if self.closed:
-            raise RuntimeError(f"{self.run.path}: the checkpoint manager is closed")
+            raise RuntimeError(f"{self.run.where}: the checkpoint manager is closed")
 
     def __enter__(self) -> "CheckpointManager":
         return self
@@ -305,25 +306,14 @@ class CheckpointManager:
 
     def _committed(self, step: int, manifest: dict[str, Any]) -> None:
         if self.rank == 0:
-            self._say_unreported(manifest)
+            names = [m for m in (self.retention.metric if self.retention else None, self.saving.on_best) if m]
+            self._metrics.say_unreported(manifest, names, lambda said: self.log(f"{self.run.where}: {said}"))
         if self.rank == 0 and self.retention is not None and not self.retention.keep_all and (deleted := self.run.gc(self.retention)):
             self.log(f"retention deleted steps {deleted}", info=True)
         if self.on_commit is not None:
             self.on_commit(step, manifest)
         if self._mirror is not None:
             self._mirror.on_commit(step, manifest)     # wakes the mirror's thread; returns at once
-
-    def _say_unreported(self, manifest: dict[str, Any]) -> None:
-        """Once: a metric the policies name that the generation does not record (not reported
-        yet, e.g. before the first evaluation, or misspelled: nothing else would say so)."""
-        recorded = manifest.get("metrics") or {}
-        names = [m for m in (self.retention.metric if self.retention else None, self.saving.on_best) if m]
-        missing = sorted({m for m in names if m not in recorded})
-        if missing and not self._unreported_said:
-            self._unreported_said = True
-            self.log(f"{self.run.path}: metric {', '.join(missing)} not reported to step() yet (reported: "
-                     f"{', '.join(sorted(recorded)) or 'none'}); until it is, retention keeps generations "
-                     "as 'no <metric>' and no save is made on its best")
 
     # ------------------------------------------------------------ restore
     def restore(self, source: Any = None, *, strict: bool = True, restore_rng: bool = True,
@@ -360,7 +350,7 @@ class CheckpointManager:
         self._checked, self._last_step = True, step
         self._resumed_at = step
         if step is None:
-            refusals.trained_before_restore(self.model, self._built, self.run.path, self.log)
+            refusals.trained_before_restore(self.model, self._built, self.run.where, self.log)
             self._event("start", 0, world_size=self.world)
             return 0
         self._go_on_from(step, done.metrics)
@@ -376,7 +366,7 @@ class CheckpointManager:
         the best value the history holds up to ``step``."""
         self._metrics.seed(metrics)
         best = self.saving.on_best
-        known = best_in_history(self.run.history.path, best, self.saving.mode, step) if best else None
+        known = best_in_history(self.run.history.source, best, self.saving.mode, step) if best else None
         self._clock = SaveClock(self.saving, best=known)
 
     def log(self, message: str, *, info: bool = False) -> None:

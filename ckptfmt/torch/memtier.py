@@ -150,7 +150,7 @@ def at_close(memory: MemoryTier | None, run: Run, step: int | None, log: Callabl
     durable tier does not cover (``ramdirs.release``)."""
     if memory is not None:
         memory.settle()
-    if step is not None:
+    if step is not None and run.path is not None:     # a run on a store has no RAM tier
         _remove(run, log, lambda: ramdirs.release(run.path, step), f"up to step {step}",
                 f": the durable step {step} covers them")
 
@@ -167,6 +167,8 @@ def forget_after(run: Run, step: int, log: Callable[..., None]) -> None:
     generations newer than it are a lost timeline's, removed so that no later restore mixes the
     two timelines. Then the tier's record names the run where it is now (a run moved between a
     kill and its restart is not taken for an orphan)."""
+    if run.path is None:             # a run on a store has no RAM tier
+        return
     _remove(run, log, lambda: tiers.forget_after(run.path, step), f"after step {step}",
             f" of the timeline after step {step}")
     where = tiers.memory_dir(run.path) if peers.topology().leader else None

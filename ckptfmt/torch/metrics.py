@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import math
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import numpy as np
 import torch
@@ -56,6 +56,18 @@ class MetricsBook:
 
     def __init__(self) -> None:
         self._newest: dict[str, tuple[int, Any]] = {}
+        self._unreported_said = False         # a policy's metric not reported: said once
+
+    def say_unreported(self, manifest: Mapping[str, Any], names: list[str], log: Callable[[str], None]) -> None:
+        """Once: a metric the policies name (``names``) that the generation does not record (not
+        reported yet, e.g. before the first evaluation, or misspelled: nothing else would say so)."""
+        recorded = manifest.get("metrics") or {}
+        missing = sorted({m for m in names if m not in recorded})
+        if missing and not self._unreported_said:
+            self._unreported_said = True
+            log(f"metric {', '.join(missing)} not reported to step() yet (reported: "
+                f"{', '.join(sorted(recorded)) or 'none'}); until it is, retention keeps generations "
+                "as 'no <metric>' and no save is made on its best")
 
     def record(self, step: int, values: Mapping[str, Any]) -> None:
         """Note the numeric ``values`` reported at ``step`` (others are not for the manifest)."""

@@ -76,7 +76,7 @@ def agreed_source(run: Run, allow_nonfinite: bool = False) -> dict[str, Any]:
         else:
             choice = tiers.choose_across(run, memory, allow_nonfinite)
             gen, tier, skipped = choice.chosen(run.path), choice.tier, choice.notes(memory.path)
-        path = None if gen is None else str(gen.path)
+        path = None if gen is None else run.name_of(gen)
         return {"path": path, "why": choice.why() if choice.diverged else None,
                 "tier": tier if gen is not None else None, "skipped": skipped}
     return decided_by_rank0(newest)

@@ -10,7 +10,7 @@ import torch
 
 from .. import format as fmt
 from .. import manifest as mf
-from ..errors import SaveError
+from ..errors import SaveError, UnsupportedSetupError
 from ..run import Policy, SavePolicy
 from . import adapter, optim
 
@@ -93,3 +93,17 @@ def step_of(run: Any, step: Any) -> int:
         raise SaveError(str(run), f"step must be an integer in 0..{fmt.MAX_STEP} (an int32 in the file), "
                                   f"got {step!r}")
     return operator.index(step)
+
+
+def on_store(run: Any, memory_every: int | None, mirror: str | None, world: int) -> None:
+    """A run on object storage (``StoreRun``, no local path) is written by one process; a RAM
+    tier, a mirror and torchrun's sharded saves there are not built yet: refused in one line
+    (exit 2) before anything is written."""
+    if run.path is not None:
+        return
+    asked = [what for what, on in (("memory_every", memory_every is not None), ("mirror", bool(mirror)),
+                                   (f"{world} ranks (torchrun)", world > 1)) if on]
+    if asked:
+        raise UnsupportedSetupError(run.where, f"a run on object storage is written by one process without "
+                                    f"a RAM tier or a mirror for now; not with {', '.join(asked)} "
+                                    "(train in a local run directory and mirror it: mirror=URL)")

@@ -32,7 +32,6 @@ from typing import Any, Callable, Mapping
 import torch
 
 from .. import facts as valfacts
-from .. import generation
 from .. import format as fmt
 from .. import manifest as mf
 from ..errors import (ConfigMismatchError, DeviceChangeError, IncompleteResumeStateError, LayoutMismatchError,
@@ -104,7 +103,7 @@ def restore(loop: Loop, source: Any, strict: bool, restore_rng: bool,
     path, why, tier = (source, None, None) if source is not None else newest(loop, allow_nonfinite)
     if path is None:
         return Restored()
-    with _open(path, verify=source is not None) as ck:
+    with _open(loop.run, path, verify=source is not None) as ck:
         bad = valfacts.diverged(ck.manifest)
         if bad:                    # asked for: a source, or allow_nonfinite
             loop.log(f"{ck.path}: resuming a diverged generation ({valfacts.describe(bad)}), as asked")
@@ -323,6 +322,8 @@ def check_layout(doc: dict[str, Any], model: torch.nn.Module, path: str) -> None
 def refuse_rollback(run: Run, source: Any) -> None:
     """Resuming this run from one of its own older generations would collide with the newer
     ones at the next save, and deleting them would lose good checkpoints: fork instead."""
+    if run.path is None:             # a run on a store: a source is a file elsewhere
+        return
     src = Path(source).resolve()
     parsed = fmt.parse_name(src.name)
     if src.parent != run.path.resolve() or parsed is None:
@@ -348,7 +349,7 @@ def newest(loop: Loop, allow_nonfinite: bool = False) -> tuple[Any, str | None, 
         for note in answer["skipped"]:
             loop.log(note)
         if why is not None and path is not None:
-            loop.log(f"{run.path}: resuming from the newest finite generation, "
+            loop.log(f"{run.where}: resuming from the newest finite generation, "
                      f"{Path(path).name}, not a newer one: {why}; resuming a diverged generation "
                      "would only carry its NaN/inf on (restore(allow_nonfinite=True) or "
                      "`ckptfmt train --allow-nonfinite` resumes the newest)")
@@ -357,7 +358,7 @@ def newest(loop: Loop, allow_nonfinite: bool = False) -> tuple[Any, str | None, 
         if any_rank(tiers.has_manifests(run))[0]:
             raise                         # committed generations exist (on some node) and all fail: refuse
         _refuse_bare(run)
-        warnings.warn(f"{run.path}: only uncommitted leftovers of an interrupted first save; "
+        warnings.warn(f"{run.where}: only uncommitted leftovers of an interrupted first save; "
                       "starting fresh", stacklevel=4)
         return None, None, None
 
@@ -367,6 +368,8 @@ def _refuse_bare(run: Run) -> None:
     checkpoints (another trainer's, FORMAT §4.4), not our leftovers: a fresh start would replace
     them at its first save of the same step, so it is refused (every rank together)."""
     bare = [g.bin.name for g in run.generations() if g.bin is not None and g.manifest is None]
+    if run.path is None:             # a run on a store is ckptfmt's from its first object: a leftover
+        return
     if not any_rank(bool(bare) and first_writer(run.path))[0]:
         return
     keep_unwritten(run.path)
@@ -384,7 +387,8 @@ def _no_companion(path: str) -> Callable[[str], Any]:
     return get
 
 
-def _open(path: Any, verify: bool) -> Any:
+def _open(run: Run, path: Any, verify: bool) -> Any:
     """A generation to restore from, by a file of it: a ``.bin``, its manifest, or a sharded
-    generation's manifest (``generation.at``: the shape is the generation's to know)."""
-    return generation.at(path).open(verify=verify)
+    generation's manifest (``generation.at``: the shape is the generation's to know); in a run
+    on a store, its part's URL."""
+    return run.generation_at(path).open(verify=verify)

@@ -18,27 +18,26 @@ import os
 import random
 import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import torch
 
-from .. import atomic, fingerprint
+from .. import fingerprint
 from .. import manifest as mf
 from .. import torch as ct
 from ..errors import (CheckpointError, ConfigMismatchError, DeviceChangeError, IncompleteResumeStateError,
                       StorageError)
-from ..run import LOCK, PIVOT, SAMPLES, STATE, Policy, Run, RunLock, SavePolicy, tiers
+from ..run import PIVOT, SAMPLES, STATE, Policy, Run, SavePolicy, tiers
+from ..run.storerun import open_run
 from ..run.history import encode_float
 from ..torch import CheckpointManager, ranks
-from ..torch.distributed import any_rank, launched_by_torchrun, mean_over_ranks, rank_world
+from ..torch.distributed import any_rank, mean_over_ranks, rank_world
 from . import checkpointing, determinism
 from . import config as cfgmod
 from .bandit import Bandit
 from .data import DataStream, corpus, identity
-from .distributed import pick_device, rank_device, train_distributed, wrap_model
+from .distributed import pick_device, rank_device, wrap_model
 from .model import GPT
-from .protocol import Observer
 from .signals import FLAGS, Flags
 
 EXIT_SAVE_FAILED = 75
@@ -60,7 +59,7 @@ def code_identity() -> dict[str, str]:
 
 
 class Trainer:
-    def __init__(self, run_dir: str, cfg: cfgmod.TrainConfig, *, device: str = "auto",
+    def __init__(self, run_dir: "str | Run", cfg: cfgmod.TrainConfig, *, device: str = "auto",
                  checkpoint_every: int = 100, sample_every: int = 100, keep_last: int | None = None,
                  keep_every: int | None = None, retention: Policy | None = None, saving: SavePolicy | None = None,
                  async_save: bool = False, amp: str = "auto",
@@ -77,7 +76,7 @@ class Trainer:
         self.allow_device_change = allow_device_change      # resume a run of another device type
         self.force_nonfinite_at = force_nonfinite_at        # test hook (trainer/protocol.py)
         self.log = log or (lambda msg: print(f"[train] {msg}", file=sys.stderr, flush=True))
-        self.run = Run(run_dir, create=True)
+        self.run = open_run(run_dir, create=True)       # a URL: a run on object storage
         self.rank, self.world = rank_world()
         self.is_main = self.rank == 0           # rank 0 writes the history and the sidecars
         self.device = rank_device(pick_device(device))
@@ -304,7 +303,7 @@ class Trainer:
             audit = self.mgr.last_save[1] == "SIGUSR1" and self.retention is not None
             self.log(f"step {step}: checkpoint ({self.mgr.last_save[1]}), "
                      f"training stalled {self.mgr.stall_s * 1e3:.1f} ms"
-                     + (f"; retention counts it: to keep it, ckptfmt pin {self.run.path} {step}" if audit else ""))
+                     + (f"; retention counts it: to keep it, ckptfmt pin {self.run.where} {step}" if audit else ""))
         return stop
 
     def _diverged(self, step: int, loss: Any) -> int:
@@ -350,51 +349,3 @@ class Trainer:
 def _finite(loss: Any) -> bool:
     """A history record's loss is finite (``encode_float`` writes NaN and inf as strings)."""
     return isinstance(loss, (int, float)) and math.isfinite(loss)
-
-
-def train(run_dir: str, config_name: str, steps: int, *, seed: int | None = None,
-          threads: int | None = None, sets: dict[str, Any] | None = None, flags: Flags = FLAGS,
-          summary: str | None = None, pause_at: tuple[int, str] | None = None,
-          dist_timeout: float = 120, **options: Any) -> int:
-    """Entry point used by ``ckptfmt train``: lock the run, build, resume, fit; the exit code.
-
-    ``options`` are the Trainer's (device, cadences, retention, amp, omit_rng_restore, ...).
-    The verifier's hooks (trainer/protocol.py), single process only: ``summary`` writes its
-    summary.json there at exit; ``pause_at=(N, MARKER)`` creates MARKER after step N and waits
-    for a signal. Under torchrun (``WORLD_SIZE`` > 1), ``dist_timeout`` seconds bound every
-    collective.
-    """
-    cfg = cfgmod.for_run(config_name, sets, seed, threads)
-    made = atomic.missing_dirs(run_dir)       # a stop during start-up takes these away again
-    try:
-        return _train(run_dir, cfg, steps, flags, summary, pause_at, dist_timeout, made, options)
-    finally:
-        if flags.stop:
-            atomic.remove_dirs(made)          # only if still empty: nothing was written
-
-
-def _train(run_dir: str, cfg: Any, steps: int, flags: Flags, summary: str | None,
-           pause_at: tuple[int, str] | None, dist_timeout: float, made: list[Any], options: dict[str, Any]) -> int:
-    Run(run_dir, create=True)
-    if flags.stop:
-        return 0
-    if launched_by_torchrun():
-        if summary or pause_at:
-            raise ValueError("summary and pause_at are single-process only (not under torchrun)")
-        return train_distributed(run_dir, steps, lambda log: Trainer(run_dir, cfg, flags=flags, log=log, **options),
-                                 device=options.get("device", "auto"), timeout_s=dist_timeout)
-    with RunLock(run_dir, purpose="trainer") as lock:
-        trainer = Trainer(run_dir, cfg, flags=flags, **options)
-        trainer.build()
-        if flags.stop:        # SIGTERM during start-up: nothing new is written
-            # a run directory this command made holds only its .lock: that goes too (held)
-            lock.transient = bool(made) and [p.name for p in Path(run_dir).iterdir()] == [LOCK]
-            return 0
-        observer = Observer(trainer, pause_at) if summary or pause_at else None
-        try:
-            code = trainer.fit(steps, on_step=observer.on_step if observer else None)
-            if summary and code == 0:
-                observer.write(summary)
-            return code
-        finally:
-            trainer.close()

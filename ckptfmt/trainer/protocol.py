@@ -1,7 +1,7 @@
 """Hooks that let ``ckptfmt verify-resume --trainer andrea`` observe the reference trainer.
 
 Options of ``ckptfmt train`` (hidden from its --help: the verifier passes them on the command
-line; ``trainer.loop.train`` takes them as arguments), single process only:
+line; ``trainer.entry.train`` takes them as arguments), single process only:
 
   --summary PATH                 write the verifier's summary.json at exit (``summary=``)
   --pause-at-step N MARKER       after step N, create MARKER and wait for a signal, so an external

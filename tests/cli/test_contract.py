@@ -996,7 +996,6 @@ def test_an_io_error_that_names_no_file_is_one_line_naming_a_path(tmp_path, monk
     ("fork", "{run}", "s3://b/child", "--step", "5"),
     ("gc", "s3://b/r", "--keep-last", "1"),
     ("pin", "s3://b/r", "5"),
-    ("train", "--run", "s3://b/r", "--steps", "1", "--config", "tiny"),
     ("export", "{run}", "s3://b/x.tar.zst", "--archive"),
     ("plot", "{run}", "--out", "s3://b/loss.png"),
     ("validate", "{run}", "--b3sums", "s3://b/B3SUMS"),
@@ -1018,12 +1017,20 @@ def test_a_url_where_a_local_path_is_taken_is_refused_and_nothing_is_made(tmp_pa
     assert list(work.iterdir()) == [] and not (tmp_path / "x.safetensors").exists()
 
 
-def test_a_manager_given_a_url_refuses_it_before_anything_is_made(tmp_path, monkeypatch):
+def test_a_manager_given_a_url_without_credentials_says_so_before_anything_is_made(tmp_path, monkeypatch):
+    """A URL is a run on object storage, never the local directory s3:/bucket/...: without
+    credentials the manager stops at its construction, in one line naming the URL."""
     torch = pytest.importorskip("torch")
-    from ckptfmt.errors import UnsupportedSetupError
+    pytest.importorskip("s3fs")
+    from ckptfmt.errors import RemoteError
     from ckptfmt.torch import CheckpointManager
     monkeypatch.chdir(tmp_path)
+    for key in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(key, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     model = torch.nn.Linear(2, 1)
-    with pytest.raises(UnsupportedSetupError, match="a URL where a run directory"):
+    with pytest.raises(RemoteError, match=r"^s3://bucket/runs/x: .*no credentials"):
         CheckpointManager("s3://bucket/runs/x", model, torch.optim.AdamW(model.parameters()), handle_signals=False)
     assert list(tmp_path.iterdir()) == []

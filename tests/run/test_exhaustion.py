@@ -129,7 +129,7 @@ def test_an_async_save_that_fails_to_commit_records_no_checkpoint_event(tmp_path
 
 @pytest.mark.parametrize("when", ["before the lock", "during the build"])
 def test_a_stop_during_train_start_up_leaves_no_run_directory_it_created(tmp_path, monkeypatch, when):
-    from ckptfmt.trainer import loop
+    from ckptfmt.trainer import entry, loop
     from ckptfmt.trainer.signals import Flags
     flags = Flags(stop=when == "before the lock")
     build = loop.Trainer.build
@@ -138,10 +138,10 @@ def test_a_stop_during_train_start_up_leaves_no_run_directory_it_created(tmp_pat
         build(self)
         flags.stop = True                   # SIGINT while the trainer starts
     monkeypatch.setattr(loop.Trainer, "build", interrupted)
-    assert loop.train(str(tmp_path / "new" / "run"), "tiny", 2, flags=flags, device="cpu") == 0
+    assert entry.train(str(tmp_path / "new" / "run"), "tiny", 2, flags=flags, device="cpu") == 0
     assert os.listdir(tmp_path) == []
     existing = tmp_path / "kept"
     existing.mkdir()
     flags.stop = when == "before the lock"
-    assert loop.train(str(existing), "tiny", 2, flags=flags, device="cpu") == 0
+    assert entry.train(str(existing), "tiny", 2, flags=flags, device="cpu") == 0
     assert existing.is_dir()                # not ours to remove

@@ -1,0 +1,126 @@
+"""A run on a store: generations written straight to object storage (spec/RUN.md §2.0.2).
+
+``StoreRun`` answers the calls of a run directory (``Run``: listing, latest-valid and its
+judge, commit, pins, retention, sidecars, the writer lock) through a ``Store``, so a writer
+(the checkpoint manager) drives either the same way. What differs is where each thing is
+kept and what it costs:
+
+- generations: parts streamed to the store (``store.writing.save``), each confirmed by size
+  and blake3 read back, the manifest last (§2.0.1);
+- the loss history: numbered segments (``segments.SegmentedHistory``, §3.8);
+- sidecars (pins, the policy record): small objects, each replaced whole;
+- the writer lock: the lease of ``storelock.StoreLock`` (a conditional create; renewed by a
+  heartbeat thread, ``storelock.Heartbeat``), §4.1; readers' leases: ``storelock.leased``;
+- retention checks the newest generations without reading them back (``retention_deep``):
+  the writer confirmed each by its blake3 read back when it committed it, and a deep check
+  would download every kept generation at every save; restore, ``validate`` and ``import``
+  verify what they read.
+
+Nothing of it touches the local disk: the run has no local ``path`` (None) and no RAM tier.
+"""
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+from typing import Any, Iterator
+
+from .. import manifest as mf
+from .. import format as fmt
+from .. import writer
+from ..errors import CheckpointError, GenerationNotFoundError, SidecarError, UnsupportedSetupError, parse_json
+from ..fsio import is_url
+from ..generation import Generation, Listing, by_step, list_store
+from ..store import Store, writing
+from .directory import Run
+from .roots import of, recorded
+from .segments import SegmentedHistory
+from .storelock import Heartbeat, StoreLock, leased
+
+
+class StoreRun(Run):
+    """A run whose every file is in ``store`` (``open_run`` makes one for a URL)."""
+
+    retention_deep = False
+
+    def __init__(self, store: Store):
+        self.store = store
+        self.path = None
+        self.where = store.where()
+        self.history = SegmentedHistory(store)
+        self._vouched: dict[int, str] = {}
+        self.held: Heartbeat | None = None
+
+    def __fspath__(self) -> str:
+        raise UnsupportedSetupError(self.where, "a run on object storage has no local path")
+
+    def listing(self) -> Listing:
+        return list_store(self.store)
+
+    def name_of(self, gen: Generation) -> str:
+        return self.store.where(gen.path.name)
+
+    def generation_at(self, path: Any) -> Generation:
+        """A generation of this run by its URL (``name_of``); any other path: ``Run``'s."""
+        prefix = self.store.where() + "/"
+        if not (isinstance(path, str) and path.startswith(prefix)):
+            return super().generation_at(path)
+        parsed = fmt.parse_name(path[len(prefix):])
+        found = by_step(self.store).get(parsed[0]) if parsed else None
+        if found is None:
+            raise GenerationNotFoundError(path, "no such generation in the run")
+        return found
+
+    def _history_roots(self, tier: str) -> dict[int, str]:
+        return recorded(io.BytesIO(self.history.read_all()), tier=tier)
+
+    def writer_lock(self, purpose: str) -> "Heartbeat":
+        """The run's writer lease, taken and renewed by a heartbeat thread until ``release()``;
+        each commit first checks that it is still this writer's."""
+        self.held = Heartbeat(StoreLock(self.store, purpose=purpose).acquire())
+        return self.held
+
+    def manifest_root(self, step: int) -> str | None:
+        try:
+            return of(mf.parse(self.store.read_bytes(fmt.manifest_name(step)), self.store.where(fmt.manifest_name(step))))
+        except (CheckpointError, FileNotFoundError):
+            return None
+
+    def _write(self, gen: Generation | None, step: int, *regions: Any, **how: Any) -> writer.SaveResult:
+        """Generation ``step`` streamed to the store; what is there of it already (a leftover,
+        or a damaged generation) is removed first, its manifest first."""
+        if self.held is not None:
+            self.held.check()       # a lease taken over after it expired: this writer stops here
+        if gen is not None:
+            gen.remove()
+        return writing.save(self.store, step, *regions, **how)
+
+    def leases(self, *, sweep: bool) -> Any:
+        return _steps(leased(self.store))
+
+    def sweep_temps(self) -> list:
+        return []                   # a store has no temp files: an unfinished upload is never published
+
+    def read_sidecar(self, name: str, default: Any = None) -> Any:
+        if self.store.size(name) is None:
+            return default
+        return parse_json(self.store.read_bytes(name), SidecarError, self.store.where(name))
+
+    def write_sidecar(self, name: str, value: Any) -> None:
+        self.store.put_bytes(name, (json.dumps(value, indent=1, sort_keys=True) + "\n").encode())
+
+
+@contextlib.contextmanager
+def _steps(steps: set[int]) -> Iterator[set[int]]:
+    yield steps
+
+
+def open_run(target: Any, *, create: bool = False) -> Run:
+    """The run ``target`` names: a ``Run`` as it is, a URL's ``StoreRun`` (object storage,
+    through fsspec: the ``remote`` extra), else the local run directory."""
+    if isinstance(target, Run):
+        return target
+    if isinstance(target, str) and is_url(target):
+        from ..store.objects import ObjectStore   # fsspec only when a URL is given
+        return StoreRun(ObjectStore(target))
+    return Run(target, create=create)

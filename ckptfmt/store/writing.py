@@ -1,0 +1,75 @@
+"""A generation written straight to a store (object storage; spec/RUN.md §2.0.2): the seed
+writer's stream, sent instead of written to a local file, nothing staged on local disk.
+
+The ``.bin`` goes up as one part (``Store.open_part``) while the writer's hashing thread
+computes its blake3 and value facts over the bytes as sent, exactly as a local save does; the
+companion (buffers, state tensors) as a second part; then ``store.commit`` confirms both on the
+store by size and by their blake3 read back, shows the run the sealed manifest
+(``before_commit``: it records the root it commits) and writes the manifest last. A save that
+fails or is refused removes what it sent: an upload never completed is never published, and a
+part published before the failure goes again (what a kill leaves instead is an uncommitted
+leftover, which readers skip and retention and ``gc`` remove).
+
+>>> import tempfile, numpy as np
+>>> from ckptfmt.store.local import LocalStore
+>>> store = LocalStore(tempfile.mkdtemp())
+>>> done = save(store, 5, np.ones(4, "<f4"), np.zeros(4, "<f4"), np.zeros(4, "<f4"))
+>>> [e.name for e in store.entries()], done.size
+(['step_000005.bin', 'step_000005.json'], 56)
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+from .. import companion, writer
+from .. import facts as valfacts
+from .. import format as fmt
+from .. import manifest as mf
+from . import Store, Written, commit
+
+
+def save(store: Store, step: int, weights: writer.Region, m: writer.Region, v: writer.Region, *,
+         manifest: dict[str, Any] | None = None, n_params: int | None = None,
+         extra_tensors: dict[str, Any] | None = None,
+         before_commit: Callable[[dict[str, Any]], None] | None = None) -> writer.SaveResult:
+    """``writer.save`` of generation ``step`` into ``store`` (its arguments and checks; value
+    facts always recorded); its ``path`` and ``manifest_path`` are the parts as messages name
+    them (the URL)."""
+    started = time.perf_counter()
+    where = store.where(fmt.checkpoint_name(step) if isinstance(step, int) and step >= 0 else "step.bin")
+    step, n, sources = writer.prepare(where, step, weights, m, v, n_params, manifest)
+    name, where = fmt.checkpoint_name(step), store.where(fmt.checkpoint_name(step))
+    facts = valfacts.ValueFacts()
+    sent: list[str] = [name]
+    try:
+        with store.open_part(name) as out:
+            digest = writer.stream_hashed(out, where, fmt.pack_header(step, n), sources, n, facts)
+            out.commit()
+        parts = [Written(name, out.offset, digest)]
+        doc = {k: v for k, v in (manifest or {}).items() if k != valfacts.FIELD}
+        doc[valfacts.FIELD] = facts.to_dict()
+        if extra_tensors:
+            extra = companion.path_for(name).name
+            sent.append(extra)
+            done = store.write(extra, companion.pieces(step, extra_tensors))
+            parts.append(done)
+            doc[companion.FIELD] = {"file": extra, "size": done.size, "blake3": done.blake3}
+        doc = mf.sealed(mf.build(file=name, size=fmt.file_size(n), step=step, n_params=n, digest=digest, extra=doc))
+        commit(store, fmt.manifest_name(step), mf.dumps(doc), parts,
+               before=None if before_commit is None else lambda: before_commit(doc))
+    except BaseException:
+        _remove_quietly(store, sent)
+        raise
+    return writer.SaveResult(where, store.where(fmt.manifest_name(step)), step, n, fmt.file_size(n), digest,
+                             time.perf_counter() - started, doc[valfacts.FIELD])
+
+
+def _remove_quietly(store: Store, names: list[str]) -> None:
+    """Best effort: the error that failed the save is the one to report (what stays is an
+    uncommitted leftover, which readers skip and retention removes)."""
+    for name in names:
+        try:
+            store.remove(name)
+        except Exception:  # noqa: BLE001 (a cleanup while another error propagates)
+            pass

@@ -1,0 +1,281 @@
+"""A run written straight to object storage: ``CheckpointManager("s3://bucket/runs/x", ...)``
+against an S3-protocol server (moto's, on 127.0.0.1). Each generation is streamed to the store
+and committed by its manifest after its parts read back; the history is appended as segments;
+one writer holds the run's lease; a restart resumes bit-exactly from what is on the store,
+passing over partial and torn uploads; retention removes on the store; nothing is written on
+the local disk."""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("s3fs")
+
+from ckptfmt import fingerprint  # noqa: E402
+from ckptfmt import format as fmt  # noqa: E402
+from ckptfmt.errors import RunLockedError, UnsupportedSetupError  # noqa: E402
+from ckptfmt.run import history as hist  # noqa: E402
+from ckptfmt.run.storerun import StoreRun, open_run  # noqa: E402
+from ckptfmt.store.objects import ObjectStore  # noqa: E402
+from ckptfmt.torch import CheckpointManager  # noqa: E402
+from conftest import cli  # noqa: E402
+from s3server import fixtures  # noqa: E402
+
+s3, bucket = fixtures("runs")
+
+
+def build(seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.BatchNorm1d(12), torch.nn.Linear(12, 3))
+    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
+
+
+def train(mgr, model, opt, start: int, stop: int, noise: np.random.Generator) -> None:
+    """Steps start+1..stop, each drawing from torch's RNG and the loop's NumPy generator."""
+    for step in range(start + 1, stop + 1):
+        x = torch.randn(5, 6) + float(noise.standard_normal())
+        loss = model(x).pow(2).mean()
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        if mgr.step(step, loss=loss.item()):
+            break
+
+
+def keys(s3, bucket: str, prefix: str = "runs/x/") -> list[str]:
+    listed = s3.client().list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    return sorted(o["Key"][len(prefix):] for o in listed)
+
+
+def straight_and_resumed(url: str, stop: int, cut: int, **how):
+    """(state of a run trained straight to ``stop``; the same run stopped at ``cut``, closed,
+    and resumed from the store by a new manager)."""
+    model, opt = build()
+    noise = np.random.default_rng(1)
+    with CheckpointManager(url + "-straight", model, opt, generators={"noise": noise}, every=4, **how) as mgr:
+        train(mgr, model, opt, 0, stop, noise)
+    straight = (model.state_dict(), opt.state_dict(), noise.bit_generator.state)
+
+    model, opt = build()
+    noise = np.random.default_rng(1)
+    mgr = CheckpointManager(url, model, opt, generators={"noise": noise}, every=4, **how)
+    assert mgr.restore() == 0
+    train(mgr, model, opt, 0, cut, noise)
+    mgr.close(cut)
+
+    model, opt = build(seed=99)                    # other weights: all must come from the store
+    noise = np.random.default_rng(7)
+    mgr = CheckpointManager(url, model, opt, generators={"noise": noise}, every=4, **how)
+    assert mgr.restore() == cut and mgr.restored_from == f"{url}/{fmt.checkpoint_name(cut)}"
+    train(mgr, model, opt, cut, stop, noise)
+    mgr.close(stop)
+    return straight, (model.state_dict(), opt.state_dict(), noise.bit_generator.state)
+
+
+def same_state(a, b) -> None:
+    (ma, oa, na), (mb, ob, nb) = a, b
+    assert ma.keys() == mb.keys() and all(torch.equal(ma[k], mb[k]) for k in ma)
+    assert na == nb
+    for pid, state in oa["state"].items():
+        assert all(torch.equal(v, ob["state"][pid][k]) for k, v in state.items())
+
+
+@pytest.mark.parametrize("async_save", [False, True])
+def test_a_run_on_a_url_resumes_from_the_store_bit_exactly(s3, bucket, async_save):
+    url = f"s3://{bucket}/runs/x"
+    straight, resumed = straight_and_resumed(url, stop=14, cut=9, keep_last=2, async_save=async_save)
+    same_state(straight, resumed)
+    # retention ran on the store: the newest two durable generations, each whole, no lease left
+    names = keys(s3, bucket)
+    steps = sorted({fmt.parse_name(n)[0] for n in names if fmt.parse_name(n)})
+    assert steps == [12, 14]
+    for step in steps:
+        assert {fmt.checkpoint_name(step), fmt.manifest_name(step), f"step_{step:06d}.extra.safetensors"} <= set(names)
+    assert not [n for n in names if n.startswith((".writer.", ".lease."))]
+    # the bytes on the store are the ones the manifest commits
+    body = s3.client().get_object(Bucket=bucket, Key="runs/x/step_000014.bin")["Body"].read()
+    doc = json.loads(s3.client().get_object(Bucket=bucket, Key="runs/x/step_000014.json")["Body"].read())
+    assert fingerprint.of_bytes(body) == doc["blake3"] and len(body) == doc["size"]
+
+
+def test_the_history_on_the_store_is_segments_read_as_one_canonical_history(s3, bucket):
+    url = f"s3://{bucket}/runs/x"
+    straight_and_resumed(url, stop=10, cut=6, keep_last=2)
+    segments = [n for n in keys(s3, bucket) if n.startswith(".loss.d/")]
+    assert segments == [f".loss.d/{i:010d}.jsonl" for i in range(1, len(segments) + 1)] and len(segments) >= 3
+    read = hist.read(open_run(url).history)
+    assert [r["step"] for r in read.canonical()] == list(range(1, 11))
+    kinds = [(r["event"], r["step"]) for r in read.events()]
+    assert ("resume", 6) in kinds and ("checkpoint", 10) in kinds and ("committing", 8) in kinds
+    assert not read.problems and not read.warnings
+    # the roots the history records are the committed generations' (what latest-valid judges by)
+    run = open_run(url)
+    assert run.judge()(run.latest()) is None and run.latest().step == 10
+
+
+def test_latest_valid_on_the_store_passes_over_partial_and_torn_uploads(s3, bucket):
+    url = f"s3://{bucket}/runs/x"
+    model, opt = build()
+    noise = np.random.default_rng(1)
+    with CheckpointManager(url, model, opt, generators={"noise": noise}, every=4, keep_last=None) as mgr:
+        train(mgr, model, opt, 0, 8, noise)
+    client = s3.client()
+    whole = client.get_object(Bucket=bucket, Key="runs/x/step_000008.bin")["Body"].read()
+    # step 12: a .bin whose upload never got its manifest (a kill before the commit)
+    client.put_object(Bucket=bucket, Key="runs/x/step_000012.bin", Body=whole[:100])
+    # step 8: its .bin replaced by a shorter one after the commit (torn)
+    client.put_object(Bucket=bucket, Key="runs/x/step_000008.bin", Body=whole[:-64])
+    model, opt = build(seed=5)
+    mgr = CheckpointManager(url, model, opt, generators={"noise": np.random.default_rng(0)}, every=4, keep_last=None)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert mgr.restore() == 4
+    said = " ".join(str(w.message) for w in seen)
+    assert "skipping generation 12" in said and "skipping generation 8" in said
+    # the run goes on and commits those steps again over what was there
+    train(mgr, model, opt, 4, 12, np.random.default_rng(0))
+    mgr.close(12)
+    run = open_run(url)
+    assert [g.step for g in run.generations() if g.check(deep=True) is None] == [4, 8, 12]
+
+
+def test_one_writer_per_run_on_the_store(s3, bucket):
+    url = f"s3://{bucket}/runs/x"
+    model, opt = build()
+    first = CheckpointManager(url, model, opt, every=4)
+    try:
+        with pytest.raises(RunLockedError, match="held by checkpoint manager pid"):
+            CheckpointManager(url, *build(), every=4)
+        assert [n for n in keys(s3, bucket) if n.startswith(".writer.")] == [".writer.0000000001"]
+    finally:
+        first.close()
+    assert not [n for n in keys(s3, bucket) if n.startswith(".writer.")]
+    CheckpointManager(url, *build(), every=4).close()          # released: the next writer takes it
+
+
+def test_what_a_run_on_the_store_cannot_do_yet_is_refused_before_anything_is_written(s3, bucket, tmp_path):
+    url = f"s3://{bucket}/runs/x"
+    with pytest.raises(UnsupportedSetupError, match="not with memory_every"):
+        CheckpointManager(url, *build(), memory_every=2)
+    with pytest.raises(UnsupportedSetupError, match="not with mirror"):
+        CheckpointManager(url, *build(), mirror=f"s3://{bucket}/elsewhere")
+    assert keys(s3, bucket) == []
+    assert isinstance(open_run(url), StoreRun) and open_run(tmp_path).path == tmp_path
+
+
+NO_LOCAL_WRITE = """
+import numpy as np, torch
+from ckptfmt.torch import CheckpointManager
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.BatchNorm1d(12), torch.nn.Linear(12, 3))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+mgr = CheckpointManager({url!r}, model, opt, every=3, keep_last=2, async_save={async_save})
+start = mgr.restore()
+for step in range(start + 1, start + 8):
+    loss = model(torch.randn(5, 6)).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    mgr.step(step, loss=loss.item())
+mgr.close(start + 7)
+print(start + 7)
+"""
+
+
+def test_a_run_on_the_store_writes_nothing_on_the_local_disk(s3, bucket, tmp_path):
+    """The working directory, TMPDIR and HOME of the training process stay empty through two
+    starts (a fresh one and a resume), synchronous and asynchronous saves alike."""
+    url = f"s3://{bucket}/runs/x"
+    for name in ("cwd", "tmp", "home"):
+        (tmp_path / name).mkdir()
+    env = {**os.environ, **s3.env, "TMPDIR": str(tmp_path / "tmp"), "HOME": str(tmp_path / "home"),
+           "PYTHONDONTWRITEBYTECODE": "1"}
+    env.pop("CKPTFMT_MEMORY_DIR", None)
+    for async_save, expected in ((False, "7"), (True, "14")):
+        out = subprocess.run([sys.executable, "-c", textwrap.dedent(NO_LOCAL_WRITE.format(url=url, async_save=async_save))],
+                             cwd=tmp_path / "cwd", env=env, capture_output=True, text=True, timeout=300)
+        assert out.returncode == 0, out.stderr
+        assert out.stdout.split()[-1] == expected
+    left = {name: sorted(str(p.relative_to(tmp_path / name)) for p in (tmp_path / name).rglob("*"))
+            for name in ("cwd", "tmp", "home")}
+    assert left == {"cwd": [], "tmp": [], "home": []}
+    assert {fmt.parse_name(n)[0] for n in keys(s3, bucket) if fmt.parse_name(n)} == {12, 14}
+
+
+def test_validate_of_the_run_url_checks_what_the_manager_wrote(s3, bucket):
+    url = f"s3://{bucket}/runs/x"
+    model, opt = build()
+    with CheckpointManager(url, model, opt, every=4, keep_last=2) as mgr:
+        train(mgr, model, opt, 0, 8, np.random.default_rng(0))
+    done = cli("validate", url, env=s3.env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    s3.client().put_object(Bucket=bucket, Key="runs/x/step_000008.extra.safetensors", Body=b"x" * 8)
+    done = cli("validate", url, env=s3.env)
+    assert done.returncode == 1 and "step_000008.extra.safetensors" in done.stdout + done.stderr
+
+
+def test_a_store_run_is_a_run_over_the_store_it_names(s3, bucket):
+    run = open_run(f"s3://{bucket}/runs/y/")
+    assert run.where == f"s3://{bucket}/runs/y" and run.path is None and run.generations() == []
+    assert isinstance(run.store, ObjectStore)
+
+
+def test_a_generation_on_the_store_that_does_not_hash_to_its_manifest_is_never_restored(s3, bucket):
+    url = f"s3://{bucket}/runs/x"
+    model, opt = build()
+    with CheckpointManager(url, model, opt, every=4, keep_last=None) as mgr:
+        train(mgr, model, opt, 0, 8, np.random.default_rng(0))
+    key = "runs/x/step_000008.bin"
+    flipped = bytearray(s3.client().get_object(Bucket=bucket, Key=key)["Body"].read())
+    flipped[-1] ^= 1                                    # same size, same header: only its blake3 tells
+    s3.client().put_object(Bucket=bucket, Key=key, Body=bytes(flipped))
+    from ckptfmt.errors import FingerprintMismatchError
+    with pytest.raises(FingerprintMismatchError, match=f"^{url}/step_000008.bin: "):
+        open_run(url).generation_at(f"{url}/step_000008.bin").open()
+    model, opt = build(seed=3)
+    mgr = CheckpointManager(url, model, opt, every=4, keep_last=None)
+    with pytest.warns(UserWarning, match="skipping generation 8"):
+        assert mgr.restore() == 4
+    mgr.close()
+
+
+TRAIN = ["--config", "tiny", "--checkpoint-every", "20", "--sample-every", "25", "--log-every", "100000"]
+
+
+def trained(run: str, steps: int, env: dict, kill_after: str | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "ckptfmt.cli", "train", "--run", run, "--steps", str(steps), *TRAIN]
+    return subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
+
+
+def test_train_on_a_url_resumes_from_the_store_bit_exactly(s3, bucket, tmp_path):
+    """``ckptfmt train --run s3://...`` stopped at step 30 (its generation committed on the
+    store) and started again to 60 ends with the generation a local run trained straight to
+    60 commits, byte for byte."""
+    local = tmp_path / "straight"
+    assert trained(str(local), 60, s3.env).returncode == 0
+    url = f"s3://{bucket}/runs/t"
+    first = trained(url, 30, s3.env)
+    assert first.returncode == 0, first.stderr
+    again = trained(url, 60, s3.env)
+    assert again.returncode == 0, again.stderr
+    assert "resumed from" in again.stderr and "step_000030.bin" in again.stderr
+    mine = json.loads((local / "step_000060.json").read_text())
+    theirs = json.loads(s3.client().get_object(Bucket=bucket, Key="runs/t/step_000060.json")["Body"].read())
+    assert theirs["blake3"] == mine["blake3"] and theirs["size"] == mine["size"]
+    assert cli("validate", url, env=s3.env).returncode == 0
+
+
+def test_train_on_a_missing_bucket_stops_in_one_line_before_training(s3, tmp_path):
+    done = subprocess.run([sys.executable, "-m", "ckptfmt.cli", "train", "--run", "s3://no-such-bucket/runs/t",
+                           "--steps", "5", *TRAIN], env={**os.environ, **s3.env}, cwd=tmp_path,
+                          capture_output=True, text=True, timeout=300)
+    said = done.stderr.strip()
+    assert done.returncode == 2 and len(said.splitlines()) == 1 and "no such bucket" in said, said
+    assert "s3://no-such-bucket/runs/t" in said
+    assert list(tmp_path.iterdir()) == []
