@@ -12,8 +12,11 @@ writing (``RunLockedError``). ``release`` removes the holder's own lease objects
 
 What holds: as long as the holder renews within ``ttl_s`` and the clocks of the machines that
 share the store agree to well within ``ttl_s``, there is one writer. A holder stalled past its
-expiry can be taken over; its next ``renew`` says so before it writes more. No reader waits on
-a lease; an expired one is never removed by anyone but the next holder.
+expiry can be taken over; its next ``renew`` says so before it writes more. A lease whose
+holder was a process of this host (the same host name) that no longer exists is taken over at
+once, as the kernel releases a dead holder's ``flock``: a restart after a kill on the same machine
+does not wait for the lease to run out (from another host it does). No reader waits on a lease;
+an expired one is never removed by anyone but the next holder.
 
 >>> import tempfile
 >>> from ckptfmt.store.local import LocalStore
@@ -77,7 +80,8 @@ class StoreLock:
         leases = self._leases()
         if leases:
             newest = self._read(leases[-1])
-            if isinstance(newest.get("expires"), (int, float)) and newest["expires"] > self.clock():
+            if isinstance(newest.get("expires"), (int, float)) and newest["expires"] > self.clock() \
+                    and not _dead_here(newest):
                 raise RunLockedError(self.store.where(), f"held by {newest.get('purpose', 'a writer')} pid "
                                      f"{newest.get('pid', '?')} on {newest.get('host', '?')} until "
                                      f"{time.strftime('%H:%M:%S', time.localtime(newest['expires']))}; "
@@ -99,6 +103,7 @@ class StoreLock:
         self._still_mine()                   # taken over while renewing: never two writers after it
 
     def _still_mine(self) -> None:
+        """``RunLockedError`` unless this lease is held and no newer one was made."""
         if self.number is None:
             raise RunLockedError(self.store.where(), "the writer lease is not held")
         newer = [n for n in self._leases() if n > self.number]
@@ -149,13 +154,31 @@ class Heartbeat:
                     return
 
     def check(self) -> None:
+        """Before a commit: what the heartbeat found, then a look for a newer lease now (one
+        listing), so a takeover is seen at the next commit whenever the last renewal was."""
         if self.error is not None:
             raise self.error
+        self.lock._still_mine()
 
     def release(self) -> None:
         self._stop.set()
         self._thread.join()
         self.lock.release()
+
+
+def _dead_here(holder: dict[str, Any]) -> bool:
+    """The holder was a process of this host that is gone (killed, crashed): its lease need not
+    run out before a restart here takes over, as a dead holder's ``flock`` is released."""
+    pid = holder.get("pid")
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except OSError:                      # alive, another user's
+        return False
+    return False
 
 
 def _name(number: int) -> str:

@@ -279,3 +279,47 @@ def test_train_on_a_missing_bucket_stops_in_one_line_before_training(s3, tmp_pat
     assert done.returncode == 2 and len(said.splitlines()) == 1 and "no such bucket" in said, said
     assert "s3://no-such-bucket/runs/t" in said
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_writer_whose_lease_was_taken_over_commits_nothing_more(s3, bucket):
+    url = f"s3://{bucket}/runs/x"
+    model, opt = build()
+    mgr = CheckpointManager(url, model, opt, every=4, keep_last=None)
+    train(mgr, model, opt, 0, 4, np.random.default_rng(0))
+    # another writer took the lease over (as after this one stalled past its expiry)
+    s3.client().put_object(Bucket=bucket, Key="runs/x/.writer.0000000002",
+                           Body=json.dumps({"purpose": "trainer", "pid": 1, "host": "elsewhere",
+                                            "expires": 4e9}).encode())
+    with pytest.raises(RunLockedError, match="taken over by trainer pid 1 on elsewhere"):
+        train(mgr, model, opt, 4, 8, np.random.default_rng(0))
+    assert {fmt.parse_name(n)[0] for n in keys(s3, bucket) if fmt.parse_name(n)} == {4}
+    mgr.close()                            # gives back its handlers; the newer lease is not its own to remove
+    assert ".writer.0000000002" in keys(s3, bucket)
+
+
+def test_train_killed_on_a_url_resumes_from_the_store_bit_exactly(s3, bucket, tmp_path):
+    """SIGKILL of ``train --run s3://...`` after its step-40 commit: the restart resumes from
+    what the store holds (the history's segment with step 40's committing record was on the
+    store before its manifest) and ends with the straight local run's step-60 generation."""
+    import signal
+    import time
+    local = tmp_path / "straight"
+    assert trained(str(local), 60, s3.env).returncode == 0
+    url = f"s3://{bucket}/runs/k"
+    proc = subprocess.Popen([sys.executable, "-m", "ckptfmt.cli", "train", "--run", url, "--steps", "60", *TRAIN],
+                            env={**os.environ, **s3.env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while "step_000040.json" not in keys(s3, bucket, "runs/k/"):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+    assert "step_000060.json" not in keys(s3, bucket, "runs/k/")
+    records = hist.read(open_run(url).history)
+    assert ("committing", 40) in [(r["event"], r["step"]) for r in records.events()]
+    again = trained(url, 60, s3.env)
+    assert again.returncode == 0, again.stderr
+    mine = json.loads((local / "step_000060.json").read_text())
+    theirs = json.loads(s3.client().get_object(Bucket=bucket, Key="runs/k/step_000060.json")["Body"].read())
+    assert theirs["blake3"] == mine["blake3"]
