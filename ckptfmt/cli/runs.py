@@ -126,7 +126,8 @@ def gc(run: str, dry_run: bool, as_json: bool, **policy: Any) -> None:
     """Apply retention: keep a generation if any rule keeps it (the last K, milestones, the best
     K by a metric, a time window, one per interval) or it is pinned; never the newest valid one,
     nor the newest finite one while only diverged generations (NaN/inf values) are newer, nor
-    one a reader leases. At least one keep rule is needed."""
+    one a reader leases. At least one keep rule is needed. RUN may be a URL (a run written straight
+    to object storage: removed there, under its writer lease)."""
     from ..run import gc as run_gc  # lazy: keeps `ckptfmt --help` fast
     chosen = policy_of(**policy)
     if chosen is None:
@@ -193,9 +194,10 @@ def _print_ram(d: dict) -> None:
 @json_option
 @guarded
 def pin(run: str, step: int, off: bool, as_json: bool) -> None:
-    """Pin a committed step so retention never deletes it (or --off to unpin)."""
-    from ..run import Run  # lazy: keeps `ckptfmt --help` fast
-    pins = Run(run).pin(step, on=not off)
+    """Pin a committed step so retention never deletes it (or --off to unpin). RUN may be a URL
+    (a run written straight to object storage)."""
+    from ..run.storerun import open_run  # lazy: keeps `ckptfmt --help` fast
+    pins = open_run(run).pin(step, on=not off)
     emit({"run": run, "pins": pins}, as_json, lambda d: click.echo(f"pinned: {d['pins']}"))
 
 

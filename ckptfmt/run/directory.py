@@ -156,9 +156,10 @@ class Run:
     def _history_roots(self, tier: str) -> dict[int, str]:
         return recorded(self.history.path, tier=tier)
 
-    def writer_lock(self, purpose: str) -> Any:
-        """The run's writer lock, held (``release()`` gives it back; spec/RUN.md §4)."""
-        return RunLock(self.path, purpose=purpose).acquire()
+    def writer_lock(self, purpose: str, **how: Any) -> Any:
+        """The run's writer lock, held (``release()`` gives it back; spec/RUN.md §4); ``how``:
+        ``RunLock``'s options."""
+        return RunLock(self.path, purpose=purpose, **how).acquire()
 
     def manifest_root(self, step: int) -> str | None:
         """The root digest generation ``step``'s manifest records (None: none readable)."""

@@ -17,6 +17,7 @@ from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoun
 from . import history as hist
 from . import content, mirrors, ramdirs, roots, tiers, timeline
 from .directory import Run
+from .storerun import open_run
 from ..generation import Generation, list_dir
 from .generations import check_bare, non_finite
 from .lease import ReadLease, active_leases
@@ -170,13 +171,17 @@ def gc(path: "str | os.PathLike[str]", policy: Policy | None = None, *, keep_las
     delete of the newest, spec/RUN.md §5); ``kept``: each generation left and why it is kept.
     The run's RAM tier loses what the newest valid finite durable generation covers (spec/RUN.md
     §13.10): ``memory``, where the run has a tier."""
-    run = Run(path)
+    run = open_run(path)           # a URL: a run on object storage (spec/RUN.md §2.0.2), its writer lease
     policy = policy or Policy.by_count(keep_last, keep_every)
-    with RunLock(path, purpose="gc", writes_generations=False):
+    lock = run.writer_lock("gc", writes_generations=False)
+    try:
         swept = [] if dry_run else [str(p) for p in run.sweep_temps()]
         deleted, kept, resumable = run.collect(policy, dry_run=dry_run, strict_metric=True)
-        memory = ramdirs.collect(path, resumable.step if resumable else None, dry_run=dry_run)
-    out = {"run": str(path), "dry_run": dry_run, "deleted": deleted,
+        memory = None if run.path is None else ramdirs.collect(path, resumable.step if resumable else None,
+                                                                  dry_run=dry_run)
+    finally:
+        lock.release()
+    out = {"run": run.where, "dry_run": dry_run, "deleted": deleted,
            "kept": [{"step": s, "kept_by": why} for s, why in kept.items()], "swept_temps": swept}
     return out if memory is None else {**out, "tiers": {"memory": memory}}
 

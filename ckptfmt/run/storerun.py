@@ -74,7 +74,7 @@ class StoreRun(Run):
     def _history_roots(self, tier: str) -> dict[int, str]:
         return recorded(io.BytesIO(self.history.read_all()), tier=tier)
 
-    def writer_lock(self, purpose: str) -> "Heartbeat":
+    def writer_lock(self, purpose: str, **how: Any) -> "Heartbeat":
         """The run's writer lease, taken and renewed by a heartbeat thread until ``release()``;
         each commit first checks that it is still this writer's."""
         self.held = Heartbeat(StoreLock(self.store, purpose=purpose).acquire())

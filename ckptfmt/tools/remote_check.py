@@ -15,6 +15,7 @@ from .mirror import INDEX, SIDECARS
 from ..generation import Generation, by_step
 from ..run import history as hist
 from ..run import roots
+from ..run.segments import SegmentedHistory
 from ..store.objects import ObjectStore
 from .report import LOST_PAYLOAD
 
@@ -57,10 +58,11 @@ def validate_url(url: str, *, deep: bool = True) -> dict[str, Any]:
 
 
 def _recorded_roots(remote: ObjectStore) -> dict[int, str]:
-    """The root digests the mirrored history records (``roots.recorded``); none without one."""
-    if not remote.exists(hist.NAME):
-        return {}
-    return roots.recorded(io.BytesIO(remote.read_bytes(hist.NAME)))
+    """The root digests the history there records (``roots.recorded``): a mirror's
+    ``.loss.json``, a store run's segments (spec/RUN.md §3.8); none without either."""
+    if remote.exists(hist.NAME):
+        return roots.recorded(io.BytesIO(remote.read_bytes(hist.NAME)))
+    return roots.recorded(io.BytesIO(SegmentedHistory(remote).read_all()))
 
 
 def _check_generation(remote: ObjectStore, gen: Generation, deep: bool, committed: dict[int, str]) -> str | None:

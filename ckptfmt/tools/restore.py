@@ -16,12 +16,13 @@ import warnings
 from pathlib import Path
 from typing import Any
 
-from .. import atomic, fsio
+from .. import atomic, fingerprint, fsio
 from .. import facts as valfacts
 from .. import format as fmt
 from ..errors import (DestinationExistsError, FingerprintMismatchError, GenerationNotFoundError, ManifestError,
                       NoValidGenerationError, RemoteError)
 from ..generation import by_step, list_dir, recorded_parts
+from ..run.segments import SegmentedHistory
 from ..run.storelock import StoreReadLease
 from ..run import RunLock, roots
 from ..run import history as hist
@@ -127,7 +128,11 @@ def _download_generation(remote: ObjectStore, step: int, staging: Path, progress
 
 
 def _restore_sidecars(remote: ObjectStore, staging: Path) -> dict[str, dict[str, Any]]:
-    """Every sidecar the mirror's index lists, verified against it; none without an index."""
+    """Every sidecar the mirror's index lists, verified against it; of a run written straight
+    to the store (no index: spec/RUN.md §2.0.2), its history's segments joined and each sidecar
+    there; nothing of a store that has neither."""
+    if not remote.exists(INDEX) and (history := SegmentedHistory(remote)).numbers():
+        return _store_run_sidecars(remote, history, staging)
     if not remote.exists(INDEX):
         warnings.warn(f"{remote.where(INDEX)}: missing; the history and sidecars were not restored",
                       stacklevel=2)
@@ -141,6 +146,23 @@ def _restore_sidecars(remote: ObjectStore, staging: Path) -> dict[str, dict[str,
             raise RemoteError(remote.where(INDEX), f"names an unexpected file {name!r}")
         remote.download(name, staging / name, row["blake3"])
     return index
+
+
+def _store_run_sidecars(remote: ObjectStore, history: SegmentedHistory, staging: Path) -> dict[str, dict[str, Any]]:
+    """A store run's history (its segments in order, as one ``.loss.json``) and its sidecars,
+    each as read (they have no index to check against: each object was written whole)."""
+    rows = {}
+    for name in SIDECARS:
+        if name == hist.NAME:
+            data = history.read_all()
+            atomic.write_bytes(staging / name, data)
+            digest = fingerprint.of_bytes(data)
+        elif remote.size(name) is not None:
+            digest = remote.download(name, staging / name, None)
+        else:
+            continue
+        rows[name] = {"size": (staging / name).stat().st_size, "blake3": digest}
+    return rows
 
 
 def _publish(staging: Path, out: Path, lock: RunLock) -> None:

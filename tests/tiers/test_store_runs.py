@@ -323,3 +323,48 @@ def test_train_killed_on_a_url_resumes_from_the_store_bit_exactly(s3, bucket, tm
     mine = json.loads((local / "step_000060.json").read_text())
     theirs = json.loads(s3.client().get_object(Bucket=bucket, Key="runs/k/step_000060.json")["Body"].read())
     assert theirs["blake3"] == mine["blake3"]
+
+
+def test_gc_pin_and_import_take_the_url_of_a_run_on_the_store(s3, bucket, tmp_path):
+    url = f"s3://{bucket}/runs/x"
+    model, opt = build()
+    noise = np.random.default_rng(1)
+    with CheckpointManager(url, model, opt, generators={"noise": noise}, every=4, keep_last=None) as mgr:
+        train(mgr, model, opt, 0, 16, noise)
+    steps = lambda: sorted({fmt.parse_name(n)[0] for n in keys(s3, bucket) if fmt.parse_name(n)})  # noqa: E731
+    assert steps() == [4, 8, 12, 16]
+    assert cli("pin", url, "8", env=s3.env).returncode == 0
+    done = cli("gc", url, "--keep-last", "1", "--json", env=s3.env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["deleted"] == [4, 12] and steps() == [8, 16]
+    assert not [n for n in keys(s3, bucket) if n.startswith(".writer.")]      # gc's lease given back
+    # import brings the newest generation, the history (its segments as one file) and the sidecars
+    dest = tmp_path / "here"
+    done = cli("import", url, str(dest), env=s3.env)
+    assert done.returncode == 0, done.stderr
+    assert json.loads((dest / ".pins.json").read_text()) == [8]
+    assert [r["step"] for r in hist.read(dest / ".loss.json").canonical()] == list(range(1, 17))
+    assert cli("validate", str(dest)).returncode == 0
+    model2, opt2 = build(seed=4)
+    noise2 = np.random.default_rng(9)
+    with CheckpointManager(dest, model2, opt2, generators={"noise": noise2}, every=4) as mgr:
+        assert mgr.restore() == 16
+    assert all(torch.equal(a, b) for a, b in zip(model.state_dict().values(), model2.state_dict().values()))
+    assert noise2.bit_generator.state == noise.bit_generator.state
+
+
+def test_validate_url_judges_a_store_run_by_the_roots_its_segments_record(s3, bucket):
+    """A generation replaced whole by another valid one (a different commit of its step) is
+    named by validate URL: the history's segments record the root it committed."""
+    url = f"s3://{bucket}/runs/x"
+    for name, seed in (("x", 0), ("other", 1)):
+        model, opt = build(seed)
+        with CheckpointManager(f"s3://{bucket}/runs/{name}", model, opt, every=4, keep_last=None) as mgr:
+            train(mgr, model, opt, 0, 8, np.random.default_rng(seed))
+    client = s3.client()
+    for suffix in (".bin", ".json", ".extra.safetensors"):
+        body = client.get_object(Bucket=bucket, Key=f"runs/other/step_000008{suffix}")["Body"].read()
+        client.put_object(Bucket=bucket, Key=f"runs/x/step_000008{suffix}", Body=body)
+    assert open_run(f"s3://{bucket}/runs/other").latest().check(deep=True) is None
+    done = cli("validate", url, env=s3.env)
+    assert done.returncode == 1 and "step 8" in done.stdout + done.stderr, done.stdout + done.stderr
