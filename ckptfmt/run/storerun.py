@@ -98,8 +98,16 @@ class StoreRun(Run):
     def leases(self, *, sweep: bool) -> Any:
         return _steps(leased(self.store))
 
-    def sweep_temps(self) -> list:
-        return []                   # a store has no temp files: an unfinished upload is never published
+    def sweep_temps(self) -> list[str]:
+        """What interrupted saves left (the lease holder calls it: the next writer, ``gc``): the
+        parts of generations no manifest commits, and multipart uploads never completed (S3
+        keeps their parts until they are aborted); the names removed."""
+        removed = [self.store.where(name) for name in getattr(self.store, "abort_unfinished", list)()]
+        for gen in self.generations():
+            if gen.leftover() is not None:
+                gen.remove()
+                removed.append(self.store.where(gen.any_part.name))
+        return removed
 
     def read_sidecar(self, name: str, default: Any = None) -> Any:
         if self.store.size(name) is None:

@@ -296,6 +296,22 @@ class ObjectStore:
                 out.commit()
         return h.hexdigest()
 
+    def abort_unfinished(self) -> list[str]:
+        """Abort every multipart upload under the prefix that was never completed (its writer
+        killed mid-upload): S3 keeps their parts, invisible to listings and billed, until then.
+        The names aborted; none on a store without multipart uploads. Only a writer holding the
+        run's lease calls it (an upload in progress is that writer's own)."""
+        if self.local or not hasattr(self.fs, "call_s3"):
+            return []
+        bucket, _, prefix = self.root.partition("/")
+        aborted = []
+        with translated(self.where(), "cannot list unfinished uploads"):
+            listed = self.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix + "/")
+            for upload in listed.get("Uploads", []):
+                self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
+                aborted.append(upload["Key"][len(prefix) + 1:])
+        return aborted
+
     def remove(self, name: str, *, recursive: bool = False) -> None:
         with translated(self.where(name), "cannot delete"):
             try:

@@ -97,7 +97,7 @@ def restore(loop: Loop, source: Any, strict: bool, restore_rng: bool,
     if loop.rank == 0:
         removed = loop.run.sweep_temps()
         if removed:
-            loop.log(f"removed {len(removed)} temp files of interrupted saves", info=True)
+            loop.log(f"removed {len(removed)} leftovers of interrupted saves (temp files, uploads)", info=True)
     if source is not None:
         refuse_rollback(loop.run, source)
     path, why, tier = (source, None, None) if source is not None else newest(loop, allow_nonfinite)

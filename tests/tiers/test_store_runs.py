@@ -139,7 +139,8 @@ def test_latest_valid_on_the_store_passes_over_partial_and_torn_uploads(s3, buck
         warnings.simplefilter("always")
         assert mgr.restore() == 4
     said = " ".join(str(w.message) for w in seen)
-    assert "skipping generation 12" in said and "skipping generation 8" in said
+    assert "skipping generation 8" in said
+    assert "step_000012.bin" not in keys(s3, bucket)       # the leftover: removed by the next writer
     # the run goes on and commits those steps again over what was there
     train(mgr, model, opt, 4, 12, np.random.default_rng(0))
     mgr.close(12)
@@ -368,3 +369,33 @@ def test_validate_url_judges_a_store_run_by_the_roots_its_segments_record(s3, bu
     assert open_run(f"s3://{bucket}/runs/other").latest().check(deep=True) is None
     done = cli("validate", url, env=s3.env)
     assert done.returncode == 1 and "step 8" in done.stdout + done.stderr, done.stdout + done.stderr
+
+
+def test_a_save_while_the_store_is_unreachable_fails_naming_the_object_and_the_next_succeeds(s3, bucket, monkeypatch):
+    """The connections to the server dropped mid-save (a TCP proxy between, cutting them and
+    refusing new ones until healed): the save fails in one line naming the generation's object,
+    the previous generation stays intact, and once the store is back the next save commits."""
+    from ckptfmt.errors import RemoteError
+    from s3server import CuttingProxy
+    proxy = CuttingProxy(s3.port, cut_after=float("inf"))
+    monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+    url = f"s3://{bucket}/runs/x"
+    model, opt = build()
+    noise = np.random.default_rng(0)
+    mgr = CheckpointManager(url, model, opt, every=4, keep_last=None)
+    try:
+        train(mgr, model, opt, 0, 4, noise)
+        with proxy.lock:
+            proxy.cut_after = proxy.sent + 2000          # inside the next save's upload
+        with pytest.raises(RemoteError, match=rf"^{url}/step_000008\.bin: upload failed") as failed:
+            train(mgr, model, opt, 4, 8, noise)
+        assert len(str(failed.value).splitlines()) == 1
+        proxy.heal()
+        run = open_run(url)
+        assert [g.step for g in run.generations() if g.committed] == [4] and run.latest(deep=True).step == 4
+        mgr.save(8, "after the store came back")
+        assert [g.step for g in open_run(url).generations() if g.check(deep=True) is None] == [4, 8]
+    finally:
+        proxy.heal()
+        mgr.close()
+        proxy.close()
