@@ -198,11 +198,10 @@ class Generation:
 
     def open(self, *, verify: bool = False) -> "reader.Checkpoint | shards.ShardedCheckpoint":
         """The committed generation's arrays (``weights``, ``m``, ``v``, ``manifest``), hashed
-        first when ``verify``; raises ``CheckpointError`` for one that is not valid, and
-        ``UnsupportedSetupError`` for a sharded one in object storage (``ckptfmt import`` brings
-        it here). A ``.bin`` generation in another store is read into memory, every part hashed
-        against its manifest as it arrives (``verify`` or not: nothing is mapped to check later)."""
-        if not self.local and not self.sharded and self.committed:
+        first when ``verify``; raises ``CheckpointError`` for one that is not valid. A generation
+        in another store (object storage) is read into memory, every part hashed against its
+        manifest as it arrives (``verify`` or not: nothing is mapped to check later)."""
+        if not self.local and self.committed:
             return self._read_in()
         self._here("opened")
         if self.sharded and self.manifest is not None:
@@ -219,13 +218,16 @@ class Generation:
             raise ManifestError(self.store.where(self.manifest.name), f"manifest says step {doc['step']}")
         data = {}
         for part in recorded_parts(doc, self.step):
-            data[part.role] = got = self.store.read_bytes(part.name)
+            data[part.name] = got = self.store.read_bytes(part.name)
             if (digest := fingerprint.of_bytes(got)) != part.blake3:
                 raise FingerprintMismatchError(self.store.where(part.name), fingerprint.mismatch(part.blake3, digest, "object"))
-        ck = reader.from_bytes(data["generation"], self.store.where(self.bin.name))
-        ck.manifest, ck.verified = doc, True
-        if "companion" in data:
-            ck.held = tensorfile.TensorFile(self.store.where(doc[companion.FIELD]["file"]), data["companion"])
+        extra = doc.get(companion.FIELD)
+        held = None if extra is None else tensorfile.TensorFile(self.store.where(extra["file"]), data[extra["file"]])
+        if self.sharded:
+            shard_bytes = {name.rsplit("/", 1)[1]: got for name, got in data.items() if "/" in name}
+            return shards.ShardedCheckpoint(self.store.where(self.manifest.name), held=(doc, shard_bytes, held))
+        ck = reader.from_bytes(data[self.bin.name], self.store.where(self.bin.name))
+        ck.manifest, ck.verified, ck.held = doc, True, held
         return ck
 
     def read_manifest(self) -> dict[str, Any] | None:

@@ -127,12 +127,17 @@ def is_sharded(doc: dict[str, Any]) -> bool:
 class ShardedCheckpoint:
     """An open sharded generation: ``read(region, start, stop)`` copies one global range."""
 
-    def __init__(self, manifest_path: "str | os.PathLike[str]", *, verify: bool = False):
+    def __init__(self, manifest_path: "str | os.PathLike[str]", *, verify: bool = False,
+                 held: "tuple[dict[str, Any], dict[str, bytes], Any] | None" = None):
+        """The sharded generation whose manifest is ``manifest_path``, each shard mapped (hashed
+        when ``verify``); ``held``: one read from a store instead, (its manifest, each shard's
+        bytes by file name, its companion's ``TensorFile`` or None), every part hashed already
+        against the manifest (``Generation.open``); ``manifest_path`` then names it in messages."""
         self.manifest_path = Path(manifest_path)
-        self.manifest = doc = mf.read(self.manifest_path)
+        self.manifest = doc = mf.read(self.manifest_path) if held is None else held[0]
         if not is_sharded(doc):
             raise ManifestError(str(manifest_path), "not a sharded generation (no 'shards' list)")
-        self.path = str(self.manifest_path.with_suffix(SUFFIX))
+        self.path = str(self.manifest_path.with_suffix(SUFFIX)) if held is None else str(manifest_path)[:-5] + SUFFIX
         self.step, self.n_params = doc["step"], doc["n_params"]
         rows = doc["shards"]
         check_rows(self.path, rows)
@@ -142,24 +147,25 @@ class ShardedCheckpoint:
         self.rows = rows
         self._regions: dict[str, np.ndarray] = {}
         self.shards: list[reader.Checkpoint] = []
-        if companion.FIELD in doc:     # rank 0's companion file: buffers, shared state tensors
+        self.held = None if held is None else held[2]
+        if companion.FIELD in doc and held is None:     # rank 0's companion file: buffers, shared state tensors
             companion.require(self.path, doc[companion.FIELD], deep=verify)
         try:
             for row in rows:
-                self.shards.append(self._open_shard(row, verify))
+                self.shards.append(self._open_shard(row, verify, None if held is None else held[1][row["file"]]))
         except BaseException:
             self.close()
             raise
 
     def companion(self) -> "Any | None":
         """The generation's companion file (``tensorfile.TensorFile``), None without one."""
-        if companion.FIELD not in self.manifest:
-            return None
+        if self.held is not None or companion.FIELD not in self.manifest:
+            return self.held
         return companion.read(self.path, self.manifest[companion.FIELD])
 
-    def _open_shard(self, row: dict[str, Any], verify: bool) -> reader.Checkpoint:
-        path = os.path.join(self.path, row["file"])
-        ck = reader.open(path, manifest="ignore", check_name=False)
+    def _open_shard(self, row: dict[str, Any], verify: bool, data: bytes | None = None) -> reader.Checkpoint:
+        path = f"{self.path}/{row['file']}"
+        ck = reader.open(path, manifest="ignore", check_name=False) if data is None else reader.from_bytes(data, path)
         if (ck.step, ck.n_params, ck.size) != (self.step, row["stop"] - row["start"], row["size"]):
             ck.close()
             raise ManifestMismatchError(self.path, f"shard {row['file']}: header/size ({ck.step}, {ck.n_params}, "

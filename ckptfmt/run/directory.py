@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from .. import atomic, fsio, writer
+from .. import atomic, companion, fsio, shards, writer
 from ..errors import (GenerationNotFoundError, NoValidGenerationError, SaveError,
                       SidecarError, UnsupportedSetupError)
 from ..facts import describe
@@ -227,6 +227,20 @@ class Run:
         if gen is not None and gen.shards is not None:     # a damaged sharded one replaced by a .bin
             shutil.rmtree(gen.shards, ignore_errors=True)
         return result
+
+    def write_shard(self, step: int, rank: int, world: int, start: int, stop: int, *regions: Any) -> dict[str, Any]:
+        """This rank's shard of sharded generation ``step``, durable; its manifest row."""
+        return shards.save_shard(self.path, step, rank, world, start, stop, *regions)
+
+    def commit_shards(self, step: int, rows: list[dict[str, Any]], manifest: dict[str, Any] | None,
+                      before_commit: Callable[[dict[str, Any]], None] | None = None,
+                      extra_tensors: dict[str, Any] | None = None) -> None:
+        """Rank 0, every shard durable: the companion (``extra_tensors``), then the manifest."""
+        if extra_tensors:
+            where = shards.shards_dir(self.path, step)
+            manifest = {**(manifest or {}), companion.FIELD: companion.write(where, step, extra_tensors)}
+        shards.commit(self.path, step, rows, manifest, before_commit)
+        self.vouch(step)          # as commit does: retention after it must not take it for another's
 
     # ------------------------------------------------------------ retention
     def pins(self) -> list[int]:

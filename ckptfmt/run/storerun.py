@@ -95,6 +95,17 @@ class StoreRun(Run):
             gen.remove()
         return writing.save(self.store, step, *regions, **how)
 
+    def write_shard(self, step: int, rank: int, world: int, start: int, stop: int, *regions: Any) -> dict[str, Any]:
+        """This rank's shard streamed to the store and confirmed there by this rank."""
+        return writing.save_shard(self.store, step, rank, world, start, stop, *regions)
+
+    def commit_shards(self, step: int, rows: list[dict[str, Any]], manifest: dict[str, Any] | None,
+                      before_commit: Any = None, extra_tensors: dict[str, Any] | None = None) -> None:
+        if self.held is not None:
+            self.held.check()
+        writing.commit_shards(self.store, step, rows, manifest, before_commit, extra_tensors)
+        self.vouch(step)
+
     def leases(self, *, sweep: bool) -> Any:
         return _steps(leased(self.store))
 

@@ -139,6 +139,15 @@ def commit(store: Store, manifest: str, data: bytes, parts: "list[Written]",
     blake3 read back), then ``before()`` (what raises there fails the commit), then ``manifest``
     written last. A part that is not what was written is a ``SaveError`` naming it, and no
     manifest is written: the generation stays uncommitted."""
+    confirm(store, parts)
+    if before is not None:
+        before()
+    store.put_bytes(manifest, data)
+
+
+def confirm(store: Store, parts: "list[Written]") -> None:
+    """Each of ``parts`` on ``store`` as it was written: its size, then its blake3 read back
+    (``SaveError`` naming the first that is not; a sharded save's ranks each confirm their own)."""
     for part in parts:
         size = store.size(part.name)
         if size != part.size:
@@ -148,6 +157,3 @@ def commit(store: Store, manifest: str, data: bytes, parts: "list[Written]",
         if got != part.blake3:
             raise SaveError(store.where(part.name), f"on the store it hashes to {got}, {part.blake3} was "
                                                     "written; not committed")
-    if before is not None:
-        before()
-    store.put_bytes(manifest, data)

@@ -22,11 +22,11 @@ from __future__ import annotations
 import time
 from typing import Any, Callable
 
-from .. import companion, writer
+from .. import companion, shards, writer
 from .. import facts as valfacts
 from .. import format as fmt
 from .. import manifest as mf
-from . import Store, Written, commit
+from . import Store, Written, commit, confirm
 
 
 def save(store: Store, step: int, weights: writer.Region, m: writer.Region, v: writer.Region, *,
@@ -63,6 +63,45 @@ def save(store: Store, step: int, weights: writer.Region, m: writer.Region, v: w
         raise
     return writer.SaveResult(where, store.where(fmt.manifest_name(step)), step, n, fmt.file_size(n), digest,
                              time.perf_counter() - started, doc[valfacts.FIELD])
+
+
+def save_shard(store: Store, step: int, rank: int, world: int, start: int, stop: int,
+               weights: writer.Region, m: writer.Region, v: writer.Region) -> dict[str, Any]:
+    """One rank's shard of a sharded generation (``shards.save_shard`` on a store): streamed up
+    hashed, then confirmed by this rank (size and blake3 read back), so rank 0 commits only
+    parts every rank has confirmed; the manifest row (with the shard's value facts)."""
+    file = shards.shard_name(rank, world)
+    name = f"{fmt.stem(step)}{shards.SUFFIX}/{file}"
+    where = store.where(name)
+    step, n, sources = writer.prepare(where, step, weights, m, v, stop - start, None)
+    facts = valfacts.ValueFacts()
+    try:
+        with store.open_part(name) as out:
+            digest = writer.stream_hashed(out, where, fmt.pack_header(step, n), sources, n, facts)
+            out.commit()
+        confirm(store, [Written(name, out.offset, digest)])
+    except BaseException:
+        _remove_quietly(store, [name])
+        raise
+    return {"file": file, "rank": rank, "start": start, "stop": stop, "size": out.offset, "blake3": digest,
+            valfacts.FIELD: facts.to_dict()}
+
+
+def commit_shards(store: Store, step: int, rows: list[dict[str, Any]], manifest: dict[str, Any] | None = None,
+                  before_commit: Callable[[dict[str, Any]], None] | None = None,
+                  extra_tensors: dict[str, Any] | None = None) -> None:
+    """Rank 0, once every rank confirmed its shard (``rows``): the companion (``extra_tensors``)
+    sent and confirmed, then ``before_commit`` shown the sealed manifest, then the manifest."""
+    doc = dict(manifest or {})
+    if extra_tensors:
+        name = f"{fmt.stem(step)}{companion.SUFFIX}"
+        done = store.write(name, companion.pieces(step, extra_tensors))
+        confirm(store, [done])
+        doc[companion.FIELD] = {"file": name, "size": done.size, "blake3": done.blake3}
+    doc = mf.sealed(shards.manifest_for("", step, rows, doc))
+    if before_commit is not None:
+        before_commit(doc)
+    store.put_bytes(fmt.manifest_name(step), mf.dumps(doc))
 
 
 def _remove_quietly(store: Store, names: list[str]) -> None:

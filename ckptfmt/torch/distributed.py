@@ -27,6 +27,8 @@ import torch.distributed as dist
 from .. import format as fmt
 from .. import shards
 from ..errors import CheckpointError, LayoutMismatchError, RankDisagreementError
+from ..run import Run
+from ..run.storerun import open_run
 from . import adapter as ct
 from . import staging
 
@@ -213,25 +215,29 @@ def _range_from_dtensors(tensors: list[torch.Tensor], start: int, stop: int) -> 
     return out
 
 
-def save_sharded(run_dir: "str | Path", step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
+def save_sharded(run: "Run | str | Path", step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  manifest: dict[str, Any] | None = None,
-                 before_commit: Callable[[dict[str, Any]], None] | None = None) -> dict[str, Any]:
-    """Collective: every rank writes its shard; rank 0 commits (``before_commit``: as
-    ``shards.commit``). Returns this rank's row."""
+                 before_commit: Callable[[dict[str, Any]], None] | None = None,
+                 extra_tensors: dict[str, Any] | None = None) -> dict[str, Any]:
+    """Collective: every rank writes its shard into ``run`` (a ``Run``, on a store too, or a run
+    directory's path); rank 0 commits once every rank's shard is durable (``Run.commit_shards``:
+    ``extra_tensors`` its companion, ``before_commit`` as ``shards.commit``). This rank's row."""
     rank, world = rank_world()
-    row = own_shard(run_dir, step, model, optimizer)
+    run = run if isinstance(run, Run) else open_run(run, create=True)
+    row = own_shard(run, step, model, optimizer)
     rows = gather_json(row)              # returns only when every rank's shard is durable
     if rank == 0:
-        shards.commit(run_dir, step, rows, manifest, before_commit)
+        run.commit_shards(step, rows, manifest, before_commit, extra_tensors)
     if world > 1:
         dist.barrier()
     return row
 
 
-def own_shard(run_dir: "str | Path", step: int, model: torch.nn.Module,
+def own_shard(run: "Run | str | Path", step: int, model: torch.nn.Module,
               optimizer: torch.optim.Optimizer) -> dict[str, Any]:
     """Write this rank's shard of generation ``step`` (weights, m and v over its contiguous
-    range) into ``run_dir``; its manifest row. Collective for FSDP2 models only."""
+    range) into ``run`` (a ``Run``: ``Run.write_shard``; a directory's path); its manifest row.
+    Collective for FSDP2 models only."""
     rank, world = rank_world()
     params = list(model.parameters())
     ms, vs, _ = ct.moments(model, optimizer)
@@ -239,8 +245,9 @@ def own_shard(run_dir: "str | Path", step: int, model: torch.nn.Module,
     start, stop = shards.partition(n, world, rank)
     stager = staging.Stager()   # this save's pair, shared by its three regions (FORMAT §5.7.2)
     collect = _range_from_dtensors if is_sharded_model(model) else partial(_range_views, stager=stager)
-    return shards.save_shard(run_dir, step, rank, world, start, stop, collect(params, start, stop),
-                             collect(ms, start, stop), collect(vs, start, stop))
+    write = run.write_shard if isinstance(run, Run) else partial(shards.save_shard, run)
+    return write(step, rank, world, start, stop, collect(params, start, stop), collect(ms, start, stop),
+                 collect(vs, start, stop))
 
 
 def load_range(manifest_path: "str | Path", region: str, start: int, stop: int, *, verify: bool = True):

@@ -95,15 +95,13 @@ def step_of(run: Any, step: Any) -> int:
     return operator.index(step)
 
 
-def on_store(run: Any, memory_every: int | None, mirror: str | None, world: int) -> None:
-    """A run on object storage (``StoreRun``, no local path) is written by one process; a RAM
-    tier, a mirror and torchrun's sharded saves there are not built yet: refused in one line
-    (exit 2) before anything is written."""
+def on_store(run: Any, memory_every: int | None, mirror: str | None) -> None:
+    """A run on object storage (``StoreRun``, no local path) has no RAM tier and no mirror yet:
+    refused in one line (exit 2) before anything is written."""
     if run.path is not None:
         return
-    asked = [what for what, on in (("memory_every", memory_every is not None), ("mirror", bool(mirror)),
-                                   (f"{world} ranks (torchrun)", world > 1)) if on]
+    asked = [what for what, on in (("memory_every", memory_every is not None), ("mirror", bool(mirror))) if on]
     if asked:
-        raise UnsupportedSetupError(run.where, f"a run on object storage is written by one process without "
-                                    f"a RAM tier or a mirror for now; not with {', '.join(asked)} "
-                                    "(train in a local run directory and mirror it: mirror=URL)")
+        raise UnsupportedSetupError(run.where, f"a run on object storage has no RAM tier or mirror for now; "
+                                    f"not with {', '.join(asked)} (train in a local run directory and mirror "
+                                    "it: mirror=URL)")

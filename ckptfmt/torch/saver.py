@@ -19,7 +19,6 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from .. import companion, shards
 from .. import format as fmt
 from ..run import Run, roots
 from . import adapter, optim, staging
@@ -97,15 +96,9 @@ class Saver:
 
     def _commit_sharded(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                         manifest: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
-        if rank_world()[0] == 0:
-            if self.intent is None:
-                self.run.history.sync()   # as in _commit: the history first, then the commit marker
-            if extra:                 # rank 0's companion, durable before the manifest lists it
-                where = shards.shards_dir(self.run.path, step)
-                manifest = {**manifest, companion.FIELD: companion.write(where, step, extra)}
-        save_sharded(self.run.path, step, model, optimizer, manifest, self._announce(step))
-        if rank_world()[0] == 0:
-            self.run.vouch(step)      # as Run.commit does: retention below must not take it for another's
+        if rank_world()[0] == 0 and self.intent is None:
+            self.run.history.sync()   # as in _commit: the history first, then the commit marker
+        save_sharded(self.run, step, model, optimizer, manifest, self._announce(step), extra or None)
         if self.after_commit is not None:
             self.after_commit(step, manifest)
 

@@ -47,7 +47,7 @@ def _train(run_dir: str, cfg: Any, steps: int, flags: Flags, summary: str | None
         return 0
     if launched_by_torchrun():
         if run.path is None:
-            raise UnsupportedSetupError(run.where, "a run on object storage is written by one process for now, "
+            raise UnsupportedSetupError(run.where, "ckptfmt train on object storage runs as one process for now, "
                                                    "not under torchrun (train in a local run directory)")
         if summary or pause_at:
             raise ValueError("summary and pause_at are single-process only (not under torchrun)")

@@ -112,8 +112,8 @@ def test_a_generation_at_a_url_is_the_same_type_as_a_local_one_and_is_removed_th
     s3.client().put_object(Bucket=bucket, Key=shard, Body=bytes(flipped))
     assert there[30].check() is None                              # sizes and headers only
     assert there[30].check(deep=True).startswith("step_000030.shards/00001-of-00002.bin: ")
-    with pytest.raises(ckptfmt.errors.UnsupportedSetupError, match="ckptfmt import URL DEST brings it here"):
-        there[30].open()                                          # sharded: not read in place
+    with pytest.raises(ckptfmt.errors.FingerprintMismatchError, match="00001-of-00002.bin"):
+        there[30].open()                                          # read in whole, every shard hashed
     with there[10].open() as ck, here[10].open() as mine:         # a .bin: read in whole, verified
         assert ck.verified and ck.weights.tobytes() == mine.weights.tobytes() and ck.manifest == mine.manifest
     assert [(str(p), why) for p, why in list_store(store).foreign] == \
