@@ -13,8 +13,8 @@ writing (``RunLockedError``). ``release`` removes the holder's own lease objects
 What holds: as long as the holder renews within ``ttl_s`` and the clocks of the machines that
 share the store agree to well within ``ttl_s``, there is one writer. A holder stalled past its
 expiry can be taken over; its next ``renew`` says so before it writes more. A lease whose
-holder was a process of this host (the same host name) that no longer exists is taken over at
-once, as the kernel releases a dead holder's ``flock``: a restart after a kill on the same machine
+holder was a process of this host (the same host name and pid namespace) that no longer exists
+is taken over at once, as the kernel releases a dead holder's ``flock``: a restart after a kill on the same machine
 does not wait for the lease to run out (from another host it does). No reader waits on a lease;
 an expired one is never removed by anyone but the next holder.
 
@@ -60,8 +60,8 @@ class StoreLock:
         self.number: int | None = None
 
     def _record(self) -> bytes:
-        return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "purpose": self.purpose,
-                           "token": self.token, "expires": self.clock() + self.ttl_s}).encode()
+        return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "pidns": _pid_namespace(),
+                           "purpose": self.purpose, "token": self.token, "expires": self.clock() + self.ttl_s}).encode()
 
     def _leases(self) -> list[int]:
         """The lease numbers on the store, oldest first."""
@@ -172,6 +172,8 @@ def _dead_here(holder: dict[str, Any]) -> bool:
     pid = holder.get("pid")
     if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
         return False
+    if holder.get("pidns") is None or holder.get("pidns") != _pid_namespace():
+        return False                     # another container's pids are not ours to look up
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -179,6 +181,15 @@ def _dead_here(holder: dict[str, Any]) -> bool:
     except OSError:                      # alive, another user's
         return False
     return False
+
+
+def _pid_namespace() -> int | None:
+    """The inode of this process's pid namespace (Linux), so a pid is only looked up where it
+    means the same process: two containers with one host name do not see each other's."""
+    try:
+        return os.stat("/proc/self/ns/pid").st_ino
+    except OSError:
+        return None
 
 
 def _name(number: int) -> str:

@@ -175,3 +175,28 @@ def test_an_import_from_a_mirror_holds_a_read_lease_while_it_reads(s3, bucket, t
     monkeypatch.setattr(restore_module, "_first_valid", looking)
     restore_module.restore(url, tmp_path / "back")
     assert seen == [{10}] and leased(ObjectStore(url)) == set()
+
+
+def test_a_lease_of_a_dead_process_here_is_taken_over_at_once_and_only_in_its_pid_namespace(tmp_path):
+    """A restart after a kill on the same machine need not wait the lease out; a holder in
+    another pid namespace (another container with the same host name) is never taken for dead."""
+    import json
+    import socket
+    import subprocess
+    from ckptfmt.run.storelock import _pid_namespace
+    store = LocalStore(tmp_path)
+    gone = subprocess.Popen(["true"])
+    gone.wait()                                       # a pid that no longer exists
+    for pidns, taken in ((_pid_namespace() + 1, False), (_pid_namespace(), True)):
+        for entry in store.entries():
+            store.remove(entry.name)
+        store.put_bytes(".writer.0000000001", json.dumps({
+            "pid": gone.pid, "host": socket.gethostname(), "pidns": pidns, "purpose": "trainer",
+            "expires": time.time() + 3600}).encode())
+        if taken:
+            lock = StoreLock(store, purpose="trainer").acquire()
+            assert lock.number == 2 and [e.name for e in store.entries()] == [".writer.0000000002"]
+            lock.release()
+        else:
+            with pytest.raises(RunLockedError, match="held by trainer pid"):
+                StoreLock(store, purpose="trainer").acquire()
