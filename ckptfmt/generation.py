@@ -31,8 +31,7 @@ from .store import DIRECTORY, FILE, Entry, Store
 from .store.local import LocalStore
 from . import format as fmt
 from . import manifest as mf
-from .errors import (CheckpointError, FingerprintMismatchError, ManifestError, NoValidGenerationError,
-                     RemoteError, UnsupportedSetupError)
+from .errors import CheckpointError, FingerprintMismatchError, ManifestError, NoValidGenerationError, RemoteError, UnsupportedSetupError  # noqa: E501
 
 
 # A manifest whose payload is gone, locally or at a mirror: damage, never a leftover, because every
@@ -211,8 +210,7 @@ class Generation:
         return reader.open(self.bin, manifest="require", verify=verify)
 
     def _read_in(self) -> reader.Checkpoint:
-        """The generation from its store, in memory: the manifest, then each recorded part read
-        whole and refused unless its blake3 is the recorded one."""
+        """The generation from its store, in memory: each recorded part refused unless its blake3 is the recorded one."""
         doc = self.read_manifest()
         if doc["step"] != self.step:
             raise ManifestError(self.store.where(self.manifest.name), f"manifest says step {doc['step']}")

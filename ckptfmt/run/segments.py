@@ -32,11 +32,12 @@ import json
 import re
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 from ..errors import CheckpointError
 from ..store import FILE, Store
 from . import history as hist
+from .storelock import created
 
 DIRECTORY = ".loss.d"
 _SEGMENT = re.compile(r"([0-9]{10})\.jsonl")
@@ -52,6 +53,8 @@ class SegmentedHistory:
         self._pending: list[bytes] = []
         self._next: int | None = None
         self._lock = threading.RLock()           # appends from any thread, as History's
+        self._read: dict[int, bytes] = {}        # segments read already (never replaced)
+        self.guard: Callable[[], None] | None = None   # raises once this writer's lease is lost
 
     @property
     def source(self) -> "SegmentedHistory":
@@ -76,10 +79,17 @@ class SegmentedHistory:
                 return
             number = self._next if self._next is not None else max(self.numbers(), default=0) + 1
             name = f"{number:010d}.jsonl"
-            if not self.store.create(name, b"".join(self._pending)):
+            if self.guard is not None:
+                try:
+                    self.guard()                 # a writer taken over writes no more history
+                except CheckpointError:
+                    self._pending = []           # its records belong to no timeline of the run's now
+                    raise
+            data = b"".join(self._pending)
+            if not created(self.store, name, data):
                 raise CheckpointError(self.store.where(name), "a history segment of that number was written by "
                                       "another writer meanwhile; one writer per run")
-            self._pending, self._next = [], number + 1
+            self._pending, self._next, self._read[number] = [], number + 1, data
 
     def close(self) -> None:
         self.sync()
@@ -96,7 +106,10 @@ class SegmentedHistory:
     def read_all(self) -> bytes:
         """The history's bytes: every segment in number order, then this writer's records not
         written yet (a reader in the writer's own process sees what it appended)."""
-        data = b"".join(self.store.read_bytes(f"{n:010d}.jsonl") for n in self.numbers())
+        for n in self.numbers():
+            if n not in self._read:
+                self._read[n] = self.store.read_bytes(f"{n:010d}.jsonl")
+        data = b"".join(self._read[n] for n in sorted(self._read))
         with self._lock:
             return data + b"".join(self._pending)
 

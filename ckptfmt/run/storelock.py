@@ -60,7 +60,7 @@ class StoreLock:
         self.number: int | None = None
 
     def _record(self) -> bytes:
-        return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "pidns": _pid_namespace(),
+        return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "pidns": _pid_namespace(), "boot": _boot(),
                            "purpose": self.purpose, "token": self.token, "expires": self.clock() + self.ttl_s}).encode()
 
     def _leases(self) -> list[int]:
@@ -75,6 +75,18 @@ class StoreLock:
             return {}
         return doc if isinstance(doc, dict) else {}
 
+    def _owned(self) -> bool:
+        """This holder's lease object is there and holds its token (a store that cannot be read
+        raises: an unreachable store is not a lost lease)."""
+        name = _name(self.number)
+        if self.store.size(name) is None:
+            return False
+        try:
+            doc = json.loads(self.store.read_bytes(name))
+        except ValueError:
+            return False
+        return isinstance(doc, dict) and doc.get("token") == self.token
+
     def acquire(self) -> "StoreLock":
         """Take the lease, or ``RunLockedError`` naming the live holder (exit 2)."""
         leases = self._leases()
@@ -87,10 +99,11 @@ class StoreLock:
                                      f"{time.strftime('%H:%M:%S', time.localtime(newest['expires']))}; "
                                      "one writer per run")
         number = leases[-1] + 1 if leases else 1
-        if not self.store.create(_name(number), self._record()):
+        if not created(self.store, _name(number), self._record()):
             raise RunLockedError(self.store.where(), "another writer took the lease at the same moment; "
                                                      "one writer per run")
         self.number = number
+        self._still_mine()                   # a store that ignores the condition: its bytes are ours
         for old in leases:                   # expired: the new holder clears them
             self.store.remove(_name(old))
         return self
@@ -106,7 +119,11 @@ class StoreLock:
         """``RunLockedError`` unless this lease is held and no newer one was made."""
         if self.number is None:
             raise RunLockedError(self.store.where(), "the writer lease is not held")
-        newer = [n for n in self._leases() if n > self.number]
+        leases = self._leases()
+        newer = [n for n in leases if n > self.number]
+        if not newer and not self._owned():
+            raise RunLockedError(self.store.where(), "the writer lease expired and was taken over (its object "
+                                 "is gone or another's); this writer stops")
         if newer:
             holder = self._read(newer[-1])
             raise RunLockedError(self.store.where(), f"the writer lease expired and was taken over by "
@@ -172,8 +189,8 @@ def _dead_here(holder: dict[str, Any]) -> bool:
     pid = holder.get("pid")
     if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
         return False
-    if holder.get("pidns") is None or holder.get("pidns") != _pid_namespace():
-        return False                     # another container's pids are not ours to look up
+    if holder.get("pidns") is None or holder.get("pidns") != _pid_namespace() or holder.get("boot") != _boot():
+        return False                     # another container's or machine's pids are not ours to look up
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
@@ -190,6 +207,27 @@ def _pid_namespace() -> int | None:
         return os.stat("/proc/self/ns/pid").st_ino
     except OSError:
         return None
+
+
+def _boot() -> str | None:
+    """This machine's boot id (Linux): a pid namespace's inode is the same on every machine for
+    the initial one, so the two together say "this machine, this namespace"."""
+    try:
+        with open("/proc/sys/kernel/random/boot_id") as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
+def created(store: Store, name: str, data: bytes) -> bool:
+    """``store.create``, where a create whose reply was lost and that the client retried (S3
+    then answers that the object exists) is told from another's by its bytes: ours if equal."""
+    if store.create(name, data):
+        return True
+    try:
+        return store.read_bytes(name) == data
+    except (OSError, CheckpointError):
+        return False
 
 
 def _name(number: int) -> str:

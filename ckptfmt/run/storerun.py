@@ -28,14 +28,17 @@ from typing import Any, Iterator
 from .. import manifest as mf
 from .. import format as fmt
 from .. import writer
-from ..errors import CheckpointError, GenerationNotFoundError, SidecarError, UnsupportedSetupError, parse_json
+from ..errors import CheckpointError, GenerationNotFoundError, RemoteError, SidecarError, UnsupportedSetupError, parse_json
 from ..fsio import is_url
 from ..generation import Generation, Listing, by_step, list_store
 from ..store import Store, writing
 from .directory import Run
 from .roots import of, recorded
-from .segments import SegmentedHistory
+from .segments import DIRECTORY, SegmentedHistory
 from .storelock import Heartbeat, StoreLock, leased
+
+
+MIRROR_INDEX = ".mirror-index.json"      # what ckptfmt mirror writes at its destination (tools.mirror.INDEX)
 
 
 class StoreRun(Run):
@@ -51,8 +54,26 @@ class StoreRun(Run):
         self._vouched: dict[int, str] = {}
         self.held: Heartbeat | None = None
 
+    def check_kind(self, create: bool) -> None:
+        """A mirror's destination is written by ``ckptfmt mirror``, not a run's writer: refused
+        (``import`` brings it here); without ``create`` (``gc``, ``pin``) a prefix that holds no
+        run is refused too (an empty or mistyped one), as a missing run directory is."""
+        names = [e.name for e in self.store.entries()]
+        if MIRROR_INDEX in names:
+            raise UnsupportedSetupError(self.where, "a mirror's destination (ckptfmt mirror writes it), not a run "
+                                        "written there; ckptfmt import URL DEST brings it here")
+        if not create and not any(n == DIRECTORY or n.startswith(".writer.") or fmt.parse_name(n) for n in names):
+            raise RemoteError(self.where, "no run at this URL (an empty or mistyped prefix?)")
+
     def __fspath__(self) -> str:
         raise UnsupportedSetupError(self.where, "a run on object storage has no local path")
+
+    def judge(self, *, deep: bool = False, tier: str = "disk") -> Any:
+        """``Run.judge``, deep (every part read back) for any generation this writer did not
+        commit and confirm itself: retention's shallow look is trusted only for those, so a
+        generation damaged on the store is never taken for the newest valid one."""
+        shallow, full = super().judge(deep=deep, tier=tier), super().judge(deep=True, tier=tier)
+        return lambda gen: shallow(gen) if gen.step in self._vouched else full(gen)
 
     def listing(self) -> Listing:
         return list_store(self.store)
@@ -78,6 +99,7 @@ class StoreRun(Run):
         """The run's writer lease, taken and renewed by a heartbeat thread until ``release()``;
         each commit first checks that it is still this writer's."""
         self.held = Heartbeat(StoreLock(self.store, purpose=purpose).acquire())
+        self.history.guard = self.held.check
         return self.held
 
     def manifest_root(self, step: int) -> str | None:
@@ -93,7 +115,16 @@ class StoreRun(Run):
             self.held.check()       # a lease taken over after it expired: this writer stops here
         if gen is not None:
             gen.remove()
-        return writing.save(self.store, step, *regions, **how)
+        return writing.save(self.store, step, *regions, **{**how, "before_commit": self._still_held(how.get("before_commit"))})
+
+    def _still_held(self, before_commit: Any) -> Any:
+        """``before_commit`` after a last look at the lease, just before the manifest is written."""
+        def before(doc: dict[str, Any]) -> None:
+            if self.held is not None:
+                self.held.check()
+            if before_commit is not None:
+                before_commit(doc)
+        return before
 
     def write_shard(self, step: int, rank: int, world: int, start: int, stop: int, *regions: Any) -> dict[str, Any]:
         """This rank's shard streamed to the store and confirmed there by this rank."""
@@ -101,9 +132,7 @@ class StoreRun(Run):
 
     def commit_shards(self, step: int, rows: list[dict[str, Any]], manifest: dict[str, Any] | None,
                       before_commit: Any = None, extra_tensors: dict[str, Any] | None = None) -> None:
-        if self.held is not None:
-            self.held.check()
-        writing.commit_shards(self.store, step, rows, manifest, before_commit, extra_tensors)
+        writing.commit_shards(self.store, step, rows, manifest, self._still_held(before_commit), extra_tensors)
         self.vouch(step)
 
     def leases(self, *, sweep: bool) -> Any:
@@ -141,5 +170,7 @@ def open_run(target: Any, *, create: bool = False) -> Run:
         return target
     if isinstance(target, str) and is_url(target):
         from ..store.objects import ObjectStore   # fsspec only when a URL is given
-        return StoreRun(ObjectStore(target))
+        run = StoreRun(ObjectStore(target))
+        run.check_kind(create)
+        return run
     return Run(target, create=create)

@@ -80,7 +80,7 @@ def _reason(exc: BaseException) -> str:
         return "not found"
     if re.search(r"NoCredentials|Unable to locate credentials", text):
         return "no credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile in ~/.aws)"
-    if re.search(r"AccessDenied|Forbidden|InvalidAccessKeyId|SignatureDoesNotMatch|403", text):
+    if re.search(r"AccessDenied|Forbidden|InvalidAccessKeyId|SignatureDoesNotMatch|(?<![:\d])403(?!\d)", text):
         return "access denied"
     if re.search(r"Connect(ion)?(Error|Timeout|Refused)|Could not connect|Cannot connect|"
                  r"EndpointConnection|Name or service not known", text, re.I):
@@ -308,6 +308,9 @@ class ObjectStore:
         with translated(self.where(), "cannot list unfinished uploads"):
             listed = self.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix + "/")
             for upload in listed.get("Uploads", []):
+                folders = upload["Key"][len(prefix) + 1:].split("/")[:-1]
+                if folders and (len(folders) > 1 or not folders[0].endswith(".shards")):
+                    continue             # a run under this one's prefix: not this run's upload
                 self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
                 aborted.append(upload["Key"][len(prefix) + 1:])
         return aborted

@@ -56,6 +56,7 @@ def save(store: Store, step: int, weights: writer.Region, m: writer.Region, v: w
             parts.append(done)
             doc[companion.FIELD] = {"file": extra, "size": done.size, "blake3": done.blake3}
         doc = mf.sealed(mf.build(file=name, size=fmt.file_size(n), step=step, n_params=n, digest=digest, extra=doc))
+        sent.insert(0, fmt.manifest_name(step))     # a PUT whose reply was lost: uncommitted first
         commit(store, fmt.manifest_name(step), mf.dumps(doc), parts,
                before=None if before_commit is None else lambda: before_commit(doc))
     except BaseException:

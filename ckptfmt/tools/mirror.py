@@ -24,6 +24,7 @@ from .. import manifest as mf
 from ..errors import CheckpointError, FingerprintMismatchError, ManifestError, RemoteError, UnsupportedSetupError
 from ..generation import Generation, by_step, list_dir
 from ..store import DIRECTORY
+from ..run.storerun import MIRROR_INDEX
 from ..run import PINS, PIVOT, POLICY, SAMPLES, STATE, Run
 from ..run.generations import manifest_of, non_finite
 from ..run.retention import Candidate, Policy, candidate_for, guarded
@@ -37,7 +38,7 @@ __all__ = ["INDEX", "SIDECARS", "mirror", "mirror_runs"]
 
 SIDECARS = (hist.NAME, PINS, PIVOT, STATE, SAMPLES, POLICY)   # what a resume reads besides the generation, and
                                                               # the policy its writer ran with (for ls there)
-INDEX = ".mirror-index.json"                          # at the destination: the sidecars' digests
+INDEX = MIRROR_INDEX                                   # at the destination: the sidecars' digests
 
 
 def mirror(run_dir: "str | os.PathLike[str]", url: str, *, retention: Policy | None = None,

@@ -241,14 +241,17 @@ class CheckpointManager:
         """The history closed, the run lock and the signal handlers given back, whatever fails
         (a history the disk refuses to sync is still closed, the lock still released)."""
         try:
-            self.run.history.sync()
+            try:
+                self.run.history.sync()
+            finally:
+                self.run.history.close()               # a store's history: its last segment
         finally:
-            self.run.history.close()
             let_go(self.run)                           # the RAM tier, held since its restore or first RAM save
-            if self._lock is not None:
-                self._lock.release()
-            if self._handlers:
-                for sig, handler in self._handlers.items():
+            try:
+                if self._lock is not None:
+                    self._lock.release()
+            finally:
+                for sig, handler in (self._handlers or {}).items():
                     signal.signal(sig, handler)
 
     def _require_open(self) -> None:

@@ -322,17 +322,20 @@ def check_layout(doc: dict[str, Any], model: torch.nn.Module, path: str) -> None
 def refuse_rollback(run: Run, source: Any) -> None:
     """Resuming this run from one of its own older generations would collide with the newer
     ones at the next save, and deleting them would lose good checkpoints: fork instead."""
-    if run.path is None:             # a run on a store: a source is a file elsewhere
-        return
-    src = Path(source).resolve()
-    parsed = fmt.parse_name(src.name)
-    if src.parent != run.path.resolve() or parsed is None:
+    if run.path is None:             # a run on a store: one of its own by its URL
+        prefix = run.where + "/"
+        ours, name = str(source).startswith(prefix), str(source)[len(run.where) + 1:]
+    else:
+        src = Path(source).resolve()
+        ours, name = src.parent == run.path.resolve(), src.name
+    parsed = fmt.parse_name(name)
+    if not ours or parsed is None:
         return
     later = [g.step for g in run.generations() if g.committed and g.step > parsed[0]]
     if later:
         raise UnsupportedSetupError(str(source), f"a generation of this run, which has newer ones "
                                                  f"(steps {later}); to go back, fork it: ckptfmt fork "
-                                                 f"{run.path} --step STEP NEW_RUN, and resume NEW_RUN")
+                                                 f"{run.where} --step STEP NEW_RUN, and resume NEW_RUN")
 
 
 def newest(loop: Loop, allow_nonfinite: bool = False) -> tuple[Any, str | None, str | None]:

@@ -169,7 +169,7 @@ def test_what_a_run_on_the_store_cannot_do_yet_is_refused_before_anything_is_wri
     with pytest.raises(UnsupportedSetupError, match="not with mirror"):
         CheckpointManager(url, *build(), mirror=f"s3://{bucket}/elsewhere")
     assert keys(s3, bucket) == []
-    assert isinstance(open_run(url), StoreRun) and open_run(tmp_path).path == tmp_path
+    assert isinstance(open_run(url, create=True), StoreRun) and open_run(tmp_path).path == tmp_path
 
 
 NO_LOCAL_WRITE = """
@@ -222,9 +222,18 @@ def test_validate_of_the_run_url_checks_what_the_manager_wrote(s3, bucket):
 
 
 def test_a_store_run_is_a_run_over_the_store_it_names(s3, bucket):
-    run = open_run(f"s3://{bucket}/runs/y/")
+    run = open_run(f"s3://{bucket}/runs/y/", create=True)
     assert run.where == f"s3://{bucket}/runs/y" and run.path is None and run.generations() == []
     assert isinstance(run.store, ObjectStore)
+    from ckptfmt.errors import RemoteError
+    with pytest.raises(RemoteError, match="no run at this URL"):
+        open_run(f"s3://{bucket}/runs/y")                     # gc, pin: an empty prefix is no run
+    done = cli("gc", f"s3://{bucket}/runs/typo", "--keep-last", "1", env=s3.env)
+    assert done.returncode == 2 and "no run at this URL" in done.stderr, done.stderr
+    s3.client().put_object(Bucket=bucket, Key="runs/m/.mirror-index.json", Body=b"{}")
+    for create in (True, False):
+        with pytest.raises(UnsupportedSetupError, match="a mirror's destination"):
+            open_run(f"s3://{bucket}/runs/m", create=create)
 
 
 def test_a_generation_on_the_store_that_does_not_hash_to_its_manifest_is_never_restored(s3, bucket):
@@ -294,8 +303,12 @@ def test_a_writer_whose_lease_was_taken_over_commits_nothing_more(s3, bucket):
     with pytest.raises(RunLockedError, match="taken over by trainer pid 1 on elsewhere"):
         train(mgr, model, opt, 4, 8, np.random.default_rng(0))
     assert {fmt.parse_name(n)[0] for n in keys(s3, bucket) if fmt.parse_name(n)} == {4}
-    mgr.close()                            # gives back its handlers; the newer lease is not its own to remove
-    assert ".writer.0000000002" in keys(s3, bucket)
+    with pytest.raises(RunLockedError, match="taken over"):
+        mgr.close()                        # its last records are no timeline's: not written, and said
+    assert mgr.closed and ".writer.0000000002" in keys(s3, bucket)
+    import threading
+    assert not [t for t in threading.enumerate() if t.name == "ckptfmt-lease"]     # its heartbeat stopped
+    assert [n for n in keys(s3, bucket) if n.startswith(".loss.d/")] == [".loss.d/0000000001.jsonl"]
 
 
 def test_train_killed_on_a_url_resumes_from_the_store_bit_exactly(s3, bucket, tmp_path):
@@ -380,13 +393,16 @@ def test_a_save_while_the_store_is_unreachable_fails_naming_the_object_and_the_n
     proxy = CuttingProxy(s3.port, cut_after=float("inf"))
     monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
     url = f"s3://{bucket}/runs/x"
-    model, opt = build()
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(6, 300), torch.nn.BatchNorm1d(300), torch.nn.Linear(300, 300),
+                                torch.nn.Linear(300, 3))      # a 1.1 MB .bin: the cut lands inside its upload
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
     noise = np.random.default_rng(0)
     mgr = CheckpointManager(url, model, opt, every=4, keep_last=None)
     try:
         train(mgr, model, opt, 0, 4, noise)
         with proxy.lock:
-            proxy.cut_after = proxy.sent + 2000          # inside the next save's upload
+            proxy.cut_after = proxy.sent + 200_000       # the lease's look and well into the upload
         with pytest.raises(RemoteError, match=rf"^{url}/step_000008\.bin: upload failed") as failed:
             train(mgr, model, opt, 4, 8, noise)
         assert len(str(failed.value).splitlines()) == 1
@@ -399,3 +415,35 @@ def test_a_save_while_the_store_is_unreachable_fails_naming_the_object_and_the_n
         proxy.heal()
         mgr.close()
         proxy.close()
+
+
+def test_retention_on_the_store_never_takes_a_damaged_generation_for_the_newest_valid(s3, bucket):
+    """A generation damaged on the store (same size, one byte flipped) was committed by an
+    earlier writer: retention reads it back before trusting it, so the generation just committed
+    is kept and the damaged one never stands in for it."""
+    url = f"s3://{bucket}/runs/x"
+    model, opt = build()
+    with CheckpointManager(url, model, opt, every=4, keep_last=None) as mgr:
+        train(mgr, model, opt, 0, 8, np.random.default_rng(0))
+    key = "runs/x/step_000008.bin"
+    flipped = bytearray(s3.client().get_object(Bucket=bucket, Key=key)["Body"].read())
+    flipped[-1] ^= 1
+    s3.client().put_object(Bucket=bucket, Key=key, Body=bytes(flipped))
+    model, opt = build(seed=2)
+    with pytest.warns(UserWarning, match="skipping generation 8"):
+        with CheckpointManager(url, model, opt, every=2, keep_last=1) as mgr:
+            assert mgr.restore() == 4
+            train(mgr, model, opt, 4, 6, np.random.default_rng(0))
+    assert {fmt.parse_name(n)[0] for n in keys(s3, bucket) if fmt.parse_name(n)} == {6, 8}
+    with pytest.warns(UserWarning, match="skipping generation 8"):
+        assert open_run(url).latest(deep=True).step == 6
+
+
+def test_resuming_a_store_run_from_its_own_older_generation_is_refused(s3, bucket):
+    url = f"s3://{bucket}/runs/x"
+    model, opt = build()
+    with CheckpointManager(url, model, opt, every=4, keep_last=None) as mgr:
+        train(mgr, model, opt, 0, 8, np.random.default_rng(0))
+    with CheckpointManager(url, *build(), every=4) as mgr:
+        with pytest.raises(UnsupportedSetupError, match="newer ones .steps .8.*fork it"):
+            mgr.restore(source=f"{url}/step_000004.bin")

@@ -183,7 +183,7 @@ def test_a_lease_of_a_dead_process_here_is_taken_over_at_once_and_only_in_its_pi
     import json
     import socket
     import subprocess
-    from ckptfmt.run.storelock import _pid_namespace
+    from ckptfmt.run.storelock import _boot, _pid_namespace
     store = LocalStore(tmp_path)
     gone = subprocess.Popen(["true"])
     gone.wait()                                       # a pid that no longer exists
@@ -191,7 +191,7 @@ def test_a_lease_of_a_dead_process_here_is_taken_over_at_once_and_only_in_its_pi
         for entry in store.entries():
             store.remove(entry.name)
         store.put_bytes(".writer.0000000001", json.dumps({
-            "pid": gone.pid, "host": socket.gethostname(), "pidns": pidns, "purpose": "trainer",
+            "pid": gone.pid, "host": socket.gethostname(), "pidns": pidns, "boot": _boot(), "purpose": "trainer",
             "expires": time.time() + 3600}).encode())
         if taken:
             lock = StoreLock(store, purpose="trainer").acquire()
@@ -200,3 +200,27 @@ def test_a_lease_of_a_dead_process_here_is_taken_over_at_once_and_only_in_its_pi
         else:
             with pytest.raises(RunLockedError, match="held by trainer pid"):
                 StoreLock(store, purpose="trainer").acquire()
+
+
+def test_a_holder_whose_lease_number_was_taken_again_after_a_takeover_learns_it(tmp_path):
+    """A holder stalls past its expiry; another takes the lease over (number 2, the older object
+    removed) and releases it; a third acquires on an empty store and gets number 1 again. The
+    stalled holder's renew tells it by its token, never renewing the third's lease as its own."""
+    now = [1000.0]
+    store = LocalStore(tmp_path)
+    stalled = StoreLock(store, purpose="trainer", ttl_s=1, clock=lambda: now[0]).acquire()
+    now[0] += 5
+    StoreLock(store, purpose="gc", ttl_s=1, clock=lambda: now[0]).acquire().release()
+    third = StoreLock(store, purpose="trainer", ttl_s=1, clock=lambda: now[0]).acquire()
+    assert third.number == stalled.number == 1
+    with pytest.raises(RunLockedError, match="taken over"):
+        stalled.renew()
+    third.renew()
+
+
+def test_an_error_naming_an_endpoint_port_with_403_in_it_is_not_called_access_denied():
+    from ckptfmt.store.objects import _reason
+    timeout = TimeoutError('Read timeout on endpoint URL: "http://127.0.0.1:40312/bkt/runs/x/step_000008.bin"')
+    assert "access denied" not in _reason(timeout)
+    assert _reason(PermissionError("An error occurred (403) when calling the PutObject operation: Forbidden")) == \
+        "access denied"
