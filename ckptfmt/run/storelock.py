@@ -164,7 +164,7 @@ class Heartbeat:
             except RunLockedError as exc:
                 self.error = exc
                 return
-            except CheckpointError as exc:    # the store unreachable: tried again, until the lease is gone
+            except (CheckpointError, OSError) as exc:   # the store unreachable: tried again, until the lease is gone
                 if self.lock.clock() - renewed > self.lock.ttl_s:
                     self.error = RunLockedError(self.lock.store.where(), f"the writer lease could not be "
                                                 f"renewed for {self.lock.ttl_s:.0f} s ({exc}); this writer stops")

@@ -224,3 +224,37 @@ def test_an_error_naming_an_endpoint_port_with_403_in_it_is_not_called_access_de
     assert "access denied" not in _reason(timeout)
     assert _reason(PermissionError("An error occurred (403) when calling the PutObject operation: Forbidden")) == \
         "access denied"
+
+
+def test_the_heartbeat_renews_the_lease_and_tells_the_writer_when_it_is_lost(tmp_path):
+    """Renewed every third of its TTL on its own thread; a newer lease (a takeover) or a store
+    that could not be written for a whole TTL is kept and raised by the writer's next check."""
+    import shutil
+    from ckptfmt.run.storelock import Heartbeat
+    import json
+    store = LocalStore(tmp_path)
+    beat = Heartbeat(StoreLock(store, purpose="trainer", ttl_s=0.6).acquire())
+    try:
+        first = json.loads(store.read_bytes(".writer.0000000001"))["expires"]
+        time.sleep(0.5)
+        assert json.loads(store.read_bytes(".writer.0000000001"))["expires"] > first      # renewed
+        beat.check()
+        store.put_bytes(".writer.0000000002", json.dumps({"purpose": "gc", "pid": 1, "host": "h",
+                                                          "expires": time.time() + 60}).encode())
+        with pytest.raises(RunLockedError, match="taken over by gc"):
+            beat.check()
+    finally:
+        beat.release()
+    # a store that can be neither read nor written for longer than the TTL (its directory gone,
+    # a file in its place)
+    (tmp_path / "other").mkdir()
+    store = LocalStore(tmp_path / "other")
+    beat = Heartbeat(StoreLock(store, purpose="trainer", ttl_s=0.3).acquire())
+    try:
+        shutil.rmtree(tmp_path / "other")
+        (tmp_path / "other").write_bytes(b"not a directory")
+        time.sleep(0.8)
+        with pytest.raises(RunLockedError, match="could not be renewed"):
+            beat.check()
+    finally:
+        beat._stop.set()
