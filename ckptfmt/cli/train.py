@@ -86,7 +86,7 @@ def _why(check: dict) -> str:
 @main.command()
 @click.option("--run", "--run-dir", "run_dir", required=True, type=click.Path(),
               help="Run directory (created if new), or a URL: a run written straight to object storage "
-              "(s3://bucket/runs/x; one process; the remote extra). Under torchrun use --run-dir "
+              "(s3://bucket/runs/x; the remote extra). Under torchrun use --run-dir "
               "(torchrun claims --run).")
 @click.option("--config", "config_name", default="tiny", show_default=True,
               type=click.Choice(["tiny", "andrea-12m", "andrea-120m"]), help="Named model/training config.")

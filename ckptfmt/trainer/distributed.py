@@ -14,7 +14,6 @@ loop state, and a resume at another world size are the checkpoint manager's
 """
 from __future__ import annotations
 
-import contextlib
 import random
 import sys
 from typing import Callable, Protocol
@@ -23,7 +22,8 @@ import torch
 from torch.nn.parallel import DistributedDataParallel
 
 from ..errors import DeviceUnavailableError
-from ..run import Run, RunLock
+from ..run import Run
+from ..run.storerun import open_run
 from ..torch.distributed import process_group, rank_world
 
 
@@ -75,21 +75,24 @@ def wrap_model(model: torch.nn.Module, parallel: str, seed: int) -> torch.nn.Mod
     return model
 
 
-def train_distributed(run_dir: str, steps: int, make_trainer: Callable[[Callable[[str], None]], _Trainer], *,
+def train_distributed(run_dir: str, steps: int, make_trainer: Callable[[Run, Callable[[str], None]], _Trainer], *,
                       device: str = "auto", timeout_s: float = 120) -> int:
     """A torchrun worker: joins the process group (gloo on the CPU, NCCL on GPUs, ``timeout_s``
-    per collective), rank 0 holds the run's writer lock, every rank trains. ``make_trainer``
-    builds this rank's Trainer from its log function."""
+    per collective), rank 0 holds the run's writer lock (a URL's: its lease), every rank trains.
+    ``make_trainer`` builds this rank's Trainer on the run, with its log function."""
     with process_group(device, timeout_s) as rank:
-        lock = RunLock(run_dir, purpose="trainer rank 0") if rank == 0 else contextlib.nullcontext()
-        Run(run_dir, create=True)
-        with lock:
-            trainer = make_trainer(rank_log(rank))
+        run = open_run(run_dir, create=True)
+        lock = run.writer_lock("trainer rank 0") if rank == 0 else None
+        try:
+            trainer = make_trainer(run, rank_log(rank))
             trainer.build()
             try:
                 return trainer.fit(steps)
             finally:
                 trainer.close()
+        finally:
+            if lock is not None:
+                lock.release()
 
 
 def rank_log(rank: int) -> Callable[[str], None]:

@@ -7,7 +7,6 @@ from pathlib import Path
 from typing import Any
 
 from .. import atomic
-from ..errors import UnsupportedSetupError
 from ..fsio import is_url
 from ..run import LOCK
 from ..run.storerun import open_run
@@ -46,12 +45,9 @@ def _train(run_dir: str, cfg: Any, steps: int, flags: Flags, summary: str | None
     if flags.stop:
         return 0
     if launched_by_torchrun():
-        if run.path is None:
-            raise UnsupportedSetupError(run.where, "ckptfmt train on object storage runs as one process for now, "
-                                                   "not under torchrun (train in a local run directory)")
         if summary or pause_at:
             raise ValueError("summary and pause_at are single-process only (not under torchrun)")
-        return train_distributed(run_dir, steps, lambda log: Trainer(run_dir, cfg, flags=flags, log=log, **options),
+        return train_distributed(run_dir, steps, lambda run, log: Trainer(run, cfg, flags=flags, log=log, **options),
                                  device=options.get("device", "auto"), timeout_s=dist_timeout)
     lock = run.writer_lock("trainer")
     try:

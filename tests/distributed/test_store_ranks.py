@@ -72,3 +72,21 @@ def test_two_ranks_write_their_shards_to_the_store_and_resume_from_it_bit_exactl
     from ckptfmt.run.storerun import open_run
     events = [(r["event"], r["step"]) for r in hist.read(open_run(stopped).history).events()]
     assert ("resume", 10) in events and ("checkpoint", 20) in events
+
+
+def test_train_under_torchrun_on_a_url_resumes_from_the_store_bit_exactly(s3, bucket, tmp_path):
+    """``ckptfmt train --run-dir s3://...`` with 2 ranks, stopped at step 20 and started again to
+    40, commits the step-40 generation a local 2-rank run trained straight to 40 commits."""
+    def train(run: str, steps: int, log: str) -> None:
+        succeeds([*standalone(2), "-m", "ckptfmt.cli", "train", "--run-dir", run, "--steps", str(steps),
+                  "--checkpoint-every", "20", "--sample-every", "0", "--log-every", "100000", "--config", "tiny",
+                  "--dist-timeout", "60"], tmp_path / log, env=s3.env)
+    local = tmp_path / "straight"
+    train(str(local), 40, "local.log")
+    url = f"s3://{bucket}/runs/t"
+    train(url, 20, "first.log")
+    train(url, 40, "again.log")
+    theirs = json.loads(s3.client().get_object(Bucket=bucket, Key="runs/t/step_000040.json")["Body"].read())
+    mine = json.loads((local / "step_000040.json").read_text())
+    assert theirs["world_size"] == 2 and theirs["blake3"] == mine["blake3"]
+    assert "resumed from" in (tmp_path / "again.log").read_text()
