@@ -22,6 +22,7 @@ import sys
 import numpy as np, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from ckptfmt.torch import CheckpointManager
+from ckptfmt.torch.distributed import exit_worker
 url, stop = sys.argv[1], int(sys.argv[2])
 dist.init_process_group("gloo")
 rank = dist.get_rank()
@@ -41,6 +42,7 @@ for step in range(start + 1, stop + 1):
         break
 mgr.close(stop)
 dist.destroy_process_group()
+exit_worker(0)           # past finalization, where a gloo rank sometimes aborts (exit_worker's docstring)
 '''
 
 

@@ -236,15 +236,21 @@ def test_a_store_run_is_a_run_over_the_store_it_names(s3, bucket):
             open_run(f"s3://{bucket}/runs/m", create=create)
 
 
-def test_a_generation_on_the_store_that_does_not_hash_to_its_manifest_is_never_restored(s3, bucket):
-    url = f"s3://{bucket}/runs/x"
+def committed_4_and_8_then_8_flipped(s3, bucket: str, url: str) -> None:
+    """Generations 4 and 8 committed at ``url`` (runs/x), then one byte of step 8's ``.bin``
+    flipped on the store: same size, same header, only its blake3 tells."""
     model, opt = build()
     with CheckpointManager(url, model, opt, every=4, keep_last=None) as mgr:
         train(mgr, model, opt, 0, 8, np.random.default_rng(0))
     key = "runs/x/step_000008.bin"
     flipped = bytearray(s3.client().get_object(Bucket=bucket, Key=key)["Body"].read())
-    flipped[-1] ^= 1                                    # same size, same header: only its blake3 tells
+    flipped[-1] ^= 1
     s3.client().put_object(Bucket=bucket, Key=key, Body=bytes(flipped))
+
+
+def test_a_generation_on_the_store_that_does_not_hash_to_its_manifest_is_never_restored(s3, bucket):
+    url = f"s3://{bucket}/runs/x"
+    committed_4_and_8_then_8_flipped(s3, bucket, url)
     from ckptfmt.errors import FingerprintMismatchError
     with pytest.raises(FingerprintMismatchError, match=f"^{url}/step_000008.bin: "):
         open_run(url).generation_at(f"{url}/step_000008.bin").open()
@@ -422,13 +428,7 @@ def test_retention_on_the_store_never_takes_a_damaged_generation_for_the_newest_
     earlier writer: retention reads it back before trusting it, so the generation just committed
     is kept and the damaged one never stands in for it."""
     url = f"s3://{bucket}/runs/x"
-    model, opt = build()
-    with CheckpointManager(url, model, opt, every=4, keep_last=None) as mgr:
-        train(mgr, model, opt, 0, 8, np.random.default_rng(0))
-    key = "runs/x/step_000008.bin"
-    flipped = bytearray(s3.client().get_object(Bucket=bucket, Key=key)["Body"].read())
-    flipped[-1] ^= 1
-    s3.client().put_object(Bucket=bucket, Key=key, Body=bytes(flipped))
+    committed_4_and_8_then_8_flipped(s3, bucket, url)
     model, opt = build(seed=2)
     with pytest.warns(UserWarning, match="skipping generation 8"):
         with CheckpointManager(url, model, opt, every=2, keep_last=1) as mgr:
