@@ -50,18 +50,15 @@ def record_policy(run: Any, retention: Policy | None, saving: Any = None,
                   by: str = "checkpoint manager") -> None:
     """Write the policy a writer runs the run with (spec/RUN.md §5.6): ``retention`` (None: it
     keeps every generation) and ``saving`` (a ``SavePolicy``), so ``ls`` shows what keeps each
-    generation without being told. ``run``: a ``Run`` (its own sidecar calls: a run on a store
-    too), or a run directory's path."""
+    generation without being told. ``run``: a ``Run`` (its sidecar calls: a run on a store too)."""
     doc = {"by": by, "retention": retention.to_json() if retention is not None else None,
            "saving": saving.to_json() if saving is not None else None}
-    read, write = ((run.read_sidecar, run.write_sidecar) if hasattr(run, "write_sidecar") else
-                   (lambda name, default: read_json(Path(run) / name, default), lambda name, value: write_json(Path(run) / name, value)))
     try:
-        same = read(POLICY, default=None) == doc
+        same = run.read_sidecar(POLICY, default=None) == doc
     except SidecarError:        # a damaged record says nothing: replaced by what is true now
         same = False
     if not same:
-        write(POLICY, doc)
+        run.write_sidecar(POLICY, doc)
 
 
 def recorded_policy(directory: "str | os.PathLike[str]") -> tuple[bool, Policy | None]:

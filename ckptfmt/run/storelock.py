@@ -170,11 +170,15 @@ class Heartbeat:
                                                 f"renewed for {self.lock.ttl_s:.0f} s ({exc}); this writer stops")
                     return
 
-    def check(self) -> None:
-        """Before a commit: what the heartbeat found, then a look for a newer lease now (one
-        listing), so a takeover is seen at the next commit whenever the last renewal was."""
+    def found(self) -> None:
+        """What the heartbeat found (a takeover, a store out of reach), raised; no request."""
         if self.error is not None:
             raise self.error
+
+    def check(self) -> None:
+        """Before a commit: ``found``, then a look for a newer lease now (one listing), so a
+        takeover is seen at the next commit whenever the last renewal was."""
+        self.found()
         self.lock._still_mine()
 
     def release(self) -> None:

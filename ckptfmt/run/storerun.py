@@ -23,7 +23,7 @@ from __future__ import annotations
 import contextlib
 import io
 import json
-from typing import Any, Iterator
+from typing import Any
 
 from .. import manifest as mf
 from .. import format as fmt
@@ -97,7 +97,7 @@ class StoreRun(Run):
 
     def writer_lock(self, purpose: str, **how: Any) -> "Heartbeat":
         """The run's writer lease, taken and renewed by a heartbeat thread until ``release()``;
-        each commit first checks that it is still this writer's."""
+        each save asks what it found, and the look just before the manifest reads the store."""
         self.held = Heartbeat(StoreLock(self.store, purpose=purpose).acquire())
         self.history.guard = self.held.check
         return self.held
@@ -112,7 +112,7 @@ class StoreRun(Run):
         """Generation ``step`` streamed to the store; what is there of it already (a leftover,
         or a damaged generation) is removed first, its manifest first."""
         if self.held is not None:
-            self.held.check()       # a lease taken over after it expired: this writer stops here
+            self.held.found()       # what the heartbeat found (no request): the look at the store is the manifest's
         if gen is not None:
             gen.remove()
         return writing.save(self.store, step, *regions, **{**how, "before_commit": self._still_held(how.get("before_commit"))})
@@ -136,7 +136,7 @@ class StoreRun(Run):
         self.vouch(step)
 
     def leases(self, *, sweep: bool) -> Any:
-        return _steps(leased(self.store))
+        return contextlib.nullcontext(leased(self.store))
 
     def sweep_temps(self) -> list[str]:
         """What interrupted saves left (the lease holder calls it: the next writer, ``gc``): the
@@ -156,11 +156,6 @@ class StoreRun(Run):
 
     def write_sidecar(self, name: str, value: Any) -> None:
         self.store.put_bytes(name, (json.dumps(value, indent=1, sort_keys=True) + "\n").encode())
-
-
-@contextlib.contextmanager
-def _steps(steps: set[int]) -> Iterator[set[int]]:
-    yield steps
 
 
 def open_run(target: Any, *, create: bool = False) -> Run:
