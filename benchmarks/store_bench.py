@@ -12,14 +12,17 @@ GPT with the andrea-12m / andrea-120m configs, trained-looking values). At each 
    to a fresh prefix that is deleted, untimed, right after it:
    - ``fsspec stream (no hash)``: the exact .bin bytes (header + weights + m + v) written through
      ``fs.open(path, "wb", block_size=16 MiB)`` in 8 MiB writes, the client and upload that
-     ckptfmt's ``ObjectStore.open_part`` uses, with no hash, no read-back and no manifest;
+     the fsspec file the store used before it cut its own parts, with no hash, no confirmation
+     and no manifest;
    - ``fsspec pipe_file (no hash)``: the same bytes as one ``fs.pipe_file`` (s3fs: 50 MiB parts,
      up to 10 concurrent);
    - ``ckptfmt save``: ``store.writing.save`` from the live tensors (``adapter.regions``, the
-     manifest fields ``ct.save`` records): the streamed upload hashed by the writer's thread, the
-     size and blake3 read back (``store.commit``), the manifest; the read-back is timed inside it
-     (``store.digest`` wrapped);
-   - ``ckptfmt save, no read-back``: the same upload (``writer.stream_hashed`` into
+     manifest fields ``ct.save`` records): the streamed upload (``store.open_part``: its own 16 MiB
+     parts, four in flight, each MD5-hashed) hashed by the writer's thread, the confirmation
+     (``store.commit``: the size and the ETag S3 computed, by HEADs; a read-back only where the
+     ETags vouch for nothing), the manifest; the confirmation is timed inside it (the store's
+     ``size``, ``checksum`` and ``digest`` wrapped);
+   - ``ckptfmt save, no confirmation``: the same upload (``writer.stream_hashed`` into
      ``store.open_part``) and the same sealed manifest by ``put_bytes``, without the confirmation;
    - ``DCP save``: ``torch.distributed.checkpoint.save({"model": model.state_dict(), "optim":
      opt.state_dict()}, storage_writer=FsspecWriter(url))``, one process, no process group.
@@ -28,8 +31,8 @@ GPT with the andrea-12m / andrea-120m configs, trained-looking values). At each 
 2. Restore of one committed generation: ``open_run(url).latest().open()`` (list, manifest, the
    .bin read whole into memory, blake3 checked) against ``fs.cat_file`` of the same two objects
    with no hash, and ``cat_file`` + blake3 of the bytes (the floor of any reader that checks);
-   beside them ``store.digest`` of the .bin alone, the read-back a save confirms with (16 MiB
-   ranged GETs, four at a time, hashed in order).
+   beside them ``store.digest`` of the .bin alone, the read-back a save confirms with where the
+   store's ETags vouch for nothing (16 MiB ranged GETs, four at a time, hashed in order).
 
 moto answers a ranged GET by reading the whole object from its spooled file and slicing it
 (``moto/s3/responses.py``, ``_handle_range_header``), so on this server a read in ranges costs
@@ -77,10 +80,10 @@ SIZES = {"12.8M": "andrea-12m", "120M": "andrea-120m", "tiny": "tiny"}   # tiny:
 BUCKET = "store-bench"
 CHUNK = 8 << 20
 BLOCK = 16 << 20
-SAVES = ("fsspec stream (no hash)", "fsspec pipe_file (no hash)", "ckptfmt save", "ckptfmt save, no read-back",
+SAVES = ("fsspec stream (no hash)", "fsspec pipe_file (no hash)", "ckptfmt save", "ckptfmt save, no confirmation",
          "DCP save")
 RESTORES = ("fsspec cat_file (no hash)", "fsspec cat_file + blake3", "ckptfmt open_run().latest().open()",
-            "ckptfmt store.digest (the save's read-back)")
+            "ckptfmt store.digest (a read-back)")
 MODES = ("async_save=False", "async_save=True")
 
 
@@ -267,7 +270,7 @@ class Bench:
         from ckptfmt.torch import adapter, optim
         return {"layout": adapter.layout_of(self.model), "optimizer": optim.describe(self.model, self.opt, 1000)}
 
-    def save_without_read_back(self, store: Any, fields: dict[str, Any]) -> int:
+    def save_unconfirmed(self, store: Any, fields: dict[str, Any]) -> int:
         """``store.writing.save`` minus ``store.commit``'s confirmation: the same streamed upload
         hashed by the writer's thread (facts included), then the same sealed manifest."""
         from ckptfmt import facts as valfacts
@@ -311,16 +314,17 @@ class Bench:
             self.fs.pipe_file(f"{BUCKET}/{prefix}/pipe/{name}", self.raw)
 
         ours = self.store(f"{prefix}/ckptfmt")
-        self.read_back: list[float] = []
-        digest = ours.digest
+        self.confirming: list[float] = []
 
-        def timed_digest(part: str, *a: Any, **k: Any) -> Any:
-            t = time.perf_counter()
-            try:
-                return digest(part, *a, **k)
-            finally:
-                self.read_back.append(time.perf_counter() - t)
-        ours.digest = timed_digest
+        def timed(call: Callable[..., Any]) -> Callable[..., Any]:
+            def call_timed(*a: Any, **k: Any) -> Any:
+                t = time.perf_counter()
+                try:
+                    return call(*a, **k)
+                finally:
+                    self.confirming.append(time.perf_counter() - t)
+            return call_timed
+        ours.size, ours.checksum, ours.digest = timed(ours.size), timed(ours.checksum), timed(ours.digest)
 
         def ckptfmt_save() -> None:
             w, m, v, n, _ = adapter.regions(self.model, self.opt)
@@ -329,8 +333,8 @@ class Bench:
 
         bare = self.store(f"{prefix}/bare")
 
-        def no_read_back() -> None:
-            assert self.save_without_read_back(bare, fields) == self.size
+        def unconfirmed() -> None:
+            assert self.save_unconfirmed(bare, fields) == self.size
 
         storage = FsspecWriter(self.url(f"{prefix}/dcp"))
 
@@ -339,13 +343,13 @@ class Bench:
             dcp.save(sd, storage_writer=storage)
         self.requests.attach(storage.fs.fs)
         return {SAVES[0]: (stream, self.fs), SAVES[1]: (pipe, self.fs), SAVES[2]: (ckptfmt_save, ours.fs),
-                SAVES[3]: (no_read_back, bare.fs), SAVES[4]: (dcp_save, storage.fs.fs)}
+                SAVES[3]: (unconfirmed, bare.fs), SAVES[4]: (dcp_save, storage.fs.fs)}
 
     def bench_save(self, reps: int) -> dict[str, Any]:
         times: dict[str, list[float]] = {k: [] for k in SAVES}
         reqs: dict[str, list[dict[str, int]]] = {k: [] for k in SAVES}
         mem: dict[str, dict[str, Any]] = {k: {} for k in SAVES}
-        read_back: list[float] = []
+        confirming: list[float] = []
         stored: dict[str, int] = {}
         failed: dict[str, list[str]] = {}
         for rep in range(reps):
@@ -353,7 +357,7 @@ class Bench:
             ready = self.save_contenders(prefix)
             for name in in_turn(list(SAVES), rep):
                 fn, _ = ready[name]
-                self.read_back = []
+                self.confirming = []
                 gc.collect()
                 before = self.requests.snapshot()
                 win: dict[str, Any] = {}
@@ -370,7 +374,7 @@ class Bench:
                     times[name].append(dt)
                     reqs[name].append(dict(got))
                     if name == "ckptfmt save":
-                        read_back.append(sum(self.read_back))
+                        confirming.append(sum(self.confirming))
                 sub = {SAVES[0]: "stream", SAVES[1]: "pipe", SAVES[2]: "ckptfmt", SAVES[3]: "bare", SAVES[4]: "dcp"}[name]
                 stored[name] = sum(e["size"] for e in self.fs.find(f"{BUCKET}/{prefix}/{sub}", detail=True).values())
                 self.clear(f"{prefix}/{sub}")
@@ -386,14 +390,13 @@ class Bench:
             out[name] = {**s, "gbps_median": self.size / s["median"] / 1e9, "gbps_best": self.size / s["min"] / 1e9,
                          "stored_bytes": stored[name], "requests": reqs[name][-1],
                          "requests_total": sorted({sum(r.values()) for r in reqs[name]}), "memory": mem[name]}
-        rb = summary(read_back)
-        ck, bare = times["ckptfmt save"], times["ckptfmt save, no read-back"]
-        out["confirmation"] = {"read_back_s": rb, "read_back_gbps_median": self.size / rb["median"] / 1e9,
-                               "share_of_save_median": statistics.median(r / t for r, t in zip(read_back, ck)),
-                               "save_minus_no_read_back_s": statistics.median(ck) - statistics.median(bare)}
+        ck, bare = times["ckptfmt save"], times["ckptfmt save, no confirmation"]
+        out["confirmation"] = {"confirm_s": summary(confirming),
+                               "share_of_save_median": statistics.median(r / t for r, t in zip(confirming, ck)),
+                               "save_minus_unconfirmed_s": statistics.median(ck) - statistics.median(bare)}
         out["ratios"] = {f"ckptfmt save vs {name} (throughput)": ratio(times[name], ck)
                          for name in SAVES if name != "ckptfmt save"}
-        out["ratios"]["ckptfmt save, no read-back vs fsspec stream (no hash) (throughput)"] = ratio(times[SAVES[0]], bare)
+        out["ratios"]["ckptfmt save, no confirmation vs fsspec stream (no hash) (throughput)"] = ratio(times[SAVES[0]], bare)
         return out
 
     # ------------------------------------------------------------ 2. restore
@@ -404,11 +407,11 @@ class Bench:
         from ckptfmt.run.storerun import open_run
         prefix = f"restore-{self.label}"
         store = self.store(prefix)
-        self.save_without_read_back(store, self.manifest_fields())   # committed: its manifest is there
+        self.save_unconfirmed(store, self.manifest_fields())   # committed: its manifest is there
         blake = self.last_digest
         names = [fmt.checkpoint_name(1000), fmt.manifest_name(1000)]
         # moto reads a whole object for each ranged GET: the read-back alone is skipped above 1 GB
-        # (the save's own read-back is timed inside "ckptfmt save")
+        # (a save reads back only where the store's ETags vouch for nothing)
         contenders = [name for name in RESTORES if name != RESTORES[3] or self.size < 1e9]
 
         def raw() -> Any:
@@ -630,12 +633,12 @@ def table(doc: dict[str, Any]) -> str:
     for name in SAVES:
         add(f"save: {name}", lambda s, name=name: f"{secs(s['save'][name])}, {s['save'][name]['gbps_median']:.3f} "
                                                   f"({s['save'][name]['gbps_best']:.3f}) GB/s")
-    add("save: of which read-back (ckptfmt save)", lambda s: f"{secs(s['save']['confirmation']['read_back_s'])}, "
+    add("save: of which confirmation (ckptfmt save)", lambda s: f"{secs(s['save']['confirmation']['confirm_s'])}, "
         f"{s['save']['confirmation']['share_of_save_median'] * 100:.0f} % of the save")
     for key in doc["sizes"][labels[0]]["save"]["ratios"]:
         add(key.replace(" (throughput)", ""), lambda s, key=key: f"**{s['save']['ratios'][key]['median']:.2f}x** "
                                                                  f"({s['save']['ratios'][key]['best']:.2f}x)")
-    for name in ("ckptfmt save", "ckptfmt save, no read-back", "DCP save", "fsspec stream (no hash)"):
+    for name in ("ckptfmt save", "ckptfmt save, no confirmation", "DCP save", "fsspec stream (no hash)"):
         add(f"HTTP requests per save: {name}",
             lambda s, name=name: ", ".join(f"{op} {c}" for op, c in sorted(s['save'][name]['requests'].items())) +
             f" (total {'/'.join(str(t) for t in s['save'][name]['requests_total'])})")

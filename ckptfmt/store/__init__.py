@@ -16,6 +16,7 @@ The protocol, in the order a reader and a remover call it (as torch DCP document
     read_bytes(name)            one small file whole (a manifest, a sidecar)
     read_range(name, start, end) bytes [start, end) of a file (a header; fewer at its end)
     digest(name)                (blake3, size) of a file read back, for a part's verification
+    checksum(name)              the file's checksum as the store computed it (S3: its ETag), or None
     remove(name, recursive=)    a file (or, recursive, a shard directory); absent is no error
 
 A remover takes a generation's manifest first (uncommitted at once), then its parts
@@ -34,8 +35,9 @@ A writer calls, in this order::
                                     (``write``, ``offset``, ``commit``; leaving it uncommitted
                                     publishes nothing: the seed writer's hashing thread uses it)
     commit(store, manifest, data, parts, before=)
-                                    every part confirmed on the store by its size and its blake3
-                                    read back, ``before()`` (the run records the root it commits),
+                                    every part confirmed on the store by its size and the
+                                    checksum the store computed as it received it (S3's ETag,
+                                    ``multipart``), else its blake3 read back, ``before()`` (the run records the root it commits),
                                     then the manifest (the commit marker) written last
     put_bytes(name, data)           a small file whole (a sidecar, a history segment)
     create(name, data)              an object made only where none is (the run's writer lock):
@@ -72,10 +74,18 @@ class Entry:
 @dataclass(frozen=True)
 class Written:
     """A part as its writer sent it: ``name`` in the store, ``size`` in bytes, ``blake3`` of the
-    bytes as they were written."""
+    bytes as they were written, and ``checksum``: what the store said, computing it itself, of
+    the bytes it received (S3: the ETag their MD5s make, ``multipart``), None where it vouched
+    for nothing (a local file, a store whose ETags are not MD5s)."""
     name: str
     size: int
     blake3: str
+    checksum: str | None = None
+
+
+def written(name: str, sink: "Sink", blake3: str) -> Written:
+    """The ``Written`` of a committed ``open_part`` sink (a local file's sink has no checksum)."""
+    return Written(name, sink.offset, blake3, getattr(sink, "checksum", None))
 
 
 class Store(Protocol):
@@ -101,6 +111,10 @@ class Store(Protocol):
 
     def digest(self, name: str) -> tuple[str, int]:
         """(blake3, size) of the file as read back now."""
+
+    def checksum(self, name: str) -> str | None:
+        """The file's checksum as the store computed it when it received it (S3: the ETag), None
+        where the store keeps none (a local file: confirmed by reading it back)."""
 
     def remove(self, name: str, *, recursive: bool = False) -> None:
         """Remove the file, or with ``recursive`` the directory and what it holds; absent is
@@ -146,13 +160,17 @@ def commit(store: Store, manifest: str, data: bytes, parts: "list[Written]",
 
 
 def confirm(store: Store, parts: "list[Written]") -> None:
-    """Each of ``parts`` on ``store`` as it was written: its size, then its blake3 read back
-    (``SaveError`` naming the first that is not; a sharded save's ranks each confirm their own)."""
+    """Each of ``parts`` on ``store`` as it was written: its size, then the checksum the store
+    computed when it received the part, asked again now (one ``HEAD``), or, where the store
+    vouched for nothing or now says otherwise, its blake3 read back (``SaveError`` naming the
+    first part that is not as written; a sharded save's ranks each confirm their own)."""
     for part in parts:
         size = store.size(part.name)
         if size != part.size:
             raise SaveError(store.where(part.name), f"on the store: {size} bytes, {part.size} were written; "
                                                     "not committed")
+        if part.checksum is not None and store.checksum(part.name) == part.checksum:
+            continue
         got = store.digest(part.name)[0]
         if got != part.blake3:
             raise SaveError(store.where(part.name), f"on the store it hashes to {got}, {part.blake3} was "

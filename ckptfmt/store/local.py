@@ -54,6 +54,10 @@ class LocalStore:
         path = self.locate(name)
         return fingerprint.of_file(path), path.stat().st_size
 
+    def checksum(self, name: str) -> None:
+        """A local file has no checksum of its own: a commit reads it back (``store.confirm``)."""
+        return None
+
     def under(self, prefix: str) -> "LocalStore":
         return LocalStore(self.locate(prefix))
 

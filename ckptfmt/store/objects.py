@@ -21,11 +21,11 @@ from .. import format as fmt
 from .. import manifest as mf
 from ..errors import (CheckpointError, FingerprintMismatchError, MissingDependencyError,
                       RemoteError, UnsupportedSetupError)
-from . import DIRECTORY, FILE, OTHER, Entry, Written
+from . import DIRECTORY, FILE, OTHER, Entry, Written, multipart
 
 EXTRA = "pip install 'ckptfmt[remote]'"
 CHUNK = 8 << 20              # bytes per read while streaming
-BLOCK = 16 << 20             # multipart part size (S3's minimum is 5 MiB), read-back range size
+BLOCK = multipart.BLOCK      # part size of an upload, range size of a read-back
 PARALLEL_READS = 4           # concurrent ranged GETs while reading back
 Progress = Callable[[int], None] | None
 
@@ -189,15 +189,14 @@ class ObjectStore:
         if self.local:   # object stores have no directories; a local target needs them
             self.fs.makedirs(self.path(name).rsplit("/", 1)[0], exist_ok=True)
 
-    def upload(self, local: Path, name: str, expected: str | None, progress: Progress = None) -> tuple[str, int]:
+    def upload(self, local: Path, name: str, expected: str | None, progress: Progress = None) -> Written:
         """Stream the local file ``local`` to ``name`` (``write``); a file whose bytes do not
         hash to ``expected`` is named and never published."""
         def chunks() -> Iterator[bytes]:
             with open(local, "rb") as src:
                 while chunk := src.read(CHUNK):
                     yield chunk
-        done = self.write(name, chunks(), expected=expected, progress=progress, source=str(local))
-        return done.blake3, done.size
+        return self.write(name, chunks(), expected=expected, progress=progress, source=str(local))
 
     def write(self, name: str, chunks: Iterable[bytes], *, expected: str | None = None,
               progress: Progress = None, source: str | None = None) -> Written:
@@ -215,11 +214,23 @@ class ObjectStore:
                 raise FingerprintMismatchError(source or self.where(name), f"hashes to {h.hexdigest()} while "
                                                f"sent, its manifest says {expected}; not uploaded")
             out.commit()
-        return Written(name, out.offset, h.hexdigest())
+        return Written(name, out.offset, h.hexdigest(), out.checksum)
 
-    def open_part(self, name: str) -> "Upload":
-        """An upload of ``name`` to write chunk by chunk (``Upload``)."""
-        return Upload(self, name)
+    def open_part(self, name: str) -> "Upload | multipart.S3Upload":
+        """An upload of ``name`` to write chunk by chunk: on S3 in parts cut here, so the store's
+        ETag vouches for the bytes (``multipart``); elsewhere through the fsspec file (``Upload``)."""
+        if self.local or not hasattr(self.fs, "call_s3"):
+            return Upload(self, name)
+        self._parent(name)
+        return multipart.S3Upload(self.fs, self.path(name), lambda what: translated(self.where(name), what))
+
+    def checksum(self, name: str) -> str | None:
+        """The object's checksum as the store computed it (S3: its ETag), None where it has none."""
+        with translated(self.where(name), "cannot stat"):
+            try:
+                return multipart.unquoted(self.fs.info(self.path(name)).get("ETag")) or None
+            except FileNotFoundError:
+                return None
 
     def under(self, prefix: str) -> "ObjectStore":
         """The files under ``prefix``, on the same client."""
@@ -330,6 +341,7 @@ class Upload:
 
     def __init__(self, store: ObjectStore, name: str):
         self.store, self.name, self.offset = store, name, 0
+        self.checksum: str | None = None       # fsspec's file says nothing the store vouched for
         self._out: Any = None
         self._done = False
 

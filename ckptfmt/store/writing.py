@@ -4,7 +4,7 @@ writer's stream, sent instead of written to a local file, nothing staged on loca
 The ``.bin`` goes up as one part (``Store.open_part``) while the writer's hashing thread
 computes its blake3 and value facts over the bytes as sent, exactly as a local save does; the
 companion (buffers, state tensors) as a second part; then ``store.commit`` confirms both on the
-store by size and by their blake3 read back, shows the run the sealed manifest
+store by size and by the checksum the store computed (S3's ETag), else their blake3 read back, shows the run the sealed manifest
 (``before_commit``: it records the root it commits) and writes the manifest last. A save that
 fails or is refused removes what it sent: an upload never completed is never published, and a
 part published before the failure goes again (what a kill leaves instead is an uncommitted
@@ -26,7 +26,7 @@ from .. import companion, shards, writer
 from .. import facts as valfacts
 from .. import format as fmt
 from .. import manifest as mf
-from . import Store, Written, commit, confirm
+from . import Store, commit, confirm, written
 
 
 def save(store: Store, step: int, weights: writer.Region, m: writer.Region, v: writer.Region, *,
@@ -46,7 +46,7 @@ def save(store: Store, step: int, weights: writer.Region, m: writer.Region, v: w
         with store.open_part(name) as out:
             digest = writer.stream_hashed(out, where, fmt.pack_header(step, n), sources, n, facts)
             out.commit()
-        parts = [Written(name, out.offset, digest)]
+        parts = [written(name, out, digest)]
         doc = {k: v for k, v in (manifest or {}).items() if k != valfacts.FIELD}
         doc[valfacts.FIELD] = facts.to_dict()
         if extra_tensors:
@@ -69,7 +69,7 @@ def save(store: Store, step: int, weights: writer.Region, m: writer.Region, v: w
 def save_shard(store: Store, step: int, rank: int, world: int, start: int, stop: int,
                weights: writer.Region, m: writer.Region, v: writer.Region) -> dict[str, Any]:
     """One rank's shard of a sharded generation (``shards.save_shard`` on a store): streamed up
-    hashed, then confirmed by this rank (size and blake3 read back), so rank 0 commits only
+    hashed, then confirmed by this rank (``store.confirm``), so rank 0 commits only
     parts every rank has confirmed; the manifest row (with the shard's value facts)."""
     file = shards.shard_name(rank, world)
     name = f"{fmt.stem(step)}{shards.SUFFIX}/{file}"
@@ -80,7 +80,7 @@ def save_shard(store: Store, step: int, rank: int, world: int, start: int, stop:
         with store.open_part(name) as out:
             digest = writer.stream_hashed(out, where, fmt.pack_header(step, n), sources, n, facts)
             out.commit()
-        confirm(store, [Written(name, out.offset, digest)])
+        confirm(store, [written(name, out, digest)])
     except BaseException:
         _remove_quietly(store, [name])
         raise

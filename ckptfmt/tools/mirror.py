@@ -21,9 +21,10 @@ from typing import Any, Callable, Iterable, Mapping
 from .. import facts, fingerprint
 from .. import format as fmt
 from .. import manifest as mf
-from ..errors import CheckpointError, FingerprintMismatchError, ManifestError, RemoteError, UnsupportedSetupError
+from ..errors import (CheckpointError, FingerprintMismatchError, ManifestError, RemoteError, SaveError,
+                      UnsupportedSetupError)
 from ..generation import Generation, by_step, list_dir
-from ..store import DIRECTORY
+from ..store import DIRECTORY, confirm
 from ..run.storerun import MIRROR_INDEX
 from ..run import PINS, PIVOT, POLICY, SAMPLES, STATE, Run
 from ..run.generations import manifest_of, non_finite
@@ -168,23 +169,22 @@ def _matches(remote: ObjectStore, there: Generation, doc: dict[str, Any], gen: G
 
 
 def _upload_generation(remote: ObjectStore, gen: Generation, doc: dict[str, Any], progress: Progress) -> dict[str, Any]:
-    """Payload up (hashed while sent), read back and compared, then the manifest, read back."""
+    """Payload up (hashed while sent), confirmed there (``store.confirm``: the ETag the store
+    computed, else read back), then the manifest, read back."""
     files = gen.parts(doc, manifest=False)
-    sent = 0
-    for part in files:
-        sent += remote.upload(part.path, part.name, part.blake3, progress)[1]
-    for name, digest in ((p.name, p.blake3) for p in files):
-        got, _ = remote.digest(name)
-        if got != digest:
-            raise RemoteError(remote.where(name), f"read back as blake3 {got}, sent {digest}; "
-                                                  "the generation stays uncommitted there")
+    sent = [remote.upload(part.path, part.name, part.blake3, progress) for part in files]
+    try:
+        confirm(remote, sent)
+    except SaveError as exc:          # the destination could not keep what was sent: exit 2
+        raise RemoteError(exc.path, f"{exc.problem} there; the generation stays uncommitted") from None
     marker = fmt.manifest_name(gen.step)
     data = gen.manifest.read_bytes()
     remote.put_bytes(marker, data)
     if remote.read_bytes(marker) != data:
         remote.remove(marker)
         raise RemoteError(remote.where(marker), "the manifest did not read back as sent; removed")
-    return {"step": gen.step, "files": len(files) + 1, "bytes": sent + len(data), "blake3": doc["blake3"]}
+    return {"step": gen.step, "files": len(files) + 1, "bytes": sum(w.size for w in sent) + len(data),
+            "blake3": doc["blake3"]}
 
 
 def _upload_sidecars(run: Run, remote: ObjectStore, recheck: bool) -> dict[str, dict[str, Any]]:

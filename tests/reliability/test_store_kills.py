@@ -1,5 +1,5 @@
 """SIGKILL of a writer on object storage at each phase of a save (a part's upload, the
-multipart completion, the read-back, the manifest, the history's segment, retention's removal),
+multipart completion, the commit's confirmation of the parts, the manifest, the history's segment, retention's removal),
 against moto's S3 server on 127.0.0.1: the newest generation left committed always verifies,
 the restart resumes from it and ends bit-identical to a run never killed, and what the killed
 save left (parts without a manifest, an unfinished multipart upload) is removed by the restart.
@@ -27,12 +27,13 @@ TESTS = str(Path(__file__).resolve().parents[1])
 
 # A loop on the manager over URL to step STOP (every 2, keep_last 2), killed by SIGKILL at the
 # AT-th store call of kind PHASE (or the AT-th store call of any kind: PHASE "any"; "upload" counts
-# a .bin's writes once its multipart upload has begun, a part gone up); prints the
+# a generation's parts sent (a multipart upload begun), "confirm" the commit's look at a part's
+# ETag); prints the
 # step restore() returned and the unfinished uploads and leftovers the restart swept.
 LOOP = r'''
 import os, signal, sys
 import numpy as np, torch
-from ckptfmt.store import objects
+from ckptfmt.store import multipart, objects
 from ckptfmt.torch import CheckpointManager
 url, stop, width, phase, at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 calls = {}
@@ -45,11 +46,11 @@ def hooked(kind, function, *, where=lambda *a: True):
                 os.kill(os.getpid(), signal.SIGKILL)
         return function(*args, **kwargs)
     return call
-generation = lambda self, *a: self.name.startswith("step_")          # noqa: E731
-U, S = objects.Upload, objects.ObjectStore
-U.write = hooked("upload", U.write, where=lambda self, *a: generation(self) and getattr(self._out, "mpu", None))
+generation = lambda self, *a: "step_" in self.key          # noqa: E731
+U, S = multipart.S3Upload, objects.ObjectStore
+U._upload_part = hooked("upload", U._upload_part, where=generation)
 U.commit = hooked("complete", U.commit, where=generation)
-S.digest = hooked("readback", S.digest)
+S.checksum = hooked("confirm", S.checksum)
 S.put_bytes = hooked("manifest", S.put_bytes, where=lambda self, name, *a: name.endswith(".json") and name.startswith("step_"))
 S.create = hooked("segment", S.create, where=lambda self, name, *a: name.endswith(".jsonl"))
 S.remove = hooked("retention", S.remove, where=lambda self, name, *a: name.startswith("step_"))
@@ -117,7 +118,7 @@ def straight(s3):
 
 # (phase, which call of it, model width): 32 gives a .bin of 25 KB (one PUT at completion), 41_000
 # one of 34 MB (a multipart upload: a kill at a write after its first part went up leaves it unfinished)
-PHASES = [("upload", 1, 41_000), ("complete", 2, 32), ("complete", 2, 41_000), ("readback", 3, 32),
+PHASES = [("upload", 1, 41_000), ("complete", 2, 32), ("complete", 2, 41_000), ("confirm", 3, 32),
           ("manifest", 2, 32), ("segment", 3, 32), ("retention", 2, 32), ("retention", 3, 32)]
 
 

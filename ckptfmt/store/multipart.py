@@ -1,0 +1,124 @@
+"""One object uploaded to S3 in parts ckptfmt cuts itself, so the store vouches for what it received.
+
+S3 answers each ``UploadPart`` with an ETag that is the MD5 of the bytes it received (for objects
+stored unencrypted or with SSE-S3, S3's default, and on moto's server and most S3 compatibles),
+and the completed object's ETag is the MD5 of those MD5s with ``-N``, N the number of parts. A
+part whose ETag is the MD5 of the bytes ckptfmt sent was received whole; an object whose ETag is
+then the one those parts make is exactly those parts, in order: the store computed that checksum
+itself, so a commit can confirm the object by one ``HEAD`` (its size and ETag) instead of reading
+it back (``store.confirm``). Where a store's ETags are not MD5s (SSE-KMS, some compatibles) the
+upload still completes; it just vouches for nothing (``checksum`` None) and the commit reads the
+object back, as before.
+
+Parts are ``BLOCK`` bytes (the last one shorter); up to ``PARALLEL_PARTS`` are sent at once from
+a small thread pool, each hashed (MD5) on its sending thread, so a save's upload overlaps the
+writer that fills the next part. An object smaller than one part is one ``PutObject``.
+"""
+from __future__ import annotations
+
+import hashlib
+from concurrent.futures import Future, ThreadPoolExecutor
+from typing import Any
+
+BLOCK = 16 << 20        # part size (S3's minimum is 5 MiB, but for the last part)
+PARALLEL_PARTS = 4      # parts in flight at once: memory up to (PARALLEL_PARTS + 1) * BLOCK
+
+
+def md5(data: "bytes | bytearray") -> bytes:
+    return hashlib.md5(data, usedforsecurity=False).digest()
+
+
+def etag_of(md5s: list[bytes]) -> str:
+    """The ETag S3 gives an object completed from parts with these MD5 digests.
+
+    >>> etag_of([md5(b"")])
+    '59adb24ef3cdbe0297f05b395827453f-1'
+    """
+    return f"{md5(b''.join(md5s)).hex()}-{len(md5s)}"
+
+
+def unquoted(etag: str | None) -> str:
+    """An ETag as S3 sends it (``"..."``), without its quotes."""
+    return (etag or "").strip('"')
+
+
+class S3Upload:
+    """``ObjectStore.open_part`` on S3: ``write`` buffers and sends each full part,
+    ``commit`` sends the last one and completes the object (``checksum``: its ETag when every
+    part's ETag was the MD5 of what was sent, else None); leaving the ``with`` block without
+    ``commit`` aborts the multipart upload, so nothing is published."""
+
+    def __init__(self, fs: Any, path: str, translated: Any):
+        self.fs, self.translated = fs, translated
+        self.bucket, _, self.key = path.partition("/")
+        self.offset = 0
+        self.checksum: str | None = None
+        self._part = bytearray()
+        self._sent: list[Future] = []
+        self._upload_id: str | None = None
+        self._pool: ThreadPoolExecutor | None = None
+        self._done = False
+
+    def __enter__(self) -> "S3Upload":
+        return self
+
+    def write(self, data: "bytes | memoryview") -> None:
+        view = memoryview(data).cast("B")
+        while view.nbytes:
+            take = min(view.nbytes, BLOCK - len(self._part))
+            self._part += view[:take]
+            view = view[take:]
+            if len(self._part) == BLOCK:
+                self._send()
+        self.offset += memoryview(data).nbytes
+
+    def _send(self) -> None:
+        """Hand the full part to the pool; wait for the oldest when enough are in flight."""
+        with self.translated("upload failed"):
+            if self._upload_id is None:
+                self._upload_id = self.fs.call_s3("create_multipart_upload", Bucket=self.bucket,
+                                                  Key=self.key)["UploadId"]
+                self._pool = ThreadPoolExecutor(PARALLEL_PARTS, thread_name_prefix="ckptfmt-part")
+            assert self._pool is not None
+            number, part, self._part = len(self._sent) + 1, self._part, bytearray()
+            self._sent.append(self._pool.submit(self._upload_part, number, part))
+            in_flight = [f for f in self._sent if not f.done()]
+            if len(in_flight) >= PARALLEL_PARTS:
+                in_flight[0].result()
+            for f in self._sent:        # a part that failed fails the write now, not at commit
+                if f.done() and f.exception() is not None:
+                    f.result()
+
+    def _upload_part(self, number: int, part: bytearray) -> tuple[dict[str, Any], bytes, bool]:
+        digest = md5(part)
+        answer = self.fs.call_s3("upload_part", Bucket=self.bucket, Key=self.key, UploadId=self._upload_id,
+                                 PartNumber=number, Body=part)
+        return {"PartNumber": number, "ETag": answer["ETag"]}, digest, unquoted(answer["ETag"]) == digest.hex()
+
+    def commit(self) -> None:
+        with self.translated("upload failed"):
+            if self._upload_id is None:
+                digest = md5(self._part).hex()     # one PutObject: its ETag is the MD5 itself
+                answer = self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.key, Body=self._part)
+                self.checksum = digest if unquoted(answer.get("ETag")) == digest else None
+            else:
+                if self._part:
+                    self._send()
+                parts = [f.result() for f in self._sent]
+                answer = self.fs.call_s3("complete_multipart_upload", Bucket=self.bucket, Key=self.key,
+                                         UploadId=self._upload_id,
+                                         MultipartUpload={"Parts": [p[0] for p in parts]})
+                expected = etag_of([p[1] for p in parts])
+                vouched = all(p[2] for p in parts) and unquoted(answer.get("ETag")) == expected
+                self.checksum = expected if vouched else None
+        self._done = True
+
+    def __exit__(self, *exc: object) -> None:
+        try:
+            if self._pool is not None:     # parts not yet sent are dropped; none is waited for
+                self._pool.shutdown(wait=False, cancel_futures=True)
+            if not self._done and self._upload_id is not None:
+                self.fs.call_s3("abort_multipart_upload", Bucket=self.bucket, Key=self.key,
+                                UploadId=self._upload_id)
+        except Exception:  # noqa: BLE001 (best effort: the parts of an unfinished upload stay invisible)
+            pass
