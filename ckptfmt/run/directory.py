@@ -153,6 +153,10 @@ class Run:
         """The generation a file of it names (``generation.at``)."""
         return at(path)
 
+    def open_at(self, path: "str | os.PathLike[str]", *, verify: bool = False) -> Any:
+        """The checkpoint of the generation a file of it names (``Generation.open``)."""
+        return self.generation_at(path).open(verify=verify)
+
     def _history_roots(self, tier: str) -> dict[int, str]:
         return recorded(self.history.path, tier=tier)
 

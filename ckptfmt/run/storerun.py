@@ -52,6 +52,7 @@ class StoreRun(Run):
         self.where = store.where()
         self.history = SegmentedHistory(store)
         self._vouched: dict[int, str] = {}
+        self._read: tuple[int, Any] | None = None      # (step, its checkpoint) read whole by a judge
         self.held: Heartbeat | None = None
 
     def check_kind(self, create: bool) -> None:
@@ -69,11 +70,34 @@ class StoreRun(Run):
         raise UnsupportedSetupError(self.where, "a run on object storage has no local path")
 
     def judge(self, *, deep: bool = False, tier: str = "disk") -> Any:
-        """``Run.judge``, deep (every part read back) for any generation this writer did not
-        commit and confirm itself: retention's shallow look is trusted only for those, so a
-        generation damaged on the store is never taken for the newest valid one."""
-        shallow, full = super().judge(deep=deep, tier=tier), super().judge(deep=True, tier=tier)
-        return lambda gen: shallow(gen) if gen.step in self._vouched else full(gen)
+        """``Run.judge``, deep for any generation this writer did not commit and confirm itself
+        (retention's shallow look is trusted only for those, so a generation damaged on the store
+        is never taken for the newest valid one). A committed generation is judged deep by
+        reading it whole, every part hashed against its manifest (``Generation.open``), and the
+        last one read is kept for ``open_at``: a restore downloads its generation once."""
+        looked, hashed = super().judge(deep=False, tier=tier), super().judge(deep=True, tier=tier)
+
+        def reason(gen: Generation) -> str | None:
+            if gen.step in self._vouched and not deep:
+                return looked(gen)
+            if not gen.committed:
+                return hashed(gen)
+            return looked(gen) or self._read_whole(gen)
+        return reason
+
+    def _read_whole(self, gen: Generation) -> str | None:
+        self._read = None
+        try:
+            self._read = (gen.step, gen.open())
+        except CheckpointError as exc:
+            return exc.problem
+        return None
+
+    def open_at(self, path: Any, *, verify: bool = False) -> Any:
+        """``Run.open_at``; the generation a judge read whole just before is not read again."""
+        gen = self.generation_at(path)
+        read, self._read = self._read, None
+        return read[1] if read is not None and read[0] == gen.step else gen.open(verify=verify)
 
     def listing(self) -> Listing:
         return list_store(self.store)
@@ -113,6 +137,7 @@ class StoreRun(Run):
         or a damaged generation) is removed first, its manifest first."""
         if self.held is not None:
             self.held.found()       # what the heartbeat found (no request): the look at the store is the manifest's
+        self._read = None           # a generation read whole by a judge is not kept past a save
         if gen is not None:
             gen.remove()
         return writing.save(self.store, step, *regions, **{**how, "before_commit": self._still_held(how.get("before_commit"))})

@@ -394,4 +394,4 @@ def _open(run: Run, path: Any, verify: bool) -> Any:
     """A generation to restore from, by a file of it: a ``.bin``, its manifest, or a sharded
     generation's manifest (``generation.at``: the shape is the generation's to know); in a run
     on a store, its part's URL."""
-    return run.generation_at(path).open(verify=verify)
+    return run.open_at(path, verify=verify)

@@ -447,3 +447,25 @@ def test_resuming_a_store_run_from_its_own_older_generation_is_refused(s3, bucke
     with CheckpointManager(url, *build(), every=4) as mgr:
         with pytest.raises(UnsupportedSetupError, match="newer ones .steps .8.*fork it"):
             mgr.restore(source=f"{url}/step_000004.bin")
+
+
+def test_a_restore_from_the_store_reads_its_generation_once(s3, bucket):
+    """The newest generation is judged by reading it whole, every part hashed against its
+    manifest, and that read is what the restore loads: no part is downloaded twice."""
+    url = f"s3://{bucket}/runs/once"
+    model, opt = build()
+    noise = np.random.default_rng(1)
+    with CheckpointManager(url, model, opt, generators={"noise": noise}, every=4) as mgr:
+        train(mgr, model, opt, 0, 8, noise)
+    model, opt = build(seed=5)
+    mgr = CheckpointManager(url, model, opt, generators={"noise": np.random.default_rng(2)}, every=4)
+    sent = []
+    mgr.run.store.fs.s3.meta.events.register("before-send.s3", lambda request, **_: sent.append(
+        (request.method, request.url.split("?")[0].rsplit("/", 1)[-1], request.headers.get("Range"))))
+    assert mgr.restore() == 8
+    mgr.close()
+    payload = [(name, rng) for method, name, rng in sent
+               if method == "GET" and name in ("step_000008.bin", "step_000008.extra.safetensors")]
+    whole = sorted(name for name, rng in payload if rng is None)
+    assert whole == ["step_000008.bin", "step_000008.extra.safetensors"], payload
+    assert [rng for _, rng in payload if rng is not None] == [b"bytes=0-7"], payload     # the header's 8 bytes
