@@ -123,6 +123,53 @@ class CuttingProxy:
         self.listener.close()
 
 
+class UnconditionalProxy:
+    """An HTTP proxy in front of the server that drops ``If-None-Match`` from every request: a
+    store that ignores S3's conditional PUT, as some S3-compatible servers do (a create then
+    replaces what is there). ``with UnconditionalProxy(port) as proxy:``; ``proxy.endpoint``."""
+
+    def __init__(self, target_port: int):
+        import http.client
+        import http.server
+        import threading
+
+        class Forward(http.server.BaseHTTPRequestHandler):
+            protocol_version = "HTTP/1.1"
+
+            def forward(self) -> None:
+                body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
+                headers = {k: v for k, v in self.headers.items() if k.lower() not in ("if-none-match", "connection")}
+                upstream = http.client.HTTPConnection("127.0.0.1", target_port, timeout=60)
+                upstream.request(self.command, self.path, body=body or None, headers=headers)
+                answer = upstream.getresponse()
+                data = answer.read()
+                self.send_response(answer.status, answer.reason)
+                for k, v in answer.getheaders():
+                    if k.lower() not in ("transfer-encoding", "connection", "content-length"):
+                        self.send_header(k, v)
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                if self.command != "HEAD":
+                    self.wfile.write(data)
+                upstream.close()
+
+            do_GET = do_PUT = do_POST = do_DELETE = do_HEAD = forward
+
+            def log_message(self, *args: object) -> None:
+                pass
+
+        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Forward)
+        self.endpoint = f"http://127.0.0.1:{self.server.server_address[1]}"
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    def __enter__(self) -> "UnconditionalProxy":
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.server.shutdown()
+        self.server.server_close()
+
+
 def fixtures(prefix: str):
     """``s3, bucket = fixtures("bkt")`` in a test module: one server per module (environment
     pointed at it while the module runs), and a fresh bucket per test, so tests share the server

@@ -300,3 +300,28 @@ def test_on_s3_an_upload_left_unfinished_publishes_nothing_and_leaves_no_parts(s
             raise RuntimeError("the writer failed")
     assert store.size("step_000007.bin") is None
     assert not s3.client().list_multipart_uploads(Bucket=bucket, Prefix="runs/unfinished/").get("Uploads")
+
+
+def test_on_a_store_that_ignores_if_none_match_a_second_writer_is_refused_and_an_overwritten_holder_learns_it(
+        s3, bucket, monkeypatch):
+    """Some S3-compatible servers ignore ``If-None-Match: *``: a create there replaces what is
+    there. The lease still refuses a writer that comes while another's is live (it lists the
+    leases first); only two writers creating the same lease in the same instant both succeed,
+    and the one overwritten learns it at its next check (it reads its own lease back)."""
+    from s3server import UnconditionalProxy
+    from ckptfmt.run.storelock import _name, created
+    with UnconditionalProxy(s3.port) as proxy:
+        monkeypatch.setenv("AWS_ENDPOINT_URL", proxy.endpoint)
+        store = ObjectStore(f"s3://{bucket}/runs/unconditional")
+        assert store.create(".probe", b"one") is True
+        assert store.create(".probe", b"two") is True                   # the condition was ignored
+        assert store.read_bytes(".probe") == b"two"
+        holder = StoreLock(store, purpose="trainer").acquire()
+        with pytest.raises(RunLockedError, match="held by trainer pid"):
+            StoreLock(ObjectStore(f"s3://{bucket}/runs/unconditional"), purpose="trainer").acquire()
+        assert created(store, _name(holder.number), b'{"purpose": "racer"}')   # the same instant's create
+        with pytest.raises(RunLockedError, match="taken over"):
+            holder.renew()
+    monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
+    direct = ObjectStore(f"s3://{bucket}/runs/direct")                  # the server itself honours it
+    assert direct.create(".probe", b"one") is True and direct.create(".probe", b"two") is False
