@@ -989,7 +989,6 @@ def test_an_io_error_that_names_no_file_is_one_line_naming_a_path(tmp_path, monk
 
 
 @pytest.mark.parametrize("argv", [
-    ("diff", "s3://b/r/step_000040.bin", "{run}/step_000005.bin"),
     ("convert", "{run}/step_000005.bin", "s3://b/x.safetensors"),
     ("convert", "s3://b/r/step_000005.bin", "{tmp}/x.safetensors"),
     ("export", "{run}", "s3://b/exported"),
