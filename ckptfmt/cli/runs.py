@@ -227,8 +227,9 @@ def pivot(run: str, note: str | None, as_json: bool) -> None:
 def fork(run: str, dest: str, step: int, as_json: bool) -> None:
     """Audit fork: start a new run DEST from generation --step, with provenance. Safe while the
     run trains: the generation is leased, so retention keeps it until the copy is done. RUN may
-    be a URL (a run written straight to object storage: each part streamed here, verified);
-    DEST is a local directory."""
+    be a URL (a run written straight to object storage: each part streamed here, verified), and
+    so may DEST (a new run written there as the manager writes one: under its writer lease, each
+    part hashed while sent and read back, the manifest last; a prefix holding anything is refused)."""
     from ..run.ops import fork as run_fork  # lazy: keeps `ckptfmt --help` fast
     emit(run_fork(run, step, dest), as_json,
          lambda d: click.echo(f"forked {run} at step {d['step']} into {d['dest']} (blake3 {d['blake3'][:16]}…)"))

@@ -17,6 +17,7 @@ from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoun
 from . import history as hist
 from . import content, mirrors, ramdirs, roots, tiers, timeline
 from .directory import Run
+from .storefork import fork_to_store
 from .storerun import open_run
 from ..generation import Generation, list_dir
 from .generations import check_bare, non_finite
@@ -211,25 +212,26 @@ def pivot(path: "str | os.PathLike[str]", *, note: str | None = None) -> dict[st
 def fork(path: "str | os.PathLike[str]", step: int, dest: "str | os.PathLike[str]") -> dict[str, Any]:
     """Audit fork: a new run from generation ``step`` (copy verified by fingerprint), the loss
     history up to ``step``, and provenance (parent run, step, fingerprint) in the new manifest.
-    The generation is leased while it is copied, so a live trainer's retention keeps it. ``path``
-    may be a URL (a run on object storage, read through its store); ``dest`` is a local directory."""
-    fsio.refuse_url(dest, "the fork's new run directory", instead="fork writes a local run (ckptfmt mirror "
-                    "DEST URL uploads it after)")
-    run, dest = open_run(path), Path(dest)
+    The generation is leased while it is copied, so a live trainer's retention keeps it. Either
+    may be a URL: a run on object storage is read through its store, and a new run there is
+    written through it (``storefork``)."""
+    run = open_run(path)
     with run.reading("fork") as lease:
         gen = next((g for g in lease.listing.generations if g.step == step), None)
         if gen is None or not gen.committed:
             raise GenerationNotFoundError(run.where, f"no committed generation at step {step}")
         lease.narrow([step])
-        return _fork_from(run, gen, dest)
+        reason = run.judge(deep=True)(gen)
+        if reason:
+            raise NoValidGenerationError(run.name_of(gen), f"cannot fork from it: {reason}")
+        if fsio.is_url(dest):
+            return fork_to_store(run, gen, os.fspath(dest))
+        return _fork_from(run, gen, Path(dest))
 
 
 def _fork_from(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
     """Build the fork in a sibling staging directory and rename it to ``dest`` (missing or
     empty) once complete: a fork that fails leaves nothing at ``dest`` (spec/RUN.md §6)."""
-    reason = run.judge(deep=True)(gen)
-    if reason:
-        raise NoValidGenerationError(run.name_of(gen), f"cannot fork from it: {reason}")
     refuse_live(dest)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise DestinationExistsError(str(dest), "exists and is not empty; refusing to fork into it")

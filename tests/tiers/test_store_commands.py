@@ -18,6 +18,7 @@ from ckptfmt import format as fmt  # noqa: E402
 from ckptfmt.run import history as hist  # noqa: E402
 from ckptfmt.run.storerun import open_run  # noqa: E402
 from ckptfmt.tools.plot import series  # noqa: E402
+from ckptfmt.tools.restore import restore  # noqa: E402
 from ckptfmt.torch import CheckpointManager  # noqa: E402
 from conftest import cli  # noqa: E402
 from s3server import fixtures  # noqa: E402
@@ -57,8 +58,7 @@ def made(s3, tmp_path_factory):
     with CheckpointManager(url, model, opt, generators={"noise": noise}, every=EVERY) as mgr:
         train(mgr, model, opt, 0, STEPS, noise)
     local = tmp_path_factory.mktemp("imported") / "x"
-    done = cli("import", url, str(local), env=s3.env)
-    assert done.returncode == 0, done.stderr
+    assert restore(url, local)["step"] == STEPS          # what import URL DEST does, in this process
     return bucket, url, local
 
 
@@ -86,23 +86,53 @@ def test_export_of_the_url_is_byte_for_byte_the_export_of_its_import(s3, made, t
     assert (tmp_path / "c" / fmt.checkpoint_name(8)).read_bytes() == body(s3, bucket, f"runs/x/{fmt.checkpoint_name(8)}")
 
 
-def test_a_fork_from_the_url_resumes_bit_exactly(s3, made, tmp_path):
-    bucket, url, _ = made
-    dest = tmp_path / "child"
-    forked = run_json("fork", url, str(dest), "--step", "8")
-    assert forked["step"] == 8 and forked["history_records"] == 8
-    doc = json.loads((dest / fmt.manifest_name(8)).read_text())
-    assert doc["provenance"]["parent_run"] == url and doc["provenance"]["parent_step"] == 8
+def resumed_from(run: str, step: int) -> None:
+    """A new manager on ``run``, other weights and generators: resumed at ``step`` and trained to STEPS."""
     model, opt = build(seed=99)                    # other weights: all must come from the fork
     noise = np.random.default_rng(7)
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        mgr = CheckpointManager(str(dest), model, opt, generators={"noise": noise}, every=EVERY)
-        assert mgr.restore() == 8
-        train(mgr, model, opt, 8, STEPS, noise)
+        mgr = CheckpointManager(run, model, opt, generators={"noise": noise}, every=EVERY)
+        assert mgr.restore() == step
+        train(mgr, model, opt, step, STEPS, noise)
         mgr.close(STEPS)
-    for name in (fmt.checkpoint_name(STEPS), f"step_{STEPS:06d}.extra.safetensors"):
-        assert (dest / name).read_bytes() == body(s3, bucket, f"runs/x/{name}"), name
+
+
+@pytest.mark.parametrize("into", ["local", "url"])
+def test_a_fork_from_the_url_resumes_bit_exactly(s3, made, tmp_path, into):
+    """Into a local directory, or into another prefix of the store (written through the
+    store's write path, under the new run's lease): the fork at step 8, resumed to step 12,
+    commits the very bytes the run trained straight did."""
+    bucket, url, _ = made
+    dest = str(tmp_path / "child") if into == "local" else f"s3://{s3.bucket('child')}/runs/c"
+    forked = run_json("fork", url, dest, "--step", "8")
+    assert forked["step"] == 8 and forked["history_records"] == 8 and forked["dest"] == dest
+    run = open_run(dest)
+    doc = run.generations()[0].read_manifest()
+    assert doc["provenance"]["parent_run"] == url and doc["provenance"]["parent_step"] == 8
+    resumed_from(dest, 8)
+    names = (fmt.checkpoint_name(STEPS), f"step_{STEPS:06d}.extra.safetensors")
+    assert [open_run(dest).store.read_bytes(n) if into == "url" else (tmp_path / "child" / n).read_bytes()
+            for n in names] == [body(s3, bucket, f"runs/x/{n}") for n in names]
+
+
+def test_a_fork_into_a_url_that_holds_objects_is_refused_and_leaves_them(s3, made):
+    bucket, url, local = made
+    dest = f"s3://{bucket}/runs/x"
+    before = sorted(o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket, Prefix="runs/x/")["Contents"])
+    done = cli("fork", str(local), dest, "--step", str(STEPS))
+    said = (done.stdout + done.stderr).strip()
+    assert done.returncode == 2 and said == f"ckptfmt: {dest}: holds objects already; refusing to fork into it", said
+    after = sorted(o["Key"] for o in s3.client().list_objects_v2(Bucket=bucket, Prefix="runs/x/")["Contents"])
+    assert after == before
+
+
+def test_a_local_run_forked_into_a_url_is_the_same_run_there(s3, made):
+    _, url, local = made
+    dest = f"s3://{s3.bucket('fromlocal')}/runs/f"
+    assert run_json("fork", str(local), dest, "--step", str(STEPS))["history_records"] == STEPS
+    assert run_json("bisect", str(local), dest)["identical"]
+    assert cli("validate", dest).returncode == 0
 
 
 def test_bisect_plot_and_inspect_of_the_url_say_what_they_say_of_its_import(made, tmp_path):
@@ -212,10 +242,3 @@ def test_a_url_that_holds_no_run_is_one_line_exit_2(made, tmp_path, argv):
     assert done.returncode == 2 and said == "ckptfmt: s3://cmds/runs/nothing: no run at this URL " \
         "(an empty or mistyped prefix?)", said
     assert not list(tmp_path.iterdir())
-
-
-def test_a_fork_into_a_url_is_refused_saying_what_it_writes(made, tmp_path):
-    _, url, _ = made
-    done = cli("fork", url, "s3://cmds/runs/child", "--step", "4")
-    said = (done.stdout + done.stderr).strip()
-    assert done.returncode == 2 and len(said.splitlines()) == 1 and "fork writes a local run" in said, said
