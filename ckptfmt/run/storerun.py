@@ -10,7 +10,10 @@ kept and what it costs:
 - the loss history: numbered segments (``segments.SegmentedHistory``, §3.8);
 - sidecars (pins, the policy record): small objects, each replaced whole;
 - the writer lock: the lease of ``storelock.StoreLock`` (a conditional create; renewed by a
-  heartbeat thread, ``storelock.Heartbeat``), §4.1; readers' leases: ``storelock.leased``;
+  heartbeat thread, ``storelock.Heartbeat``), §4.1; readers' leases: ``storelock.leased``, and a
+  reader's own (``reading``: ``export``, ``fork``, ``inspect``) a ``storelock.StoreReadLease``;
+- what the file commands read and move (``copy_sidecar``: the history's segments joined;
+  ``archive_sidecars``: a pivot's copy and removal), so they take a URL as they take a directory;
 - retention checks the newest generations without reading them back (``retention_deep``):
   the writer confirmed each by its blake3 read back when it committed it, and a deep check
   would download every kept generation at every save; restore, ``validate`` and ``import``

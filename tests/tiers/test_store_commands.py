@@ -84,6 +84,12 @@ def test_export_of_the_url_is_byte_for_byte_the_export_of_its_import(s3, made, t
     older = run_json("export", url, str(tmp_path / "c"), "--steps", "4,8")
     assert older["steps"] == [4, 8] and older["verified"]["validated"]["status"] == "verified"
     assert (tmp_path / "c" / fmt.checkpoint_name(8)).read_bytes() == body(s3, bucket, f"runs/x/{fmt.checkpoint_name(8)}")
+    # weights only (the generation brought here, then converted): as of the import
+    weights = f"{fmt.stem(STEPS)}.safetensors"
+    run_json("export", url, str(tmp_path / "w"), "--weights-only")
+    run_json("export", str(local), str(tmp_path / "v"), "--weights-only")
+    assert (tmp_path / "w" / weights).read_bytes() == (tmp_path / "v" / weights).read_bytes()
+    assert sorted(p.name for p in (tmp_path / "w").iterdir()) == sorted(p.name for p in (tmp_path / "v").iterdir())
 
 
 def resumed_from(run: str, step: int) -> None:
