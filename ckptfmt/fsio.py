@@ -38,14 +38,18 @@ def is_url(text: "str | os.PathLike[str]") -> bool:
     return isinstance(text, str) and bool(_URL.match(text))
 
 
-def refuse_url(path: "str | os.PathLike[str]", what: str) -> None:
+# What takes a URL (spec/RUN.md §2.0.2, §10), for the refusals of one that is not taken somewhere
+TAKES_URL = ("a run at a URL is written by CheckpointManager(URL), train --run URL and mirror RUN URL, and "
+             "taken by ls, validate, inspect, export, fork, bisect, plot, pivot, gc, pin, diff and import URL DEST")
+
+
+def refuse_url(path: "str | os.PathLike[str]", what: str, instead: str = TAKES_URL) -> None:
     """A URL where only a local path is taken is refused (``UnsupportedSetupError``, exit 2):
     ``pathlib`` would make ``s3://b/r`` the local directory ``s3:/b/r`` and a run would train,
-    save and compare there, silently (spec/RUN.md §10)."""
+    save and compare there, silently (spec/RUN.md §10). ``instead``: what the user can do with
+    the URL (by default, what takes one)."""
     if is_url(path):
-        raise UnsupportedSetupError(str(path), f"a URL where {what} on a local filesystem is expected: "
-                                    "ckptfmt writes runs to local directories and mirrors them to object "
-                                    "storage (ckptfmt mirror RUN URL, CheckpointManager(..., mirror=URL))")
+        raise UnsupportedSetupError(str(path), f"a URL where {what} on a local filesystem is expected; {instead}")
 
 
 def _call(op: str, path: "str | os.PathLike[str]") -> None:

@@ -275,15 +275,16 @@ class Generation:
         """Copy every part into directory ``dest`` under its own name, durably and hashed while
         copied; a part whose hash is not the recorded one is refused (``SaveError``), so a damaged
         generation is never copied on. The manifest goes last (``manifest=False``: not at all, for
-        a caller that writes its own). Returns a row per copied file: file, size, blake3, role."""
-        self._here("copied")
-        dest = Path(dest)
+        a caller that writes its own). From another store (object storage) each part is streamed
+        here through the same check (``Store.download``). Returns a row per copied file: file,
+        size, blake3, role."""
+        store, dest = self.store or LocalStore(self.payload.parent), Path(dest)
         rows = []
         for part in self.parts(manifest=manifest):
             target = dest / part.name
             if part.role == "shard":
                 atomic.make_durable_dir(target.parent)
-            digest = atomic.copy_verified(part.path, target, part.blake3, progress)
+            digest = store.download(part.name, target, part.blake3, progress)
             rows.append({"file": part.name, "size": target.stat().st_size, "blake3": digest, "role": part.role})
         return rows
 

@@ -229,13 +229,15 @@ class ShardedCheckpoint:
         self.close()
 
 
-def bin_digest(manifest_path: "str | os.PathLike[str]") -> str:
+def bin_digest(manifest_path: "str | os.PathLike[str] | ShardedCheckpoint") -> str:
     """The blake3 of the ``.bin`` holding the same generation (header, then weights, m and v
     whole: what ``consolidate`` writes, and what a ``.bin``'s manifest records), without writing
     it. One pass over the shards feeds both that digest and each shard's own, which must be its
     row's (``FingerprintMismatchError``), so what is digested is the committed data. A generation
-    above 2^31-1 parameters, which no ``.bin`` holds, has its header packed as two int64."""
-    with ShardedCheckpoint(manifest_path) as sc:
+    above 2^31-1 parameters, which no ``.bin`` holds, has its header packed as two int64.
+    ``manifest_path`` may be the generation opened already (one read from a store)."""
+    opened = manifest_path if isinstance(manifest_path, ShardedCheckpoint) else ShardedCheckpoint(manifest_path)
+    with opened as sc:
         whole = fingerprint.hasher(0)
         whole.update(fmt.pack_header(sc.step, sc.n_params) if sc.n_params <= fmt.MAX_N
                      else struct.pack("<qq", sc.step, sc.n_params))

@@ -27,7 +27,9 @@ from .progress import bytes_in, terminal_bar
 def export_cmd(run: str, dest: str, latest: bool, steps: str | None, with_history: bool,
                weights_only: bool, archive: bool, as_json: bool) -> None:
     """Export generations, history and sidecars to DEST, verified at DEST (and loaded there).
-    Safe while the run trains: the chosen generations are leased, so retention keeps them."""
+    Safe while the run trains: the chosen generations are leased, so retention keeps them. RUN
+    may be a URL (a run written straight to object storage: each part streamed here, verified);
+    DEST is local."""
     from ..tools.archive import archive as run_archive  # lazy: `--help` fast
     from ..tools.export import checks_in_words, export as run_export  # lazy: as above
     chosen = _parse_steps(steps)

@@ -29,22 +29,46 @@ def inspect(path: str, as_json: bool, tensors: bool) -> None:
     §8.6): a seed .bin's step, size, fingerprint status and per-region statistics; ckptfmt's
     .zst, .ckz, .safetensors, .pt, .npz, sharded generations and DCP directories; foreign torch.save files (.pt, .ckpt,
     pytorch_model.bin), safetensors (and their index.json), .npz and DCP directories: kind, step,
-    tensors, parameters, dtypes (URL/step_N.bin: its header and manifest, read by ranged reads)."""
+    tensors, parameters, dtypes. A URL: a run written straight to object storage (its
+    generations, and its newest valid generation read and verified), or URL/step_N.bin (its
+    header and manifest, read by ranged reads)."""
     from ..tools.inspect import inspect_path  # lazy: keeps `ckptfmt --help` fast
     from ..store.objects import is_url  # lazy: as above
     if is_url(path):
-        from .remote import inspect_url_out  # lazy: as above
-        return inspect_url_out(path, as_json)
+        return _inspect_url(path, as_json, tensors)
     data = inspect_path(path, tensors=tensors)
     if "latest" in data:                     # a run directory
         emit(data, as_json, _print_run_inspect)
         if data["latest"] is None and "latest_problem" in data or any("problem" in f for f in data.get("files", [])):
             sys.exit(EXIT_DEFECT)
         return
-    emit(data, as_json, _print_inspect)
+    emit(data, as_json, print_inspect)
 
 
-def _print_inspect(d: dict) -> None:
+def _inspect_url(url: str, as_json: bool, tensors: bool) -> None:
+    """``inspect URL/step_N.bin``: header and manifest only (ranged reads); ``inspect URL`` of a
+    run written there: its listing and its newest valid generation, read and verified (exit 1:
+    none)."""
+    from .. import format as ckfmt  # lazy: keeps `ckptfmt --help` fast
+    from .remote import inspect_url_out, print_ls_url  # lazy: as above
+    if ckfmt.parse_name(url.rstrip("/").rpartition("/")[2]) is not None:
+        return inspect_url_out(url, as_json)
+    from ..tools.inspect import inspect_run_url  # lazy: as above
+    data = inspect_run_url(url, tensors=tensors)
+
+    def shown(d: dict) -> None:
+        print_ls_url(d)
+        if d.get("latest_problem"):
+            click.echo(d["latest_problem"])
+        if d.get("latest"):
+            click.echo("latest valid generation:")
+            print_inspect(d["latest"])
+    emit(data, as_json, shown)
+    if data["latest"] is None:
+        sys.exit(EXIT_DEFECT)
+
+
+def print_inspect(d: dict) -> None:
     if d.get("kind", "bin") != "bin":
         return _print_other(d)
     click.echo(f"{d['path']}\n  step {d['step']}  n_params {d['n_params']:,}  size {d['size']:,} bytes")
@@ -109,10 +133,10 @@ def _print_run_inspect(d: dict) -> None:
         if "problem" in f:
             click.echo(f"{f['path']}\n  kind {f['kind']} ({f['label']})\n  defect: {f['problem']}")
         else:
-            _print_inspect(f)
+            print_inspect(f)
     if d.get("latest"):
         click.echo("latest valid generation:")
-        _print_inspect(d["latest"])
+        print_inspect(d["latest"])
 
 
 # ---------------------------------------------------------------- validate
@@ -152,7 +176,7 @@ def validate(paths: tuple[str, ...], as_json: bool, fast: bool, scan: bool, b3su
         raise click.UsageError("--scan is part of the deep check: drop --fast")
     if b3sums_out:
         from .. import fsio  # lazy: as above
-        fsio.refuse_url(b3sums_out, "the B3SUMS file")
+        fsio.refuse_url(b3sums_out, "the B3SUMS file", "it is written as a local file")
     if b3sums_out and os.path.lexists(b3sums_out):
         raise Fail(f"{b3sums_out}: exists already; refusing to overwrite", EXIT_CANNOT)
     reports = []
@@ -207,7 +231,9 @@ def diff(a: str, b: str, as_json: bool, atol: float, rtol: float, tensors: bool)
     """Compare two checkpoints of any kinds that hold the same parameters (a .bin and its .zst,
     .safetensors or .pt, a foreign torch.save file and its conversion): header, weights, m, v
     (by parameter name) and, between two .bin, the companion file. Exit 0 only when
-    bit-identical (or within --atol/--rtol). Generations of a run are read under a read lease."""
+    bit-identical (or within --atol/--rtol). Generations of a run are read under a read lease.
+    A or B may be a generation of a run on object storage, URL/step_NNNNNN.bin (read whole,
+    every part verified against its manifest)."""
     from ..tools.diff import diff as run_diff, leased, per_tensor  # lazy: keeps `ckptfmt --help` fast
     total = os.path.getsize(a) + os.path.getsize(b) if os.path.isfile(a) and os.path.isfile(b) else 0
     with leased(a, b), terminal_bar("comparing", total, quiet=as_json) as bar:

@@ -137,9 +137,15 @@ def _print_validate(d: dict) -> None:
 def ls_url_out(url: str, as_json: bool) -> None:
     """``ls URL``: the generations at the URL from one listing."""
     from ..tools.remote_check import ls_url  # lazy: keeps `ckptfmt --help` fast
-    emit(ls_url(url), as_json, lambda d: [click.echo(d["url"])] + [
-        click.echo(f"  {'step':>10}  {'size':>10}  status") for _ in d["generations"][:1]] + [
-        click.echo(f"  {g['step']:>10}  {size(g['size']):>10}  {g['status']}") for g in d["generations"]])
+    emit(ls_url(url), as_json, print_ls_url)
+
+
+def print_ls_url(d: dict) -> None:
+    click.echo(d["url"])
+    if d["generations"]:
+        click.echo(f"  {'step':>10}  {'size':>10}  status")
+    for g in d["generations"]:
+        click.echo(f"  {g['step']:>10}  {size(g['size']):>10}  {g['status']}")
 
 
 def inspect_url_out(url: str, as_json: bool) -> None:

@@ -1,4 +1,5 @@
-"""Commands on run directories: ls, gc, ram, pin, pivot, fork, bisect, plot.
+"""Commands on runs (a directory, or a URL: a run on object storage): ls, gc, ram, pin, pivot, fork,
+bisect, plot.
 
 Library imports stay inside the commands: ``ckptfmt.run`` costs milliseconds that
 ``ckptfmt --help`` would otherwise pay, and ``plot`` needs matplotlib.
@@ -210,7 +211,8 @@ def pin(run: str, step: int, off: bool, as_json: bool) -> None:
 def pivot(run: str, note: str | None, as_json: bool) -> None:
     """Polish pivot: archive .samples.json and .state.json by step; keep weights, m, v, history.
     The next `train` may change caps, floors, sources, bandit_temperature and the lr schedule (lr,
-    warmup, decay_steps, min_lr_frac) and starts a fresh bandit."""
+    warmup, decay_steps, min_lr_frac) and starts a fresh bandit. RUN may be a URL (a run written
+    straight to object storage: the sidecars archived there, under its writer lease)."""
     from ..run.ops import pivot as run_pivot  # lazy: keeps `ckptfmt --help` fast
     emit(run_pivot(run, note=note), as_json,
          lambda d: click.echo(f"pivot at step {d['step']}: archived {d['archived'] or 'nothing'} to {d['archive']}"))
@@ -224,7 +226,10 @@ def pivot(run: str, note: str | None, as_json: bool) -> None:
 @guarded
 def fork(run: str, dest: str, step: int, as_json: bool) -> None:
     """Audit fork: start a new run DEST from generation --step, with provenance. Safe while the
-    run trains: the generation is leased, so retention keeps it until the copy is done."""
+    run trains: the generation is leased, so retention keeps it until the copy is done. RUN may
+    be a URL (a run written straight to object storage: each part streamed here, verified), and
+    so may DEST (a new run written there as the manager writes one: under its writer lease, each
+    part hashed while sent and read back, the manifest last; a prefix holding anything is refused)."""
     from ..run.ops import fork as run_fork  # lazy: keeps `ckptfmt --help` fast
     emit(run_fork(run, step, dest), as_json,
          lambda d: click.echo(f"forked {run} at step {d['step']} into {d['dest']} (blake3 {d['blake3'][:16]}…)"))
@@ -238,7 +243,8 @@ def fork(run: str, dest: str, step: int, as_json: bool) -> None:
 def bisect(run_a: str, run_b: str, as_json: bool) -> None:
     """First step where two runs' generations or loss histories differ (exit 1 if any).
     Generations are compared by content (step, weights, m, v, companion): a .bin and the same
-    generation sharded are identical."""
+    generation sharded are identical. Either run may be a URL (a run written straight to object
+    storage)."""
     from ..run.ops import bisect as run_bisect  # lazy: keeps `ckptfmt --help` fast
     data = run_bisect(run_a, run_b)
     emit(data, as_json, _print_bisect)
@@ -267,15 +273,14 @@ def _print_bisect(d: dict) -> None:
 @guarded
 def plot(runs: tuple[str, ...], out: str, as_json: bool) -> None:
     """Draw loss (raw and EMA) of runs with generations, pivots, resumes and forks marked,
-    and the curriculum's source shares below (needs matplotlib)."""
+    and the curriculum's source shares below (needs matplotlib). A RUN may be a URL (a run
+    written straight to object storage); the figure is a local file."""
     from ..tools.plot import plot as run_plot  # lazy: plotting needs matplotlib
+    from ..run.storerun import open_run  # lazy: as above
     from .. import fsio  # lazy: as above
-    for where in (*runs, out):
-        fsio.refuse_url(where, "a run directory or the figure")
+    fsio.refuse_url(out, "the figure", "plot writes its figure as a local file (a RUN may be a URL)")
     if os.path.splitext(out)[1].lower() not in (".png", ".svg", ".pdf"):
         raise Fail(f"{out}: --out must end in .png, .svg or .pdf", EXIT_CANNOT)
     for r in runs:
-        if not os.path.isdir(r):
-            raise Fail(f"{r}: " + ("not a run directory" if os.path.exists(r) else "no such run directory"),
-                       EXIT_CANNOT)
+        open_run(r)                          # each one there, before matplotlib is imported
     emit(run_plot(list(runs), out), as_json, lambda d: click.echo(f"wrote {d['out']}"))

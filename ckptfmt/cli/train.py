@@ -43,7 +43,7 @@ def verify_resume_cmd(output: str, trainer: str, steps: int, cut: int, atol: flo
     fresh processes. Exit 0 when the resume matches and the negative control diverges."""
     require_torch("verify-resume")
     from .. import fsio  # lazy: keeps --help fast
-    fsio.refuse_url(output, "the output directory")
+    fsio.refuse_url(output, "the output directory", "verify-resume writes its two runs locally")
     from ..verify import VerifyIncomplete, verify_resume  # lazy: the verify layer (uses torch), keeps --help fast
     if cut >= steps:
         raise click.UsageError(f"--cut ({cut}) must be smaller than --steps ({steps})")

@@ -76,7 +76,7 @@ class CheckpointIO(*(ns.plugins.io.CheckpointIO for ns in NAMESPACES)):   # type
         """Write ``checkpoint`` at ``path`` as a directory of one generation (``files.write``)."""
         if storage_options is not None:
             raise UnsupportedSetupError(str(path), "storage_options are not supported by the ckptfmt plugin")
-        fsio.refuse_url(str(path), "a checkpoint path (Checkpointing(mirror=URL) uploads there)")
+        fsio.refuse_url(str(path), "a checkpoint path", "the plugin saves locally and Checkpointing(mirror=URL) uploads there")
         self.wait()
         if not self.async_save:
             return self._commit(checkpoint, str(path))
@@ -193,7 +193,7 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
         to a URL (the plugin writes local directories; ``mirror=URL`` uploads them)."""
         where = getattr(trainer.checkpoint_callback, "dirpath", None)
         if where is not None:
-            fsio.refuse_url(str(where), "ModelCheckpoint's dirpath (Checkpointing(mirror=URL) uploads there)")
+            fsio.refuse_url(str(where), "ModelCheckpoint's dirpath", "the plugin saves locally and Checkpointing(mirror=URL) uploads there")
         if len(trainer.optimizers) > 1:
             raise UnsupportedSetupError(None, f"{len(trainer.optimizers)} optimizers: the seed layout holds "
                                               "one optimizer's moments")

@@ -12,13 +12,10 @@ scheduler, metrics, provenance, times) are not content: a fork or a conversion c
 """
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any
 
 from .. import companion, shards
-from .. import manifest as mf
 from ..errors import CheckpointError
 from ..generation import Generation
 from .directory import Run
@@ -28,7 +25,7 @@ from .directory import Run
 class Recorded:
     """What a committed generation's manifest records of its content: the digest of its
     payload, the companion's (None without one), n_params, and the shard ranges (None: a ``.bin``)."""
-    manifest: Path
+    gen: Generation
     blake3: str
     companion: str | None
     n_params: int
@@ -38,26 +35,27 @@ class Recorded:
     @classmethod
     def of(cls, gen: Generation) -> "Recorded":
         """Read from the generation's manifest (``CheckpointError`` when it cannot be read)."""
-        doc: dict[str, Any] = mf.read(gen.manifest)
+        doc: dict[str, Any] = gen.read_manifest()
         ranges = tuple((r["start"], r["stop"]) for r in doc["shards"]) if shards.is_sharded(doc) else None
-        return cls(Path(gen.manifest), doc["blake3"], (doc.get(companion.FIELD) or {}).get("blake3"),
+        return cls(gen, doc["blake3"], (doc.get(companion.FIELD) or {}).get("blake3"),
                    doc["n_params"], ranges)
 
     def bin_digest(self) -> str:
         """The blake3 of the ``.bin`` holding this content: the recorded one for a ``.bin``,
-        computed from the shards (once) for a sharded generation."""
+        computed from the shards (once) for a sharded generation (one on a store: read into
+        memory, every shard hashed against its row as it arrives)."""
         if self.ranges is None:
             return self.blake3
         if self._bin_digest is None:
-            self._bin_digest = shards.bin_digest(self.manifest)
+            self._bin_digest = shards.bin_digest(self.gen.manifest if self.gen.local else self.gen.open())
         return self._bin_digest
 
 
-def committed(path: "str | os.PathLike[str]") -> dict[int, Recorded]:
+def committed(run: Run) -> dict[int, Recorded]:
     """step -> what the run's committed generation records; one whose manifest cannot be read
     is left out."""
     out = {}
-    for gen in Run(path).generations():
+    for gen in run.generations():
         if gen.committed:
             try:
                 out[gen.step] = Recorded.of(gen)

@@ -18,12 +18,12 @@ from ..errors import (GenerationNotFoundError, NoValidGenerationError, SaveError
 from ..facts import describe
 from ..generation import Generation, Listing, at, list_dir
 from .generations import check_bare, manifest_of, non_finite
-from .history import History
-from .lease import honoured
-from .lock import RunLock, sidecar_in_progress
+from .history import NAME, History, complete_length
+from .lease import ReadLease, honoured
+from .lock import RunLock, lock_holder, sidecar_in_progress
 from .roots import mismatch, of_step, recorded
 from .retention import Candidate, Plan, Policy, candidate_for, guarded
-from .sidecars import PINS, read_json, write_json
+from .sidecars import PINS, archive, read_json, write_json
 
 
 @dataclass
@@ -71,6 +71,16 @@ class Run:
         """A ``Run`` is a path-like of its directory: what takes a run directory's path (the
         sidecar rules, ``os`` and ``pathlib``) takes the ``Run``."""
         return str(self.path)
+
+    @property
+    def origin(self) -> str:
+        """The run as provenance names it (a fork's parent, an export's source): its absolute path."""
+        return str(self.path.resolve())
+
+    def reading(self, purpose: str) -> Any:
+        """A reader's lease (spec/RUN.md §5.3), as a context: ``listing`` the run as it was
+        listed, its committed generations kept by retention until the end, or fewer (``narrow``)."""
+        return ReadLease(self.path, purpose=purpose)
 
     def listing(self) -> Listing:
         """Every entry classified: generations, temp files of interrupted saves, foreign names."""
@@ -343,6 +353,25 @@ class Run:
         return removed
 
     # ------------------------------------------------------------ sidecars
+    def copy_sidecar(self, name: str, dst: Path) -> str | None:
+        """Sidecar ``name`` (the history, samples, bandit state) as it is now, copied durably to
+        ``dst``: its blake3, None where the run has none. A live run's history is copied up to
+        its last complete line (every step up to a leased generation: it is synced before each
+        commit); the others are replaced atomically, so one open file is one version."""
+        src = self.path / name
+        live = name == NAME and lock_holder(self.path) is not None
+        try:
+            return atomic.copy_verified(src, dst, None, length=complete_length(src) if live else None)
+        except FileNotFoundError as exc:
+            if exc.filename != str(src):
+                raise
+            return None
+
+    def archive_sidecars(self, step: int, names: tuple[str, ...]) -> tuple[str, list[str]]:
+        """A pivot's: the sidecars ``names`` that are there moved into the archive of ``step``
+        (``sidecars.archive``): (its name in the run, the names moved)."""
+        return archive(self.path, step, names)
+
     def read_sidecar(self, name: str, default: Any = None) -> Any:
         """The JSON of a sidecar (``SAMPLES``, ``STATE``, ...), or ``default`` if absent."""
         return read_json(self.path / name, default=default)

@@ -207,7 +207,9 @@ def opened(source: Any) -> BinaryIO | None:
     """The history's bytes to read once through: its file, or a store history's segments
     joined (``read_all``); None where there is none."""
     if hasattr(source, "read_all"):
-        return io.BytesIO(source.read_all())
+        f = io.BytesIO(source.read_all())
+        f.name = source.path                 # what a reader's message names (its URL)
+        return f
     path = os.fspath(source)
     return open(path, "rb") if os.path.exists(path) else None
 
@@ -279,6 +281,7 @@ class HistoryIndex(Survey):
     steps: array | list = field(default_factory=lambda: array("q"))
     offsets: array | None = field(default_factory=lambda: array("q"))     # None: not kept
     events: list[tuple[str, int]] = field(default_factory=list)
+    source: Any = None          # what ``records`` reads back (``opened``): the path, or a store's history
 
     def __len__(self) -> int:
         return len(self.steps)
@@ -326,7 +329,7 @@ class HistoryIndex(Survey):
         offsets = self.offsets[start:stop]
         if not offsets:                     # nothing to read (the history may not exist at all)
             return
-        with open(self.path, "rb") as f:
+        with opened(self.path if self.source is None else self.source) as f:
             for offset in offsets:
                 f.seek(offset)
                 raw = f.readline() if self.length is None else f.readline(self.length - offset)
@@ -341,7 +344,7 @@ def index(path: "str | os.PathLike[str]", length: int | None = None, *,
     """The canonical history of ``path`` in one pass, holding one line at a time: the same steps
     in the same order as ``read(path).canonical()``, and (``offsets``) where each one's line
     is, for ``records``."""
-    found = HistoryIndex(name_of(path), length=length, offsets=array("q") if offsets else None)
+    found = HistoryIndex(name_of(path), length=length, offsets=array("q") if offsets else None, source=path)
     for offset, rec in stream(path, length, found):
         if "event" not in rec:
             found.put(rec["step"], offset)

@@ -17,13 +17,14 @@ from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoun
 from . import history as hist
 from . import content, mirrors, ramdirs, roots, tiers, timeline
 from .directory import Run
+from .storefork import fork_to_store
 from .storerun import open_run
 from ..generation import Generation, list_dir
 from .generations import check_bare, non_finite
 from .lease import ReadLease, active_leases
-from .lock import RunLock, lock_holder, publish, refuse_live, save_in_progress, writing_into
+from .lock import lock_holder, publish, refuse_live, save_in_progress, writing_into
 from .retention import Policy
-from .sidecars import ARCHIVE, PIVOT, POLICY, SAMPLES, STATE, recorded_policy, write_json
+from .sidecars import PIVOT, POLICY, SAMPLES, STATE, recorded_policy
 
 
 def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: int | None = None,
@@ -188,65 +189,49 @@ def gc(path: "str | os.PathLike[str]", policy: Policy | None = None, *, keep_las
 
 def pivot(path: "str | os.PathLike[str]", *, note: str | None = None) -> dict[str, Any]:
     """Polish pivot: archive samples and bandit state by step, keep weights, m, v and the loss
-    history, record the pivot. Refused while a writer holds the run. The step is the one the
-    trainer resumes from (deep: a newest generation damaged after its commit is skipped)."""
-    run = Run(path)
-    with RunLock(path, purpose="pivot", writes_generations=False):
+    history, record the pivot. Refused while a writer holds the run (a URL: its writer lease).
+    The step is the one the trainer resumes from (deep: a newest generation damaged after its
+    commit is skipped)."""
+    run = open_run(path)
+    lock = run.writer_lock("pivot", writes_generations=False)
+    try:
         gen = run.latest(deep=True)
         if gen is None:
-            raise GenerationNotFoundError(str(path), "cannot pivot: the run has no committed generation")
-        dest = _archive_dir(run, gen.step)
-        moved = []
-        for name in (SAMPLES, STATE):
-            src = run.path / name
-            if src.exists():
-                os.replace(src, dest / name.lstrip("."))
-                moved.append(name)
-        _fsync_dirs(dest, run.path)
-        record = {"step": gen.step, "note": note, "time": time.time(), "archived": moved,
-                  "archive": str(dest.relative_to(run.path))}
-        write_json(run.path / PIVOT, record)
+            raise GenerationNotFoundError(run.where, "cannot pivot: the run has no committed generation")
+        archive, moved = run.archive_sidecars(gen.step, (SAMPLES, STATE))
+        record = {"step": gen.step, "note": note, "time": time.time(), "archived": moved, "archive": archive}
+        run.write_sidecar(PIVOT, record)
         run.history.event("pivot", gen.step, note=note)
         run.history.sync()
         run.history.close()
+    finally:
+        lock.release()
     return record
-
-
-def _archive_dir(run: Run, step: int) -> Path:
-    base = run.path / ARCHIVE / fmt.stem(step)
-    dest, i = base, 1
-    while dest.exists():
-        i += 1
-        dest = base.with_name(f"{base.name}.{i}")
-    dest.mkdir(parents=True)
-    return dest
-
-
-def _fsync_dirs(*dirs: Path) -> None:
-    for d in dirs:
-        fsio.fsync_dir(str(d))
 
 
 def fork(path: "str | os.PathLike[str]", step: int, dest: "str | os.PathLike[str]") -> dict[str, Any]:
     """Audit fork: a new run from generation ``step`` (copy verified by fingerprint), the loss
     history up to ``step``, and provenance (parent run, step, fingerprint) in the new manifest.
-    The generation is leased while it is copied, so a live trainer's retention keeps it."""
-    fsio.refuse_url(dest, "the destination")
-    run, dest = Run(path), Path(dest)
-    with ReadLease(path, purpose="fork") as lease:
+    The generation is leased while it is copied, so a live trainer's retention keeps it. Either
+    may be a URL: a run on object storage is read through its store, and a new run there is
+    written through it (``storefork``)."""
+    run = open_run(path)
+    with run.reading("fork") as lease:
         gen = next((g for g in lease.listing.generations if g.step == step), None)
         if gen is None or not gen.committed:
-            raise GenerationNotFoundError(str(path), f"no committed generation at step {step}")
+            raise GenerationNotFoundError(run.where, f"no committed generation at step {step}")
         lease.narrow([step])
-        return _fork_from(run, gen, dest)
+        reason = run.judge(deep=True)(gen)
+        if reason:
+            raise NoValidGenerationError(run.name_of(gen), f"cannot fork from it: {reason}")
+        if fsio.is_url(dest):
+            return fork_to_store(run, gen, os.fspath(dest))
+        return _fork_from(run, gen, Path(dest))
 
 
 def _fork_from(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
     """Build the fork in a sibling staging directory and rename it to ``dest`` (missing or
     empty) once complete: a fork that fails leaves nothing at ``dest`` (spec/RUN.md §6)."""
-    reason = run.judge(deep=True)(gen)
-    if reason:
-        raise NoValidGenerationError(str(gen.path or gen.any_part), f"cannot fork from it: {reason}")
     refuse_live(dest)
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise DestinationExistsError(str(dest), "exists and is not empty; refusing to fork into it")
@@ -280,19 +265,19 @@ def _name_dest(exc: BaseException, staging: Path, dest: Path) -> None:
 
 def _fork_into(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
     step = gen.step
-    doc = mf.read(gen.manifest)
+    doc = gen.read_manifest()
     gen.copy_to(dest, manifest=False)          # every part against its recorded digest
-    doc["provenance"] = {"parent_run": str(run.path.resolve()), "parent_step": step,
+    doc["provenance"] = {"parent_run": run.origin, "parent_step": step,
                          "parent_blake3": doc["blake3"], "forked_at": time.time()}
     mf.write(dest / gen.manifest.name, doc)
     upto = 0                                                # the canonical records of steps <= step
     child = hist.History(dest / hist.NAME)
-    for rec in timeline.canonical(run.history.path):
+    for rec in timeline.canonical(run.history.source):
         if rec["step"] > step:
             break
         child.append(hist.strict(rec))     # a NaN literal read back is written as "nan"
         upto += 1
-    child.event("fork", step, parent_run=str(run.path.resolve()), root=roots.of_step(dest, step))
+    child.event("fork", step, parent_run=run.origin, root=roots.of_step(dest, step))
     child.sync()
     child.close()
     return {"dest": str(dest), "step": step, "blake3": doc["blake3"], "history_records": upto}
@@ -301,12 +286,14 @@ def _fork_into(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
 def bisect(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]") -> dict[str, Any]:
     """First step at which two runs' common generations differ in content (step, weights, m, v,
     companion; ``content.same``: a ``.bin`` and the same generation sharded are identical), and
-    the first step at which their loss histories differ."""
-    found = [content.committed(path) for path in (path_a, path_b)]
+    the first step at which their loss histories differ. Either may be a URL (a run on object
+    storage: its manifests read there, its history's segments joined)."""
+    runs = [open_run(path) for path in (path_a, path_b)]
+    found = [content.committed(run) for run in runs]
     common = sorted(set(found[0]) & set(found[1]))
     first_gen = next((s for s in common if not content.same(found[0][s], found[1][s])), None)
     last_same = max((s for s in common if first_gen is None or s < first_gen), default=None)
-    first_hist, lengths = first_loss_difference(*(timeline.canonical(Path(p) / hist.NAME) for p in (path_a, path_b)))
+    first_hist, lengths = first_loss_difference(*(timeline.canonical(run.history.source) for run in runs))
     return {"a": str(path_a), "b": str(path_b), "common_generations": common,
             "first_generation_difference": first_gen, "last_identical_generation": last_same,
             "first_history_difference": first_hist, "history_steps": lengths,

@@ -9,7 +9,8 @@ import os
 from pathlib import Path
 from typing import Any
 
-from .. import atomic
+from .. import atomic, fsio
+from .. import format as fmt
 from .. import manifest as mf
 from ..errors import CheckpointError, SaveError, SidecarError, SidecarWriteError, parse_json
 from ..generation import list_dir
@@ -44,6 +45,26 @@ def write_json(path: "str | os.PathLike[str]", value: Any) -> None:
         if not isinstance(exc.__cause__, OSError):
             raise
         raise SidecarWriteError(str(path), "replacing the sidecar", exc.__cause__) from exc.__cause__
+
+
+def archive(directory: Path, step: int, names: tuple[str, ...]) -> tuple[str, list[str]]:
+    """Move the sidecars ``names`` that are there into ``ARCHIVE/step_N/`` (``step_N.2``, ...
+    where taken), each under its name without the dot, durably (a pivot): (the archive's name in
+    the run, the names moved)."""
+    base = directory / ARCHIVE / fmt.stem(step)
+    dest, i = base, 1
+    while dest.exists():
+        i += 1
+        dest = base.with_name(f"{base.name}.{i}")
+    dest.mkdir(parents=True)
+    moved = []
+    for name in names:
+        if (directory / name).exists():
+            os.replace(directory / name, dest / name.lstrip("."))
+            moved.append(name)
+    for d in (dest, directory):
+        fsio.fsync_dir(str(d))
+    return str(dest.relative_to(directory)), moved
 
 
 def record_policy(run: Any, retention: Policy | None, saving: Any = None,

@@ -37,7 +37,7 @@ import socket
 import threading
 import time
 import uuid
-from typing import Any, Callable
+from typing import Any, Callable, Iterable
 
 from ..errors import CheckpointError, RunLockedError
 from ..store import Store
@@ -249,12 +249,20 @@ class StoreReadLease:
         self.store, self.steps, self.purpose, self.ttl_s, self.clock = store, sorted(steps), purpose, ttl_s, clock
         self.name = f"{READ_PREFIX}{uuid.uuid4().hex}"
         self.problem: str | None = None
+        self.listing: Any = None            # what the reader listed (``StoreRun.reading``)
 
     def renew(self) -> None:
         """Write (again) the claim, to last ``ttl_s`` from now."""
         self.store.put_bytes(self.name, json.dumps({
             "steps": self.steps, "purpose": self.purpose, "pid": os.getpid(), "host": socket.gethostname(),
             "expires": self.clock() + self.ttl_s}).encode())
+
+    def narrow(self, steps: "Iterable[int]") -> None:
+        """Keep the claim only on ``steps`` (those the reader goes on to read), as ``ReadLease.narrow``."""
+        keep = set(steps)
+        self.steps = [s for s in self.steps if s in keep]
+        if self.problem is None:
+            self.renew()
 
     def __enter__(self) -> "StoreReadLease":
         try:

@@ -10,7 +10,10 @@ kept and what it costs:
 - the loss history: numbered segments (``segments.SegmentedHistory``, §3.8);
 - sidecars (pins, the policy record): small objects, each replaced whole;
 - the writer lock: the lease of ``storelock.StoreLock`` (a conditional create; renewed by a
-  heartbeat thread, ``storelock.Heartbeat``), §4.1; readers' leases: ``storelock.leased``;
+  heartbeat thread, ``storelock.Heartbeat``), §4.1; readers' leases: ``storelock.leased``, and a
+  reader's own (``reading``: ``export``, ``fork``, ``inspect``) a ``storelock.StoreReadLease``;
+- what the file commands read and move (``copy_sidecar``: the history's segments joined;
+  ``archive_sidecars``: a pivot's copy and removal), so they take a URL as they take a directory;
 - retention checks the newest generations without reading them back (``retention_deep``):
   the writer confirmed each by its blake3 read back when it committed it, and a deep check
   would download every kept generation at every save; restore, ``validate`` and ``import``
@@ -25,17 +28,19 @@ import io
 import json
 from typing import Any
 
+from .. import atomic, fingerprint, writer
 from .. import manifest as mf
 from .. import format as fmt
-from .. import writer
 from ..errors import CheckpointError, GenerationNotFoundError, RemoteError, SidecarError, UnsupportedSetupError, parse_json
 from ..fsio import is_url
 from ..generation import Generation, Listing, by_step, list_store
 from ..store import Store, writing
 from .directory import Run
 from .roots import of, recorded
+from .history import NAME
 from .segments import DIRECTORY, SegmentedHistory
-from .storelock import Heartbeat, StoreLock, leased
+from .sidecars import ARCHIVE
+from .storelock import Heartbeat, StoreLock, StoreReadLease, leased
 
 
 MIRROR_INDEX = ".mirror-index.json"      # what ckptfmt mirror writes at its destination (tools.mirror.INDEX)
@@ -68,6 +73,19 @@ class StoreRun(Run):
 
     def __fspath__(self) -> str:
         raise UnsupportedSetupError(self.where, "a run on object storage has no local path")
+
+    @property
+    def origin(self) -> str:
+        return self.where
+
+    def reading(self, purpose: str) -> StoreReadLease:
+        """``Run.reading`` on the store: the lease object of §5.3.1 on the committed generations
+        of one listing (a retention there keeps them; listed before the lease is written, as
+        ``import`` does: a store has no lock to make the two one step)."""
+        listing = self.listing()
+        lease = StoreReadLease(self.store, [g.step for g in listing.generations if g.committed], purpose=purpose)
+        lease.listing = listing
+        return lease
 
     def judge(self, *, deep: bool = False, tier: str = "disk") -> Any:
         """``Run.judge``, deep for any generation this writer did not commit and confirm itself
@@ -181,6 +199,37 @@ class StoreRun(Run):
 
     def write_sidecar(self, name: str, value: Any) -> None:
         self.store.put_bytes(name, (json.dumps(value, indent=1, sort_keys=True) + "\n").encode())
+
+    def copy_sidecar(self, name: str, dst: Any) -> str | None:
+        """``Run.copy_sidecar`` from the store: the history is its segments joined (§3.8), each
+        other sidecar one object (written whole)."""
+        if name == NAME:
+            data = self.history.read_all() if self.history.numbers() else None
+        else:
+            data = self.store.read_bytes(name) if self.store.size(name) is not None else None
+        if data is None:
+            return None
+        atomic.write_bytes(dst, data)
+        return fingerprint.of_bytes(data)
+
+    def archive_sidecars(self, step: int, names: tuple[str, ...]) -> tuple[str, list[str]]:
+        """``Run.archive_sidecars`` on the store: each sidecar there copied under
+        ``ARCHIVE/step_N/`` (``step_N.2``, ... where taken), then removed."""
+        try:
+            taken = {e.name for e in self.store.under(ARCHIVE).entries()}
+        except FileNotFoundError:
+            taken = set()
+        name, i = fmt.stem(step), 1
+        while name in taken:
+            i += 1
+            name = f"{fmt.stem(step)}.{i}"
+        moved = []
+        for sidecar in names:
+            if self.store.size(sidecar) is not None:
+                self.store.put_bytes(f"{ARCHIVE}/{name}/{sidecar.lstrip('.')}", self.store.read_bytes(sidecar))
+                self.store.remove(sidecar)
+                moved.append(sidecar)
+        return f"{ARCHIVE}/{name}", moved
 
 
 def open_run(target: Any, *, create: bool = False) -> Run:

@@ -48,6 +48,7 @@ class Timeline:
     events: list[tuple[str, int]] = field(default_factory=list)
     parsed: bool = False
     index: hist.HistoryIndex | None = None     # a history that steps back: its steps and lines
+    source: Any = None                         # what is read (``history.opened``): the path, or a store's history
 
     @property
     def forward(self) -> bool:
@@ -71,13 +72,13 @@ class Timeline:
             return
         last = None
         try:
-            with open(self.path, "rb") as f:
+            with hist.opened(self.source) as f:
                 for seg in self.segments:
                     for rec in _segment_records(f, seg, self.parsed):
                         last = rec["step"]
                         yield rec
         except _Misread:                       # a line taken for a record is none: parse them all
-            for rec in plan(self.path, self.length, parse=True).records():
+            for rec in plan(self.source, self.length, parse=True).records():
                 if last is None or rec["step"] > last:
                     yield rec
 
@@ -136,13 +137,14 @@ def plan(path: "str | os.PathLike[str]", length: int | None = None, *,
     (``forward`` is False) and is read through ``history.index``. ``parse``: parse every line
     (what ``records`` falls back to when a line's step was misread, and ``plan`` itself when the
     last segment's last step cannot be known exactly otherwise: see ``_last_is_exact``)."""
-    path = os.fspath(path)
-    timeline = Timeline(path, length, [], parsed=parse)
+    source = path if hasattr(path, "read_all") else os.fspath(path)    # a store's history: its segments
+    timeline = Timeline(hist.name_of(source), length, [], parsed=parse, source=source)
     segments: list[Segment] = []
     open_seg: Segment | None = None            # the segment records are appended to
-    if not os.path.exists(path):
+    f = hist.opened(source)
+    if f is None:
         return timeline
-    with open(path, "rb") as f:
+    with f:
         for offset, end, raw in hist._lines(f, length):
             step = None if parse else _step_of(raw)
             taken = step is not None
@@ -156,13 +158,13 @@ def plan(path: "str | os.PathLike[str]", length: int | None = None, *,
                     continue
                 step = rec["step"]
             if segments and step <= segments[-1].last:
-                return _stepping_back(path, length, events)
+                return _stepping_back(source, length, events)
             if open_seg is None:
                 open_seg = Segment(offset, end, step, step)
                 segments.append(open_seg)
             open_seg.end, open_seg.last, open_seg.unparsed = end, step, offset if taken else None
         if segments and not _last_is_exact(f, segments[-1], parse):
-            return plan(path, length, events=events, parse=True)
+            return plan(source, length, events=events, parse=True)
     timeline.segments = segments
     return timeline
 
@@ -206,11 +208,11 @@ def _event(timeline: Timeline, segments: list[Segment], rec: dict[str, Any], eve
         segments[-1].last, segments[-1].cut = step, True
 
 
-def _stepping_back(path: str, length: int | None, events: tuple[str, ...]) -> Timeline:
+def _stepping_back(source: Any, length: int | None, events: tuple[str, ...]) -> Timeline:
     """The plan of a history that is not forward-only: no segments; its index (16 bytes a
     step: ``records`` reads the lines back by their offsets) and the events of that pass."""
-    found = hist.index(path, length, events=events)
-    return Timeline(path, length, None, events=found.events, parsed=True, index=found)
+    found = hist.index(source, length, events=events)
+    return Timeline(hist.name_of(source), length, None, events=found.events, parsed=True, index=found, source=source)
 
 
 def canonical(path: "str | os.PathLike[str]", length: int | None = None) -> Iterator[dict[str, Any]]:

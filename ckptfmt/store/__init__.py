@@ -17,6 +17,9 @@ The protocol, in the order a reader and a remover call it (as torch DCP document
     read_range(name, start, end) bytes [start, end) of a file (a header; fewer at its end)
     digest(name)                (blake3, size) of a file read back, for a part's verification
     checksum(name)              the file's checksum as the store computed it (S3: its ETag), or None
+    download(name, local, expected, progress)
+                                a file streamed to a local path through the durable write, hashed
+                                as it comes (one whose blake3 is not ``expected`` is never published)
     remove(name, recursive=)    a file (or, recursive, a shard directory); absent is no error
 
 A remover takes a generation's manifest first (uncommitted at once), then its parts
@@ -51,6 +54,8 @@ extra ``ckptfmt[remote]``). Neither imports ``generation``: the listing is made 
 ``entries()`` (``generation.list_store``).
 """
 from __future__ import annotations
+
+import os
 
 from dataclasses import dataclass
 from pathlib import PurePath
@@ -115,6 +120,11 @@ class Store(Protocol):
     def checksum(self, name: str) -> str | None:
         """The file's checksum as the store computed it when it received it (S3: the ETag), None
         where the store keeps none (a local file: confirmed by reading it back)."""
+
+    def download(self, name: str, local: "os.PathLike[str]", expected: str | None,
+                 progress: "Callable[[int], None] | None" = None) -> str:
+        """Stream the file to ``local`` (durably), its blake3 computed as it comes and returned;
+        one that is not ``expected`` is refused (``FingerprintMismatchError``), never published."""
 
     def remove(self, name: str, *, recursive: bool = False) -> None:
         """Remove the file, or with ``recursive`` the directory and what it holds; absent is

@@ -58,6 +58,11 @@ class LocalStore:
         """A local file has no checksum of its own: a commit reads it back (``store.confirm``)."""
         return None
 
+    def download(self, name: str, local: Path, expected: str | None, progress=None) -> str:
+        """Copy ``name`` to ``local`` through the durable write, hashed as copied; a copy whose
+        blake3 is not ``expected`` is refused and never published (``atomic.copy_verified``)."""
+        return atomic.copy_verified(self.locate(name), Path(local), expected, progress)
+
     def under(self, prefix: str) -> "LocalStore":
         return LocalStore(self.locate(prefix))
 

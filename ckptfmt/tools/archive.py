@@ -33,7 +33,7 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"     # RFC 8878: every zstd frame starts with th
 def archive(run_dir: str, archive_path: str, **options: Any) -> dict[str, Any]:
     """Export into a temp dir, then pack it into one .tar.zst with an embedded manifest,
     verified by reading the archive back."""
-    fsio.refuse_url(archive_path, "the archive")
+    fsio.refuse_url(archive_path, "the archive", "an archive is written as a local file (its RUN may be a URL)")
     target = Path(archive_path)
     if target.exists():
         raise DestinationExistsError(str(target), "exists already; refusing to overwrite")
@@ -64,7 +64,7 @@ def import_archive(archive_path: str, dest: str) -> dict[str, Any]:
     carrying the ``EXPORT-INCOMPLETE`` marker until every check passed) that is then renamed
     to DEST: a failed import leaves nothing at DEST, and DEST never holds a partial import.
     """
-    fsio.refuse_url(dest, "the destination")
+    fsio.refuse_url(dest, "the destination", "an archive is imported into a local run directory")
     source, out = Path(archive_path), Path(dest)
     _check_archive_path(source)
     refuse_live(out)

@@ -6,6 +6,7 @@ whatever the file size. Identical chunks are skipped with one memcmp.
 from __future__ import annotations
 
 import contextlib
+import errno
 import math
 import os
 from dataclasses import asdict, dataclass, field
@@ -15,7 +16,10 @@ import numpy as np
 
 from .. import format as fmt
 from .. import kinds, reader
+from ..errors import GenerationNotFoundError, UnsupportedSetupError
+from ..fsio import is_url
 from ..run import ReadLease
+from ..run.storerun import open_run
 from .anyfile import open_source
 from .convert.source import Source
 
@@ -195,7 +199,10 @@ def diff(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]", *,
     """Compare two checkpoints of any kinds that hold the same parameters (``ckptfmt.kinds``);
     raises ``CheckpointError`` if either cannot be read. A generation of a run is read under a
     read lease, so a live run's retention keeps it while it is compared. A Lightning checkpoint
-    directory is compared as its generation (``kinds.resolve``)."""
+    directory is compared as its generation (``kinds.resolve``). A URL names a generation of a
+    run on object storage (``URL/step_NNNNNN.bin``), read into memory with every part verified."""
+    if is_url(path_a) or is_url(path_b):
+        return _diff_bins(path_a, path_b, atol, rtol, progress)
     path_a, path_b = kinds.resolve(path_a), kinds.resolve(path_b)
     with leased(path_a, path_b):
         ka, kb = (kinds.require(kinds.sniff(p), "diff", p) for p in (path_a, path_b))
@@ -214,7 +221,7 @@ def leased(*paths: "str | os.PathLike[str]"):
     runs: dict[str, list[int]] = {}
     for p in paths:
         parsed = fmt.parse_name(os.path.basename(os.fspath(p)))
-        if parsed is not None:
+        if parsed is not None and not is_url(p):       # a store's: read whole at once, not leased
             runs.setdefault(os.path.dirname(os.path.abspath(p)), []).append(parsed[0])
     with contextlib.ExitStack() as stack:
         for run, steps in runs.items():
@@ -297,9 +304,8 @@ def _per_tensor_sources(a: Source, b: Source, layout: list[dict[str, Any]] | Non
 
 def _diff_bins(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]", atol: float, rtol: float,
                progress=None) -> DiffResult:
-    """Two seed ``.bin`` files, streamed through their maps."""
-    a = reader.open(path_a, manifest="auto", check_name=False)
-    b = reader.open(path_b, manifest="auto", check_name=False)
+    """Two seed ``.bin`` files, streamed through their maps (``_open_bin``)."""
+    a, b = _open_bin(path_a), _open_bin(path_b)
     with a, b:
         result = DiffResult(os.fspath(path_a), os.fspath(path_b))
         result.header = {"step": [a.step, b.step], "n_params": [a.n_params, b.n_params]}
@@ -321,6 +327,24 @@ def _diff_bins(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]
     return result
 
 
+def _open_bin(path: "str | os.PathLike[str]") -> reader.Checkpoint:
+    """A seed ``.bin``, mapped; a URL's (``URL/step_NNNNNN.bin`` of a run on object storage) read
+    into memory, every part hashed against its manifest as it arrives (``Generation.open``)."""
+    if not is_url(path):
+        return reader.open(path, manifest="auto", check_name=False)
+    base, _, name = path.rstrip("/").rpartition("/")
+    parsed = fmt.parse_name(name)
+    if parsed is None or parsed[1] != "bin":
+        raise UnsupportedSetupError(path, "diff of a URL takes a generation's .bin (URL/step_NNNNNN.bin)")
+    try:
+        gen = open_run(base).generation_at(path)
+    except GenerationNotFoundError:
+        gen = None
+    if gen is None or gen.bin is None or not gen.committed:     # as a local file that is not there: exit 2
+        raise FileNotFoundError(errno.ENOENT, "no committed generation of that name at the URL", path)
+    return gen.open()
+
+
 def _companion_diff(a: reader.Checkpoint, b: reader.Checkpoint) -> list[str]:
     """Names of the companion tensors (buffers, loop state) that differ between two generations,
     or are in one only; exact comparison of the bytes."""
@@ -337,8 +361,7 @@ def _companion_diff(a: reader.Checkpoint, b: reader.Checkpoint) -> list[str]:
 
 def per_tensor(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]") -> dict[str, dict[str, int]]:
     """Differing element counts per parameter and region (only parameters that differ)."""
-    a = reader.open(path_a, check_name=False)
-    b = reader.open(path_b, check_name=False)
+    a, b = _open_bin(path_a), _open_bin(path_b)
     out: dict[str, dict[str, int]] = {}
     with a, b:
         if a.n_params != b.n_params or not (a.layout or b.layout):

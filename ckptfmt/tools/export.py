@@ -9,6 +9,7 @@ import collections
 import datetime
 import json
 import shutil
+import tempfile
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -16,12 +17,12 @@ from typing import Any, Callable
 
 from .. import atomic, fingerprint, fsio
 from .. import format as fmt
-from .. import manifest as mf
 from ..errors import DestinationExistsError, ExportError
 from ..generation import Generation, list_dir
-from ..run import SAMPLES, STATE, Listing, ReadLease, Run, lock_holder
+from ..run import SAMPLES, STATE, Listing, Run
 from ..run import history as hist
 from ..run import timeline
+from ..run.storerun import open_run
 from ..run.lock import refuse_live, writing_into
 from . import b3sums
 from .archived import ARCHIVE_MANIFEST
@@ -41,15 +42,15 @@ def _choose(run: Run, listing: Listing, steps: list[int] | None) -> list:
     if steps:
         missing = [s for s in steps if s not in committed]
         if missing:
-            raise ExportError(str(run.path), f"no committed generation at step(s) {missing}")
+            raise ExportError(run.where, f"no committed generation at step(s) {missing}")
         judge = run.judge()                   # the run's own: a generation swapped in is not exported
         for step in steps:
             if not bare and (why := judge(committed[step])):
-                raise ExportError(str(committed[step].path or run.path), f"cannot export step {step}: {why}")
+                raise ExportError(run.name_of(committed[step]), f"cannot export step {step}: {why}")
         return [committed[s] for s in steps]
     gen = run.latest(allow_bare=True, among=list(committed.values()) or gens)
     if gen is None:
-        raise ExportError(str(run.path), "nothing to export: the run has no generation")
+        raise ExportError(run.where, "nothing to export: the run has no generation")
     return [gen]
 
 
@@ -88,11 +89,12 @@ def export(run_dir: str, dest: str, *, steps: list[int] | None = None,
     (``ckptfmt.trainer.export_check`` does that for the reference trainer); it raises a
     ``CheckpointError`` if the generation cannot be used. The library knows no model, so a
     caller that has one supplies the check. ``tamper`` is a test hook run after the copy and
-    before the verification.
+    before the verification. ``run_dir`` may be a URL (a run on object storage: each part
+    streamed here against its recorded blake3, the history's segments joined).
     """
-    fsio.refuse_url(dest, "the destination")
-    run, out = Run(run_dir), Path(dest)
-    with ReadLease(run.path, purpose="export") as lease:    # retention keeps them (RUN.md §5.3)
+    fsio.refuse_url(dest, "the destination", "export writes a local directory (its RUN may be a URL; mirror RUN URL copies a run to object storage)")
+    run, out = open_run(run_dir), Path(dest)
+    with run.reading("export") as lease:      # retention keeps them (RUN.md §5.3)
         gens = _choose(run, lease.listing, steps)
         lease.narrow(g.step for g in gens)
         refuse_live(out)                      # a live run at DEST: name its writer, not "not empty"
@@ -119,9 +121,8 @@ def _export_into(run: Run, out: Path, gens: list, with_history: bool, weights_on
     files = []
     for gen in gens:
         files += _export_generation(gen, out, weights_only, progress)
-    live = lock_holder(run.path) is not None
     for name in SIDECARS if with_history else SIDECARS[1:]:
-        files += _copy_sidecar(run.path / name, out / name, live)
+        files += _copy_sidecar(run, name, out)
     if tamper:
         tamper(out)
     checks = _verify_at_dest(out, files, gens, weights_only, check)
@@ -136,21 +137,11 @@ def _write_b3sums(out: Path, files: list[dict[str, Any]]) -> None:
     b3sums.write(out / b3sums.NAME, rows)
 
 
-def _copy_sidecar(src: Path, dst: Path, live: bool) -> list[dict[str, Any]]:
-    """Copy one sidecar as it is now; its row, or none when the run has no such file.
-
-    A live trainer appends to the history while we copy: the copy is the history up to its last
-    complete line at the start (every step up to the leased generations is in it: it is synced
-    before each commit). The other sidecars are replaced atomically: one open file is one version.
-    """
-    try:
-        length = hist.complete_length(src) if live and src.name == hist.NAME else None
-        digest = atomic.copy_verified(src, dst, None, length=length)
-    except FileNotFoundError as exc:
-        if exc.filename != str(src):
-            raise
-        return []
-    return [{"file": dst.name, "size": dst.stat().st_size, "blake3": digest}]
+def _copy_sidecar(run: Run, name: str, out: Path) -> list[dict[str, Any]]:
+    """One sidecar as it is now (``Run.copy_sidecar``: a live run's history up to its last
+    complete line); its row, or none when the run has no such file."""
+    digest = run.copy_sidecar(name, out / name)
+    return [] if digest is None else [{"file": name, "size": (out / name).stat().st_size, "blake3": digest}]
 
 
 def _export_generation(gen: Generation, out: Path, weights_only: bool, progress=None) -> list[dict[str, Any]]:
@@ -158,7 +149,10 @@ def _export_generation(gen: Generation, out: Path, weights_only: bool, progress=
     export: its weights as one safetensors file); a row per file for the record."""
     if weights_only:
         target = out / (fmt.stem(gen.step) + ".safetensors")
-        convert(str(gen.path), str(target), weights_only=True)
+        with tempfile.TemporaryDirectory(dir=out, prefix=fmt.TEMP_PREFIX) as here:
+            if not gen.local:                 # a store's: brought here whole (verified), then converted
+                gen.copy_to(here)
+            convert(str(gen.path if gen.local else Path(here, gen.path.name)), str(target), weights_only=True)
         return [{"file": target.name, "size": target.stat().st_size, "blake3": fingerprint.of_file(target),
                  "step": gen.step, "kind": "weights-only"}]
     against = "manifest" if gen.manifest else "unverified (bare file)"
@@ -201,15 +195,15 @@ def _verify_at_dest(out: Path, files: list[dict[str, Any]], gens: list, weights_
 
 def _describe(run: Run, out: Path, gens: list, files: list, checks: dict, seconds: float) -> dict[str, Any]:
     newest = gens[-1]
-    doc = mf.read(newest.manifest) if newest.manifest else {}
+    doc = newest.read_manifest() or {}
     copied = out / hist.NAME        # the history as exported, not as the live run has it now
     tail, steps = collections.deque(maxlen=100), 0          # the last 100 canonical records
-    for rec in timeline.canonical(copied if copied.exists() else run.path / hist.NAME):
+    for rec in timeline.canonical(copied if copied.exists() else run.history.source):
         tail.append(rec)
         steps += 1
     losses = [hist.decode_float(r["loss"]) for r in tail if "loss" in r]
     return {"exported_at": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-            "source_run": str(run.path.resolve()), "steps": [g.step for g in gens], "files": files,
+            "source_run": run.origin, "steps": [g.step for g in gens], "files": files,
             "config": doc.get("config"), "versions": doc.get("versions"), "data": _data_identity(doc),
             "code": doc.get("code"), "verified": checks, "seconds": round(seconds, 3),
             "final_loss": {"last": losses[-1] if losses else None,

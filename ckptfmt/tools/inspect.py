@@ -11,11 +11,12 @@ from .. import manifest as mf
 from .. import reader
 from ..errors import CheckpointError, NoValidGenerationError
 from ..run import ReadLease, Run, ls_run
+from ..run.storerun import open_run
 from .anyfile import describe, manifest_of, open_source
 from .loose import empty_directory
 from .stats import region_stats
 
-__all__ = ["inspect_file", "inspect_other", "inspect_path", "inspect_run"]
+__all__ = ["inspect_file", "inspect_other", "inspect_path", "inspect_run", "inspect_run_url", "inspect_stored"]
 
 MANIFEST_SUMMARY = ("created", "metrics", "config", "optimizer", "scheduler", "versions", "code", "data",
                     "state", "provenance")
@@ -86,9 +87,39 @@ def inspect_file(path: "str | os.PathLike[str]", *, tensors: bool = False) -> di
     if problem:
         out["manifest_problem"] = problem
     if doc:
-        out["manifest"] = {k: doc[k] for k in MANIFEST_SUMMARY if k in doc}
-        out["manifest"]["layout_tensors"] = len(doc.get("layout") or [])
-        out["manifest"]["seal"] = mf.self_checked(str(mf.path_for(path)), doc) or "self-checked"
+        out["manifest"] = _summary(doc, str(mf.path_for(path)))
+    return out
+
+
+def _summary(doc: dict[str, Any], where: str) -> dict[str, Any]:
+    """What ``inspect`` shows of a manifest: its fields of ``MANIFEST_SUMMARY``, the layout's
+    size, and its seal (``where`` names the manifest)."""
+    summary = {k: doc[k] for k in MANIFEST_SUMMARY if k in doc}
+    return {**summary, "layout_tensors": len(doc.get("layout") or []), "seal": mf.self_checked(where, doc) or "self-checked"}
+
+
+def inspect_stored(gen: generation.Generation, *, tensors: bool = False) -> dict[str, Any]:
+    """A committed generation in a store (object storage), read into memory with every part
+    hashed against its manifest as it arrives (``Generation.open``): what ``inspect_file`` says
+    of a local ``.bin`` (``fingerprint`` verified: nothing unverified is read), and of a sharded
+    one its kind ``shards``. ``CheckpointError`` for one whose bytes are not its manifest's."""
+    store = gen.store
+    with gen.open() as ck:
+        doc = ck.manifest
+        out: dict[str, Any] = {"path": store.where(gen.path.name), "kind": gen.kind, "step": ck.step,
+                               "n_params": ck.n_params, "size": sum(p.size for p in generation.recorded_parts(doc, gen.step))
+                               if gen.sharded else ck.size}
+        out["regions"] = {r: region_stats(getattr(ck, r)).to_dict() for r in fmt.REGIONS}
+        if tensors and doc.get("layout") and not gen.sharded:
+            out["tensors"] = {name: {r: region_stats(ck.tensor(name, r).ravel()).to_dict() for r in fmt.REGIONS}
+                              for name in ck.names()}
+    if gen.sharded:
+        out.update(label="a sharded generation", origin="ckptfmt", shards=len(doc["shards"]), recorded_blake3=doc["blake3"])
+    else:
+        out.update(blake3=doc["blake3"], fingerprint="verified")
+    if companion.FIELD in doc:
+        out["companion"] = doc[companion.FIELD]
+    out["manifest"] = _summary(doc, store.where(gen.manifest.name))
     return out
 
 
@@ -126,6 +157,26 @@ def inspect_run(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dic
             _no_generation(data, path, tensors)
         lease.narrow([gen.step] if gen else [])
         data["latest"] = inspect_path(gen.path, tensors=tensors) if gen else None
+    return data
+
+
+def inspect_run_url(url: str, *, tensors: bool = False) -> dict[str, Any]:
+    """``inspect URL`` of a run on object storage: its generations as ``ls URL`` lists them and
+    its newest valid generation inspected (``inspect_stored``), leased while it is read, or
+    ``latest_problem``: why there is none."""
+    from .remote_check import ls_url  # lazy: object storage only when a URL is given
+    run = open_run(url)
+    data = ls_url(url)
+    with run.reading("inspect") as lease:
+        committed = [g for g in lease.listing.generations if g.committed]
+        try:
+            gen = run.latest(among=committed) if committed else None
+        except NoValidGenerationError as exc:
+            gen, data["latest_problem"] = None, str(exc)
+        if gen is None and "latest_problem" not in data:
+            data["latest_problem"] = f"{run.where}: no committed generation"
+        lease.narrow([gen.step] if gen else [])
+        data["latest"] = inspect_stored(gen, tensors=tensors) if gen else None
     return data
 
 

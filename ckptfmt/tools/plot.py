@@ -14,7 +14,7 @@ from .. import atomic
 from ..run import history as hist
 from ..run import timeline
 from ..errors import DestinationExistsError, EmptyRunError, HistoryCorruptError, MissingDependencyError
-from ..run import Run
+from ..run.storerun import open_run
 
 __all__ = ["plot", "series"]
 
@@ -35,14 +35,14 @@ def series(run_dir: str, ema: float | None = None, window: int | None = None,
     ``points`` buckets of steps (narrower than a pixel): ``low`` and ``high``, the lowest and
     highest finite loss of each, ``loss`` their mean, ``ema`` at the bucket's first and last
     step, in ``steps``. ``history_steps``: the length of the history."""
-    path = Path(run_dir) / hist.NAME
-    plan = timeline.plan(path, events=tuple(EVENT_STYLE))
-    walk = (_point(rec, path) for rec in plan.records())
+    run = open_run(run_dir)            # a URL: a run on object storage, its history's segments
+    plan = timeline.plan(run.history.source, events=tuple(EVENT_STYLE))
+    walk = (_point(rec, plan.path) for rec in plan.records())
     head = list(islice(walk, max(LONG, points or 0) + 1))        # all of it, if not longer
     span = max(5, min(len(head) // 50, 500))
     ema = 1 - 1 / span if ema is None else ema
     window = max(10, span * 2) if window is None else window
-    gens = [g.step for g in Run(run_dir).generations() if g.committed]
+    gens = [g.step for g in run.generations() if g.committed]
     buckets = points if points and len(head) > points else None
     curve = Curve(ema, buckets, (head[0][0], plan.last_step) if head else (0, 0), set(gens))
     shares, steps = Shares(window), 0
@@ -58,7 +58,7 @@ def series(run_dir: str, ema: float | None = None, window: int | None = None,
 LONG = 25_000       # steps from which the EMA span is its longest (500 = LONG // 50)
 
 
-def _point(rec: dict[str, Any], path: Path) -> tuple[int, float, Any]:
+def _point(rec: dict[str, Any], path: str) -> tuple[int, float, Any]:
     """(step, loss, source) of a canonical record. A record without a loss is a gap in the
     curve (``CheckpointManager.step(step)`` logs none); one whose loss is not a number (or
     "nan", "inf", "-inf") is refused (``HistoryCorruptError``)."""
@@ -68,7 +68,7 @@ def _point(rec: dict[str, Any], path: Path) -> tuple[int, float, Any]:
             raise ValueError
         return rec["step"], hist.decode_float(loss), rec.get("source")
     except (ValueError, OverflowError):
-        raise HistoryCorruptError(str(path), f"step {rec['step']} has a loss that is not a number: "
+        raise HistoryCorruptError(path, f"step {rec['step']} has a loss that is not a number: "
                                              f"{loss!r:.40}") from None
 
 

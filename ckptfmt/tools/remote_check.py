@@ -110,7 +110,7 @@ def inspect_url(url: str) -> dict[str, Any]:
     base, _, name = url.rstrip("/").rpartition("/")
     parsed = fmt.parse_name(name)
     if parsed is None or parsed[1] != "bin":
-        raise RemoteError(url, "inspect of a URL takes a generation's .bin (URL/step_NNNNNN.bin)")
+        raise RemoteError(url, "inspect of a URL takes a run or a generation's .bin (URL/step_NNNNNN.bin)")
     remote = ObjectStore(base)
     size = remote.size(name)
     if size is None:

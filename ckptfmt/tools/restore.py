@@ -37,7 +37,7 @@ def restore(url: str, dest: "str | os.PathLike[str]", *, step: int | None = None
             progress: Progress = None) -> dict[str, Any]:
     """Bring generation ``step`` (default: the newest valid one at ``url``), the history and the
     sidecars to the new run directory ``dest``; returns what was restored and how it was checked."""
-    fsio.refuse_url(dest, "the destination")
+    fsio.refuse_url(dest, "the destination", "import URL DEST brings a run at a URL into the local run directory DEST")
     remote, out = ObjectStore(url), Path(dest)
     refuse_live(out)
     if out.exists() and (not out.is_dir() or any(out.iterdir())):

@@ -989,11 +989,9 @@ def test_an_io_error_that_names_no_file_is_one_line_naming_a_path(tmp_path, monk
 
 
 @pytest.mark.parametrize("argv", [
-    ("diff", "s3://b/r/step_000040.bin", "{run}/step_000005.bin"),
     ("convert", "{run}/step_000005.bin", "s3://b/x.safetensors"),
     ("convert", "s3://b/r/step_000005.bin", "{tmp}/x.safetensors"),
     ("export", "{run}", "s3://b/exported"),
-    ("fork", "{run}", "s3://b/child", "--step", "5"),
     ("export", "{run}", "s3://b/x.tar.zst", "--archive"),
     ("plot", "{run}", "--out", "s3://b/loss.png"),
     ("validate", "{run}", "--b3sums", "s3://b/B3SUMS"),

@@ -37,6 +37,7 @@ FORMATS = ("bin", "safetensors", "pt", "npz", "zst", "planes", "torch", "weights
 SUFFIXES = {"bin": (".bin",), "safetensors": (".safetensors",), "weights": (".safetensors",),
             "pt": (".pt", ".pth", ".ckpt"), "torch": (".pt", ".pth", ".ckpt"), "npz": (".npz",), "zst": (".zst",),
             "planes": (".ckz",)}
+_CONVERT_LOCAL = "convert reads and writes local files (import URL DEST brings a run at a URL here)"
 DISTRIBUTED = ("shards", "dcp")                 # the forms of more than one file
 WEIGHTS_ONLY = ("safetensors", "pt", "npz")      # the targets --weights-only and --dtype apply to
 READERS = {"bin": bin.load, "safetensors": safetensors.load, "pt": pt.load, "npz": npz.load,
@@ -131,9 +132,9 @@ def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = F
     check, the write, then the verification (about the source size each). ``groups``: for a
     foreign ``.pt`` whose optimizer has several param groups without usable ``param_names``,
     each group's parameter names (a JSON file holding a list of lists, or the lists)."""
-    fsio.refuse_url(dst, "the destination")
+    fsio.refuse_url(dst, "the destination", _CONVERT_LOCAL)
     if not os.path.exists(src):
-        fsio.refuse_url(src, "the source")
+        fsio.refuse_url(src, "the source", _CONVERT_LOCAL)
         raise FileNotFoundError(errno.ENOENT, "No such file or directory", src)
     src = os.fspath(kinds.resolve(src))         # a Lightning checkpoint directory: its generation
     src_kind, dst_kind = detect(src), target(dst, to)
