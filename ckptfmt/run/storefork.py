@@ -5,8 +5,8 @@ writer is: under the new run's writer lease (a prefix that holds anything alread
 each part of the generation streamed from its run (local or another store) with its blake3
 computed as it is sent and compared with the one its manifest records (``Store.write``), the
 history up to the step and the ``fork`` event with the root about to be committed written as a
-segment (§3.7, §3.8), then every part confirmed on the store by size and blake3 read back and the
-manifest, with its provenance, written last (``store.commit``). A fork that fails removes what it
+segment (§3.7, §3.8), then every part confirmed on the store (``store.confirm``: its size and the
+checksum the store computed, else its blake3 read back) and the manifest, with its provenance, written last (``store.commit``). A fork that fails removes what it
 wrote, so the prefix is left as it was found.
 """
 from __future__ import annotations
