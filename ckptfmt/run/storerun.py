@@ -6,7 +6,7 @@ judge, commit, pins, retention, sidecars, the writer lock) through a ``Store``, 
 kept and what it costs:
 
 - generations: parts streamed to the store (``store.writing.save``), each confirmed by size
-  and blake3 read back, the manifest last (§2.0.1);
+  and the checksum the store computed (else blake3 read back), the manifest last (§2.0.1);
 - the loss history: numbered segments (``segments.SegmentedHistory``, §3.8);
 - sidecars (pins, the policy record): small objects, each replaced whole;
 - the writer lock: the lease of ``storelock.StoreLock`` (a conditional create; renewed by a
@@ -15,7 +15,7 @@ kept and what it costs:
 - what the file commands read and move (``copy_sidecar``: the history's segments joined;
   ``archive_sidecars``: a pivot's copy and removal), so they take a URL as they take a directory;
 - retention checks the newest generations without reading them back (``retention_deep``):
-  the writer confirmed each by its blake3 read back when it committed it, and a deep check
+  the writer confirmed each on the store when it committed it, and a deep check
   would download every kept generation at every save; restore, ``validate`` and ``import``
   verify what they read.
 

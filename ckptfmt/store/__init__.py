@@ -159,8 +159,7 @@ class Sink(Protocol):
 
 def commit(store: Store, manifest: str, data: bytes, parts: "list[Written]",
            before: "Callable[[], None] | None" = None) -> None:
-    """Publish a generation: each part of ``parts`` confirmed on ``store`` (its size, then its
-    blake3 read back), then ``before()`` (what raises there fails the commit), then ``manifest``
+    """Publish a generation: each part of ``parts`` confirmed on ``store`` (``confirm``), then ``before()`` (what raises there fails the commit), then ``manifest``
     written last. A part that is not what was written is a ``SaveError`` naming it, and no
     manifest is written: the generation stays uncommitted."""
     confirm(store, parts)
