@@ -98,13 +98,14 @@ def _summary(doc: dict[str, Any], where: str) -> dict[str, Any]:
     return {**summary, "layout_tensors": len(doc.get("layout") or []), "seal": mf.self_checked(where, doc) or "self-checked"}
 
 
-def inspect_stored(gen: generation.Generation, *, tensors: bool = False) -> dict[str, Any]:
+def inspect_stored(gen: generation.Generation, *, tensors: bool = False, opened: Any = None) -> dict[str, Any]:
     """A committed generation in a store (object storage), read into memory with every part
     hashed against its manifest as it arrives (``Generation.open``): what ``inspect_file`` says
     of a local ``.bin`` (``fingerprint`` verified: nothing unverified is read), and of a sharded
-    one its kind ``shards``. ``CheckpointError`` for one whose bytes are not its manifest's."""
+    one its kind ``shards``. ``CheckpointError`` for one whose bytes are not its manifest's.
+    ``opened``: the generation read already (``Run.open_at``), not downloaded again."""
     store = gen.store
-    with gen.open() as ck:
+    with opened or gen.open() as ck:
         doc = ck.manifest
         out: dict[str, Any] = {"path": store.where(gen.path.name), "kind": gen.kind, "step": ck.step,
                                "n_params": ck.n_params, "size": sum(p.size for p in generation.recorded_parts(doc, gen.step))
@@ -176,7 +177,7 @@ def inspect_run_url(url: str, *, tensors: bool = False) -> dict[str, Any]:
         if gen is None and "latest_problem" not in data:
             data["latest_problem"] = f"{run.where}: no committed generation"
         lease.narrow([gen.step] if gen else [])
-        data["latest"] = inspect_stored(gen, tensors=tensors) if gen else None
+        data["latest"] = inspect_stored(gen, tensors=tensors, opened=run.open_at(run.name_of(gen))) if gen else None
     return data
 
 
