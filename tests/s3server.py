@@ -21,12 +21,19 @@ def free_port() -> int:
 
 
 class S3Server:
-    """``with S3Server() as s3:`` starts the server; ``s3.env`` points clients at it."""
+    """``with S3Server() as s3:`` starts the server; ``s3.env`` points clients at it.
 
-    def __init__(self) -> None:
+    ``S3Server(auth=True)``: the server checks every request's credentials and what their IAM
+    user's policy allows, as AWS does (moto's IAM enforcement, turned on once the users exist).
+    ``s3.env`` and ``s3.client()`` then hold an administrator's keys, and ``s3.user(name,
+    actions)`` makes a user allowed only ``actions`` and returns the environment that uses its
+    keys."""
+
+    def __init__(self, auth: bool = False) -> None:
         self.port = free_port()
         self.endpoint = f"http://127.0.0.1:{self.port}"
         self.env = {**CREDENTIALS, "AWS_ENDPOINT_URL": self.endpoint}
+        self.auth = auth
         self.proc: subprocess.Popen | None = None
 
     def __enter__(self) -> "S3Server":
@@ -38,11 +45,43 @@ class S3Server:
         while time.monotonic() < deadline:
             try:
                 socket.create_connection(("127.0.0.1", self.port), timeout=0.5).close()
-                return self
             except OSError:
                 time.sleep(0.1)
+                continue
+            if self.auth:
+                self._enforce()
+            return self
         self.__exit__()
         raise RuntimeError("moto_server did not start within 60 s")
+
+    def _enforce(self) -> None:
+        """An administrator (every S3 and IAM action) whose keys ``env`` holds from now on, then
+        moto's checks turned on for every request after this one (its ``reset-auth`` call)."""
+        import urllib.request
+        admin = self.user("admin", ["s3:*", "iam:*"])
+        request = urllib.request.Request(f"{self.endpoint}/moto-api/reset-auth", data=b"0", method="POST",
+                                         headers={"Content-Type": "text/plain"})
+        urllib.request.urlopen(request, timeout=30).read()
+        self.env = admin
+
+    def user(self, name: str, actions: list[str],
+             resources: "list[str] | tuple[str, ...]" = ("*",)) -> dict[str, str]:
+        """An IAM user allowed ``actions`` (``["s3:Get*", "s3:List*"]``: read-only) on
+        ``resources`` (every one, or ARNs: ``arn:aws:s3:::bucket/*``); the environment of
+        ``env`` with that user's keys instead."""
+        import json
+
+        import boto3
+        iam = boto3.client("iam", **self._keys(self.env))
+        iam.create_user(UserName=name)
+        iam.put_user_policy(UserName=name, PolicyName=f"{name}-policy", PolicyDocument=json.dumps(
+            {"Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": actions, "Resource": list(resources)}]}))
+        key = iam.create_access_key(UserName=name)["AccessKey"]
+        return {**self.env, "AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+
+    def _keys(self, env: dict[str, str]) -> dict[str, str]:
+        return {"endpoint_url": self.endpoint, "region_name": "us-east-1",
+                "aws_access_key_id": env["AWS_ACCESS_KEY_ID"], "aws_secret_access_key": env["AWS_SECRET_ACCESS_KEY"]}
 
     def __exit__(self, *exc: object) -> None:
         if self.proc is not None:
@@ -55,8 +94,7 @@ class S3Server:
 
     def client(self):
         import boto3
-        return boto3.client("s3", endpoint_url=self.endpoint, region_name="us-east-1",
-                            aws_access_key_id="testing", aws_secret_access_key="testing")
+        return boto3.client("s3", **self._keys(self.env))
 
     def bucket(self, name: str) -> str:
         self.client().create_bucket(Bucket=name)
@@ -170,10 +208,10 @@ class UnconditionalProxy:
         self.server.server_close()
 
 
-def fixtures(prefix: str):
+def fixtures(prefix: str, auth: bool = False):
     """``s3, bucket = fixtures("bkt")`` in a test module: one server per module (environment
     pointed at it while the module runs), and a fresh bucket per test, so tests share the server
-    but not its contents."""
+    but not its contents. ``auth=True``: the server checks credentials (``S3Server``)."""
     import itertools
 
     import pytest
@@ -181,7 +219,7 @@ def fixtures(prefix: str):
 
     @pytest.fixture(scope="module")
     def s3():
-        with S3Server() as server, pytest.MonkeyPatch.context() as mp:
+        with S3Server(auth) as server, pytest.MonkeyPatch.context() as mp:
             for key, value in server.env.items():
                 mp.setenv(key, value)
             yield server

@@ -67,6 +67,12 @@ def open_fs(url: str) -> tuple[Any, str]:
     return fs, root.rstrip("/")
 
 
+# The store did not take the credentials at all (as against denying what they asked for).
+REFUSED = {"InvalidAccessKeyId": "the access key is not known there",
+           "SignatureDoesNotMatch": "the secret key is not the access key's",
+           "ExpiredToken": "the session token has expired", "InvalidToken": "the session token is not valid"}
+
+
 def _reason(exc: BaseException) -> str:
     """A one-line reason from whatever the client stack raised (botocore, aiohttp, OSError)."""
     chain, seen = [], exc
@@ -80,7 +86,10 @@ def _reason(exc: BaseException) -> str:
         return "not found"
     if re.search(r"NoCredentials|Unable to locate credentials", text):
         return "no credentials (AWS_ACCESS_KEY_ID and AWS_SECRET_ACCESS_KEY, or a profile in ~/.aws)"
-    if re.search(r"AccessDenied|Forbidden|InvalidAccessKeyId|SignatureDoesNotMatch|(?<![:\d])403(?!\d)", text):
+    for code, why in REFUSED.items():
+        if code in text:
+            return f"credentials refused: {why} ({code})"
+    if re.search(r"AccessDenied|Forbidden|(?<![:\d])403(?!\d)", text):
         return "access denied"
     if re.search(r"Connect(ion)?(Error|Timeout|Refused)|Could not connect|Cannot connect|"
                  r"EndpointConnection|Name or service not known", text, re.I):
@@ -92,16 +101,22 @@ def _reason(exc: BaseException) -> str:
 
 
 @contextmanager
-def translated(where: str, what: str) -> Iterator[None]:
-    """Turn a client exception into ``RemoteError("{where}: {what}: {reason}")``. Broad on
-    purpose: botocore, aiobotocore and aiohttp share no base class that could be named here
-    without importing them, and a traceback is never the answer (spec/FORMAT.md §7)."""
+def translated(where: str, what: str, *, denied: str = "") -> Iterator[None]:
+    """Turn a client exception into ``RemoteError("{where}: {what}: {reason}")``; access denied
+    to a write or a delete says that these credentials may not ``denied`` ("write", "delete")
+    there (a read-only bucket or key: a writer's first write is its lease, so it stops before
+    any work). Broad on purpose: botocore, aiobotocore and aiohttp share no base class that
+    could be named here without importing them, and a traceback is never the answer
+    (spec/FORMAT.md §7)."""
     try:
         yield
     except CheckpointError:
         raise
     except Exception as exc:  # noqa: BLE001 (the remote boundary, see the docstring)
-        raise RemoteError(where, f"{what}: {_reason(exc)}") from None
+        reason = _reason(exc)
+        if denied and reason == "access denied":
+            reason = f"access denied: these credentials may not {denied} there"
+        raise RemoteError(where, f"{what}: {reason}") from None
 
 
 def _kind(entry: dict[str, Any]) -> str:
@@ -182,7 +197,7 @@ class ObjectStore:
     def put_bytes(self, name: str, data: bytes) -> None:
         """One small object (a manifest, a sidecar), written whole: S3 publishes a PUT at once."""
         self._parent(name)
-        with translated(self.where(name), "upload failed"):
+        with translated(self.where(name), "upload failed", denied="write"):
             self.fs.pipe_file(self.path(name), data)
 
     def _parent(self, name: str) -> None:
@@ -243,7 +258,7 @@ class ObjectStore:
         which s3fs sends for ``mode="create"``; moto's server honours it too), an exclusive
         create on a local target. False when the object is there already."""
         self._parent(name)
-        with translated(self.where(name), "cannot create"):
+        with translated(self.where(name), "cannot create", denied="write"):
             try:
                 self.fs.pipe_file(self.path(name), data, mode="create")
             except FileExistsError:
@@ -327,11 +342,28 @@ class ObjectStore:
         return aborted
 
     def remove(self, name: str, *, recursive: bool = False) -> None:
-        with translated(self.where(name), "cannot delete"):
-            try:
-                self.fs.rm(self.path(name), recursive=recursive)
-            except FileNotFoundError:
-                pass
+        """``name`` deleted (with what is under it, ``recursive``): absent is no error, and a
+        delete the store refuses raises."""
+        with translated(self.where(name), "cannot delete", denied="delete"):
+            if self.local or not hasattr(self.fs, "call_s3"):
+                try:
+                    self.fs.rm(self.path(name), recursive=recursive)
+                except FileNotFoundError:
+                    pass
+                return
+            found = self.fs.find(self.path(name)) if recursive else [self.path(name)]
+            self._delete([self.fs.split_path(path)[1] for path in found])
+
+    def _delete(self, keys: list[str]) -> None:
+        """S3's DeleteObjects, its per-key errors raised: s3fs's ``rm`` drops them (a refused
+        delete would pass for done, and retention report as deleted what is still there)."""
+        bucket = self.root.split("/", 1)[0]
+        for start in range(0, len(keys), 1000):
+            objects = [{"Key": key} for key in keys[start:start + 1000]]
+            out = self.fs.call_s3("delete_objects", Bucket=bucket, Delete={"Objects": objects, "Quiet": True})
+            for error in out.get("Errors", [])[:1]:
+                raise PermissionError(f"An error occurred ({error.get('Code')}) deleting {error.get('Key')}: "
+                                      f"{error.get('Message')}")
 
 
 class Upload:
@@ -347,17 +379,17 @@ class Upload:
 
     def __enter__(self) -> "Upload":
         self.store._parent(self.name)
-        with translated(self.store.where(self.name), "upload failed"):
+        with translated(self.store.where(self.name), "upload failed", denied="write"):
             self._out = self.store.fs.open(self.store.path(self.name), "wb", block_size=BLOCK)
         return self
 
     def write(self, data: "bytes | memoryview") -> None:
-        with translated(self.store.where(self.name), "upload failed"):
+        with translated(self.store.where(self.name), "upload failed", denied="write"):
             self._out.write(data)
         self.offset += memoryview(data).nbytes
 
     def commit(self) -> None:
-        with translated(self.store.where(self.name), "upload failed"):
+        with translated(self.store.where(self.name), "upload failed", denied="write"):
             self._out.close()
         self._done = True
 

@@ -2,13 +2,14 @@
 for a save; the handlers only set flags, and hold the manager weakly."""
 from __future__ import annotations
 
+import contextlib
 import functools
 import os
 import signal
 import sys
 import threading
 import weakref
-from typing import Any
+from typing import Any, Iterator
 
 
 def install(mgr: Any) -> dict[int, Any] | None:
@@ -28,6 +29,24 @@ def install(mgr: Any) -> dict[int, Any] | None:
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1):
         previous[sig] = signal.signal(sig, functools.partial(_on_signal, ref, signal.getsignal(sig)))
     return previous
+
+
+def restore(previous: dict[int, Any] | None) -> None:
+    """The handlers ``install`` replaced, back (none were: nothing)."""
+    for sig, handler in (previous or {}).items():
+        signal.signal(sig, handler)
+
+
+@contextlib.contextmanager
+def given_back_on_error(previous: dict[int, Any] | None) -> Iterator[None]:
+    """``restore(previous)`` when the block raises: a manager whose construction failed leaves
+    no handler of its own (one kept alive by its error, as a notebook keeps the last one, would
+    otherwise take a Ctrl-C for it)."""
+    try:
+        yield
+    except BaseException:
+        restore(previous)
+        raise
 
 
 def _on_signal(ref: "weakref.ref[Any]", before: Any, signum: int, frame: Any) -> None:

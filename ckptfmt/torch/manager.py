@@ -20,7 +20,6 @@ scheduler, the GradScaler, the JSON-able state, every RNG and the config in the 
 """
 from __future__ import annotations
 
-import signal
 import time
 import warnings
 from typing import Any, Mapping
@@ -84,8 +83,7 @@ class CheckpointManager:
         refusals.strict_json({"rng": rng.rng_state(generators), "config": config})   # a generator JSON cannot hold
         self.rank, self.world = ranks.check_setup(model, optimizer)
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
-        self.state, self.generators = dict(state or {}), dict(generators or {})
-        self.config = config
+        self.state, self.generators, self.config = dict(state or {}), dict(generators or {}), config
         self.manifest_fields, self.on_restore = hooks.get("manifest_fields"), hooks.get("on_restore")
         self.upgrade, self.on_commit = hooks.get("upgrade"), hooks.get("on_commit")
         self._log = hooks.get("log")
@@ -95,7 +93,8 @@ class CheckpointManager:
         self._stop_reason = "SIGTERM"         # another rank's signal: the one the cluster sends
         self._handlers = handlers.install(self) if handle_signals else None   # before the lock: may raise
         locked = self.rank == 0 and hooks.get("lock", True)
-        self._lock = self.run.writer_lock("checkpoint manager") if locked else None
+        with handlers.given_back_on_error(self._handlers):   # the lock refused (held, a read-only store)
+            self._lock = self.run.writer_lock("checkpoint manager") if locked else None
         self._dropped = handlers.release_when_collected(self, self._lock)
         self._policy_recorded = self.rank != 0        # rank 0 records it at the first step
         self._clock = SaveClock(self.saving)
@@ -251,8 +250,7 @@ class CheckpointManager:
                 if self._lock is not None:
                     self._lock.release()
             finally:
-                for sig, handler in (self._handlers or {}).items():
-                    signal.signal(sig, handler)
+                handlers.restore(self._handlers)
 
     def _require_open(self) -> None:
         if self.closed:

@@ -486,26 +486,16 @@ def test_watch_mirrors_new_generations_and_exits_0_on_sigterm(s3, bucket, tmp_pa
 
 def test_a_denied_bucket_is_one_line_exit_2_and_an_allowed_one_works(tmp_path):
     """A second server that enforces IAM: a user allowed on one bucket only."""
-    import boto3
     run = make_run(tmp_path / "run", steps=(10,))
-    server = S3Server()
-    server.env["INITIAL_NO_AUTH_ACTION_COUNT"] = "5"        # the set-up below, then auth for all
-    with server:
-        iam = boto3.client("iam", endpoint_url=server.endpoint, region_name="us-east-1",
-                           aws_access_key_id="testing", aws_secret_access_key="testing")
+    with S3Server(auth=True) as server:
         server.client().create_bucket(Bucket="open")
         server.client().create_bucket(Bucket="closed")
-        iam.create_user(UserName="u")
-        key = iam.create_access_key(UserName="u")["AccessKey"]
-        iam.put_user_policy(UserName="u", PolicyName="p", PolicyDocument=json.dumps({
-            "Version": "2012-10-17", "Statement": [{"Effect": "Allow", "Action": "s3:*",
-                                                    "Resource": ["arn:aws:s3:::open", "arn:aws:s3:::open/*"]}]}))
-        env = {**server.env, "AWS_ACCESS_KEY_ID": key["AccessKeyId"], "AWS_SECRET_ACCESS_KEY": key["SecretAccessKey"]}
+        env = server.user("u", ["s3:*"], resources=["arn:aws:s3:::open", "arn:aws:s3:::open/*"])
         assert cli("mirror", str(run), "s3://open/x", env=env).returncode == 0
         proc = cli("mirror", str(run), "s3://closed/x", "--json", env=env)
         assert proc.returncode == 2 and proc.stderr.count("\n") == 1 and "access denied" in proc.stderr
         assert json.loads(proc.stdout)["error"]["exit_code"] == 2
-        assert key["SecretAccessKey"] not in proc.stderr + proc.stdout
+        assert env["AWS_SECRET_ACCESS_KEY"] not in proc.stderr + proc.stdout
 
 
 def test_an_index_naming_a_path_outside_the_run_is_refused(s3, bucket, tmp_path):
