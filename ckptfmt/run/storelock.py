@@ -15,7 +15,9 @@ share the store agree to well within ``ttl_s``, there is one writer. A holder st
 expiry can be taken over; its next ``renew`` says so before it writes more. A lease whose
 holder was a process of this host (the same host name and pid namespace) that no longer exists
 is taken over at once, as the kernel releases a dead holder's ``flock``: a restart after a kill on the same machine
-does not wait for the lease to run out (from another host it does). No reader waits on a lease;
+does not wait for the lease to run out. From another host or container a writer waits
+(``acquire(wait=True)``) while the lease is not renewed, and takes it once it expired; a renewal
+seen meanwhile is a live writer's, and refused. No reader waits on a lease;
 an expired one is never removed by anyone but the next holder.
 
 >>> import tempfile
@@ -37,6 +39,7 @@ import socket
 import threading
 import time
 import uuid
+import warnings
 from typing import Any, Callable, Iterable
 
 from ..errors import CheckpointError, RunLockedError
@@ -87,17 +90,26 @@ class StoreLock:
             return False
         return isinstance(doc, dict) and doc.get("token") == self.token
 
-    def acquire(self) -> "StoreLock":
-        """Take the lease, or ``RunLockedError`` naming the live holder (exit 2)."""
-        leases = self._leases()
-        if leases:
-            newest = self._read(leases[-1])
-            if isinstance(newest.get("expires"), (int, float)) and newest["expires"] > self.clock() \
-                    and not _dead_here(newest):
-                raise RunLockedError(self.store.where(), f"held by {newest.get('purpose', 'a writer')} pid "
-                                     f"{newest.get('pid', '?')} on {newest.get('host', '?')} until "
-                                     f"{time.strftime('%H:%M:%S', time.localtime(newest['expires']))}; "
-                                     "one writer per run")
+    def acquire(self, *, wait: bool = False) -> "StoreLock":
+        """Take the lease, or ``RunLockedError`` naming the live holder (exit 2). ``wait``: a
+        live-looking lease that its holder does not renew (a writer killed where its death cannot
+        be seen from here: another machine, another container) is waited out until it expires,
+        at most its TTL, looking every sixth of ours; one renewed meanwhile is a live writer's,
+        refused. What a restarted job on a fresh container needs, where ``_dead_here`` cannot tell."""
+        leases, seen = self._leases(), None
+        while leases and _live(newest := self._read(leases[-1]), self.clock()):
+            holder = (f"{newest.get('purpose', 'a writer')} pid {newest.get('pid', '?')} on "
+                      f"{newest.get('host', '?')} until {time.strftime('%H:%M:%S', time.localtime(newest['expires']))}")
+            if not wait or _alive_here(newest) or (seen is not None and newest["expires"] != seen):
+                raise RunLockedError(self.store.where(), f"held by {holder}; one writer per run")
+            if seen is None:
+                warnings.warn(f"{self.store.where()}: its writer lease is held by {holder} and not renewed from "
+                              "where it can be seen (a writer stopped on another machine or container): "
+                              "waiting for it to run out (renewed meanwhile, it is a live writer's: refused)",
+                              stacklevel=3)
+            seen = newest["expires"]
+            time.sleep(min(max(0.0, seen - self.clock()), self.ttl_s / 6) + 0.05)
+            leases = self._leases()
         number = leases[-1] + 1 if leases else 1
         if not created(self.store, _name(number), self._record()):
             raise RunLockedError(self.store.where(), "another writer took the lease at the same moment; "
@@ -187,21 +199,34 @@ class Heartbeat:
         self.lock.release()
 
 
+def _live(holder: dict[str, Any], now: float) -> bool:
+    """The lease is in force: not expired, and its holder not known dead here."""
+    return isinstance(holder.get("expires"), (int, float)) and holder["expires"] > now and _alive_here(holder) is not False
+
+
 def _dead_here(holder: dict[str, Any]) -> bool:
     """The holder was a process of this host that is gone (killed, crashed): its lease need not
     run out before a restart here takes over, as a dead holder's ``flock`` is released."""
+    return _alive_here(holder) is False
+
+
+def _alive_here(holder: dict[str, Any]) -> bool | None:
+    """Whether the holder's process is alive, where this process can tell (this host, boot and
+    pid namespace; this process itself counts as alive); None where it cannot."""
     pid = holder.get("pid")
-    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0 or pid == os.getpid():
-        return False
+    if holder.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return None
+    if pid == os.getpid():
+        return True
     if holder.get("pidns") is None or holder.get("pidns") != _pid_namespace() or holder.get("boot") != _boot():
-        return False                     # another container's or machine's pids are not ours to look up
+        return None                      # another container's or machine's pids are not ours to look up
     try:
         os.kill(pid, 0)
     except ProcessLookupError:
-        return True
-    except OSError:                      # alive, another user's
         return False
-    return False
+    except OSError:                      # alive, another user's
+        return True
+    return True
 
 
 def _pid_namespace() -> int | None:

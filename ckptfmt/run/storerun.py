@@ -139,8 +139,11 @@ class StoreRun(Run):
 
     def writer_lock(self, purpose: str, **how: Any) -> "Heartbeat":
         """The run's writer lease, taken and renewed by a heartbeat thread until ``release()``;
-        each save asks what it found, and the look just before the manifest reads the store."""
-        self.held = Heartbeat(StoreLock(self.store, purpose=purpose).acquire())
+        each save asks what it found, and the look just before the manifest reads the store. A
+        writer of generations waits out a lease its holder no longer renews (``StoreLock.acquire``:
+        a restart on another machine or container); ``gc`` and ``pivot`` are refused at once."""
+        wait = how.get("writes_generations", True)
+        self.held = Heartbeat(StoreLock(self.store, purpose=purpose).acquire(wait=wait))
         self.history.guard = self.held.check
         return self.held
 

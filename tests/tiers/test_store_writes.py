@@ -325,3 +325,53 @@ def test_on_a_store_that_ignores_if_none_match_a_second_writer_is_refused_and_an
     monkeypatch.setenv("AWS_ENDPOINT_URL", s3.endpoint)
     direct = ObjectStore(f"s3://{bucket}/runs/direct")                  # the server itself honours it
     assert direct.create(".probe", b"one") is True and direct.create(".probe", b"two") is False
+
+
+def test_a_writer_waits_out_a_lease_no_longer_renewed_and_is_refused_by_one_renewed(tmp_path):
+    """A restart on a fresh container cannot see whether a holder on another machine is gone: it
+    waits while the lease is not renewed and takes it once expired; a renewal seen meanwhile is a
+    live writer's, refused; a holder alive on this machine is refused at once."""
+    import json
+    from ckptfmt.run.storelock import _name
+
+    store = LocalStore(tmp_path)
+
+    def elsewhere(lock: StoreLock, ttl_s: float = 1.2) -> None:
+        """The lease of ``lock`` as a holder on another machine writes it."""
+        doc = json.loads(store.read_bytes(_name(lock.number)))
+        store.put_bytes(_name(lock.number), json.dumps({**doc, "host": "another-machine",
+                                                        "expires": time.time() + ttl_s}).encode())
+    stopped = StoreLock(store, purpose="trainer", ttl_s=1.2).acquire()
+    elsewhere(stopped)                                                     # then never renewed again
+    began = time.monotonic()
+    with pytest.warns(UserWarning, match="not renewed from where it can be seen.*waiting for it to run out"):
+        taker = StoreLock(store, purpose="trainer", ttl_s=1.2).acquire(wait=True)
+    assert time.monotonic() - began >= 1.0 and taker.number == stopped.number + 1
+    with pytest.raises(RunLockedError, match="taken over"):
+        stopped.renew()
+    elsewhere(taker)
+    renewing, done = threading.Event(), threading.Event()
+
+    def renew_elsewhere() -> None:
+        while not done.wait(0.3):
+            elsewhere(taker)
+            renewing.set()
+    beat = threading.Thread(target=renew_elsewhere)
+    beat.start()
+    try:
+        renewing.wait(5)
+        with pytest.warns(UserWarning), pytest.raises(RunLockedError, match="held by trainer pid .* on another-machine"):
+            StoreLock(store, purpose="trainer", ttl_s=1.2).acquire(wait=True)
+        began = time.monotonic()
+        with pytest.raises(RunLockedError, match="held by trainer pid"):   # gc and pivot do not wait
+            StoreLock(store, purpose="gc").acquire()
+        assert time.monotonic() - began < 0.5
+    finally:
+        done.set()
+        beat.join()
+    (tmp_path / "here").mkdir()
+    here = StoreLock(LocalStore(tmp_path / "here"), purpose="trainer", ttl_s=60).acquire()
+    began = time.monotonic()
+    with pytest.raises(RunLockedError, match="held by trainer pid"):      # alive on this machine: at once
+        StoreLock(here.store, purpose="trainer").acquire(wait=True)
+    assert time.monotonic() - began < 0.5
