@@ -228,3 +228,14 @@ def metrics_words(metrics: Any, step: int | None) -> list[str]:
                 else f"{v:g}" if isinstance(v, float) else str(v))
     return [f"{k}={value(m.get('value'))}" + (f"@{m.get('step')}" if m.get("step") != step else "")
             for k, m in (metrics or {}).items() if isinstance(m, dict)] if isinstance(metrics, dict) else []
+
+
+def print_memory(mem: dict | None) -> None:
+    """The RAM tier's rows (spec/RUN.md §13), under the durable generations."""
+    if not mem:
+        return
+    click.echo(f"  RAM tier {mem['dir']} (run id {mem['run_id']})"
+               + ("" if mem["present"] else ": not there (a reboot or a wipe removed it)"))
+    for g in mem["generations"]:
+        age = "-" if g["age_s"] is None else f"{g['age_s']:.0f}s"
+        click.echo(f"  {g['step']:>10}  {size(g['size']):>10}  {age:>10}  {g['status']} (RAM)")

@@ -12,7 +12,7 @@ from typing import Any
 import click
 
 from .app import main
-from .output import EXIT_DEFECT, emit, guarded, json_option, size
+from .output import EXIT_DEFECT, emit, guarded, json_option, print_memory, size
 from .policy import policy_of, policy_options
 
 # aiohttp (under s3fs) lets a failed request's writer task die unobserved, and asyncio logs each
@@ -146,6 +146,7 @@ def print_ls_url(d: dict) -> None:
         click.echo(f"  {'step':>10}  {'size':>10}  status")
     for g in d["generations"]:
         click.echo(f"  {g['step']:>10}  {size(g['size']):>10}  {g['status']}")
+    print_memory((d.get("tiers") or {}).get("memory"))
 
 
 def inspect_url_out(url: str, as_json: bool) -> None:

@@ -13,7 +13,7 @@ from typing import Any
 import click
 
 from .app import main
-from .output import EXIT_CANNOT, EXIT_DEFECT, Fail, emit, guarded, json_option, metrics_words, size
+from .output import EXIT_CANNOT, EXIT_DEFECT, Fail, emit, guarded, json_option, metrics_words, print_memory, size
 from .policy import POLICY_FLAGS, policy_of, policy_options
 
 
@@ -85,7 +85,7 @@ def print_ls(d: dict) -> None:
         click.echo(f"  {step:>10}  {size(g['size']):>10}  {age:>10}  {g['status']}{marks}")
     if d.get("deep") is False and any(g["status"] == "committed" for g in d["generations"]):
         click.echo("  committed: names, sizes, headers and manifests checked; ls --deep (or validate) hashes every byte")
-    _print_memory((d.get("tiers") or {}).get("memory"))
+    print_memory((d.get("tiers") or {}).get("memory"))
     for t in d.get("in_progress", []):
         click.echo(f"  save in progress: {t}")
     for t in d["leftovers"]:
@@ -104,17 +104,6 @@ def print_ls(d: dict) -> None:
                                                 if m["behind"] else "up to date")
                    + f" (newest confirmed there: {m['newest_confirmed']})"
                    + (f"; checked there now: {m['at_destination']}" if "at_destination" in m else ""))
-
-
-def _print_memory(mem: dict | None) -> None:
-    """The RAM tier's rows (spec/RUN.md §13), under the durable generations."""
-    if not mem:
-        return
-    click.echo(f"  RAM tier {mem['dir']} (run id {mem['run_id']})"
-               + ("" if mem["present"] else ": not there (a reboot or a wipe removed it)"))
-    for g in mem["generations"]:
-        age = "-" if g["age_s"] is None else f"{g['age_s']:.0f}s"
-        click.echo(f"  {g['step']:>10}  {size(g['size']):>10}  {age:>10}  {g['status']} (RAM)")
 
 
 @main.command()

@@ -58,24 +58,24 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
            "mirrors": mirrors.lag(path, [r["step"] for r in rows if r["committed"]]), "policy": shown}
     if lease.problem:
         out["lease_problem"] = lease.problem
-    memory = memory_tier(path, deep)
+    memory = memory_tier(run, deep)
     if memory is not None:
         out["tiers"] = {"memory": memory}
     return out
 
 
-def memory_tier(path: "str | os.PathLike[str]", deep: bool) -> dict[str, Any] | None:
+def memory_tier(run: Run, deep: bool) -> dict[str, Any] | None:
     """The run's RAM tier (spec/RUN.md §13) when it has one: its directory, the run ID, whether
     it is there (a reboot removes it) and its generations, each row marked ``tier: memory``. Not
     leased: the writer's RAM retention may remove a generation while it is listed."""
-    found = tiers.listing(path)
+    found = tiers.listing(run)
     if found is None:
         return None
     gens: list[Generation] = []
     if found["present"]:
         with contextlib.suppress(OSError):
             gens = list_dir(found["dir"]).generations
-    judge = Run(path).judge(deep=deep, tier=tiers.MEMORY)      # the run's history names its RAM generations
+    judge = run.judge(deep=deep, tier=tiers.MEMORY)      # the run's history names its RAM generations
     found["generations"] = [dict(_ls_row(g, deep, set(), None, None, judge=judge), tier=tiers.MEMORY) for g in gens]
     return found
 
@@ -178,8 +178,7 @@ def gc(path: "str | os.PathLike[str]", policy: Policy | None = None, *, keep_las
     try:
         swept = [] if dry_run else [str(p) for p in run.sweep_temps()]
         deleted, kept, resumable = run.collect(policy, dry_run=dry_run, strict_metric=True)
-        memory = None if run.path is None else ramdirs.collect(path, resumable.step if resumable else None,
-                                                                  dry_run=dry_run)
+        memory = ramdirs.collect(run, resumable.step if resumable else None, dry_run=dry_run)
     finally:
         lock.release()
     out = {"run": run.where, "dry_run": dry_run, "deleted": deleted,

@@ -24,8 +24,10 @@ from typing import Any
 
 from .. import atomic
 from ..errors import CheckpointError, UnsupportedSetupError
+from ..fsio import is_url
 from ..generation import list_dir
 from . import tiers
+from .directory import Run
 from .generations import non_finite
 from .sidecars import read_json, write_json
 
@@ -34,7 +36,7 @@ IN_USE, ORPHANED, UNKNOWN, UNREADABLE = "in use", "orphaned", "unknown run", "un
 GRACE_S = 3600                # --remove-orphans leaves an orphan that changed within the last hour
 
 
-def make(run: "str | os.PathLike[str]", where: Path, *, record: bool = True) -> Path:
+def make(run: "Run | str | os.PathLike[str]", where: Path, *, record: bool = True) -> Path:
     """The tier directory ``where`` of ``run``, made if missing (the default root mode 0700: one
     user's RAM generations are not for others to read; one another user made, a symbolic link or
     one writable by others is refused, ``UnsupportedSetupError``), with its ``.run.json``
@@ -51,10 +53,10 @@ def make(run: "str | os.PathLike[str]", where: Path, *, record: bool = True) -> 
     return where
 
 
-def claim(run: "str | os.PathLike[str]", where: Path) -> None:
-    """``.run.json`` in the tier ``where``, naming ``run`` by its absolute path: written when it is
-    missing, damaged or names another path (the run was moved)."""
-    path = str(Path(run).resolve())
+def claim(run: "Run | str | os.PathLike[str]", where: Path) -> None:
+    """``.run.json`` in the tier ``where``, naming ``run`` by its absolute path (a run on a
+    store: its URL): written when it is missing, damaged or names another path (the run was moved)."""
+    path = tiers.as_run(run).origin
     try:
         doc = read_json(where / OWNER, default=None)
     except CheckpointError:
@@ -108,7 +110,7 @@ def let_go(where: "Path | None") -> None:
             os.close(fd)
 
 
-def release(run: "str | os.PathLike[str]", step: int | None) -> list[int]:
+def release(run: "Run | str | os.PathLike[str]", step: int | None) -> list[int]:
     """When the run closes with ``step`` its newest durable generation: remove the RAM tier's
     generations at or below it (a restore takes the durable one first at the same step, and
     never an older one over it) and the tier's temp files; the tier directory too once nothing
@@ -118,7 +120,7 @@ def release(run: "str | os.PathLike[str]", step: int | None) -> list[int]:
     where = tiers.memory_dir(run)
     if step is None or where is None or not where.is_dir():
         return []
-    durable = next((g for g in list_dir(run).generations if g.step == step and g.committed), None)
+    durable = next((g for g in tiers.as_run(run).generations() if g.step == step and g.committed), None)
     if durable is None or non_finite(durable):
         return []
     gone = tiers.remove_generations(where, lambda s: s <= step)
@@ -178,12 +180,15 @@ def _state(where: Path, *, look_held: bool = True) -> dict[str, Any]:
     except CheckpointError:
         doc = None
     run = doc.get("run") if isinstance(doc, dict) and isinstance(doc.get("run"), str) else None
-    if run is not None and not os.path.isabs(run):
+    if run is not None and not (os.path.isabs(run) or is_url(run)):
         run = None                       # a record not written by ckptfmt: nothing to judge it by
     if look_held and _held(where):
         status, why = IN_USE, "a live process saves RAM generations there" + (f" (its run: {run})" if run else "")
     elif run is None:
         status, why = UNKNOWN, "no usable record of its run (made by an earlier ckptfmt): remove it by naming its ID"
+    elif is_url(run):
+        status, why = UNKNOWN, (f"its run {run} is on object storage, not looked up from here: `ckptfmt gc "
+                                f"{run}` removes what its durable generations cover, or remove it by naming its ID")
     elif not Path(run).is_dir():
         status, why = ORPHANED, f"its run {run} no longer exists"
     elif tiers.run_id(run) != where.name:
@@ -216,7 +221,7 @@ def _refuse_in_use(state: dict[str, Any]) -> None:
                                                   "--keep-last K removes the RAM generations the run no longer needs)")
 
 
-def collect(run: "str | os.PathLike[str]", newest: int | None, *, dry_run: bool = False) -> dict[str, Any] | None:
+def collect(run: "Run | str | os.PathLike[str]", newest: int | None, *, dry_run: bool = False) -> dict[str, Any] | None:
     """``gc RUN``'s pass over the run's RAM tier (the caller holds the run lock, so no writer
     is saving there): what ``release`` removes at ``newest``, the newest valid finite durable
     generation (``covered_by``); ``kept``: the RAM steps newer than it. None when the run has no

@@ -121,7 +121,8 @@ class StoreRun(Run):
         return list_store(self.store)
 
     def name_of(self, gen: Generation) -> str:
-        return self.store.where(gen.path.name)
+        """Its URL; a generation of the RAM tier (a local directory): its path."""
+        return str(gen.path) if gen.local else self.store.where(gen.path.name)
 
     def generation_at(self, path: Any) -> Generation:
         """A generation of this run by its URL (``name_of``); any other path: ``Run``'s."""

@@ -13,7 +13,7 @@ with its reason (``choose_across``). RAM generations newer than the step a run r
 belong to a lost timeline and are removed (``forget_after``).
 
 >>> import tempfile
->>> run = tempfile.mkdtemp()
+>>> run = Run(tempfile.mkdtemp())
 >>> memory_dir(run) is None, run_id(run, create=True) == run_id(run), memory_dir(run).parent == memory_root()
 (True, True, True)
 """
@@ -35,7 +35,6 @@ from ..facts import describe
 from .directory import Run
 from ..generation import Generation, list_dir
 from .generations import non_finite
-from .sidecars import read_json, write_json
 
 RUN_ID = ".run-id.json"
 MEMORY_ENV = "CKPTFMT_MEMORY_DIR"
@@ -108,14 +107,18 @@ def tier_dir(found: str) -> Path:
     return where
 
 
-def run_id(run: "str | os.PathLike[str]", *, create: bool = False) -> str | None:
-    """The run's ID from ``.run-id.json``; None when it has none (or a damaged one). ``create``
-    (the writer, holding the run lock): a new ID is written once, atomically, if there is none."""
-    if run is None:                      # a run on object storage: no RAM tier
-        return None
-    path = Path(run) / RUN_ID
+def as_run(run: "Run | str | os.PathLike[str]") -> Run:
+    """The run the tier serves: a ``Run`` (local or on a store), or a local run directory's path."""
+    return run if isinstance(run, Run) else Run(run)
+
+
+def run_id(run: "Run | str | os.PathLike[str]", *, create: bool = False) -> str | None:
+    """The run's ID from its ``.run-id.json`` (a file, or an object of a run on a store); None
+    when it has none (or a damaged one). ``create`` (the writer, holding the run lock): a new ID
+    is written once, atomically, if there is none."""
+    run = as_run(run)
     try:
-        doc = read_json(path, default=None)
+        doc = run.read_sidecar(RUN_ID, default=None)
     except CheckpointError:
         doc = None                       # damaged: a new ID orphans the old RAM generations (safe)
     found = doc.get("id") if isinstance(doc, dict) else None
@@ -124,11 +127,11 @@ def run_id(run: "str | os.PathLike[str]", *, create: bool = False) -> str | None
     if not create:
         return None
     new = uuid.uuid4().hex
-    write_json(path, {"id": new, "created": round(time.time(), 3), "path": str(Path(run).resolve())})
+    run.write_sidecar(RUN_ID, {"id": new, "created": round(time.time(), 3), "path": run.origin})
     return new
 
 
-def memory_dir(run: "str | os.PathLike[str]", *, create: bool = False) -> Path | None:
+def memory_dir(run: "Run | str | os.PathLike[str]", *, create: bool = False) -> Path | None:
     """The run's RAM tier directory (made or not), None when the run has no ID or the tier would
     be under a default root not to be used (``root_problem``: nothing is read, written or
     removed there)."""
@@ -139,7 +142,7 @@ def memory_dir(run: "str | os.PathLike[str]", *, create: bool = False) -> Path |
     return None if where.parent == memory_root() and root_problem() is not None else where
 
 
-def memory_run(run: "str | os.PathLike[str]") -> Run | None:
+def memory_run(run: "Run | str | os.PathLike[str]") -> Run | None:
     """The RAM tier as a ``Run`` when its directory exists (a reboot removes it), else None."""
     where = memory_dir(run)
     return Run(where) if where is not None and where.is_dir() else None
@@ -166,7 +169,7 @@ class TierChoice:
         return [f"{memory}: skipping RAM generation {step}: {reason}" for tier, step, reason in self.skipped
                 if tier == MEMORY]
 
-    def chosen(self, run: Path) -> Generation | None:
+    def chosen(self, run: str) -> Generation | None:
         """``gen``, or the error of a run whose generations, in every tier, are all invalid or diverged."""
         if self.gen is not None or not (self.skipped or self.diverged):
             return self.gen
@@ -203,11 +206,11 @@ def choose_across(run: Run, memory: Run | None, allow_nonfinite: bool = False) -
 def has_manifests(run: Run) -> bool:
     """Committed (or half-committed) generations exist in the run or its RAM tier: a resume
     that finds none valid is refused, never a fresh start."""
-    memory = memory_run(run.path)
+    memory = memory_run(run)
     return any(g.manifest is not None for r in (run, memory) if r is not None for g in r.generations())
 
 
-def forget_after(run: "str | os.PathLike[str]", step: int) -> list[int]:
+def forget_after(run: "Run | str | os.PathLike[str]", step: int) -> list[int]:
     """Remove the RAM tier's generations newer than ``step`` (where the run resumed: they belong
     to a lost timeline) and its temp files of interrupted saves; the steps removed."""
     where = memory_dir(run)
@@ -241,7 +244,7 @@ def prune(where: Path, keep: int = MEMORY_KEEP) -> list[int]:
     return [g.step for g in gone]
 
 
-def listing(run: "str | os.PathLike[str]") -> dict[str, Any] | None:
+def listing(run: "Run | str | os.PathLike[str]") -> dict[str, Any] | None:
     """What ``ls`` says of the RAM tier: its directory, the run ID and whether it exists
     (generations: the caller's rows); None when the run has no ID."""
     found = run_id(run)

@@ -23,11 +23,16 @@ __all__ = ["check_mirrors", "inspect_url", "ls_url", "validate_url"]
 
 
 def ls_url(url: str) -> dict[str, Any]:
-    """The generations at ``url`` from one listing: step, committed, size of the payload."""
+    """The generations at ``url`` from one listing: step, committed, size of the payload; and
+    ``tiers`` ``memory``, the RAM tier of a run written there with one (spec/RUN.md §13)."""
+    from ..run.ops import memory_tier           # lazy: the run layer's view of the RAM tier
+    from ..run.storerun import StoreRun
     remote = ObjectStore(url)
     rows = [{"step": s, "committed": g.committed, "size": g.sizes.get(g.bin.name) if g.bin else None,
              "status": "committed" if g.committed else _uncommitted(g)} for s, g in by_step(remote).items()]
-    return {"url": remote.url, "generations": rows}
+    out: dict[str, Any] = {"url": remote.url, "generations": rows}
+    memory = memory_tier(StoreRun(remote), deep=False)
+    return out if memory is None else {**out, "tiers": {"memory": memory}}
 
 
 def _uncommitted(gen: Generation) -> str:

@@ -267,7 +267,7 @@ def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=
         report.details["diverged"] = [g["step"] for g in gens_out if g["status"] == "diverged"]
         _report_entries(report, listing, holder)
         _validate_sidecars(report, run, live=holder is not None)
-    memory = memory_tier(path, deep=deep) or {}           # a cache, but one a restore reads (RUN §13)
+    memory = memory_tier(run, deep=deep) or {}           # a cache, but one a restore reads (RUN §13)
     for row in memory.get("generations", []):
         if row["status"].startswith("damaged"):
             part = row["file"] or fmt.manifest_name(row["step"])      # a lost payload: its manifest

@@ -88,7 +88,7 @@ class CheckpointManager:
         self.upgrade, self.on_commit = hooks.get("upgrade"), hooks.get("on_commit")
         self._log = hooks.get("log")
         self.run = open_run(directory, create=True)     # a URL: a run on object storage (StoreRun)
-        refusals.on_store(self.run, memory_every, mirror)
+        refusals.on_store(self.run, mirror)
         self._stop = self._save_requested = False
         self._stop_reason = "SIGTERM"         # another rank's signal: the one the cluster sends
         self._handlers = handlers.install(self) if handle_signals else None   # before the lock: may raise

@@ -113,7 +113,7 @@ class MemoryTier:
         """The tier's directory (not made here): the run's ID is written once by the first
         writer (rank 0, which holds the run lock)."""
         if self.path is None:
-            self.path = tiers.tier_dir(decided_by_rank0(lambda: tiers.run_id(self.run.path, create=True)))
+            self.path = tiers.tier_dir(decided_by_rank0(lambda: tiers.run_id(self.run, create=True)))
         return self.path
 
     def _open(self) -> Run:
@@ -125,7 +125,7 @@ class MemoryTier:
         save; one removed while the run trains (systemd's ``RemoveIPC``, a per-job tmpfs) is made
         again and said, instead of every later RAM save failing."""
         again = self.path is not None and not self.path.exists()
-        ramdirs.make(self.run.path, self._where(), record=self.topology.leader)
+        ramdirs.make(self.run, self._where(), record=self.topology.leader)
         ramdirs.keep(self.path)          # held, so that `ckptfmt ram` never removes it under us
         if again:
             self.log(f"RAM tier {self.path}: its directory was removed while the run trained (RemoveIPC, a "
@@ -150,8 +150,8 @@ def at_close(memory: MemoryTier | None, run: Run, step: int | None, log: Callabl
     durable tier does not cover (``ramdirs.release``)."""
     if memory is not None:
         memory.settle()
-    if step is not None and run.path is not None:     # a run on a store has no RAM tier
-        _remove(run, log, lambda: ramdirs.release(run.path, step), f"up to step {step}",
+    if step is not None:
+        _remove(run, log, lambda: ramdirs.release(run, step), f"up to step {step}",
                 f": the durable step {step} covers them")
 
 
@@ -159,7 +159,7 @@ def let_go(run: Run) -> None:
     """The run's tier no longer held by this process (``ramdirs.keep``: its RAM saves and its
     restore took it): the manager's close, whatever failed before it."""
     with contextlib.suppress(CheckpointError, OSError):
-        ramdirs.let_go(tiers.memory_dir(run.path))
+        ramdirs.let_go(tiers.memory_dir(run))
 
 
 def forget_after(run: Run, step: int, log: Callable[..., None]) -> None:
@@ -167,14 +167,12 @@ def forget_after(run: Run, step: int, log: Callable[..., None]) -> None:
     generations newer than it are a lost timeline's, removed so that no later restore mixes the
     two timelines. Then the tier's record names the run where it is now (a run moved between a
     kill and its restart is not taken for an orphan)."""
-    if run.path is None:             # a run on a store has no RAM tier
-        return
-    _remove(run, log, lambda: tiers.forget_after(run.path, step), f"after step {step}",
+    _remove(run, log, lambda: tiers.forget_after(run, step), f"after step {step}",
             f" of the timeline after step {step}")
-    where = tiers.memory_dir(run.path) if peers.topology().leader else None
+    where = tiers.memory_dir(run) if peers.topology().leader else None
     if where is not None and where.is_dir():
         try:
-            ramdirs.claim(run.path, where)
+            ramdirs.claim(run, where)
         except (CheckpointError, OSError) as exc:
             log(f"RAM tier {where}: the record of its run could not be written: {exc}")
 
@@ -187,7 +185,7 @@ def _remove(run: Run, log: Callable[..., None], remove: Callable[[], list[int]],
     try:
         gone = remove()
     except (CheckpointError, OSError) as exc:
-        log(f"{run.path}: the RAM tier's generations {which} could not be removed: {exc}")
+        log(f"{run.where}: the RAM tier's generations {which} could not be removed: {exc}")
         return
     if gone:
-        log(f"{run.path}: removed RAM generations {gone}{why}", info=True)
+        log(f"{run.where}: removed RAM generations {gone}{why}", info=True)

@@ -71,7 +71,7 @@ def checked() -> Topology:
 
 def across_nodes(run: Run) -> bool:
     """Collective: the run has a RAM tier (an ID) and this start spans more than one node."""
-    if rank_world()[1] == 1 or not decided_by_rank0(lambda: tiers.run_id(run.path) is not None):
+    if rank_world()[1] == 1 or not decided_by_rank0(lambda: tiers.run_id(run) is not None):
         return False
     return checked().nodes > 1
 
@@ -243,7 +243,7 @@ def agreed_source(run: Run, allow_nonfinite: bool = False) -> dict[str, Any]:
     (``tier``: ``memory``, or ``peer`` when some node fetched); ``path`` is this node's."""
     topo = topology()
     disk = decided_by_rank0(lambda: _durable(run, allow_nonfinite))
-    where = tiers.memory_dir(run.path)
+    where = tiers.memory_dir(run)
     if where is not None and topo.leader:
         ramdirs.keep(where, wait=True)       # no `ckptfmt ram` removes it while it is chosen and read
     mine, notes = _inventory(where, disk["step"]) if topo.leader else ({}, [])

@@ -66,16 +66,16 @@ def agreed_source(run: Run, allow_nonfinite: bool = False) -> dict[str, Any]:
         return peers.agreed_source(run, allow_nonfinite)
 
     def newest() -> dict[str, Any]:
-        where = tiers.memory_dir(run.path)
+        where = tiers.memory_dir(run)
         if where is not None:
             ramdirs.keep(where, wait=True)     # no `ckptfmt ram` removes it while it is chosen and read
-        memory = tiers.memory_run(run.path)
+        memory = tiers.memory_run(run)
         if memory is None:
             choice = run.choose(deep=True, allow_nonfinite=allow_nonfinite)
             gen, tier, skipped = run.chosen(choice), tiers.DISK, []
         else:
             choice = tiers.choose_across(run, memory, allow_nonfinite)
-            gen, tier, skipped = choice.chosen(run.path), choice.tier, choice.notes(memory.path)
+            gen, tier, skipped = choice.chosen(run.where), choice.tier, choice.notes(memory.path)
         path = None if gen is None else run.name_of(gen)
         return {"path": path, "why": choice.why() if choice.diverged else None,
                 "tier": tier if gen is not None else None, "skipped": skipped}

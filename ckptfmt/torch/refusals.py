@@ -95,13 +95,9 @@ def step_of(run: Any, step: Any) -> int:
     return operator.index(step)
 
 
-def on_store(run: Any, memory_every: int | None, mirror: str | None) -> None:
-    """A run on object storage (``StoreRun``, no local path) has no RAM tier and no mirror yet:
-    refused in one line (exit 2) before anything is written."""
-    if run.path is not None:
-        return
-    asked = [what for what, on in (("memory_every", memory_every is not None), ("mirror", bool(mirror))) if on]
-    if asked:
-        raise UnsupportedSetupError(run.where, f"a run on object storage has no RAM tier or mirror for now; "
-                                    f"not with {', '.join(asked)} (train in a local run directory and mirror "
-                                    "it: mirror=URL)")
+def on_store(run: Any, mirror: str | None) -> None:
+    """A run on object storage (``StoreRun``, no local path) is where a mirror would upload to:
+    ``mirror=`` refused in one line (exit 2) before anything is written."""
+    if run.path is None and mirror:
+        raise UnsupportedSetupError(run.where, "a run on object storage is not mirrored: it is in object storage "
+                                               "already (mirror= is for a local run directory)")

@@ -162,11 +162,9 @@ def test_one_writer_per_run_on_the_store(s3, bucket):
     CheckpointManager(url, *build(), every=4).close()          # released: the next writer takes it
 
 
-def test_what_a_run_on_the_store_cannot_do_yet_is_refused_before_anything_is_written(s3, bucket, tmp_path):
+def test_a_mirror_of_a_run_on_the_store_is_refused_before_anything_is_written(s3, bucket, tmp_path):
     url = f"s3://{bucket}/runs/x"
-    with pytest.raises(UnsupportedSetupError, match="not with memory_every"):
-        CheckpointManager(url, *build(), memory_every=2)
-    with pytest.raises(UnsupportedSetupError, match="not with mirror"):
+    with pytest.raises(UnsupportedSetupError, match="not mirrored: it is in object storage already"):
         CheckpointManager(url, *build(), mirror=f"s3://{bucket}/elsewhere")
     assert keys(s3, bucket) == []
     assert isinstance(open_run(url, create=True), StoreRun) and open_run(tmp_path).path == tmp_path
@@ -469,3 +467,65 @@ def test_a_restore_from_the_store_reads_its_generation_once(s3, bucket):
     whole = sorted(name for name, rng in payload if rng is None)
     assert whole == ["step_000008.bin", "step_000008.extra.safetensors"], payload
     assert [rng for _, rng in payload if rng is not None] == [b"bytes=0-7"], payload     # the header's 8 bytes
+
+
+RAM_LOOP = """
+import os, signal, sys
+import numpy as np, torch
+from ckptfmt.torch import CheckpointManager
+url, stop, kill_after = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+torch.manual_seed(0)
+model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.BatchNorm1d(12), torch.nn.Linear(12, 3))
+opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+noise = np.random.default_rng(3)
+mgr = CheckpointManager(url, model, opt, generators={"noise": noise}, every=4, keep_last=2, memory_every=1)
+start = mgr.restore()
+print("RESTORED", start, mgr.restored_tier, flush=True)
+for step in range(start + 1, stop + 1):
+    loss = model(torch.randn(5, 6) * float(1 + noise.random())).pow(2).mean()
+    opt.zero_grad(); loss.backward(); opt.step()
+    mgr.step(step, loss=loss.item())
+    if step == kill_after:
+        mgr.wait()
+        os.kill(os.getpid(), signal.SIGKILL)
+mgr.close(stop)
+"""
+
+
+def test_a_run_on_the_store_with_a_ram_tier_resumes_from_ram_and_writes_nothing_else_locally(s3, bucket, tmp_path):
+    """``memory_every=1`` on a run in object storage: RAM generations in the tier (the only
+    local writes), durable ones on the store. Killed at step 6 (step 4 on the store), the restart
+    resumes from the RAM generation of step 6 and ends with the same step-8 generation as a run
+    never killed; the close removes the RAM generations the store's step 8 covers."""
+    for name in ("cwd", "tmp", "home", "ram"):
+        (tmp_path / name).mkdir()
+    env = {**os.environ, **s3.env, "TMPDIR": str(tmp_path / "tmp"), "HOME": str(tmp_path / "home"),
+           "PYTHONDONTWRITEBYTECODE": "1", "CKPTFMT_MEMORY_DIR": str(tmp_path / "ram")}
+
+    def loop(url: str, kill_after: int = 0) -> subprocess.CompletedProcess:
+        return subprocess.run([sys.executable, "-c", RAM_LOOP, url, "8", str(kill_after)], cwd=tmp_path / "cwd",
+                              env=env, capture_output=True, text=True, timeout=300)
+    straight = loop(f"s3://{bucket}/runs/straight")
+    assert straight.returncode == 0, straight.stderr
+    url = f"s3://{bucket}/runs/ram"
+    killed = loop(url, kill_after=6)
+    assert killed.returncode == -9, killed.stderr
+    assert {fmt.parse_name(n)[0] for n in keys(s3, bucket, "runs/ram/") if fmt.parse_name(n)} == {4}
+    tier = [p for p in (tmp_path / "ram").iterdir()]
+    assert len(tier) == 1 and fmt.checkpoint_name(6) in [p.name for p in tier[0].iterdir()]
+    tools = {**s3.env, "CKPTFMT_MEMORY_DIR": str(tmp_path / "ram")}     # the commands run elsewhere
+    listed = cli("ls", url, "--json", env=tools)                        # ls and gc of the URL see the tier
+    assert listed.returncode == 0, listed.stderr
+    assert [g["step"] for g in json.loads(listed.stdout)["tiers"]["memory"]["generations"]] == [5, 6]
+    collected = cli("gc", url, "--keep-last", "2", "--json", env=tools)
+    assert collected.returncode == 0, collected.stderr
+    assert json.loads(collected.stdout)["tiers"]["memory"]["kept"] == [5, 6]     # newer than the store's step 4
+    again = loop(url)
+    assert again.returncode == 0, again.stderr
+    assert "RESTORED 6 memory" in again.stdout
+    doc = lambda prefix: json.loads(s3.client().get_object(Bucket=bucket, Key=f"{prefix}/step_000008.json")["Body"].read())
+    assert doc("runs/ram")["blake3"] == doc("runs/straight")["blake3"]
+    left = {name: sorted(str(p.relative_to(tmp_path / name)) for p in (tmp_path / name).rglob("*")
+                         if not p.relative_to(tmp_path / name).parts[0].startswith("torchinductor_"))   # torch's cache
+            for name in ("cwd", "tmp", "home", "ram")}
+    assert left == {"cwd": [], "tmp": [], "home": [], "ram": []}          # the close emptied the tier
