@@ -178,7 +178,7 @@ def test_kills_of_a_rank_or_the_job_at_each_phase_of_a_sharded_save_resume_bit_e
     for i, (rank, phase, at, how, nodes, committed, uncommitted) in enumerate(CHAIN):
         launch = Launch(tmp_path / f"kill{i}", script, url, (rank, phase, at, how), nodes=nodes)
         codes = launch.finish()
-        assert codes == ([-9] if how == "job" else [1] * len(codes)), (phase, codes, launch.output()[-3000:])
+        assert (codes == [-9]) if how == "job" else (0 not in codes), (phase, codes, launch.output()[-3000:])
         if how == "rank":
             assert re.search(rf"rank +: {rank} .*\n +exitcode +: -9 ", launch.output()), launch.output()[-3000:]
         step, left, unfinished, said = launch.restored()
@@ -220,7 +220,8 @@ def test_kills_at_random_store_calls_of_a_rank_or_the_job_resume_bit_exactly(s3,
             committed, _, _ = on_store(s3, url)
             resumed = max(committed, default=0)
         assert final(url) == digests, (runs, i)
-        assert on_store(s3, url) == ([STOP - 2, STOP], [], 0)
+        committed, left, unfinished = on_store(s3, url)      # a kill between the last commit and its
+        assert committed[-2:] == [STOP - 2, STOP] and (left, unfinished) == ([], 0)   # retention keeps one more
         runs += 1
     took = time.monotonic() - started
     print(f"FIGURE two-rank kills on a store: {done} kills in {runs} runs, each resumed from its newest "
