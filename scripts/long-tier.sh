@@ -4,7 +4,9 @@
 # SIGUSR1, 100 kill/resume cycles, 20,000 bit flips in each kind of manifest, the fault matrix
 # (236 cases: every tier x part x fault, flips and truncations at 8 offsets), the fuzz corpus with
 # its mutations) and the full interruption sweeps of the manager (13 points per
-# signal) and of the manager under torchrun, which CI checks at one point per phase; and beside
+# signal) and of the manager under torchrun, which CI checks at one point per phase; 1,000
+# SIGKILLs of a two-rank torchrun job on object storage (a torchrun launch each: 27 s a kill on 2
+# shared cores, about 7 hours; RELIABILITY_RANK_KILLS=N runs N instead); and beside
 # them 10 minutes of coverage-guided fuzzing whose minimised corpus replaces fuzz/corpus. Figures go to spec/RELIABILITY.md with date and command.
 set -euo pipefail
 cd "$(dirname "$0")/.."

@@ -26,34 +26,16 @@ s3, bucket = fixtures("kills")
 TESTS = str(Path(__file__).resolve().parents[1])
 
 # A loop on the manager over URL to step STOP (every 2, keep_last 2), killed by SIGKILL at the
-# AT-th store call of kind PHASE (or the AT-th store call of any kind: PHASE "any"; "upload" counts
-# a generation's parts sent (a multipart upload begun), "confirm" the commit's look at a part's
-# ETag); prints the
+# AT-th store call of kind PHASE (killpoints.arm: "any" for a store call of any kind); prints the
 # step restore() returned and the unfinished uploads and leftovers the restart swept.
 LOOP = r'''
-import os, signal, sys
+import sys
+sys.path.insert(0, sys.argv[6])
 import numpy as np, torch
-from ckptfmt.store import multipart, objects
+import killpoints
 from ckptfmt.torch import CheckpointManager
 url, stop, width, phase, at = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
-calls = {}
-def hooked(kind, function, *, where=lambda *a: True):
-    def call(*args, **kwargs):
-        if where(*args):
-            calls[kind] = calls.get(kind, 0) + 1
-            calls["any"] = calls.get("any", 0) + 1
-            if at and calls.get(phase) == at:
-                os.kill(os.getpid(), signal.SIGKILL)
-        return function(*args, **kwargs)
-    return call
-generation = lambda self, *a: "step_" in self.key          # noqa: E731
-U, S = multipart.S3Upload, objects.ObjectStore
-U._upload_part = hooked("upload", U._upload_part, where=generation)
-U.commit = hooked("complete", U.commit, where=generation)
-S.checksum = hooked("confirm", S.checksum)
-S.put_bytes = hooked("manifest", S.put_bytes, where=lambda self, name, *a: name.endswith(".json") and name.startswith("step_"))
-S.create = hooked("segment", S.create, where=lambda self, name, *a: name.endswith(".jsonl"))
-S.remove = hooked("retention", S.remove, where=lambda self, name, *a: name.startswith("step_"))
+calls = killpoints.arm(phase, at)
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(64, width), torch.nn.Tanh(), torch.nn.Linear(width, 4))
 opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
@@ -75,7 +57,7 @@ print("CALLS", calls.get("any", 0))
 
 
 def run_loop(s3, url: str, stop: int, width: int, phase: str = "none", at: int = 0) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(LOOP), url, str(stop), str(width), phase, str(at)],
+    return subprocess.run([sys.executable, "-c", textwrap.dedent(LOOP), url, str(stop), str(width), phase, str(at), TESTS],
                           env={**os.environ, **s3.env}, capture_output=True, text=True, timeout=300)
 
 
