@@ -164,7 +164,8 @@ def straight(s3, script, tmp_path_factory) -> tuple[tuple[str, str], dict[int, i
 # resumes 2 steps further. Retention's calls include the restart's sweep of the previous kill's
 # leftovers (two removals: the shard folder, the companion).
 CHAIN = [
-    (1, "upload", 2, "rank", False, [2], [4]),           # rank 1's step-4 shard after its first part went up
+    (1, "upload", 4, "rank", False, [2], [4]),           # rank 1's step-4 shard as its second part goes up
+                                                         # (two 5 MiB-bounded parts a shard: steps 2 and 4)
                                                          # (rank 0's step-4 shard: up, or stopped mid-way)
     (0, "complete", 4, "rank", False, [2, 4], [6]),      # rank 0's step-6 companion, both shards confirmed
     (0, "manifest", 2, "job", False, [4, 6], [8]),       # the whole job, at the step-8 manifest
