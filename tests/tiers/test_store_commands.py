@@ -22,26 +22,10 @@ from ckptfmt.tools.restore import restore  # noqa: E402
 from ckptfmt.torch import CheckpointManager  # noqa: E402
 from conftest import cli  # noqa: E402
 from s3server import fixtures  # noqa: E402
+from storeloop import build, train  # noqa: E402
 
 s3, _ = fixtures("cmds")
 STEPS, EVERY = 12, 4
-
-
-def build(seed: int = 0):
-    torch.manual_seed(seed)
-    model = torch.nn.Sequential(torch.nn.Linear(6, 12), torch.nn.BatchNorm1d(12), torch.nn.Linear(12, 3))
-    return model, torch.optim.AdamW(model.parameters(), lr=1e-2)
-
-
-def train(mgr, model, opt, start: int, stop: int, noise: np.random.Generator) -> None:
-    """Steps start+1..stop, each drawing from torch's RNG and the loop's NumPy generator."""
-    for step in range(start + 1, stop + 1):
-        x = torch.randn(5, 6) + float(noise.standard_normal())
-        loss = model(x).pow(2).mean()
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        mgr.step(step, loss=loss.item())
 
 
 def body(s3, bucket: str, key: str) -> bytes:
