@@ -219,15 +219,11 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
             raise UnsupportedSetupError(None, f"{exc}: the manifest could not hold it") from None
 
     def _refuse_at_url(self, where: str) -> None:
-        """ModelCheckpoint's dirpath is a URL: its checkpoints are written there (``stored``);
-        ``mirror=`` would have nothing to upload, and ``retention=`` judges local directories."""
+        """ModelCheckpoint's dirpath is a URL: its checkpoints are written there (``stored``), so
+        ``mirror=`` would have nothing to upload."""
         if self.mirror is not None:
             raise UnsupportedSetupError(where, "Checkpointing(mirror=) with a URL dirpath: the checkpoints are "
                                                "written there already; drop mirror=")
-        if self.retention is not None:
-            raise UnsupportedSetupError(where, "Checkpointing(retention=) with a URL dirpath: its retention judges "
-                                               "local checkpoint directories; use ModelCheckpoint(save_top_k=...), "
-                                               "which removes on the store")
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """After Lightning registered its signal handlers: ours for SIGUSR1 chains theirs; the
@@ -286,8 +282,8 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
         if self.retention is None or not trainer.is_global_zero or not saved:
             return
         callback = trainer.checkpoint_callback
-        names = os.listdir(callback.dirpath) if os.path.isdir(callback.dirpath) else []
-        keep = [os.path.join(callback.dirpath, n) for n in names if n.startswith(callback.CHECKPOINT_NAME_LAST)]
+        keep = [os.path.join(callback.dirpath, n) for n in keeping.names(callback.dirpath)
+                if n.startswith(callback.CHECKPOINT_NAME_LAST)]
         if keeping.prune(callback.dirpath, self.retention, keep=[*keep, callback.best_model_path, callback.last_model_path]):
             io.changed()
 

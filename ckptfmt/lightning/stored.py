@@ -25,7 +25,7 @@ from ..generation import Generation, by_step
 from ..store import writing
 from . import files
 
-__all__ = ["Checkpoints", "write", "read", "remove"]
+__all__ = ["Checkpoints", "write", "read", "remove", "lightning"]
 
 
 class Checkpoints:
@@ -93,7 +93,7 @@ def read(url: str, store: Any = None) -> dict[str, Any]:
     gen = _newest(store, url)
     ck = gen.open(verify=True)
     where = store.where(gen.bin.name)
-    if not _lightning(ck.manifest):
+    if not lightning(ck.manifest):
         raise NoValidGenerationError(url, "holds a generation that is not a Lightning checkpoint (its manifest "
                                           "has no lightning field)")
     return files.to_dict(statemap.read_bin(where, ck), where)
@@ -105,12 +105,12 @@ def remove(url: str, store: Any = None) -> None:
     store = store or _store(url)
     there = list(by_step(store).values())
     committed = [g for g in there if g.committed]
-    if (committed and not _lightning(committed[-1].read_manifest())) or (not there and store.entries()):
+    if (committed and not lightning(committed[-1].read_manifest())) or (not there and store.entries()):
         raise SaveError(url, "not a Lightning checkpoint the ckptfmt plugin wrote; refusing to delete it")
     for gen in reversed(there):
         gen.remove()
 
 
-def _lightning(doc: dict[str, Any] | None) -> bool:
+def lightning(doc: dict[str, Any] | None) -> bool:
     """The manifest is a Lightning checkpoint's (it has the ``lightning`` field)."""
     return isinstance((doc or {}).get(kinds.LIGHTNING), dict)

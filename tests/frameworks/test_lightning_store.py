@@ -4,8 +4,9 @@
 prefix, written through the store run's save, nothing staged on local disk; a fit resumes from
 a checkpoint's URL bit-exactly, mid-epoch too (SIGUSR1's last.ckpt); a damaged part is refused
 before training, naming blake3; top-k and last.ckpt replace and remove on the store, manifest
-first; the history is written as segments; the options a URL cannot take are refused in one
-line before the first step; ``validate`` and ``ls`` read the ModelCheckpoint prefix."""
+first; the callback's retention removes there; the history is written as segments; mirror= is
+refused in one line before the first step; ``validate`` and ``ls`` read the ModelCheckpoint
+prefix."""
 from __future__ import annotations
 
 import json
@@ -180,10 +181,20 @@ def test_saved_again_at_its_url_the_checkpoint_is_replaced_and_a_foreign_prefix_
     assert keys(s3, bucket, "run/notes.ckpt") == ["notes.txt"]
 
 
-@pytest.mark.parametrize("option", ["mirror", "retention"])
-def test_an_option_a_url_dirpath_cannot_take_is_refused_in_one_line_before_the_first_step(s3, bucket, tmp_path, option):
-    how = {"mirror": {"mirror": f"s3://{bucket}/elsewhere"}, "retention": {"retention": Policy(keep_last=1)}}[option]
-    with pytest.raises(UnsupportedSetupError, match=f"Checkpointing\\({option}=\\) with a URL dirpath") as caught:
-        train(f"s3://{bucket}/run", tmp_path, **how)
+def test_mirror_with_a_url_dirpath_is_refused_in_one_line_before_the_first_step(s3, bucket, tmp_path):
+    with pytest.raises(UnsupportedSetupError, match=r"Checkpointing\(mirror=\) with a URL dirpath") as caught:
+        train(f"s3://{bucket}/run", tmp_path, mirror=f"s3://{bucket}/elsewhere")
     assert "\n" not in str(caught.value) and f"s3://{bucket}/run" in str(caught.value)
     assert keys(s3, bucket, "") == [] and list(tmp_path.iterdir()) == []
+
+
+def test_retention_removes_on_the_store_what_its_policy_does_not_keep(s3, bucket, tmp_path):
+    """Checkpointing(retention=Policy(keep_last=2)) over the checkpoints at the URL: after each
+    save, the run layer's rules and guards (the newest valid one hashed first, read back from
+    the store) and the removal manifest first; last.ckpt is never one it removes."""
+    url = f"s3://{bucket}/run"
+    train(url, tmp_path, retention=Policy(keep_last=2),
+          checkpoint={"every_n_train_steps": 4, "save_top_k": -1, "save_last": True})
+    found = keys(s3, bucket, "run")
+    assert sorted({k.split("/")[0] for k in found}) == ["last.ckpt", "step=16.ckpt", "step=20.ckpt"]
+    assert len(found) == 9 and list(tmp_path.iterdir()) == []           # each a whole generation
