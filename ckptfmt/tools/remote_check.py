@@ -24,7 +24,7 @@ from ..store import DIRECTORY
 from ..store.objects import ObjectStore
 from .report import LOST_PAYLOAD
 
-__all__ = ["check_mirrors", "inspect_url", "ls_url", "validate_url"]
+__all__ = ["check_mirrors", "checkpoint_names", "inspect_url", "ls_url", "validate_url"]
 
 
 def ls_url(url: str) -> dict[str, Any]:
@@ -54,6 +54,13 @@ def _runs(remote: ObjectStore) -> list[tuple[str | None, ObjectStore, dict[int, 
     found = [(name, remote.under(name)) for name in folders]
     runs = [(name, store, gens) for name, store in found if (gens := by_step(store))]
     return sorted(runs, key=lambda run: (max(run[2]), run[0]))      # by newest step, as ls of a local one
+
+
+def checkpoint_names(url: str) -> list[str]:
+    """The checkpoints with a committed generation under ``url`` where it is a ModelCheckpoint
+    dirpath (no generation of its own), newest step last; [] for a run."""
+    runs = _runs(ObjectStore(url))
+    return [name for name, _, gens in runs if name is not None and any(g.committed for g in gens.values())]
 
 
 def _named(status: str, name: str | None) -> str:

@@ -5,8 +5,8 @@ prefix, written through the store run's save, nothing staged on local disk; a fi
 a checkpoint's URL bit-exactly, mid-epoch too (SIGUSR1's last.ckpt); a damaged part is refused
 before training, naming blake3; top-k and last.ckpt replace and remove on the store, manifest
 first; the callback's retention removes there; the history is written as segments; mirror= is
-refused in one line before the first step; ``validate`` and ``ls`` read the ModelCheckpoint
-prefix."""
+refused in one line before the first step; ``validate``, ``ls`` and ``inspect`` read the
+ModelCheckpoint prefix."""
 from __future__ import annotations
 
 import json
@@ -116,7 +116,7 @@ def test_a_damaged_part_is_refused_before_training_naming_blake3(s3, straight, b
 def test_top_k_and_last_replace_and_remove_on_the_store_with_async_saves_and_the_history(s3, bucket, tmp_path):
     """Every 4 steps, top-2 by loss and last.ckpt, each save on the plugin's thread: the store
     ends holding exactly those three checkpoints, each one generation, each valid; the history
-    is there as segments; validate and ls read the ModelCheckpoint prefix."""
+    is there as segments; validate, ls and inspect read the ModelCheckpoint prefix."""
     url, io = f"s3://{bucket}/run", CheckpointIO(async_save=True)
     train(url, tmp_path, io=io, history=True,
           checkpoint={"every_n_train_steps": 4, "save_top_k": 2, "monitor": "loss", "save_last": True})
@@ -136,6 +136,9 @@ def test_top_k_and_last_replace_and_remove_on_the_store_with_async_saves_and_the
     assert all(name in result.stdout for name in names), result.stdout
     listed = cli("ls", url)
     assert listed.returncode == 0 and all(name in listed.stdout for name in names), listed.stdout
+    inspected = cli("inspect", url)                     # the newest checkpoint, read and verified
+    assert inspected.returncode == 0 and f"latest valid generation:\n{url}/" in inspected.stdout, inspected.stdout
+    assert "step_000020.bin" in inspected.stdout and "fingerprint verified" in inspected.stdout
 
 
 def tiny(step: int) -> dict:
