@@ -266,9 +266,16 @@ def group_members(doc: dict[str, Any], path: str) -> list[list[str]]:
 
 
 def write_bin(state: State, dst: str, source: str, fields: dict[str, Any] | None = None) -> writer.SaveResult:
-    """Map ``state`` by the rule and write it as a committed ``.bin`` (+ companion): layout,
-    aliases, buffers, the optimizer by name, and what the way back needs (``imported``);
-    ``fields``: further manifest fields of the caller's (a Lightning checkpoint's ``rng``)."""
+    """Map ``state`` by the rule (``mapped``) and write it as a committed ``.bin`` (+ companion)."""
+    named = fmt.parse_name(os.path.basename(dst))
+    step, arrays, how = mapped(state, source, named[0] if named is not None else None, fields)
+    return writer.save(dst, step, *arrays, **how)
+
+
+def mapped(state: State, source: str, step: int | None, fields: dict[str, Any] | None = None) -> tuple[int, Any, Any]:
+    """(step, (weights, m, v), the manifest and extra tensors): ``writer.save``'s arguments (a store's
+    ``writing.save``'s): layout, aliases, buffers, the optimizer by name, what the way back needs
+    (``imported``) and the caller's ``fields`` (a Lightning checkpoint's ``rng``); ``step``: the name's."""
     params, buffers = split(state, source)
     weights, m, v = regions(params, state.optimizer)
     opt = state.optimizer
@@ -279,8 +286,7 @@ def write_bin(state: State, dst: str, source: str, fields: dict[str, Any] | None
     if aliases:
         manifest["aliases"] = aliases
     imported = {**state.imported, "order": [e.name for e in state.model], "aliases": aliases}
-    named = fmt.parse_name(os.path.basename(dst))
-    step = header_step(state, named[0] if named is not None else None)
+    step = header_step(state, step)
     if opt is None:
         imported["optimizer_state"] = "absent"
     else:
@@ -299,13 +305,13 @@ def write_bin(state: State, dst: str, source: str, fields: dict[str, Any] | None
     manifest.update(fields or {})
     extra = {f"{BUFFERS}/{e.name}": ("BF16", e.data) if e.dtype == "bfloat16" else e.data for e in buffers}
     extra.update(state.extra)
-    return writer.save(dst, step, weights, m, v, manifest=manifest, extra_tensors=extra or None)
+    return step, (weights, m, v), {"manifest": manifest, "extra_tensors": extra or None}
 
 
-def read_bin(path: str) -> State:
-    """The ``State`` a committed ``.bin`` holds (a foreign import, or any generation with a
-    layout), verified (blake3 of file and companion) first."""
-    ck = reader.open(path, manifest="require", verify=True, check_name=False)
+def read_bin(path: str, ck: reader.Checkpoint | None = None) -> State:
+    """The ``State`` a committed ``.bin`` holds (a foreign import, any generation with a layout),
+    verified (blake3 of file and companion) first; ``ck``: it opened and verified (from a store)."""
+    ck = ck or reader.open(path, manifest="require", verify=True, check_name=False)
     doc = ck.manifest
     if not ck.layout:
         raise UnsupportedConversionError(path, "the manifest has no layout: tensor names are unknown")

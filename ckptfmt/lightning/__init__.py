@@ -31,10 +31,13 @@ The pair's contract, in the order Lightning calls it (every rank under DDP):
    (Python, NumPy, torch CPU, the CUDA device in use; every rank's), each param group's
    parameter names, read off the live optimizer, and the logged metrics; syncs the history.
 8. ``CheckpointIO.save_checkpoint`` (rank 0): the dict becomes a directory at Lightning's path
-   (``files.write``); without step 7's entry a full checkpoint is refused, naming the callback.
+   (``files.write``), or at a URL (a URL ``dirpath``) one generation written straight to the
+   store under that prefix (``stored.write``); without step 7's entry a full checkpoint is
+   refused, naming the callback.
    With ``async_save=True`` a copy is written by a thread; steps 2, 8, 9 and 11 wait for it.
    After the commit the mirror, if any, is woken (it returns at once).
-9. ``CheckpointIO.remove_checkpoint`` (top-k, an older ``last``): removes exactly that path;
+9. ``CheckpointIO.remove_checkpoint`` (top-k, an older ``last``): removes exactly that path (at
+   a URL each generation there, manifest first);
    the mirror is woken (it removes the path at the URL once the newer ones are there).
 10. ``Checkpointing.on_train_end`` / ``on_exception``: retention once more, the signal handlers
     given back, the history closed.
@@ -42,7 +45,8 @@ The pair's contract, in the order Lightning calls it (every rank under DDP):
     save in flight is committed; the mirror makes its last pass (a failed one retried), then
     ends; what it could not send is logged, never raised.
 
-``files`` and ``keeping`` need torch and the run layer only, ``mirroring`` the tools' mirror; the
+``files``, ``stored`` and ``keeping`` need torch, the core and the run layer only (``stored``
+fsspec too, when a URL is given), ``mirroring`` the tools' mirror; the
 Lightning classes are imported on first use, so ``import ckptfmt.lightning`` works without
 Lightning and says what to install when a class is asked for.
 """

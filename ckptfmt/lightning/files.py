@@ -37,7 +37,7 @@ from .. import format as fmt
 from ..errors import NotACheckpointError, NoValidGenerationError, SaveError, UnsupportedSetupError
 from ..torch import torchsave
 
-__all__ = ["KEY", "write", "read", "remove", "generation_in"]
+__all__ = ["KEY", "write", "read", "remove", "generation_in", "prepare", "to_dict"]
 
 KEY = "ckptfmt"                    # the callback's entry in Lightning's checkpoint dict
 OPTIMIZERS = "optimizer_states"    # Lightning's list of optimizer state dicts
@@ -70,19 +70,7 @@ def write(checkpoint: dict[str, Any], path: "str | os.PathLike[str]") -> str:
     has ``optimizer_states``) needs the callback's entry (``KEY``); a weights-only one is
     written without RNG states."""
     path = os.fspath(path)
-    ours = checkpoint.get(KEY)
-    if not isinstance(ours, dict) and OPTIMIZERS in checkpoint:
-        raise UnsupportedSetupError(path, NEEDS_CALLBACK)
-    ours = ours or {}
-    state = torchsave.to_state(_torch_form(checkpoint), path, _members(ours), "the Checkpointing callback")
-    state.imported.update({"from": "lightning", "file": os.path.basename(path)})
-    global_step = int(checkpoint.get("global_step", 0))
-    step = header_step(state, global_step)
-    fields = {kinds.LIGHTNING: {"epoch": checkpoint.get("epoch"), "global_step": global_step,
-                                "version": checkpoint.get("pytorch-lightning_version"),
-                                "namespace": ours.get("namespace"), "optimizers": _count(checkpoint)}}
-    fields.update({key: ours[key] for key in ("rng", "ranks", "metrics") if ours.get(key)})
-    fields["created"] = time.time()                  # the commit time retention's time rules read
+    state, step, fields = prepare(checkpoint, path)
     atomic.make_durable_dir(Path(path).parent)       # Lightning's dirpath may not exist yet
     staging = atomic.temp_path_for(path)
     try:
@@ -94,6 +82,25 @@ def write(checkpoint: dict[str, Any], path: "str | os.PathLike[str]") -> str:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return os.path.join(path, fmt.checkpoint_name(step))
+
+
+def prepare(checkpoint: dict[str, Any], path: str) -> tuple[statemap.State, int, dict[str, Any]]:
+    """(the mapped state, its step, the manifest's further fields) of Lightning's ``checkpoint``
+    for the checkpoint at ``path`` (a local directory's or a URL's: ``stored``); a full
+    checkpoint without the callback's entry is refused, naming the callback."""
+    ours = checkpoint.get(KEY)
+    if not isinstance(ours, dict) and OPTIMIZERS in checkpoint:
+        raise UnsupportedSetupError(path, NEEDS_CALLBACK)
+    ours = ours or {}
+    state = torchsave.to_state(_torch_form(checkpoint), path, _members(ours), "the Checkpointing callback")
+    state.imported.update({"from": "lightning", "file": os.path.basename(path)})
+    global_step = int(checkpoint.get("global_step", 0))
+    fields = {kinds.LIGHTNING: {"epoch": checkpoint.get("epoch"), "global_step": global_step,
+                                "version": checkpoint.get("pytorch-lightning_version"),
+                                "namespace": ours.get("namespace"), "optimizers": _count(checkpoint)}}
+    fields.update({key: ours[key] for key in ("rng", "ranks", "metrics") if ours.get(key)})
+    fields["created"] = time.time()                  # the commit time retention's time rules read
+    return state, header_step(state, global_step), fields
 
 
 def _torch_form(checkpoint: dict[str, Any]) -> dict[str, Any]:
@@ -123,9 +130,14 @@ def read(path: "str | os.PathLike[str]") -> dict[str, Any]:
     if os.path.isfile(path):
         return _plain(os.fspath(path))
     bin_path = generation_in(path)
-    state = statemap.read_bin(bin_path)
-    out = torchsave.from_state(state, bin_path)
-    out[KEY] = {"rng": state.manifest.get("rng"), "ranks": state.manifest.get("ranks"), "path": bin_path}
+    return to_dict(statemap.read_bin(bin_path), bin_path)
+
+
+def to_dict(state: statemap.State, where: str) -> dict[str, Any]:
+    """Lightning's dict of the verified generation ``state`` read at ``where`` (its ``.bin``, a
+    local path or a URL), with ``KEY`` for the callback."""
+    out = torchsave.from_state(state, where)
+    out[KEY] = {"rng": state.manifest.get("rng"), "ranks": state.manifest.get("ranks"), "path": where}
     return out
 
 

@@ -20,10 +20,11 @@ import torch
 from .. import atomic, fsio
 from ..errors import IncompleteResumeStateError, MissingDependencyError, UnsupportedSetupError
 from ..run import History, Policy
+from ..run.segments import SegmentedHistory
 from ..torch import adapter, optim, rng
 from ..torch.metrics import history_value, manifest_value
 from ..torch.state import split
-from . import files, keeping, mirroring
+from . import files, keeping, mirroring, stored
 
 try:
     import pytorch_lightning
@@ -50,7 +51,9 @@ NEEDS_PLUGIN = ("the ckptfmt Checkpointing callback needs its plugin: add ckptfm
 
 class CheckpointIO(*(ns.plugins.io.CheckpointIO for ns in NAMESPACES)):   # type: ignore[misc]
     """Lightning's checkpoints as directories of one ckptfmt generation (``files``): written
-    durably in one rename, verified by blake3 before they are loaded, removed durably.
+    durably in one rename, verified by blake3 before they are loaded, removed durably; at a URL
+    (ModelCheckpoint's ``dirpath="s3://..."``) as one generation under that prefix, written
+    straight to the store, removed manifest first (``stored``).
     ``written``: the paths committed since the callback last applied its retention.
 
     ``async_save=True``: ``save_checkpoint`` copies the dict's tensors (the stall: one copy of
@@ -71,12 +74,13 @@ class CheckpointIO(*(ns.plugins.io.CheckpointIO for ns in NAMESPACES)):   # type
         self.mirror: mirroring.Mirroring | None = None
         self._pending: threading.Thread | None = None
         self._failed: BaseException | None = None
+        self._stored = stored.Checkpoints()
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: Any, storage_options: Any = None) -> None:
-        """Write ``checkpoint`` at ``path`` as a directory of one generation (``files.write``)."""
+        """Write ``checkpoint`` at ``path`` as a directory of one generation (``files.write``; a
+        URL: ``stored.write``)."""
         if storage_options is not None:
             raise UnsupportedSetupError(str(path), "storage_options are not supported by the ckptfmt plugin")
-        fsio.refuse_url(str(path), "a checkpoint path", "the plugin saves locally and Checkpointing(mirror=URL) uploads there")
         self.wait()
         if not self.async_save:
             return self._commit(checkpoint, str(path))
@@ -92,9 +96,14 @@ class CheckpointIO(*(ns.plugins.io.CheckpointIO for ns in NAMESPACES)):   # type
 
     def _commit(self, checkpoint: dict[str, Any], path: str) -> None:
         with self.lock:
-            files.write(checkpoint, path)
+            self.home(path).write(checkpoint, path)
         self.written.append(path)
         self.changed()
+
+    def home(self, path: Any) -> Any:
+        """Where the checkpoint at ``path`` lives: at a URL (object storage) ``stored``, through
+        this plugin's clients, else ``files`` (a local directory); each writes, reads, removes."""
+        return self._stored if fsio.is_url(str(path)) else files
 
     def changed(self) -> None:
         """A checkpoint was committed or removed: wake the mirror, if any (it does not wait)."""
@@ -114,12 +123,13 @@ class CheckpointIO(*(ns.plugins.io.CheckpointIO for ns in NAMESPACES)):   # type
         """The dict, its tensors on the CPU (Lightning moves them to the module's device; nothing
         is unpickled, whatever ``weights_only`` says)."""
         self.wait()
-        return files.read(path)
+        return self.home(path).read(path)
 
     def remove_checkpoint(self, path: Any) -> None:
-        """Remove exactly ``path``, durably (``files.remove``), once the save in flight committed."""
+        """Remove exactly ``path``, durably (``files.remove``; at a URL manifest first,
+        ``stored.remove``), once the save in flight committed."""
         self.wait()
-        files.remove(path)
+        self.home(path).remove(path)
         self.changed()
 
     def teardown(self) -> None:
@@ -177,7 +187,7 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
         self.restore_rng, self.retention, self.history, self.mirror = restore_rng, retention, history, mirror
         self.mirroring: mirroring.Mirroring | None = None
         self._signals = keeping.Signals() if signals else None
-        self._log: History | None = None
+        self._log: History | SegmentedHistory | None = None
         self._resumed_at: int | None = None
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
@@ -189,11 +199,11 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
                                               "ModelCheckpoint's directory: the Trainer has no ModelCheckpoint")
 
     def on_fit_start(self, trainer: Any, pl_module: Any) -> None:
-        """Refuse before the first step what no save could hold, and a ModelCheckpoint writing
-        to a URL (the plugin writes local directories; ``mirror=URL`` uploads them)."""
+        """Refuse before the first step what no save could hold, and the options a ModelCheckpoint
+        writing to a URL cannot take (``_refuse_at_url``)."""
         where = getattr(trainer.checkpoint_callback, "dirpath", None)
-        if where is not None:
-            fsio.refuse_url(str(where), "ModelCheckpoint's dirpath", "the plugin saves locally and Checkpointing(mirror=URL) uploads there")
+        if where is not None and fsio.is_url(str(where)):
+            self._refuse_at_url(str(where))
         if len(trainer.optimizers) > 1:
             raise UnsupportedSetupError(None, f"{len(trainer.optimizers)} optimizers: the seed layout holds "
                                               "one optimizer's moments")
@@ -208,6 +218,13 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
         except TypeError as exc:
             raise UnsupportedSetupError(None, f"{exc}: the manifest could not hold it") from None
 
+    def _refuse_at_url(self, where: str) -> None:
+        """ModelCheckpoint's dirpath is a URL: its checkpoints are written there (``stored``), so
+        ``mirror=`` would have nothing to upload."""
+        if self.mirror is not None:
+            raise UnsupportedSetupError(where, "Checkpointing(mirror=) with a URL dirpath: the checkpoints are "
+                                               "written there already; drop mirror=")
+
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """After Lightning registered its signal handlers: ours for SIGUSR1 chains theirs; the
         history opens (rank 0), with a ``resume`` event after a resume; the mirror starts (rank 0)."""
@@ -218,9 +235,7 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
             self.mirroring = io.mirror = mirroring.Mirroring(callback.dirpath, self.mirror, lock=io.lock,
                                                              extension=callback.FILE_EXTENSION)
         if self.history and trainer.is_global_zero:
-            where = trainer.checkpoint_callback.dirpath     # made by its first save: made now for the history
-            atomic.make_durable_dir(Path(where))
-            self._log = History(os.path.join(where, ".loss.json"))
+            self._log = _history(trainer.checkpoint_callback.dirpath)
             if self._resumed_at is not None:
                 self._log.event("resume", self._resumed_at)
 
@@ -267,8 +282,8 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
         if self.retention is None or not trainer.is_global_zero or not saved:
             return
         callback = trainer.checkpoint_callback
-        names = os.listdir(callback.dirpath) if os.path.isdir(callback.dirpath) else []
-        keep = [os.path.join(callback.dirpath, n) for n in names if n.startswith(callback.CHECKPOINT_NAME_LAST)]
+        keep = [os.path.join(callback.dirpath, n) for n in keeping.names(callback.dirpath)
+                if n.startswith(callback.CHECKPOINT_NAME_LAST)]
         if keeping.prune(callback.dirpath, self.retention, keep=[*keep, callback.best_model_path, callback.last_model_path]):
             io.changed()
 
@@ -319,6 +334,16 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
             return
         if self.restore_rng:
             rng.restore_rng(_rank_rng(ours, trainer.global_rank, trainer.world_size), path=ours.get("path"))
+
+
+def _history(where: Any) -> "History | SegmentedHistory":
+    """The history in ModelCheckpoint's directory: ``.loss.json`` there; at a URL, numbered
+    segments under ``.loss.d/`` (an object cannot be appended to: ``run.segments``)."""
+    if fsio.is_url(str(where)):
+        from ..store.objects import ObjectStore     # fsspec only when a URL is given
+        return SegmentedHistory(ObjectStore(str(where)))
+    atomic.make_durable_dir(Path(where))            # made by its first save: made now for the history
+    return History(os.path.join(where, ".loss.json"))
 
 
 def _rank_rng(ours: dict[str, Any], rank: int, world: int) -> dict[str, Any]:

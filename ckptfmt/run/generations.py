@@ -4,20 +4,20 @@ manifest when readable, its recorded non-finite values, the check of a run witho
 from __future__ import annotations
 
 from .. import facts as valfacts
-from .. import manifest as mf
-from ..errors import CheckpointError
+from ..errors import CheckpointError, RemoteError
 from ..generation import LOST_PAYLOAD, Generation, opens
 
 __all__ = ["manifest_of", "non_finite", "check_bare"]
 
 
 def manifest_of(gen: Generation) -> dict | None:
-    """The generation's manifest, None where there is none or it cannot be read (the checks
-    that report why are ``Generation.check``'s)."""
-    if gen.manifest is None:
-        return None
+    """The generation's manifest, from the store it lives in (``Generation.read_manifest``: a
+    local file, or an object), None where there is none or it cannot be read (the checks that
+    report why are ``Generation.check``'s); a store that cannot be reached is raised."""
     try:
-        return mf.read(gen.manifest)
+        return gen.read_manifest()
+    except RemoteError:
+        raise
     except (CheckpointError, OSError):
         return None
 

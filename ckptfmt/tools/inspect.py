@@ -164,8 +164,12 @@ def inspect_run(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dic
 def inspect_run_url(url: str, *, tensors: bool = False) -> dict[str, Any]:
     """``inspect URL`` of a run on object storage: its generations as ``ls URL`` lists them and
     its newest valid generation inspected (``inspect_stored``), leased while it is read, or
-    ``latest_problem``: why there is none."""
-    from .remote_check import ls_url  # lazy: object storage only when a URL is given
+    ``latest_problem``: why there is none. A ModelCheckpoint dirpath (spec/RUN.md §11.10): its
+    checkpoints listed, and the newest committed one inspected so."""
+    from .remote_check import checkpoint_names, ls_url  # lazy: object storage only when a URL is given
+    if names := checkpoint_names(url):
+        inner = inspect_run_url(f"{url.rstrip('/')}/{names[-1]}", tensors=tensors)
+        return {**ls_url(url), **{k: inner[k] for k in ("latest", "latest_problem") if k in inner}}
     run = open_run(url)
     data = ls_url(url)
     with run.reading("inspect") as lease:

@@ -2,6 +2,10 @@
 reads: ``inspect`` reads only the 8-byte header and the manifest; ``validate`` reads every
 committed object back and compares its blake3 with the manifest (``deep=False``: headers and
 sizes only). Returns data; the CLI prints it.
+
+A URL that holds no generation itself but folders that do is a Lightning ModelCheckpoint
+dirpath the ckptfmt plugin wrote to (spec/RUN.md §11.10): each checkpoint (``step=10.ckpt/``)
+is validated, or listed, as a run of one generation, as a local ModelCheckpoint directory is.
 """
 from __future__ import annotations
 
@@ -16,23 +20,51 @@ from ..generation import Generation, by_step
 from ..run import history as hist
 from ..run import roots
 from ..run.segments import SegmentedHistory
+from ..store import DIRECTORY
 from ..store.objects import ObjectStore
 from .report import LOST_PAYLOAD
 
-__all__ = ["check_mirrors", "inspect_url", "ls_url", "validate_url"]
+__all__ = ["check_mirrors", "checkpoint_names", "inspect_url", "ls_url", "validate_url"]
 
 
 def ls_url(url: str) -> dict[str, Any]:
-    """The generations at ``url`` from one listing: step, committed, size of the payload; and
-    ``tiers`` ``memory``, the RAM tier of a run written there with one (spec/RUN.md §13)."""
+    """The generations at ``url`` from one listing: step, committed, size of the payload (at a
+    ModelCheckpoint dirpath: each checkpoint's, named in its status); and ``tiers`` ``memory``,
+    the RAM tier of a run written there with one (spec/RUN.md §13)."""
     from ..run.ops import memory_tier           # lazy: the run layer's view of the RAM tier
     from ..run.storerun import StoreRun
     remote = ObjectStore(url)
-    rows = [{"step": s, "committed": g.committed, "size": g.sizes.get(g.bin.name) if g.bin else None,
-             "status": "committed" if g.committed else _uncommitted(g)} for s, g in by_step(remote).items()]
+    rows = []
+    for name, store, gens in _runs(remote):
+        rows += [{"step": s, "committed": g.committed, "size": g.sizes.get(g.bin.name) if g.bin else None,
+                  "status": _named("committed" if g.committed else _uncommitted(g), name)} for s, g in gens.items()]
     out: dict[str, Any] = {"url": remote.url, "generations": rows}
     memory = memory_tier(StoreRun(remote), deep=False)
     return out if memory is None else {**out, "tiers": {"memory": memory}}
+
+
+def _runs(remote: ObjectStore) -> list[tuple[str | None, ObjectStore, dict[int, Generation]]]:
+    """(name, store, generations by step) of the run at ``remote`` (name None), or, where it
+    holds no generation itself, of each folder under it that does (a ModelCheckpoint dirpath's
+    checkpoints, by their step, then name); nothing where neither is there."""
+    gens = by_step(remote)
+    if gens:
+        return [(None, remote, gens)]
+    folders = [e.name for e in remote.entries() if e.kind == DIRECTORY and not e.name.startswith(".")]
+    found = [(name, remote.under(name)) for name in folders]
+    runs = [(name, store, gens) for name, store in found if (gens := by_step(store))]
+    return sorted(runs, key=lambda run: (max(run[2]), run[0]))      # by newest step, as ls of a local one
+
+
+def checkpoint_names(url: str) -> list[str]:
+    """The checkpoints with a committed generation under ``url`` where it is a ModelCheckpoint
+    dirpath (no generation of its own), newest step last; [] for a run."""
+    runs = _runs(ObjectStore(url))
+    return [name for name, _, gens in runs if name is not None and any(g.committed for g in gens.values())]
+
+
+def _named(status: str, name: str | None) -> str:
+    return status if name is None else f"{status} ({name})"
 
 
 def _uncommitted(gen: Generation) -> str:
@@ -44,22 +76,31 @@ def validate_url(url: str, *, deep: bool = True) -> dict[str, Any]:
     is damaged (uncommitted leftovers are warnings, as locally)."""
     remote = ObjectStore(url)
     gens = []
-    committed = _recorded_roots(remote)
-    for step, gen in by_step(remote).items():
-        if not gen.committed:
-            gens.append({"step": step, "ok": not gen.manifest, "status": _uncommitted(gen), "warning": not gen.manifest})
-            continue
-        problem = _check_generation(remote, gen, deep, committed)
-        gens.append({"step": step, "ok": problem is None,
-                     "status": problem or ("verified" if deep else "committed")})
+    for name, store, found in _runs(remote):
+        gens += _check_run(store, found, deep, name)
     sidecars = _check_sidecars(remote, deep)
     ok = all(g["ok"] for g in gens) and all(s["ok"] for s in sidecars)
     doc = {"url": remote.url, "ok": ok, "deep": deep, "generations": gens, "sidecars": sidecars}
-    if not any(g["status"] in ("verified", "committed") or not g["ok"] for g in gens):
+    if not any(g["status"].split(" (")[0] in ("verified", "committed") or not g["ok"] for g in gens):
         # as a local directory without a generation (validate says NO CHECKPOINT, exit 1): an
         # empty or mistyped prefix is not a valid mirror
         doc.update(ok=False, problem="no committed generation at this URL (an empty or mistyped prefix?)")
     return doc
+
+
+def _check_run(remote: ObjectStore, found: dict[int, Generation], deep: bool, name: str | None) -> list[dict[str, Any]]:
+    """A row per generation of the run at ``remote`` (``name``: the checkpoint's, in each status)."""
+    gens = []
+    committed = _recorded_roots(remote)
+    for step, gen in found.items():
+        if not gen.committed:
+            gens.append({"step": step, "ok": not gen.manifest, "status": _named(_uncommitted(gen), name),
+                         "warning": not gen.manifest})
+            continue
+        problem = _check_generation(remote, gen, deep, committed)
+        gens.append({"step": step, "ok": problem is None,
+                     "status": _named(problem or ("verified" if deep else "committed"), name)})
+    return gens
 
 
 def _recorded_roots(remote: ObjectStore) -> dict[int, str]:

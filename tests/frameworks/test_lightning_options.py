@@ -219,15 +219,6 @@ def test_the_readmes_lightning_block_runs_as_written_on_a_fresh_run_and_resumes(
     assert proc.returncode == 0 and "gone.ckpt: a link to nothing" in proc.stdout, proc.stdout
 
 
-def test_a_modelcheckpoint_writing_to_a_url_is_refused_before_the_first_step(tmp_path, monkeypatch):
-    """ModelCheckpoint(dirpath="memory://ckpt"): the plugin writes local directories, so the URL
-    would become the local directory memory:/ckpt; refused before training, nothing made."""
-    monkeypatch.chdir(tmp_path)
-    with pytest.raises(UnsupportedSetupError, match="a URL where ModelCheckpoint's dirpath"):
-        train("memory://ckpt", every=2)
-    assert list(tmp_path.iterdir()) == []
-
-
 def test_a_retention_that_is_not_a_policy_is_refused_before_training():
     with pytest.raises(TypeError, match="retention must be a ckptfmt.run.Policy, got dict"):
         Checkpointing(retention={"keep_last": 3})

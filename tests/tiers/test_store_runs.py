@@ -512,3 +512,21 @@ def test_a_run_on_the_store_with_a_ram_tier_resumes_from_ram_and_writes_nothing_
                          if not p.relative_to(tmp_path / name).parts[0].startswith("torchinductor_"))   # torch's cache
             for name in ("cwd", "tmp", "home", "ram")}
     assert left == {"cwd": [], "tmp": [], "home": [], "ram": []}          # the close emptied the tier
+
+
+def test_latest_valid_on_the_store_passes_over_a_diverged_generation_as_locally(s3, bucket, tmp_path):
+    """The value facts a manifest on the store records are read from the store: a newest
+    generation holding NaN is diverged there as it is in a local directory, and latest-valid
+    takes the finite one before it (not a manifest of the same name in the working directory)."""
+    from ckptfmt.run import Run
+    from ckptfmt.store.local import LocalStore
+    from ckptfmt.store.writing import save
+    nan = np.ones(4, "<f4")
+    nan[0] = np.nan
+    url = f"s3://{bucket}/runs/x"
+    for store in (ObjectStore(url), LocalStore(tmp_path)):
+        save(store, 1, np.ones(4, "<f4"), np.zeros(4, "<f4"), np.zeros(4, "<f4"))
+        save(store, 2, nan, np.zeros(4, "<f4"), np.zeros(4, "<f4"))
+    for run in (open_run(url), Run(tmp_path)):
+        choice = run.choose()
+        assert choice.gen.step == 1 and choice.non_finite == {2: {"weights": 1}}
