@@ -94,15 +94,18 @@ class StoreLock:
         """Take the lease, or ``RunLockedError`` naming the live holder (exit 2). ``wait``: a
         live-looking lease that its holder does not renew (a writer killed where its death cannot
         be seen from here: another machine, another container) is waited out until it expires,
-        at most its TTL, looking every sixth of ours; one renewed meanwhile is a live writer's,
-        refused. What a restarted job on a fresh container needs, where ``_dead_here`` cannot tell."""
-        leases, seen = self._leases(), None
+        at most our TTL (a lease said to run longer is refused then), looking every sixth of it;
+        one renewed meanwhile is a live writer's, refused. What a restarted job on a fresh
+        container needs, where ``_dead_here`` cannot tell."""
+        leases, seen, deadline = self._leases(), None, None
         while leases and _live(newest := self._read(leases[-1]), self.clock()):
-            holder = (f"{newest.get('purpose', 'a writer')} pid {newest.get('pid', '?')} on "
-                      f"{newest.get('host', '?')} until {time.strftime('%H:%M:%S', time.localtime(newest['expires']))}")
-            if not wait or _alive_here(newest) or (seen is not None and newest["expires"] != seen):
+            holder = (f"{newest.get('purpose', 'a writer')} pid {newest.get('pid', '?')} on {newest.get('host', '?')} "
+                      f"until {time.strftime('%Y-%m-%d %H:%M:%S', time.localtime(newest['expires']))}")
+            if not wait or _alive_here(newest) or (seen is not None and newest["expires"] != seen) \
+                    or (deadline is not None and self.clock() >= deadline):
                 raise RunLockedError(self.store.where(), f"held by {holder}; one writer per run")
-            if seen is None:
+            if seen is None:             # a lease running further than our TTL is not waited out
+                deadline = self.clock() + self.ttl_s * 7 / 6
                 warnings.warn(f"{self.store.where()}: its writer lease is held by {holder} and not renewed from "
                               "where it can be seen (a writer stopped on another machine or container): "
                               "waiting for it to run out (renewed meanwhile, it is a live writer's: refused)",

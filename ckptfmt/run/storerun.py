@@ -90,32 +90,39 @@ class StoreRun(Run):
     def judge(self, *, deep: bool = False, tier: str = "disk") -> Any:
         """``Run.judge``, deep for any generation this writer did not commit and confirm itself
         (retention's shallow look is trusted only for those, so a generation damaged on the store
-        is never taken for the newest valid one). A committed generation is judged deep by
-        reading it whole, every part hashed against its manifest (``Generation.open``), and the
-        last one read is kept for ``open_at``: a restore downloads its generation once."""
+        is never taken for the newest valid one). A committed generation on the store is judged by
+        reading it whole, every part hashed against its manifest (``Generation.open``); with
+        ``deep`` (a restore's choice) the last one read is kept for ``open_at``, so a restore
+        downloads its generation once. A RAM-tier generation (a local directory) is hashed where
+        it is, as on a local run."""
         looked, hashed = super().judge(deep=False, tier=tier), super().judge(deep=True, tier=tier)
 
         def reason(gen: Generation) -> str | None:
             if gen.step in self._vouched and not deep:
                 return looked(gen)
-            if not gen.committed:
+            if not gen.committed or gen.local:
                 return hashed(gen)
-            return looked(gen) or self._read_whole(gen)
+            return looked(gen) or self._read_whole(gen, keep=deep)
         return reason
 
-    def _read_whole(self, gen: Generation) -> str | None:
+    def _read_whole(self, gen: Generation, *, keep: bool) -> str | None:
         self._read = None
         try:
-            self._read = (gen.step, gen.open())
+            read = gen.open()
         except CheckpointError as exc:
             return exc.problem
+        if keep:
+            self._read = (gen.step, read)
         return None
 
     def open_at(self, path: Any, *, verify: bool = False) -> Any:
-        """``Run.open_at``; the generation a judge read whole just before is not read again."""
+        """``Run.open_at``; the generation on the store a judge read whole just before is not
+        read again (a RAM-tier generation is opened where it is)."""
         gen = self.generation_at(path)
         read, self._read = self._read, None
-        return read[1] if read is not None and read[0] == gen.step else gen.open(verify=verify)
+        if read is not None and read[0] == gen.step and not gen.local:
+            return read[1]
+        return gen.open(verify=verify)
 
     def listing(self) -> Listing:
         return list_store(self.store)

@@ -10,14 +10,17 @@ it back (``store.confirm``). Where a store's ETags are not MD5s (SSE-KMS, some c
 upload still completes; it just vouches for nothing (``checksum`` None) and the commit reads the
 object back, as before.
 
-Parts are ``BLOCK`` bytes (the last one shorter); up to ``PARALLEL_PARTS`` are sent at once from
-a small thread pool, each hashed (MD5) on its sending thread, so a save's upload overlaps the
-writer that fills the next part. An object smaller than one part is one ``PutObject``.
+Parts are ``BLOCK`` bytes (the last one shorter); up to ``PARALLEL_PARTS`` are sent at once, each
+on a daemon thread of its own that hashes it (MD5) and sends it, so a save's upload overlaps the
+writer that fills the next part, and a process told to stop (Ctrl-C) while a store does not
+answer is not held at exit by a part still waiting for it. An object smaller than one part is one
+``PutObject``.
 """
 from __future__ import annotations
 
 import hashlib
-from concurrent.futures import Future, ThreadPoolExecutor
+import threading
+from concurrent.futures import Future
 from typing import Any
 
 BLOCK = 16 << 20        # part size (S3's minimum is 5 MiB, but for the last part)
@@ -56,7 +59,6 @@ class S3Upload:
         self._part = bytearray()
         self._sent: list[Future] = []
         self._upload_id: str | None = None
-        self._pool: ThreadPoolExecutor | None = None
         self._done = False
 
     def __enter__(self) -> "S3Upload":
@@ -78,16 +80,27 @@ class S3Upload:
             if self._upload_id is None:
                 self._upload_id = self.fs.call_s3("create_multipart_upload", Bucket=self.bucket,
                                                   Key=self.key)["UploadId"]
-                self._pool = ThreadPoolExecutor(PARALLEL_PARTS, thread_name_prefix="ckptfmt-part")
-            assert self._pool is not None
             number, part, self._part = len(self._sent) + 1, self._part, bytearray()
-            self._sent.append(self._pool.submit(self._upload_part, number, part))
+            self._sent.append(self._start(number, part))
             in_flight = [f for f in self._sent if not f.done()]
             if len(in_flight) >= PARALLEL_PARTS:
                 in_flight[0].result()
             for f in self._sent:        # a part that failed fails the write now, not at commit
                 if f.done() and f.exception() is not None:
                     f.result()
+
+    def _start(self, number: int, part: bytearray) -> Future:
+        """Part ``number`` hashed and sent on a daemon thread; its ``Future``."""
+        sent: Future = Future()
+
+        def send() -> None:
+            try:
+                sent.set_result(self._upload_part(number, part))
+            except BaseException as exc:  # noqa: BLE001 (raised where the caller asks for the result)
+                sent.set_exception(exc)
+        sent.set_running_or_notify_cancel()
+        threading.Thread(target=send, name=f"ckptfmt-part-{number}", daemon=True).start()
+        return sent
 
     def _upload_part(self, number: int, part: bytearray) -> tuple[dict[str, Any], bytes, bool]:
         digest = md5(part)
@@ -113,10 +126,13 @@ class S3Upload:
                 self.checksum = expected if vouched else None
         self._done = True
 
-    def __exit__(self, *exc: object) -> None:
+    def __exit__(self, kind: "type[BaseException] | None", *exc: object) -> None:
+        """Uncommitted: the multipart upload aborted, no part waited for; not on Ctrl-C or a
+        SystemExit, which must not wait for a store that may not answer (the unfinished upload is
+        the next writer's to abort, ``ObjectStore.abort_unfinished``)."""
+        if kind is not None and not issubclass(kind, Exception):
+            return
         try:
-            if self._pool is not None:     # parts not yet sent are dropped; none is waited for
-                self._pool.shutdown(wait=False, cancel_futures=True)
             if not self._done and self._upload_id is not None:
                 self.fs.call_s3("abort_multipart_upload", Bucket=self.bucket, Key=self.key,
                                 UploadId=self._upload_id)

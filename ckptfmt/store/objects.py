@@ -237,7 +237,7 @@ class ObjectStore:
         if self.local or not hasattr(self.fs, "call_s3"):
             return Upload(self, name)
         self._parent(name)
-        return multipart.S3Upload(self.fs, self.path(name), lambda what: translated(self.where(name), what))
+        return multipart.S3Upload(self.fs, self.path(name), lambda what: translated(self.where(name), what, denied="write"))
 
     def checksum(self, name: str) -> str | None:
         """The object's checksum as the store computed it (S3: its ETag), None where it has none."""

@@ -175,7 +175,7 @@ def inspect_run_url(url: str, *, tensors: bool = False) -> dict[str, Any]:
     with run.reading("inspect") as lease:
         committed = [g for g in lease.listing.generations if g.committed]
         try:
-            gen = run.latest(among=committed) if committed else None
+            gen = run.latest(among=committed, deep=True) if committed else None
         except NoValidGenerationError as exc:
             gen, data["latest_problem"] = None, str(exc)
         if gen is None and "latest_problem" not in data:

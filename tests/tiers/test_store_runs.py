@@ -477,9 +477,10 @@ mgr.close(stop)
 
 def test_a_run_on_the_store_with_a_ram_tier_resumes_from_ram_and_writes_nothing_else_locally(s3, bucket, tmp_path):
     """``memory_every=1`` on a run in object storage: RAM generations in the tier (the only
-    local writes), durable ones on the store. Killed at step 6 (step 4 on the store), the restart
-    resumes from the RAM generation of step 6 and ends with the same step-8 generation as a run
-    never killed; the close removes the RAM generations the store's step 8 covers."""
+    local writes), durable ones on the store. Killed at step 6 (step 4 on the store), its RAM
+    step 6 then damaged, the restart passes over it, resumes from RAM step 5 and ends with the
+    same step-8 generation as a run never killed; the close removes the RAM generations the
+    store's step 8 covers."""
     for name in ("cwd", "tmp", "home", "ram"):
         (tmp_path / name).mkdir()
     env = {**os.environ, **s3.env, "TMPDIR": str(tmp_path / "tmp"), "HOME": str(tmp_path / "home"),
@@ -503,9 +504,13 @@ def test_a_run_on_the_store_with_a_ram_tier_resumes_from_ram_and_writes_nothing_
     collected = cli("gc", url, "--keep-last", "2", "--json", env=tools)
     assert collected.returncode == 0, collected.stderr
     assert json.loads(collected.stdout)["tiers"]["memory"]["kept"] == [5, 6]     # newer than the store's step 4
+    ram6 = tier[0] / fmt.checkpoint_name(6)                             # damaged in RAM: passed over
+    data = bytearray(ram6.read_bytes())
+    data[-3] ^= 0x10
+    ram6.write_bytes(bytes(data))
     again = loop(url)
     assert again.returncode == 0, again.stderr
-    assert "RESTORED 6 memory" in again.stdout
+    assert "RESTORED 5 memory" in again.stdout and "skipping RAM generation 6: blake3 mismatch" in again.stderr
     doc = lambda prefix: json.loads(s3.client().get_object(Bucket=bucket, Key=f"{prefix}/step_000008.json")["Body"].read())
     assert doc("runs/ram")["blake3"] == doc("runs/straight")["blake3"]
     left = {name: sorted(str(p.relative_to(tmp_path / name)) for p in (tmp_path / name).rglob("*")

@@ -369,6 +369,13 @@ def test_a_writer_waits_out_a_lease_no_longer_renewed_and_is_refused_by_one_rene
     finally:
         done.set()
         beat.join()
+    far = StoreLock(LocalStore(tmp_path), purpose="trainer", ttl_s=1.2)     # a clock far ahead: not waited out
+    far.number = taker.number
+    elsewhere(far, ttl_s=600)
+    began = time.monotonic()
+    with pytest.warns(UserWarning), pytest.raises(RunLockedError, match="held by trainer pid .* until 20"):
+        StoreLock(store, purpose="trainer", ttl_s=0.6).acquire(wait=True)
+    assert time.monotonic() - began < 2
     (tmp_path / "here").mkdir()
     here = StoreLock(LocalStore(tmp_path / "here"), purpose="trainer", ttl_s=60).acquire()
     began = time.monotonic()
