@@ -101,3 +101,5 @@ def main() -> None:
 
 if __name__ == "__main__":
     main()
+    from ckptfmt.torch.distributed import exit_worker
+    exit_worker(0)       # not through finalization, where a gloo rank can abort (exit_worker says when)
