@@ -15,6 +15,7 @@ from transformers import GPT2Config, GPT2LMHeadModel, Trainer, TrainingArguments
 
 from ckptfmt.hf import Checkpointing, resume_path
 from ckptfmt.run import Policy
+from ckptfmt.torch.distributed import exit_worker, launched_by_torchrun
 
 
 class Tokens(torch.utils.data.Dataset):
@@ -52,9 +53,11 @@ def main() -> None:
     if ckpt.stopped_by_signal:
         print(f"stopped by {ckpt.stopped_by_signal}: checkpoint-{trainer.state.global_step} committed",
               file=sys.stderr)
-        sys.exit(0)                     # what follows (evaluation, export) is for a finished run
+        return                          # what follows (evaluation, export) is for a finished run
     print(f"finished at step {trainer.state.global_step}", file=sys.stderr)
 
 
 if __name__ == "__main__":
     main()
+    if launched_by_torchrun():          # a gloo rank can abort in interpreter finalization: not through it
+        exit_worker(0)
