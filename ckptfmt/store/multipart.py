@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import threading
+from collections import deque
 from concurrent.futures import Future
 from typing import Any
 
@@ -58,6 +59,7 @@ class S3Upload:
         self.checksum: str | None = None
         self._part = bytearray()
         self._sent: list[Future] = []
+        self._in_flight: deque[Future] = deque()     # sent, not yet looked at, oldest first
         self._upload_id: str | None = None
         self._done = False
 
@@ -66,13 +68,13 @@ class S3Upload:
 
     def write(self, data: "bytes | memoryview") -> None:
         view = memoryview(data).cast("B")
+        self.offset += view.nbytes
         while view.nbytes:
             take = min(view.nbytes, BLOCK - len(self._part))
             self._part += view[:take]
             view = view[take:]
             if len(self._part) == BLOCK:
                 self._send()
-        self.offset += memoryview(data).nbytes
 
     def _send(self) -> None:
         """Hand the full part to the pool; wait for the oldest when enough are in flight."""
@@ -82,12 +84,11 @@ class S3Upload:
                                                   Key=self.key)["UploadId"]
             number, part, self._part = len(self._sent) + 1, self._part, bytearray()
             self._sent.append(self._start(number, part))
-            in_flight = [f for f in self._sent if not f.done()]
-            if len(in_flight) >= PARALLEL_PARTS:
-                in_flight[0].result()
-            for f in self._sent:        # a part that failed fails the write now, not at commit
-                if f.done() and f.exception() is not None:
-                    f.result()
+            self._in_flight.append(self._sent[-1])
+            while self._in_flight and self._in_flight[0].done():    # a failed part fails the write now
+                self._in_flight.popleft().result()
+            if len(self._in_flight) >= PARALLEL_PARTS:
+                self._in_flight.popleft().result()
 
     def _start(self, number: int, part: bytearray) -> Future:
         """Part ``number`` hashed and sent on a daemon thread; its ``Future``."""
