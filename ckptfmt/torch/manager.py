@@ -30,7 +30,8 @@ from ..errors import CheckpointError, ConfigMismatchError
 from ..run import SaveClock, SavePolicy, record_policy, tiers
 from ..run.storerun import open_run
 from ..run.saving import best_in_history
-from . import adapter, handlers, optim, ranks, refusals, rng
+from ..run import signals as handlers
+from . import adapter, optim, ranks, refusals, rng
 from . import restore as restoring
 from .distributed import reshard
 from .memtier import MemoryTier, at_close, forget_after, let_go

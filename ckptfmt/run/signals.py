@@ -1,5 +1,6 @@
-"""The signal handlers of a ``CheckpointManager``: SIGTERM and SIGINT ask for a stop, SIGUSR1
-for a save; the handlers only set flags, and hold the manager weakly."""
+"""The one place that installs, chains and restores signal handlers (those of a
+``CheckpointManager`` today): SIGTERM and SIGINT ask for a stop, SIGUSR1 for a save; the
+handlers only set flags, and hold their owner weakly."""
 from __future__ import annotations
 
 import contextlib
