@@ -12,7 +12,8 @@ generation's part (manifest first, then payload, then companion).
 
 A writer process runs ``sys.path.insert(0, TESTS)`` and ``calls = killpoints.arm(phase, at)``
 before its first save; ``calls["any"]`` is then how many store calls it made (``at`` 0: counted,
-never killed). ``kill``: what the kill point does instead of SIGKILL of this process (a torchrun
+never killed). Parts are cut at S3's smallest size (5 MiB) in an armed process, so a model of a
+few MB makes a multipart upload of two parts. ``kill``: what the kill point does instead of SIGKILL of this process (a torchrun
 worker killing its whole job: ``killpoints.whole_job``).
 """
 from __future__ import annotations
@@ -56,6 +57,7 @@ def arm(phase: str, at: int, kill: Callable[[], None] = this_process) -> dict[st
     def generation(self, *args) -> bool:          # an upload of a generation's part
         return "/step_" in "/" + self.key
 
+    multipart.BLOCK = 5 << 20            # S3's minimum part size: two parts for a .bin of 7 MB
     upload, store = multipart.S3Upload, objects.ObjectStore
     upload._upload_part = hooked("upload", upload._upload_part, generation)
     upload.commit = hooked("complete", upload.commit, generation)

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import ast
+import os
 import re
 import shutil
 import subprocess
@@ -196,9 +197,11 @@ def test_an_xdist_group_runs_on_one_worker(tmp_path):
         "@pytest.mark.parametrize('i', range(6))\n"
         "def test_where(i):\n"
         "    open(f'w{i}', 'w').write(os.environ['PYTEST_XDIST_WORKER'])\n")
-    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-n", "2",
+    # only xdist loaded: the other installed plugins' start-up took a minute of this test's wall time
+    env = {**os.environ, "PYTEST_DISABLE_PLUGIN_AUTOLOAD": "1"}
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "xdist", "-p", "no:cacheprovider", "-n", "2",
                            "--dist", "loadgroup", "test_group.py"], cwd=tmp_path, capture_output=True, text=True,
-                          timeout=110)
+                          timeout=110, env=env)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     workers = {(tmp_path / f"w{i}").read_text() for i in range(6)}
     assert len(workers) == 1, f"one group ran on {sorted(workers)}"

@@ -88,8 +88,9 @@ def disk():
     d.destroy()
 
 
-def cycles(disk: Disk, count: int, seed: int) -> tuple[int, int, int]:
-    """(acknowledged saves, acknowledged saves found intact, torn/empty files accepted)."""
+def cycles(disk: Disk, count: int, seed: int, until_lost: bool = False) -> tuple[int, int, int]:
+    """(acknowledged saves, acknowledged saves found intact, torn/empty files accepted);
+    ``until_lost``: stop after the first cycle that lost an acknowledged save."""
     rng = random.Random(seed)
     acked_total = present = torn_accepted = 0
     for cycle in range(count):
@@ -139,6 +140,8 @@ def cycles(disk: Disk, count: int, seed: int) -> tuple[int, int, int]:
                         p.unlink()
         run.sweep_temps()
         disk.umount()
+        if until_lost and present < acked_total:
+            break
     return acked_total, present, torn_accepted
 
 
@@ -153,14 +156,14 @@ def test_power_cuts_lose_nothing_acknowledged(disk):
 
 def test_negative_control_without_file_fsync_loses_data(disk, monkeypatch):
     monkeypatch.setattr(fsio, "fsync", lambda fd, path="": None)   # the directory fsync stays
-    acked, present, torn = cycles(disk, 20, seed=2)
+    acked, present, torn = cycles(disk, 20, seed=2, until_lost=True)
     print(f"FIGURE negative control, no file fsync: {acked} acknowledged, {present} survived")
     assert present < acked, "the harness cannot see a missing fsync"
 
 
 def test_negative_control_without_directory_fsync_loses_data(disk, monkeypatch):
     monkeypatch.setattr(fsio, "fsync_dir", lambda directory: None)
-    acked, present, torn = cycles(disk, 20, seed=3)
+    acked, present, torn = cycles(disk, 20, seed=3, until_lost=True)
     print(f"FIGURE negative control, no directory fsync: {acked} acknowledged, {present} survived")
     assert present < acked, "the harness cannot see a missing directory fsync"
 

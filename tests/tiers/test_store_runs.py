@@ -250,22 +250,44 @@ def trained(run: str, steps: int, env: dict, kill_after: str | None = None) -> s
     return subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
 
 
-def test_train_on_a_url_resumes_from_the_store_bit_exactly(s3, bucket, tmp_path):
+def test_train_on_a_url_stopped_or_killed_resumes_from_the_store_bit_exactly(s3, bucket, tmp_path):
     """``ckptfmt train --run s3://...`` stopped at step 30 (its generation committed on the
-    store) and started again to 60 ends with the generation a local run trained straight to
-    60 commits, byte for byte."""
+    store) and started again to 60, and one SIGKILLed after its step-40 commit and started
+    again (the history's segment with step 40's committing record was on the store before its
+    manifest), both end with the generation a local run trained straight to 60 commits, byte
+    for byte."""
+    import signal
+    import time
     local = tmp_path / "straight"
     assert trained(str(local), 60, s3.env).returncode == 0
+    mine = json.loads((local / "step_000060.json").read_text())
     url = f"s3://{bucket}/runs/t"
     first = trained(url, 30, s3.env)
     assert first.returncode == 0, first.stderr
     again = trained(url, 60, s3.env)
     assert again.returncode == 0, again.stderr
     assert "resumed from" in again.stderr and "step_000030.bin" in again.stderr
-    mine = json.loads((local / "step_000060.json").read_text())
     theirs = json.loads(s3.client().get_object(Bucket=bucket, Key="runs/t/step_000060.json")["Body"].read())
     assert theirs["blake3"] == mine["blake3"] and theirs["size"] == mine["size"]
     assert cli("validate", url, env=s3.env).returncode == 0
+
+    url = f"s3://{bucket}/runs/k"
+    proc = subprocess.Popen([sys.executable, "-m", "ckptfmt.cli", "train", "--run", url, "--steps", "60", *TRAIN],
+                            env={**os.environ, **s3.env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while "step_000040.json" not in keys(s3, bucket, "runs/k/"):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    proc.stderr.close()
+    assert "step_000060.json" not in keys(s3, bucket, "runs/k/")
+    records = hist.read(open_run(url).history)
+    assert ("committing", 40) in [(r["event"], r["step"]) for r in records.events()]
+    again = trained(url, 60, s3.env)
+    assert again.returncode == 0, again.stderr
+    theirs = json.loads(s3.client().get_object(Bucket=bucket, Key="runs/k/step_000060.json")["Body"].read())
+    assert theirs["blake3"] == mine["blake3"]
 
 
 def test_train_on_a_missing_bucket_stops_in_one_line_before_training(s3, tmp_path):
@@ -296,34 +318,6 @@ def test_a_writer_whose_lease_was_taken_over_commits_nothing_more(s3, bucket):
     import threading
     assert not [t for t in threading.enumerate() if t.name == "ckptfmt-lease"]     # its heartbeat stopped
     assert [n for n in keys(s3, bucket) if n.startswith(".loss.d/")] == [".loss.d/0000000001.jsonl"]
-
-
-def test_train_killed_on_a_url_resumes_from_the_store_bit_exactly(s3, bucket, tmp_path):
-    """SIGKILL of ``train --run s3://...`` after its step-40 commit: the restart resumes from
-    what the store holds (the history's segment with step 40's committing record was on the
-    store before its manifest) and ends with the straight local run's step-60 generation."""
-    import signal
-    import time
-    local = tmp_path / "straight"
-    assert trained(str(local), 60, s3.env).returncode == 0
-    url = f"s3://{bucket}/runs/k"
-    proc = subprocess.Popen([sys.executable, "-m", "ckptfmt.cli", "train", "--run", url, "--steps", "60", *TRAIN],
-                            env={**os.environ, **s3.env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while "step_000040.json" not in keys(s3, bucket, "runs/k/"):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    proc.stderr.close()
-    assert "step_000060.json" not in keys(s3, bucket, "runs/k/")
-    records = hist.read(open_run(url).history)
-    assert ("committing", 40) in [(r["event"], r["step"]) for r in records.events()]
-    again = trained(url, 60, s3.env)
-    assert again.returncode == 0, again.stderr
-    mine = json.loads((local / "step_000060.json").read_text())
-    theirs = json.loads(s3.client().get_object(Bucket=bucket, Key="runs/k/step_000060.json")["Body"].read())
-    assert theirs["blake3"] == mine["blake3"]
 
 
 def test_gc_pin_and_import_take_the_url_of_a_run_on_the_store(s3, bucket, tmp_path):
