@@ -20,11 +20,12 @@ import torch
 from .. import atomic, fsio
 from ..errors import IncompleteResumeStateError, MissingDependencyError, UnsupportedSetupError
 from ..run import History, Policy
+from ..run import mirror_thread as mirroring
 from ..run.segments import SegmentedHistory
 from ..torch import adapter, optim, rng
 from ..torch.metrics import history_value, manifest_value
 from ..torch.state import split
-from . import files, keeping, mirroring, stored
+from . import files, keeping, stored
 
 try:
     import pytorch_lightning
@@ -174,7 +175,7 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
     ``retention=Policy(...)``: the run layer's retention over the checkpoint directories there.
     ``history=True``: ``.loss.json`` there, one record per step of the metrics logged.
     ``mirror=URL``: each checkpoint directory there to ``URL/NAME``, verified, on a background
-    thread (rank 0; ``mirroring``); removed there once removed here; caught up at teardown;
+    thread (rank 0; ``run.mirror_thread.Mirroring``); removed there once removed here; caught up at teardown;
     ``mirroring.report``: what it did."""
 
     def __init__(self, *, restore_rng: bool = True, signals: bool = False, retention: Policy | None = None,

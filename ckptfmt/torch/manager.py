@@ -31,6 +31,7 @@ from ..run import SaveClock, SavePolicy, record_policy, tiers
 from ..run.storerun import open_run
 from ..run.saving import best_in_history
 from ..run import signals as handlers
+from ..run.mirror_thread import BackgroundMirror
 from . import adapter, optim, ranks, refusals, rng
 from . import restore as restoring
 from .distributed import reshard
@@ -385,8 +386,6 @@ class CheckpointManager:
 
 
 # ---------------------------------------------------------------- helpers
-def _start_mirror(mgr: CheckpointManager, url: str) -> Any:
-    """The background mirror of ``mirror=URL`` (``ckptfmt.tools.mirror_thread``, imported here
-    only: the torch layer's one declared reference to the tools layer, in pyproject.toml)."""
-    from ..tools.mirror_thread import BackgroundMirror
+def _start_mirror(mgr: CheckpointManager, url: str) -> BackgroundMirror:
+    """The background mirror of ``mirror=URL`` (the run layer's), with the run's own retention."""
     return BackgroundMirror(mgr.run.path, url, retention=mgr.retention, log=mgr.log)
