@@ -22,7 +22,7 @@ from ..errors import IncompleteResumeStateError, MissingDependencyError, Unsuppo
 from ..run import History, Policy
 from ..run import mirror_thread as mirroring
 from ..run.segments import SegmentedHistory
-from ..torch import adapter, optim, rng
+from ..torch import adapter, optim, ranks, rng
 from ..torch.metrics import history_value, manifest_value
 from ..torch.state import split
 from . import files, keeping, stored
@@ -268,9 +268,7 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
     def _on_signals(self, trainer: Any) -> None:
         usr1 = self._signals.take(signal.SIGUSR1)
         term = self._signals.take(signal.SIGTERM) or bool(trainer.received_sigterm)
-        if trainer.world_size > 1:                 # a signal reaches one process: any rank's asks for all
-            flags = torch.tensor([int(usr1), int(term)], device=trainer.strategy.root_device)
-            usr1, term = (bool(x) for x in trainer.strategy.reduce(flags, reduce_op="sum").tolist())
+        usr1, term = ranks.agree(usr1, term)       # a signal reaches one process: any rank's asks for all
         if usr1 or term:
             callback = trainer.checkpoint_callback
             trainer.save_checkpoint(os.path.join(callback.dirpath, callback.CHECKPOINT_NAME_LAST + callback.FILE_EXTENSION))
@@ -315,10 +313,9 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
                 "members": [optim.members(pl_module, o) for o in trainer.optimizers],
                 "metrics": {k: {"value": manifest_value(v), "step": trainer.global_step}
                             for k, v in _numbers(trainer.callback_metrics).items()}}
-        if trainer.world_size > 1:
-            ranks: list[Any] = [None] * trainer.world_size
-            torch.distributed.all_gather_object(ranks, ours["rng"])
-            ours["ranks"] = [{"rng": r} for r in ranks]
+        everyone = ranks.per_rank({"rng": ours["rng"]})
+        if everyone is not None:
+            ours["ranks"] = everyone
         checkpoint[files.KEY] = ours
         if self._log is not None:
             self._log.sync()
@@ -350,11 +347,11 @@ def _history(where: Any) -> "History | SegmentedHistory":
 def _rank_rng(ours: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     """This rank's RNG states: its own entry of ``ranks`` (a checkpoint of several processes),
     else, in one process, the checkpoint's ``rng``; refused by name where there is none."""
-    ranks = ours.get("ranks")
-    if isinstance(ranks, list) and rank < len(ranks) and len(ranks) == world:
-        return ranks[rank]["rng"]
+    entries = ours.get("ranks")
+    if isinstance(entries, list) and rank < len(entries) and len(entries) == world:
+        return entries[rank]["rng"]
     if ours.get("rng") is None or world > 1:
-        saved = len(ranks) if isinstance(ranks, list) else 1
+        saved = len(entries) if isinstance(entries, list) else 1
         raise IncompleteResumeStateError(ours.get("path"), "cannot resume bit-exactly: the checkpoint lacks "
                                          + ("rng (saved without the Checkpointing callback)" if ours.get("rng") is None
                                             else f"rank {rank}'s rng (saved by {saved} process(es), resumed by {world})"))
