@@ -208,12 +208,7 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
         if len(trainer.optimizers) > 1:
             raise UnsupportedSetupError(None, f"{len(trainer.optimizers)} optimizers: the seed layout holds "
                                               "one optimizer's moments")
-        optim.refuse_lazy(pl_module)
-        adapter.refuse_inexact(pl_module)
-        for optimizer in trainer.optimizers:
-            optim.kind(optimizer)
-            optim.refuse_outsiders(pl_module, optimizer)
-            optim.settings(optimizer)
+        adapter.refuse_unheld(pl_module, trainer.optimizers)
         try:
             split(dict(pl_module.hparams), "hyper_parameters")
         except TypeError as exc:

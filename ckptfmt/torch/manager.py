@@ -268,16 +268,12 @@ class CheckpointManager:
     def _manifest(self, step: int) -> tuple[dict[str, Any], dict[str, Any]]:
         params = list(self.model.parameters())
         opt_step = optim.step_of(params, self.optimizer, step)
-        layout = adapter.layout_of(self.model)
-        doc: dict[str, Any] = {"layout": layout, "optimizer": optim.describe(self.model, self.optimizer, opt_step),
+        doc: dict[str, Any] = {**adapter.layout_fields(self.model, self.optimizer, opt_step),
                                "rng": rng.rng_state(self.generators), "versions": adapter.versions(),
                                "created": time.time(), "progress": {"step": step}}
         metrics = self._metrics.at(step)
         if metrics:
             doc["metrics"] = metrics
-        tied = optim.aliases(self.model)
-        if tied:
-            doc["aliases"] = tied
         extra: dict[str, Any] = {}
         doc["buffers"], more = split(persistent_buffers(self.model), "buffers")
         extra.update(more)
