@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT / "tests"))
 from s3server import S3Server  # noqa: E402
 
 import ckptfmt  # noqa: E402
-from ckptfmt.tools.mirror import mirror  # noqa: E402
+from ckptfmt.run.mirror import mirror  # noqa: E402
 from ckptfmt.store import confirm  # noqa: E402
 from ckptfmt.store.objects import ObjectStore  # noqa: E402
 

@@ -54,7 +54,7 @@ def mirror_cmd(source: str, dest: str, step: int | None, quick: bool, watch: boo
             raise click.UsageError("--step applies to a restore (mirror URL DEST)")
         if watch:
             return _watch(source, dest, interval, as_json, retention=retention, recheck=not quick)
-        from ..tools.mirror import mirror  # lazy: as above
+        from ..run.mirror import mirror  # lazy: as above
         doc = mirror(source, dest, retention=retention, recheck=not quick)
         emit(doc, as_json, _print_mirror)
         if doc["refused"]:     # a local generation failed its hash and was not sent: a defect
@@ -71,7 +71,7 @@ class _Stopped(BaseException):
 def _watch(run: str, url: str, interval: float, as_json: bool, **options) -> None:
     """``mirror --watch``: one line (or JSON line) per pass that did something, until a signal."""
     import signal
-    from ..tools.mirror import watch  # lazy: keeps `ckptfmt --help` fast
+    from ..run.mirror import watch  # lazy: keeps `ckptfmt --help` fast
 
     def stop(signum, frame):
         raise _Stopped()

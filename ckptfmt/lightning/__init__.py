@@ -21,7 +21,7 @@ The pair's contract, in the order Lightning calls it (every rank under DDP):
 5. ``Checkpointing.on_train_start`` (after Lightning registered its signal handlers): with
    ``signals=True`` installs SIGUSR1 and SIGTERM flags that chain the handlers found; with
    ``history=True`` opens ``.loss.json`` in ModelCheckpoint's directory (rank 0); with
-   ``mirror=URL`` starts the mirror's thread there (rank 0, ``mirroring``), which makes a first
+   ``mirror=URL`` starts the mirror's thread there (rank 0, ``run.mirror_thread.Mirroring``), which makes a first
    pass at once.
 6. ``Checkpointing.on_train_batch_end`` (before ModelCheckpoint's, every step): the step's
    metrics to the history; retention over the checkpoints saved since the last step; the
@@ -46,7 +46,7 @@ The pair's contract, in the order Lightning calls it (every rank under DDP):
     ends; what it could not send is logged, never raised.
 
 ``files``, ``stored`` and ``keeping`` need torch, the core and the run layer only (``stored``
-fsspec too, when a URL is given), ``mirroring`` the tools' mirror; the
+fsspec too, when a URL is given); the mirror is the run layer's (``run.mirror_thread``); the
 Lightning classes are imported on first use, so ``import ckptfmt.lightning`` works without
 Lightning and says what to install when a class is asked for.
 """

@@ -20,11 +20,12 @@ import torch
 from .. import atomic, fsio
 from ..errors import IncompleteResumeStateError, MissingDependencyError, UnsupportedSetupError
 from ..run import History, Policy
+from ..run import mirror_thread as mirroring
 from ..run.segments import SegmentedHistory
-from ..torch import adapter, optim, rng
+from ..torch import adapter, optim, ranks, rng
 from ..torch.metrics import history_value, manifest_value
 from ..torch.state import split
-from . import files, keeping, mirroring, stored
+from . import files, keeping, stored
 
 try:
     import pytorch_lightning
@@ -174,7 +175,7 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
     ``retention=Policy(...)``: the run layer's retention over the checkpoint directories there.
     ``history=True``: ``.loss.json`` there, one record per step of the metrics logged.
     ``mirror=URL``: each checkpoint directory there to ``URL/NAME``, verified, on a background
-    thread (rank 0; ``mirroring``); removed there once removed here; caught up at teardown;
+    thread (rank 0; ``run.mirror_thread.Mirroring``); removed there once removed here; caught up at teardown;
     ``mirroring.report``: what it did."""
 
     def __init__(self, *, restore_rng: bool = True, signals: bool = False, retention: Policy | None = None,
@@ -207,12 +208,7 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
         if len(trainer.optimizers) > 1:
             raise UnsupportedSetupError(None, f"{len(trainer.optimizers)} optimizers: the seed layout holds "
                                               "one optimizer's moments")
-        optim.refuse_lazy(pl_module)
-        adapter.refuse_inexact(pl_module)
-        for optimizer in trainer.optimizers:
-            optim.kind(optimizer)
-            optim.refuse_outsiders(pl_module, optimizer)
-            optim.settings(optimizer)
+        adapter.refuse_unheld(pl_module, trainer.optimizers)
         try:
             split(dict(pl_module.hparams), "hyper_parameters")
         except TypeError as exc:
@@ -267,9 +263,7 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
     def _on_signals(self, trainer: Any) -> None:
         usr1 = self._signals.take(signal.SIGUSR1)
         term = self._signals.take(signal.SIGTERM) or bool(trainer.received_sigterm)
-        if trainer.world_size > 1:                 # a signal reaches one process: any rank's asks for all
-            flags = torch.tensor([int(usr1), int(term)], device=trainer.strategy.root_device)
-            usr1, term = (bool(x) for x in trainer.strategy.reduce(flags, reduce_op="sum").tolist())
+        usr1, term = ranks.agree(usr1, term)       # a signal reaches one process: any rank's asks for all
         if usr1 or term:
             callback = trainer.checkpoint_callback
             trainer.save_checkpoint(os.path.join(callback.dirpath, callback.CHECKPOINT_NAME_LAST + callback.FILE_EXTENSION))
@@ -314,10 +308,9 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
                 "members": [optim.members(pl_module, o) for o in trainer.optimizers],
                 "metrics": {k: {"value": manifest_value(v), "step": trainer.global_step}
                             for k, v in _numbers(trainer.callback_metrics).items()}}
-        if trainer.world_size > 1:
-            ranks: list[Any] = [None] * trainer.world_size
-            torch.distributed.all_gather_object(ranks, ours["rng"])
-            ours["ranks"] = [{"rng": r} for r in ranks]
+        everyone = ranks.per_rank({"rng": ours["rng"]})
+        if everyone is not None:
+            ours["ranks"] = everyone
         checkpoint[files.KEY] = ours
         if self._log is not None:
             self._log.sync()
@@ -349,11 +342,11 @@ def _history(where: Any) -> "History | SegmentedHistory":
 def _rank_rng(ours: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
     """This rank's RNG states: its own entry of ``ranks`` (a checkpoint of several processes),
     else, in one process, the checkpoint's ``rng``; refused by name where there is none."""
-    ranks = ours.get("ranks")
-    if isinstance(ranks, list) and rank < len(ranks) and len(ranks) == world:
-        return ranks[rank]["rng"]
+    entries = ours.get("ranks")
+    if isinstance(entries, list) and rank < len(entries) and len(entries) == world:
+        return entries[rank]["rng"]
     if ours.get("rng") is None or world > 1:
-        saved = len(ranks) if isinstance(ranks, list) else 1
+        saved = len(entries) if isinstance(entries, list) else 1
         raise IncompleteResumeStateError(ours.get("path"), "cannot resume bit-exactly: the checkpoint lacks "
                                          + ("rng (saved without the Checkpointing callback)" if ours.get("rng") is None
                                             else f"rank {rank}'s rng (saved by {saved} process(es), resumed by {world})"))

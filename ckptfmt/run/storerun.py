@@ -43,7 +43,7 @@ from .sidecars import ARCHIVE
 from .storelock import Heartbeat, StoreLock, StoreReadLease, leased
 
 
-MIRROR_INDEX = ".mirror-index.json"      # what ckptfmt mirror writes at its destination (tools.mirror.INDEX)
+MIRROR_INDEX = ".mirror-index.json"      # what ckptfmt mirror writes at its destination (run.mirror.INDEX)
 
 
 class StoreRun(Run):

@@ -15,7 +15,7 @@ from typing import Any
 
 from .. import format as fmt
 from ..errors import CheckpointError, RemoteError
-from .mirror import INDEX, SIDECARS
+from ..run.mirror import INDEX, SIDECARS
 from ..generation import Generation, by_step
 from ..run import history as hist
 from ..run import roots

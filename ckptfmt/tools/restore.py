@@ -27,7 +27,7 @@ from ..run.storelock import StoreReadLease
 from ..run import RunLock, roots
 from ..run import history as hist
 from ..run.lock import refuse_live, writing_into
-from .mirror import INDEX, SIDECARS
+from ..run.mirror import INDEX, SIDECARS
 from ..store.objects import Progress, ObjectStore
 
 __all__ = ["restore"]

@@ -41,6 +41,30 @@ def layout_of(model: torch.nn.Module) -> list[dict[str, Any]]:
     return out
 
 
+def layout_fields(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> dict[str, Any]:
+    """The manifest's fields that say what the three regions hold: ``layout`` (``layout_of``),
+    ``optimizer`` (``optim.describe``, recording ``step`` as the optimizer's step) and, where
+    weights are tied, ``aliases``. The manager, ``save`` and so every loop on them write these."""
+    fields: dict[str, Any] = {"layout": layout_of(model), "optimizer": optim.describe(model, optimizer, step)}
+    tied = optim.aliases(model)
+    if tied:
+        fields["aliases"] = tied
+    return fields
+
+
+def refuse_unheld(model: torch.nn.Module, optimizers: Iterable[torch.optim.Optimizer]) -> None:
+    """What the three regions and the manifest cannot hold, refused by name before anything is
+    written: a parameter not initialized yet (lazy), one the float32 layout cannot hold exactly
+    (``refuse_inexact``); of each optimizer, a kind the layout does not hold, a setting no manifest
+    can hold, a tensor outside the model."""
+    optim.refuse_lazy(model)
+    refuse_inexact(model)
+    for optimizer in optimizers:
+        optim.kind(optimizer)
+        optim.settings(optimizer)
+        optim.refuse_outsiders(model, optimizer)
+
+
 def widened(tensors: Iterable[torch.Tensor]) -> Iterator[torch.Tensor]:
     """Each tensor as float32: bfloat16 and float16 widened exactly (one tensor at a time, as
     the writer pulls it), float32 as it is."""
@@ -89,8 +113,6 @@ def hyperparams(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
     return optim.settings(optimizer)[0]
 
 
-describe_optimizer = optim.describe     # the manifest's ``optimizer`` of a model and its optimizer
-
 
 def chunks(tensors: Iterable[torch.Tensor], stager: staging.Stager | None = None) -> Iterator[Any]:
     """Byte-buffers of each tensor in order, with no full staging copy: host tensors as
@@ -113,18 +135,13 @@ def regions(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 def save(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int | None = None,
          *, manifest: dict[str, Any] | None = None, **kwargs: Any) -> writer.SaveResult:
     """Save model + optimizer; ``step`` defaults to the optimizer's step."""
-    optim.refuse_lazy(model)
-    refuse_inexact(model)
-    optim.refuse_outsiders(model, optimizer)
+    refuse_unheld(model, [optimizer])
     w, m, v, n, opt_step = regions(model, optimizer)
     extra = dict(manifest or {})
-    extra.setdefault("layout", layout_of(model))
     if OPTIMIZERS[optim.kind(optimizer)][1] is None and step is not None:
         opt_step = step                     # SGD keeps no step of its own: the loop's is recorded
-    extra.setdefault("optimizer", optim.describe(model, optimizer, opt_step))
-    tied = optim.aliases(model)
-    if tied:
-        extra.setdefault("aliases", tied)
+    for key, value in layout_fields(model, optimizer, opt_step).items():
+        extra.setdefault(key, value)        # the caller's own, where given
     return writer.save(path, opt_step if step is None else step, w, m, v, manifest=extra,
                        n_params=n, **kwargs)
 
@@ -325,6 +342,6 @@ def versions() -> dict[str, str]:
             "python": platform.python_version()}
 
 
-__all__ = ["layout_of", "moments", "hyperparams", "describe_optimizer", "chunks", "regions", "save", "load", "differing_tensors",
+__all__ = ["layout_of", "layout_fields", "refuse_unheld", "moments", "hyperparams", "chunks", "regions", "save", "load", "differing_tensors",
            "load_optimizer", "prepare_optimizer", "versions", "CheckpointError",
            "IncompleteResumeStateError"]

@@ -31,6 +31,7 @@ from ..run import SaveClock, SavePolicy, record_policy, tiers
 from ..run.storerun import open_run
 from ..run.saving import best_in_history
 from ..run import signals as handlers
+from ..run.mirror_thread import BackgroundMirror
 from . import adapter, optim, ranks, refusals, rng
 from . import restore as restoring
 from .distributed import reshard
@@ -267,16 +268,12 @@ class CheckpointManager:
     def _manifest(self, step: int) -> tuple[dict[str, Any], dict[str, Any]]:
         params = list(self.model.parameters())
         opt_step = optim.step_of(params, self.optimizer, step)
-        layout = adapter.layout_of(self.model)
-        doc: dict[str, Any] = {"layout": layout, "optimizer": optim.describe(self.model, self.optimizer, opt_step),
+        doc: dict[str, Any] = {**adapter.layout_fields(self.model, self.optimizer, opt_step),
                                "rng": rng.rng_state(self.generators), "versions": adapter.versions(),
                                "created": time.time(), "progress": {"step": step}}
         metrics = self._metrics.at(step)
         if metrics:
             doc["metrics"] = metrics
-        tied = optim.aliases(self.model)
-        if tied:
-            doc["aliases"] = tied
         extra: dict[str, Any] = {}
         doc["buffers"], more = split(persistent_buffers(self.model), "buffers")
         extra.update(more)
@@ -385,8 +382,6 @@ class CheckpointManager:
 
 
 # ---------------------------------------------------------------- helpers
-def _start_mirror(mgr: CheckpointManager, url: str) -> Any:
-    """The background mirror of ``mirror=URL`` (``ckptfmt.tools.mirror_thread``, imported here
-    only: the torch layer's one declared reference to the tools layer, in pyproject.toml)."""
-    from ..tools.mirror_thread import BackgroundMirror
+def _start_mirror(mgr: CheckpointManager, url: str) -> BackgroundMirror:
+    """The background mirror of ``mirror=URL`` (the run layer's), with the run's own retention."""
     return BackgroundMirror(mgr.run.path, url, retention=mgr.retention, log=mgr.log)

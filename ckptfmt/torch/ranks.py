@@ -5,9 +5,10 @@ them unconditionally:
 
 - ``check_setup``: a sharded save holds float32 parameters and Adam/AdamW moments;
 - ``agree``: a stop or save requested on any rank (a signal reaches one process) becomes every
-  rank's decision at the same step;
+  rank's decision at the same step (the Lightning callback's signal flags too);
 - ``add_ranks``: every rank's RNGs and loop state (a sampler's position differs per rank) in
-  the manifest as ``ranks``;
+  the manifest as ``ranks`` (``per_rank``: the gathering, which the Lightning callback's
+  RNG states go through too);
 - ``agreed_source``: rank 0 picks the generation to resume, every rank takes the same one;
 - ``own_pieces``: this rank's RNGs and loop state from a manifest (at another world size, the
   ranks that existed resume theirs and new ranks start fresh).
@@ -52,7 +53,13 @@ def add_ranks(doc: dict[str, Any], extra: dict[str, Any]) -> None:
     if any(any_rank(bool(tensors))):
         raise UnsupportedSetupError(None, "under torchrun, state objects must be JSON (numbers, lists, "
                                           f"strings): tensors or arrays in {tensors or 'another rank'}")
-    doc["ranks"] = gather_json({"rng": doc["rng"], "state": doc.get("state", {})})
+    doc["ranks"] = per_rank({"rng": doc["rng"], "state": doc.get("state", {})})
+
+
+def per_rank(entry: dict[str, Any]) -> list[dict[str, Any]] | None:
+    """Every rank's ``entry`` (its RNG states, its loop state: JSON), in rank order, as every rank
+    sees them (a collective); None in one process."""
+    return gather_json(entry) if rank_world()[1] > 1 else None
 
 
 def agreed_source(run: Run, allow_nonfinite: bool = False) -> dict[str, Any]:

@@ -12,7 +12,7 @@ from .. import format as fmt
 from .. import manifest as mf
 from ..errors import SaveError, UnsupportedSetupError
 from ..run import Policy, SavePolicy
-from . import adapter, optim
+from . import adapter
 
 UNSET: Any = type("Unset", (), {})()   # an argument not given
 
@@ -52,12 +52,9 @@ def check_pieces(state: Mapping[str, Any] | None, hooks: Mapping[str, Any]) -> N
 
 
 def check_params(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[int, ...]:
-    """Parameters the layout holds exactly, and no optimizer tensor outside the model; the
-    parameters' versions now (``versions``), to tell later whether they were trained since."""
-    optim.refuse_lazy(model)
-    optim.settings(optimizer)           # a setting no manifest can hold: refused before any step
-    adapter.refuse_inexact(model)
-    optim.refuse_outsiders(model, optimizer)
+    """Parameters the layout holds exactly, and no optimizer tensor outside the model
+    (``adapter.refuse_unheld``, as the Lightning callback refuses them); the parameters' versions now (``versions``), to tell later whether they were trained since."""
+    adapter.refuse_unheld(model, [optimizer])
     return versions(model)
 
 

@@ -95,9 +95,7 @@ class Mini:
         return float(mse.item())
 
     def manifest(self) -> dict[str, Any]:
-        return {"layout": ct.layout_of(self.model),
-                "optimizer": ct.describe_optimizer(self.model, self.opt, ct.moments(self.model, self.opt)[2]),
-                "scheduler": mf.json_fields(self.sched.state_dict()),
+        return {"scheduler": mf.json_fields(self.sched.state_dict()),
                 "rng": ct.rng_state({"pcg64": self.np_rng}),
                 "data": {"identity": DATA_IDENTITY, "epoch": self.epoch,
                          "cursor": self.cursor, "permutation": self.perm.tolist()},

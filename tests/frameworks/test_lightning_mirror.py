@@ -20,9 +20,10 @@ from test_lightning import invoke                                             # 
 from test_lightning_options import STEPS, At, example, kill                   # noqa: E402
 
 from ckptfmt.errors import UnsupportedSetupError                              # noqa: E402
-from ckptfmt.lightning import CheckpointIO, Checkpointing, files, mirroring   # noqa: E402
+from ckptfmt.lightning import CheckpointIO, Checkpointing, files                # noqa: E402
+from ckptfmt.run import mirror_thread as mirroring                             # noqa: E402
 from ckptfmt.run import Policy                                                # noqa: E402
-from ckptfmt.tools.mirror import mirror_runs                                  # noqa: E402
+from ckptfmt.run.mirror import mirror_runs                                    # noqa: E402
 from models import tiny_linear                                                # noqa: E402
 
 s3, bucket = fixtures("lmirror")

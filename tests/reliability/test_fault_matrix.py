@@ -37,7 +37,7 @@ torch = pytest.importorskip("torch")
 from ckptfmt.run import Policy, tiers  # noqa: E402
 from ckptfmt.tools.convert import convert  # noqa: E402
 from ckptfmt.torch import CheckpointManager  # noqa: E402
-from ckptfmt.tools.mirror import mirror  # noqa: E402
+from ckptfmt.run.mirror import mirror  # noqa: E402
 from ckptfmt.tools.remote_check import validate_url  # noqa: E402
 from ckptfmt.tools.restore import restore  # noqa: E402
 from ckptfmt.tools.validate import validate_run  # noqa: E402

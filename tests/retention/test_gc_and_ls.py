@@ -140,7 +140,7 @@ def test_the_mirror_destination_keeps_the_newest_finite_generation_of_a_diverged
     of a run whose newest generations diverged keeps the last finite one there too."""
     import numpy as np
 
-    from ckptfmt.tools.mirror import mirror
+    from ckptfmt.run.mirror import mirror
     from conftest import arrays
     run = Run(tmp_path / "run", create=True)
     for step in (100, 200, 300, 400):

@@ -371,7 +371,7 @@ def test_without_the_remote_extra_a_url_exits_2_naming_it(tmp_path):
         "        if name.split('.')[0] in ('fsspec', 's3fs'):\n"
         "            raise ImportError('blocked: ' + name)\n"
         "sys.meta_path.insert(0, Block())\n"
-        "import ckptfmt, ckptfmt.run, ckptfmt.tools.validate, ckptfmt.tools.mirror, ckptfmt.tools.restore\n"
+        "import ckptfmt, ckptfmt.run, ckptfmt.tools.validate, ckptfmt.run.mirror, ckptfmt.tools.restore\n"
         "from ckptfmt.cli import main\n"
         "main(sys.argv[1:])\n")
     proc = subprocess.run([PY, "-c", code, "mirror", str(tmp_path / "run"), "s3://bkt/x"],
@@ -581,7 +581,7 @@ def test_ls_remote_checks_the_destination(s3, bucket, tmp_path):
 
 def test_a_checkpoint_manager_mirrors_on_a_background_thread_through_its_on_commit_hook(s3, bucket, tmp_path):
     pytest.importorskip("torch")
-    from ckptfmt.tools.mirror_thread import BackgroundMirror
+    from ckptfmt.run.mirror_thread import BackgroundMirror
     from ckptfmt.torch import CheckpointManager
     from models import tiny_adamw, train_steps
     run, url = tmp_path / "run", f"s3://{bucket}/mgr"

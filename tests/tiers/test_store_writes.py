@@ -18,7 +18,7 @@ from ckptfmt.errors import FingerprintMismatchError, RunLockedError, SaveError
 from ckptfmt.run import Policy
 from ckptfmt.run.storelock import StoreLock, StoreReadLease, leased
 from ckptfmt.tools import restore as restore_module
-from ckptfmt.tools.mirror import mirror
+from ckptfmt.run.mirror import mirror
 from ckptfmt.store import commit
 from ckptfmt.store.local import LocalStore
 from conftest import make

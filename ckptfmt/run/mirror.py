@@ -25,15 +25,16 @@ from ..errors import (CheckpointError, FingerprintMismatchError, ManifestError, 
                       UnsupportedSetupError)
 from ..generation import Generation, by_step, list_dir
 from ..store import DIRECTORY, confirm
-from ..run.storerun import MIRROR_INDEX
-from ..run import PINS, PIVOT, POLICY, SAMPLES, STATE, Run
-from ..run.generations import manifest_of, non_finite
-from ..run.retention import Candidate, Policy, candidate_for, guarded
-from ..run.storelock import leased
-from ..run.lease import ReadLease
-from ..run import history as hist
-from ..run import mirrors
 from ..store.objects import ObjectStore, Progress
+from . import history as hist
+from . import mirrors
+from .directory import Run
+from .generations import manifest_of, non_finite
+from .lease import ReadLease
+from .retention import Candidate, Policy, candidate_for, guarded
+from .sidecars import PINS, PIVOT, POLICY, SAMPLES, STATE
+from .storelock import leased
+from .storerun import MIRROR_INDEX
 
 __all__ = ["INDEX", "SIDECARS", "mirror", "mirror_runs"]
 

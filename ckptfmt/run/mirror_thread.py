@@ -1,16 +1,27 @@
-"""The ``Checkpointing`` callback's ``mirror=URL`` (spec/RUN.md §11.8), without Lightning: the
-checkpoint directories in ModelCheckpoint's ``dirpath`` mirrored to ``URL/NAME`` (each a run of
-one generation, as ``ckptfmt mirror`` sends a run: payload, read-back, manifest last) by one
-background thread (``tools.mirror_thread.BackgroundMirror`` running ``tools.mirror.mirror_runs``).
+"""The one background mirror (spec/RUN.md §10.13, §11.8): mirror passes on a thread, so that a
+training loop never waits for the network.
 
-A pass first links each checkpoint directory's files into ``dirpath/.ckptfmt-mirror/NAME``
-(hard links: no bytes copied, and a checkpoint that Lightning replaces or removes meanwhile
-stays whole there until the pass is done), holding the plugin's ``lock`` so that no directory
-is linked halfway through its replacement; then it uploads from those links without the lock.
-The plugin wakes the thread after each commit and removal and closes it at ``teardown``.
+``BackgroundMirror(run, url)`` mirrors a run directory (``run.mirror.mirror``): its
+``on_commit`` fits the ``CheckpointManager``'s ``on_commit`` hook, waking the thread and
+returning at once. The thread runs mirror passes while there is something new; ``close()`` runs
+a last pass that catches up and ends the thread. A pass that fails is logged and retried at the
+next commit. ``mirror_pass`` replaces the pass.
 
->>> import tempfile, threading
->>> d, there = tempfile.mkdtemp(), tempfile.mkdtemp()
+``Mirroring(dirpath, url, lock=...)`` mirrors a directory of runs the same way (the Lightning
+callback's ``mirror=URL``: the checkpoint directories in ModelCheckpoint's ``dirpath``, each a
+run of one generation, to ``URL/NAME``, each as ``ckptfmt mirror`` sends a run: payload,
+read-back, manifest last; ``run.mirror.mirror_runs``). Its pass first links each checkpoint
+directory's files into ``dirpath/.ckptfmt-mirror/NAME`` (hard links: no bytes copied, and a
+checkpoint that its writer replaces or removes meanwhile stays whole there until the pass is
+done), holding the writer's ``lock`` so that no directory is linked halfway through its
+replacement; then it uploads from those links without the lock. The writer wakes it after each
+commit and removal and closes it at the end of training.
+
+>>> import tempfile; run, there = tempfile.mkdtemp(), tempfile.mkdtemp()
+>>> bg = BackgroundMirror(run, f"file://{there}/mirror")
+>>> bg.close()["passes"], bg.lag()
+(1, [])
+>>> d = tempfile.mkdtemp()
 >>> m = Mirroring(d, f"file://{there}/ckpt", lock=threading.Lock())
 >>> m.close()["failed"], os.listdir(d)
 (False, [])
@@ -21,21 +32,80 @@ import errno
 import os
 import shutil
 import threading
+import time
 import warnings
 from pathlib import Path
 from typing import Any, Callable
 
 from .. import kinds
-from ..errors import UnsupportedSetupError
-from ..tools.mirror import mirror_runs
-from ..tools.mirror_thread import BackgroundMirror
-from ..store.objects import ObjectStore, is_url
+from ..errors import CheckpointError, UnsupportedSetupError
+from ..generation import list_dir
+from ..store.objects import ObjectStore, is_url, redact
+from . import mirrors
+from .mirror import mirror, mirror_runs
+from .retention import Policy
 
-__all__ = ["AREA", "Mirroring", "check_url", "snapshot"]
+__all__ = ["AREA", "BackgroundMirror", "Mirroring", "check_url", "snapshot"]
 
 AREA = ".ckptfmt-mirror"          # in dirpath: the links a pass uploads from (a dot name: never a checkpoint)
 RETRIES = 2                       # a failed last pass at teardown is tried again this often (1 s, then 2 s later)
 NO_LINKS = (errno.EPERM, errno.EXDEV, errno.ENOTSUP, errno.EMLINK, errno.ENOSYS)
+
+
+class BackgroundMirror:
+    """One thread that mirrors ``run_dir`` to ``url`` whenever woken."""
+
+    def __init__(self, run_dir: "str | os.PathLike[str]", url: str, *, retention: "Policy | None" = None,
+                 log: Callable[[str], None] | None = None, mirror_pass: Callable[..., dict[str, Any]] = mirror):
+        self.run_dir, self.url, self.mirror_pass = run_dir, url, mirror_pass
+        self.options = {"retention": retention} if retention is not None else {}
+        self.log = log or (lambda message: warnings.warn(message, stacklevel=2))
+        self.passes, self.errors, self.last, self.failed = 0, [], None, False
+        self._retries, self._backoff = 0, 1.0
+        self._wake, self._closing = threading.Event(), threading.Event()
+        self._thread = threading.Thread(target=self._run, name="ckptfmt-mirror", daemon=True)
+        self._thread.start()
+
+    def on_commit(self, step: int | None = None, manifest: Any = None) -> None:
+        """The manager's ``on_commit`` hook: wake the thread and return at once."""
+        self._wake.set()
+
+    def _run(self) -> None:
+        while True:
+            self._wake.wait()
+            self._wake.clear()
+            closing = self._closing.is_set()
+            try:    # the first pass reads back what the destination holds; later ones trust it
+                self.last = self.mirror_pass(self.run_dir, self.url, recheck=self.passes == 0, **self.options)
+                self.failed = False
+            except (CheckpointError, OSError) as exc:
+                self.errors.append(str(exc))
+                self.failed = True
+                self.log(f"mirror to {self.url} failed, retried at the next commit: {exc}")
+            self.passes += 1
+            if closing and self.failed and self._retries > 0:     # close(retries=): once more, later
+                self._retries -= 1
+                time.sleep(self._backoff)
+                self._backoff *= 2
+                self._wake.set()
+            elif closing:
+                return
+
+    def lag(self) -> list[int]:
+        """Committed local steps not yet confirmed at the destination (the local record)."""
+        committed = [g.step for g in list_dir(self.run_dir).generations if g.committed]
+        rows = [r for r in mirrors.lag(self.run_dir, committed) if r["url"] == redact(self.url)]
+        return rows[0]["behind"] if rows else committed
+
+    def close(self, timeout: float | None = None, *, retries: int = 0, backoff: float = 1.0) -> dict[str, Any]:
+        """A last pass that catches up (a failed one tried again ``retries`` times, after
+        ``backoff`` seconds, doubling), then the thread ends; what the mirror did."""
+        self._retries, self._backoff = retries, backoff
+        self._closing.set()
+        self._wake.set()
+        self._thread.join(timeout)
+        return {"url": redact(self.url), "passes": self.passes, "errors": self.errors, "last": self.last,
+                "failed": self.failed}
 
 
 def check_url(url: str) -> ObjectStore:
