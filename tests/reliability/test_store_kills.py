@@ -19,6 +19,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("s3fs")
 
+import warm  # noqa: E402
 from faults import scale  # noqa: E402
 from s3server import fixtures  # noqa: E402
 
@@ -57,8 +58,8 @@ print("CALLS", calls.get("any", 0))
 
 
 def run_loop(s3, url: str, stop: int, width: int, phase: str = "none", at: int = 0) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-c", textwrap.dedent(LOOP), url, str(stop), str(width), phase, str(at), TESTS],
-                          env={**os.environ, **s3.env}, capture_output=True, text=True, timeout=300)
+    return warm.run([sys.executable, "-c", textwrap.dedent(LOOP), url, str(stop), str(width), phase, str(at), TESTS],
+                    env={**os.environ, **s3.env}, capture_output=True, text=True, timeout=300)
 
 
 def final_digest(s3, bucket: str, prefix: str, step: int) -> str:
@@ -114,10 +115,10 @@ def test_a_kill_at_each_phase_of_a_save_on_the_store_resumes_bit_exactly(s3, buc
 
 
 def test_kills_at_random_store_calls_always_resume_bit_exactly(s3, bucket, straight):
-    """Three in CI, 1,000 in the long tier: each at a store call drawn from a whole run's."""
+    """Twelve in CI, 1,000 in the long tier: each at a store call drawn from a whole run's."""
     digest, calls = straight[32]
     rng = random.Random(2026)
-    for i in range(scale(3, 1000)):
+    for i in range(scale(12, 1000)):
         prefix = f"runs/r{i}"
         killed_and_resumed(s3, bucket, prefix, 8, 32, "any", rng.randint(1, calls))
         assert final_digest(s3, bucket, prefix, 8) == digest
