@@ -162,8 +162,9 @@ def train(run_dir: str, config_name: str, steps: int, device: str, checkpoint_ev
     torchrun) makes the loss NaN at STEP, so the divergence guard can be tested with the tiny
     config.
     """
-    from ..trainer.signals import install  # lazy: the trainer layer, keeps --help fast
-    flags = install()           # before the slow imports: a signal during start-up is honoured
+    from ..run import signals   # lazy: keeps --help fast
+    flags = signals.Flags()     # set from before the slow imports: a signal during start-up is honoured
+    signals.Handlers(flags, signals.Flags.take).install()
     retention = policy_of(**keep)
     saving = save_policy_of(checkpoint_every, checkpoint_interval, checkpoint_on_best, checkpoint_best_mode,
                             checkpoint_best_min_delta)

@@ -34,7 +34,6 @@ from __future__ import annotations
 import os
 import signal
 import sys
-import threading
 import warnings
 from pathlib import Path
 from types import CodeType, FrameType
@@ -47,6 +46,7 @@ from transformers import TrainerCallback
 from ..errors import UnsupportedSetupError
 from ..hfcheckpoint import HFCheckpoint
 from ..run.retention import Policy
+from ..run.signals import Flags, Handlers
 from ..tools import hfdir, hfrun
 from ..torch import optim
 from ..torch.distributed import any_rank, rank_world
@@ -116,26 +116,31 @@ class Checkpointing(TrainerCallback):
         self.committed: list[str] = []                # checkpoint directories committed, in order
         self.deleted: list[int] = []                  # steps retention deleted
         self.diverged: list[str] = []                 # committed checkpoints whose weights hold NaN/inf
-        self._requests: set[str] = set()              # "stop", "save": what signals asked since the last step
-        self._previous: dict[int, Any] = {}           # the handlers ours replaced, to put back
+        self._requests = Flags()                      # what signals asked since the last step
+        self._handlers = Handlers(self, Checkpointing._take, self.signals)
         self._loop: CodeType | None = None            # the Trainer's training loop while train() runs
 
     # ------------------------------------------------------------ signals
     def request_save(self) -> None:
         """Save at the end of the current step and go on (what SIGUSR1 does)."""
-        self._requests.add("save")
+        self._requests.request_save()
 
     def request_stop(self) -> None:
         """Save at the end of the current step and stop (what SIGTERM does)."""
-        self._requests.add("stop")
+        self._requests.request_stop()
 
-    def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+    def _take(self, signum: int, frame: FrameType | None) -> bool:
+        """A signal while ``train()`` runs: its request. None runs (a ``train()`` raised past
+        ``on_train_end``): the handlers that were there before are back, and this signal goes to
+        its own (False; the default one raised again)."""
         if not self._training(frame):
-            self._pass_on(signum, frame)
-        elif signum == signal.SIGUSR1:
+            self._restore()
+            return False
+        if signum == signal.SIGUSR1:
             self.request_save()
         else:
             self.request_stop()
+        return True
 
     def _training(self, frame: FrameType | None) -> bool:
         """Whether the frame a signal interrupted runs inside the training loop of ``train()``
@@ -146,30 +151,12 @@ class Checkpointing(TrainerCallback):
             frame = frame.f_back
         return frame is not None
 
-    def _pass_on(self, signum: int, frame: FrameType | None) -> None:
-        """No training runs (a ``train()`` raised past ``on_train_end``): the handlers that were
-        there before are back, and this signal goes to its own (the default one raised again)."""
-        previous = self._previous.get(signum)
-        self._restore()
-        if callable(previous):
-            previous(signum, frame)
-        elif previous == signal.SIG_DFL:
-            signal.raise_signal(signum)
-
     def _restore(self) -> None:
-        """The previous handlers back; one installed outside Python (``signal()`` returned None)
-        cannot be: ours stays, and drops the signals that arrive while no training runs."""
+        """No training runs: the previous handlers back; one installed outside Python
+        (``signal()`` returned None) cannot be: ours stays, and drops the signals that arrive
+        while no training runs."""
         self._loop = None
-        for sig, handler in list(self._previous.items()):
-            if handler is not None:
-                signal.signal(sig, handler)
-                del self._previous[sig]
-
-    def _install(self) -> None:
-        self._loop = _training_loop()
-        for sig in self.signals:
-            previous = signal.signal(sig, self._on_signal)
-            self._previous.setdefault(sig, previous)   # a train() that raised left ours: not "previous"
+        self._handlers.restore()
 
     # ------------------------------------------------------------ hooks
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -185,9 +172,10 @@ class Checkpointing(TrainerCallback):
                                         "there; ckptfmt.hf.Checkpointing commits checkpoint-N of one run")
         hold(control).__dict__[SAVED] = True
         self.stopped_by_signal = None
-        self._requests = set()
-        if threading.current_thread() is threading.main_thread():
-            self._install()
+        self._requests = Flags()
+        self._loop = _training_loop()             # first: a signal right after the install is ours
+        if not self._handlers.install():          # outside the main thread: none, and no loop watched
+            self._loop = None
 
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """A new step: its checkpoint is not written yet."""
@@ -196,8 +184,8 @@ class Checkpointing(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """Every rank's requests all-reduced into one decision: save (held), and stop after SIGTERM."""
         hold(control)
-        requests, self._requests = self._requests, set()   # taken first: a signal after counts next step
-        stop, save = any_rank("stop" in requests, "save" in requests)  # one agreed decision on every rank
+        requests, self._requests = self._requests, Flags()  # taken first: a signal after counts next step
+        stop, save = any_rank(requests.stop, requests.save)  # one agreed decision on every rank
         if stop or save:
             control.__dict__[PENDING] = True
         if stop:
@@ -230,9 +218,9 @@ class Checkpointing(TrainerCallback):
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """A SIGTERM after the last step still counts; the previous signal handlers back."""
-        if any_rank("stop" in self._requests)[0]:
+        if any_rank(self._requests.stop)[0]:
             self.stopped_by_signal = "SIGTERM"
-        self._requests = set()
+        self._requests = Flags()
         self._restore()
 
     # ------------------------------------------------------------ commit

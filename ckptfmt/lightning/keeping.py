@@ -1,8 +1,8 @@
 """What the ``Checkpointing`` callback adds to Lightning's checkpoint directory, without Lightning
 (spec/RUN.md §11.8): the run layer's retention over the checkpoint directories there (``prune``:
 one ``Policy``, one ``plan``, the same guards; at a URL ``dirpath`` over its checkpoint prefixes,
-each a one-generation run on the store) and signals as flags (``Signals``); the
-``.loss.json`` history of the logged metrics is the run layer's ``History`` itself.
+each a one-generation run on the store); the ``.loss.json`` history of the logged metrics is the
+run layer's ``History`` itself, and its signal flags are the run layer's (``run.signals``).
 
 >>> import tempfile
 >>> prune(tempfile.mkdtemp(), Policy(keep_last=1))
@@ -11,9 +11,7 @@ each a one-generation run on the store) and signals as flags (``Signals``); the
 from __future__ import annotations
 
 import os
-import signal
-import threading
-from typing import Any, Iterable
+from typing import Iterable
 
 from .. import fsio, kinds
 from ..run import Run
@@ -22,7 +20,7 @@ from ..run.retention import Policy, candidate_for, guarded
 from ..store import DIRECTORY
 from . import files, stored
 
-__all__ = ["Policy", "prune", "checkpoints", "Signals"]
+__all__ = ["Policy", "prune", "checkpoints"]
 
 
 def checkpoints(dirpath: "str | os.PathLike[str]") -> list[tuple[str, Run]]:
@@ -100,38 +98,3 @@ def _guards(found: list[tuple[str, Run]]) -> tuple[int | None, int | None]:
         if choice.gen is not None:
             return valid, choice.gen.step
     return valid, None
-
-
-class Signals:
-    """Signals as flags, each set by a handler that then calls the handlers it was given (what
-    was installed before: Lightning's SLURM requeue handler, the user's own). Installed in the
-    main thread only (Python's rule); ``restore`` puts the handlers it replaced back."""
-
-    def __init__(self) -> None:
-        self._raised: set[int] = set()
-        self._replaced: dict[int, Any] = {}
-
-    def install(self, signum: int, chain: list[Any]) -> bool:
-        """Handle ``signum``: note it, then call each of ``chain``; False outside the main thread."""
-        if threading.current_thread() is not threading.main_thread():
-            return False
-        self._replaced.setdefault(signum, signal.getsignal(signum))
-
-        def handle(num: int, frame: Any) -> None:
-            self._raised.add(num)
-            for handler in chain:
-                handler(num, frame)
-        signal.signal(signum, handle)
-        return True
-
-    def take(self, signum: int) -> bool:
-        """Whether ``signum`` arrived since the last call."""
-        raised = signum in self._raised
-        self._raised.discard(signum)
-        return raised
-
-    def restore(self) -> None:
-        if threading.current_thread() is threading.main_thread():
-            for signum, handler in self._replaced.items():
-                signal.signal(signum, handler if handler is not None else signal.SIG_DFL)
-            self._replaced.clear()

@@ -22,6 +22,7 @@ from ..errors import IncompleteResumeStateError, MissingDependencyError, Unsuppo
 from ..run import History, Policy
 from ..run import mirror_thread as mirroring
 from ..run.segments import SegmentedHistory
+from ..run.signals import Flags, Handlers
 from ..torch import adapter, optim, ranks, rng
 from ..torch.metrics import history_value, manifest_value
 from ..torch.state import split
@@ -187,7 +188,9 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
             mirroring.check_url(mirror)
         self.restore_rng, self.retention, self.history, self.mirror = restore_rng, retention, history, mirror
         self.mirroring: mirroring.Mirroring | None = None
-        self._signals = keeping.Signals() if signals else None
+        self._flags = Flags()                      # set by our handlers, read at a batch's end
+        self._signals = Handlers(self._flags, Flags.note_and_chain, (signal.SIGUSR1, signal.SIGTERM)) \
+            if signals else None
         self._log: History | SegmentedHistory | None = None
         self._resumed_at: int | None = None
 
@@ -252,17 +255,15 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
         (a hang); the ranks agree at the batch's end instead, and Lightning's own flag is set
         then, on every rank, so Lightning still ends the run as it ends it on SIGTERM."""
         usr1, term = signal.getsignal(signal.SIGUSR1), signal.getsignal(signal.SIGTERM)
-        if not self._signals.install(signal.SIGUSR1, [usr1] if callable(usr1) else []):
-            warnings.warn("Checkpointing(signals=True): signals are not handled: the Trainer runs outside the "
-                          "main thread, where Python lets no handler be installed", stacklevel=2)
-            return
         notifier = getattr(getattr(trainer, "_signal_connector", None), "_sigterm_notifier_fn", None)
         handlers = getattr(term, "signal_handlers", [term])          # Lightning's _HandlersCompose
-        self._signals.install(signal.SIGTERM, [h for h in handlers if callable(h) and h != notifier])
+        if not self._signals.install({signal.SIGUSR1: [usr1], signal.SIGTERM: [h for h in handlers if h != notifier]}):
+            warnings.warn("Checkpointing(signals=True): signals are not handled: the Trainer runs outside the "
+                          "main thread, where Python lets no handler be installed", stacklevel=2)
 
     def _on_signals(self, trainer: Any) -> None:
-        usr1 = self._signals.take(signal.SIGUSR1)
-        term = self._signals.take(signal.SIGTERM) or bool(trainer.received_sigterm)
+        usr1 = self._flags.pop_save()
+        term = self._flags.pop_stop() or bool(trainer.received_sigterm)
         usr1, term = ranks.agree(usr1, term)       # a signal reaches one process: any rank's asks for all
         if usr1 or term:
             callback = trainer.checkpoint_callback

@@ -9,17 +9,17 @@ from typing import Any
 from .. import atomic
 from ..fsio import is_url
 from ..run import LOCK
+from ..run.signals import Flags
 from ..run.storerun import open_run
 from ..torch.distributed import launched_by_torchrun
 from . import config as cfgmod
 from .distributed import train_distributed
 from .loop import Trainer
 from .protocol import Observer
-from .signals import FLAGS, Flags
 
 
 def train(run_dir: str, config_name: str, steps: int, *, seed: int | None = None,
-          threads: int | None = None, sets: dict[str, Any] | None = None, flags: Flags = FLAGS,
+          threads: int | None = None, sets: dict[str, Any] | None = None, flags: Flags | None = None,
           summary: str | None = None, pause_at: tuple[int, str] | None = None,
           dist_timeout: float = 120, **options: Any) -> int:
     """Entry point used by ``ckptfmt train``: lock the run, build, resume, fit; the exit code.
@@ -28,8 +28,9 @@ def train(run_dir: str, config_name: str, steps: int, *, seed: int | None = None
     The verifier's hooks (trainer/protocol.py), single process only: ``summary`` writes its
     summary.json there at exit; ``pause_at=(N, MARKER)`` creates MARKER after step N and waits
     for a signal. Under torchrun (``WORLD_SIZE`` > 1), ``dist_timeout`` seconds bound every
-    collective.
+    collective. ``flags``: what signals asked for (``ckptfmt train`` sets them from its start).
     """
+    flags = flags if flags is not None else Flags()
     cfg = cfgmod.for_run(config_name, sets, seed, threads)
     made = [] if is_url(run_dir) else atomic.missing_dirs(run_dir)   # a stop during start-up takes these away again
     try:

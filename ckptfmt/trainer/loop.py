@@ -6,7 +6,8 @@ scheduler, data, bandit, and the ``CheckpointManager`` that saves and restores t
 the step loop in ``fit`` (step, sample, the signal flags handed to the manager, which records the
 history and saves on cadence or request), stop; ``train`` at the end is what ``ckptfmt train``
 calls. The trainer is a user of the manager like any other loop: it keeps only what is its own
-(model, data, bandit, pivot rules: ``.checkpointing``; its early signal handlers: ``.signals``). Under
+(model, data, bandit, pivot rules: ``.checkpointing``; the signal flags ``ckptfmt train`` sets from
+before its start-up: ``..run.signals``). Under
 torchrun every rank runs the same loop: the calls into ``.distributed`` (trainer specifics) and
 ``..torch.distributed`` (collectives) give the single-process answer for one process, and only
 rank 0 (``is_main``) writes the run's history and sidecars.
@@ -30,6 +31,7 @@ from ..errors import (CheckpointError, ConfigMismatchError, DeviceChangeError, I
 from ..run import PIVOT, SAMPLES, STATE, Policy, Run, SavePolicy, tiers
 from ..run.storerun import open_run
 from ..run.history import encode_float
+from ..run.signals import Flags
 from ..torch import CheckpointManager, ranks
 from ..torch.distributed import any_rank, mean_over_ranks, rank_world
 from . import checkpointing, determinism
@@ -38,7 +40,6 @@ from .bandit import Bandit
 from .data import DataStream, corpus, identity
 from .distributed import pick_device, rank_device, wrap_model
 from .model import GPT
-from .signals import FLAGS, Flags
 
 EXIT_SAVE_FAILED = 75
 EXIT_DIVERGED = 3        # the loss became NaN or inf: that step is committed (diverged), then stop
@@ -63,11 +64,12 @@ class Trainer:
                  checkpoint_every: int = 100, sample_every: int = 100, keep_last: int | None = None,
                  keep_every: int | None = None, retention: Policy | None = None, saving: SavePolicy | None = None,
                  async_save: bool = False, amp: str = "auto",
-                 omit_rng_restore: bool = False, log_every: int = 50, flags: Flags = FLAGS,
+                 omit_rng_restore: bool = False, log_every: int = 50, flags: Flags | None = None,
                  parallel: str = "ddp", mirror: str | None = None, allow_nonfinite: bool = False,
                  force_nonfinite_at: int | None = None, log: Callable[[str], None] | None = None,
                  allow_device_change: bool = False, memory_every: int | None = None):
-        self.cfg, self.flags, self.sample_every = cfg, flags, sample_every
+        self.cfg, self.sample_every = cfg, sample_every
+        self.flags = flags if flags is not None else Flags()    # set by signals (``ckptfmt train``)
         self.saving = saving or SavePolicy(every=checkpoint_every or None)     # when the manager saves
         self.retention = retention or (Policy.by_count(keep_last, keep_every) if keep_last or keep_every else None)
         self.loss_ema: float | None = None        # a metric beside the loss (LOSS_EMA), resumed from the manifest
@@ -289,11 +291,10 @@ class Trainer:
     def _step(self, step: int, target: int, record: dict[str, Any]) -> bool:
         """Hand the signal flags to the manager, which records the step and saves when due
         (every rank agrees); the target step is always committed. True: stop now."""
-        if self.flags.checkpoint:
-            self.flags.checkpoint = False   # consumed before it is shared: a later SIGUSR1 counts next step
+        if self.flags.pop_save():           # consumed before it is shared: a later SIGUSR1 counts next step
             self.mgr.request_save()
         if self.flags.stop:
-            self.mgr.request_stop(next((n for n in self.flags.received if n in ("SIGTERM", "SIGINT")), "SIGTERM"))
+            self.mgr.request_stop(self.flags.reason or "SIGTERM")
         stop = self.mgr.step(step, **{k: v for k, v in record.items() if k != "step"})
         if step == target and self.mgr.committed != step:
             self.mgr.save(step, "target")

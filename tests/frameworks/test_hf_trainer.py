@@ -289,11 +289,11 @@ def hooks() -> tuple:
 def test_a_sigterm_after_the_last_step_is_reported_and_a_handler_from_outside_python_is_not_restored():
     ckpt, (args, state, control) = Checkpointing(), hooks()
     ckpt.on_train_begin(args, state, control)
-    ckpt._previous[signal.SIGUSR1] = None                   # what signal() returns for a handler set in C
+    ckpt._handlers.replaced[signal.SIGUSR1] = None                   # what signal() returns for a handler set in C
     ckpt.request_stop()
     ckpt.on_train_end(args, state, control)                 # no TypeError
     assert ckpt.stopped_by_signal == "SIGTERM"
-    assert signal.getsignal(signal.SIGUSR1) == ckpt._on_signal
+    assert signal.getsignal(signal.SIGUSR1) == ckpt._handlers.handle
     signal.signal(signal.SIGUSR1, signal.SIG_DFL)
 
 

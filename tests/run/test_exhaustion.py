@@ -130,7 +130,7 @@ def test_an_async_save_that_fails_to_commit_records_no_checkpoint_event(tmp_path
 @pytest.mark.parametrize("when", ["before the lock", "during the build"])
 def test_a_stop_during_train_start_up_leaves_no_run_directory_it_created(tmp_path, monkeypatch, when):
     from ckptfmt.trainer import entry, loop
-    from ckptfmt.trainer.signals import Flags
+    from ckptfmt.run.signals import Flags
     flags = Flags(stop=when == "before the lock")
     build = loop.Trainer.build
 
