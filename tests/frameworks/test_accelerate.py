@@ -96,7 +96,7 @@ def test_a_wrapper_with_state_of_its_own_is_still_refused(tmp_path):
                           handle_signals=False)
 
 
-def prepared_loop(run: Path, stop: int, stateful: bool = True) -> list:
+def prepared_loop(run: Path, stop: int, stateful: bool = True, given: str = "StatefulDataLoader") -> list:
     """One process's life with a prepared shuffling loader in ``state=``: built from scratch,
     restored, trained to ``stop``, left without a save (what a SIGKILL leaves)."""
     from accelerate.state import AcceleratorState
@@ -108,7 +108,8 @@ def prepared_loop(run: Path, stop: int, stateful: bool = True) -> list:
     x = torch.randn(40, 4)
     model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(8, 1))
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
-    loader = StatefulDataLoader(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=6, shuffle=True)
+    kind = StatefulDataLoader if given == "StatefulDataLoader" else torch.utils.data.DataLoader
+    loader = kind(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=6, shuffle=True)
     model, opt, loader = acc.prepare(model, opt, loader)
     with CheckpointManager(run, model, opt, state={"data": loader}, every=5, handle_signals=False) as mgr:
         step = mgr.restore()
@@ -135,6 +136,8 @@ def test_a_prepared_stateful_loader_resumes_mid_epoch_bit_exactly_and_a_plain_on
     with pytest.raises(TypeError, match=r"state\['data'\]: a DataLoader cannot save its position.*"
                                         r"use_stateful_dataloader=True"):
         prepared_loop(tmp_path / "plain", 5, stateful=False)      # accelerate's wrapper of a plain DataLoader
+    with pytest.raises(TypeError, match=r"its BatchSampler around a shuffling RandomSampler cannot save the epoch"):
+        prepared_loop(tmp_path / "torch-sampler", 5, given="DataLoader")    # torch's sampler inside a stateful one
     from accelerate.state import AcceleratorState
     AcceleratorState._reset_state(reset_partial_state=True)
 

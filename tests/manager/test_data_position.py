@@ -70,3 +70,8 @@ def test_a_plain_dataloader_in_state_is_refused_when_the_manager_is_built_naming
         CheckpointManager(tmp_path / "run", model, torch.optim.AdamW(model.parameters()),
                           state={"data": torch.utils.data.DataLoader(data, shuffle=True)}, handle_signals=False)
     assert not (tmp_path / "run" / "step_000000.json").exists()
+    shuffled_by_torch = stateful.StatefulDataLoader(data, sampler=torch.utils.data.RandomSampler(data))
+    with pytest.raises(TypeError, match=r"state\['data'\]: its BatchSampler around a shuffling RandomSampler "
+                                        r"cannot save the epoch's order"):
+        CheckpointManager(tmp_path / "run", model, torch.optim.AdamW(model.parameters()),
+                          state={"data": shuffled_by_torch}, handle_signals=False)
