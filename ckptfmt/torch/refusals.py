@@ -12,7 +12,7 @@ from .. import format as fmt
 from .. import manifest as mf
 from ..errors import SaveError, UnsupportedSetupError
 from ..run import Policy, SavePolicy
-from . import adapter
+from . import adapter, loaders
 
 UNSET: Any = type("Unset", (), {})()   # an argument not given
 
@@ -47,6 +47,7 @@ def check_pieces(state: Mapping[str, Any] | None, hooks: Mapping[str, Any]) -> N
     if unknown:
         raise TypeError(f"CheckpointManager: unknown argument(s) {unknown}; hooks are {list(HOOKS)}")
     for name, obj in (state or {}).items():
+        loaders.refuse_plain(name, obj)
         if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
             raise TypeError(f"state[{name!r}]: needs state_dict() and load_state_dict()")
 

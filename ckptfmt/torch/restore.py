@@ -39,7 +39,7 @@ from ..errors import (ConfigMismatchError, DeviceChangeError, IncompleteResumeSt
 from ..run import Run, tiers
 from ..run.lock import first_writer, keep_unwritten
 from ..shards import ShardedCheckpoint
-from . import adapter, notes, optim, ranks, rng
+from . import adapter, loaders, notes, optim, ranks, rng
 from .distributed import any_rank, is_sharded_model, load_into
 from .state import dtype_name, join, persistent_buffers
 
@@ -255,6 +255,7 @@ def load_pieces(loop: Loop, plan: Plan) -> None:
         kept.append((piece, obj, before))
         try:
             obj.load_state_dict(plan.trees[piece])
+            loaders.loaded(obj)          # a data loader's iterator, before the RNGs come back
         except Exception as e:           # the loop's own code: any error it raises
             failed = (piece, e)
             break

@@ -96,6 +96,52 @@ def test_a_wrapper_with_state_of_its_own_is_still_refused(tmp_path):
                           handle_signals=False)
 
 
+def prepared_loop(run: Path, stop: int, stateful: bool = True, given: str = "StatefulDataLoader") -> list:
+    """One process's life with a prepared shuffling loader in ``state=``: built from scratch,
+    restored, trained to ``stop``, left without a save (what a SIGKILL leaves)."""
+    from accelerate.state import AcceleratorState
+    from accelerate.utils import DataLoaderConfiguration, set_seed
+    from torchdata.stateful_dataloader import StatefulDataLoader
+    AcceleratorState._reset_state(reset_partial_state=True)
+    acc = accelerate.Accelerator(cpu=True, dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=stateful))
+    set_seed(0)
+    x = torch.randn(40, 4)
+    model = torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Dropout(0.1), torch.nn.Linear(8, 1))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
+    kind = StatefulDataLoader if given == "StatefulDataLoader" else torch.utils.data.DataLoader
+    loader = kind(torch.utils.data.TensorDataset(x, x.sum(1, keepdim=True)), batch_size=6, shuffle=True)
+    model, opt, loader = acc.prepare(model, opt, loader)
+    with CheckpointManager(run, model, opt, state={"data": loader}, every=5, handle_signals=False) as mgr:
+        step = mgr.restore()
+        while step < stop:
+            for xb, yb in loader:
+                step += 1
+                loss = torch.nn.functional.mse_loss(model(xb), yb)
+                opt.zero_grad()
+                acc.backward(loss)
+                opt.step()
+                mgr.step(step, loss=loss.item())
+                if step == stop:
+                    break
+    AcceleratorState._reset_state(reset_partial_state=True)
+    return [p.detach().clone() for p in model.parameters()]
+
+
+@pytest.mark.timeout(60)                    # ~3 s: three short legs in this process
+def test_a_prepared_stateful_loader_resumes_mid_epoch_bit_exactly_and_a_plain_one_is_refused(tmp_path):
+    pytest.importorskip("torchdata")
+    straight = prepared_loop(tmp_path / "straight", 23)
+    prepared_loop(tmp_path / "cut", 17)      # 7 batches an epoch: generation 15 is mid-epoch 3
+    assert all(torch.equal(a, b) for a, b in zip(straight, prepared_loop(tmp_path / "cut", 23)))
+    with pytest.raises(TypeError, match=r"state\['data'\]: a DataLoader cannot save its position.*"
+                                        r"use_stateful_dataloader=True"):
+        prepared_loop(tmp_path / "plain", 5, stateful=False)      # accelerate's wrapper of a plain DataLoader
+    with pytest.raises(TypeError, match=r"its BatchSampler around a shuffling RandomSampler cannot save the epoch"):
+        prepared_loop(tmp_path / "torch-sampler", 5, given="DataLoader")    # torch's sampler inside a stateful one
+    from accelerate.state import AcceleratorState
+    AcceleratorState._reset_state(reset_partial_state=True)
+
+
 def loop(run: Path, *extra: str, world: int = 1) -> list[str]:
     launcher = standalone(2) if world > 1 else [PY]
     return [*launcher, str(LOOP), "--steps", str(STEPS), "--output", str(run), "--every", "20", *extra]
