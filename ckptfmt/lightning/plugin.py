@@ -22,7 +22,7 @@ from ..errors import IncompleteResumeStateError, MissingDependencyError, Unsuppo
 from ..run import History, Policy
 from ..run.segments import SegmentedHistory
 from ..torch import adapter, optim, rng
-from ..torch.metrics import history_value, manifest_value
+from ..run.metrics import history_value, manifest_value
 from ..torch.state import split
 from . import files, keeping, mirroring, stored
 
