@@ -22,9 +22,9 @@ from ..errors import IncompleteResumeStateError, MissingDependencyError, Unsuppo
 from ..run import History, Policy
 from ..run import mirror_thread as mirroring
 from ..run.segments import SegmentedHistory
+from ..run.metrics import history_value, manifest_value
 from ..run.signals import Flags, Handlers
 from ..torch import adapter, optim, ranks, rng
-from ..torch.metrics import history_value, manifest_value
 from ..torch.state import split
 from . import files, keeping, stored
 
@@ -264,7 +264,7 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
     def _on_signals(self, trainer: Any) -> None:
         usr1 = self._flags.pop_save()
         term = self._flags.pop_stop() or bool(trainer.received_sigterm)
-        usr1, term = ranks.agree(usr1, term)       # a signal reaches one process: any rank's asks for all
+        usr1, term = ranks.TorchCollective().agree(usr1, term)       # a signal reaches one process: any rank's asks for all
         if usr1 or term:
             callback = trainer.checkpoint_callback
             trainer.save_checkpoint(os.path.join(callback.dirpath, callback.CHECKPOINT_NAME_LAST + callback.FILE_EXTENSION))

@@ -21,22 +21,18 @@ scheduler, the GradScaler, the JSON-able state, every RNG and the config in the 
 from __future__ import annotations
 
 import time
-import warnings
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 import torch
 
-from ..errors import CheckpointError, ConfigMismatchError
-from ..run import SaveClock, SavePolicy, record_policy, tiers
-from ..run.storerun import open_run
-from ..run.saving import best_in_history
-from ..run import signals as handlers
+from ..run import SavePolicy, tiers
+from ..run.hooks import Hooks
 from ..run.mirror_thread import BackgroundMirror
+from ..run.session import Mirror, Session
 from . import adapter, optim, ranks, refusals, rng
 from . import restore as restoring
 from .distributed import reshard
-from .memtier import MemoryTier, at_close, forget_after, let_go
-from .metrics import MetricsBook, history_value
+from .memtier import MemoryTier, at_close, forget_after
 from .saver import Saver
 from .state import persistent_buffers, split
 
@@ -44,14 +40,16 @@ __all__ = ["CheckpointManager"]
 
 
 class CheckpointManager:
-    """Saves, retains and restores every piece of a training loop's state in a run directory.
+    """Saves, retains and restores every piece of a training loop's state in a run directory: the
+    torch state side (what is captured and restored) over a ``ckptfmt.run.session.Session``
+    (the run lock, the save clock, the history, commit -> retention -> hooks -> mirror, signals).
 
     The run lock is held from construction to ``close()`` (by rank 0 under torchrun; not at all
     with ``lock=False``, when the caller holds it); an optimizer the seed layout cannot hold is
     refused here, before any training step.
 
-    Hooks for a loop with pieces of its own (the reference trainer uses each), all optional:
-    ``manifest_fields(step) -> dict`` adds the loop's own fields to every manifest;
+    Hooks for a loop with pieces of its own (the reference trainer uses each), all optional
+    (``ckptfmt.run.hooks.Hooks``): ``manifest_fields(step) -> dict`` adds the loop's own fields to every manifest;
     ``on_restore(manifest, path)`` sees a generation's manifest before anything is restored
     (raise a ``CheckpointError`` to refuse it); ``upgrade(manifest) -> manifest`` views
     manifests the loop's earlier versions wrote; ``on_commit(step, manifest)`` runs after
@@ -69,7 +67,8 @@ class CheckpointManager:
                  generators: Mapping[str, Any] | None = None, every: Any = refusals.UNSET,
                  keep_last: Any = refusals.UNSET, keep_every: int | None = None, retention: Any = refusals.UNSET,
                  saving: SavePolicy | None = None, async_save: bool = False, memory_every: int | None = None,
-                 handle_signals: bool = True, config: Any = None, mirror: str | None = None, **hooks: Any):
+                 handle_signals: bool = True, config: Any = None, mirror: str | None = None, lock: bool = True,
+                 **hooks: Callable[..., Any]):
         """``directory`` is a run directory (created if needed), a ``Run`` or a URL (a run on
         object storage, spec/RUN.md §2.0.2). ``every`` (default 100) saves every N steps,
         ``every=None`` only on request and at ``close``; ``keep_last`` (default 3) and
@@ -79,184 +78,83 @@ class CheckpointManager:
         and ``saving=SavePolicy(...)`` instead of ``every`` saves on a step cadence, on wall time and
         on a new best of a metric (§5.5); the run records both in ``.policy.json`` (§5.6)."""
         optim.kind(optimizer)
-        refusals.check_pieces(state, hooks)
-        self.retention, self.saving = refusals.policies(every, keep_last, keep_every, retention, saving)
+        given = Hooks.given("CheckpointManager", hooks)
+        refusals.check_state(state)
+        retention, saving = refusals.policies(every, keep_last, keep_every, retention, saving)
         self._built = refusals.check_params(model, optimizer)     # the parameters' versions now
         refusals.strict_json({"rng": rng.rng_state(generators), "config": config})   # a generator JSON cannot hold
         self.rank, self.world = ranks.check_setup(model, optimizer)
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.state, self.generators, self.config = dict(state or {}), dict(generators or {}), config
-        self.manifest_fields, self.on_restore = hooks.get("manifest_fields"), hooks.get("on_restore")
-        self.upgrade, self.on_commit = hooks.get("upgrade"), hooks.get("on_commit")
-        self._log = hooks.get("log")
-        self.run = open_run(directory, create=True)     # a URL: a run on object storage (StoreRun)
-        refusals.on_store(self.run, mirror)
-        self._stop = self._save_requested = False
-        self._stop_reason = "SIGTERM"         # another rank's signal: the one the cluster sends
-        self._handlers = handlers.install(self) if handle_signals else None   # before the lock: may raise
-        locked = self.rank == 0 and hooks.get("lock", True)
-        with handlers.given_back_on_error(self._handlers):   # the lock refused (held, a read-only store)
-            self._lock = self.run.writer_lock("checkpoint manager") if locked else None
-        self._dropped = handlers.release_when_collected(self, self._lock)
-        self._policy_recorded = self.rank != 0        # rank 0 records it at the first step
-        self._clock = SaveClock(self.saving)
-        self._saver = Saver(self.run, asynchronous=async_save, sharded=self.world > 1, after_commit=self._committed,
-                            intent=lambda step, root: self._event("committing", step, root=root, durable=True))
-        self._mirror = _start_mirror(self, mirror) if mirror and self.rank == 0 else None
+        self.session = Session(
+            directory, write=self._write, saving=saving, retention=retention, collective=ranks.TorchCollective(),
+            hooks=given, lock=lock, handle_signals=handle_signals,
+            writer=lambda s: Saver(s.run, asynchronous=async_save, sharded=self.world > 1,
+                                   after_commit=s.after_commit, intent=s.intent),
+            mirror=(lambda s: _start_mirror(s, mirror)) if mirror else None,
+            at_close=lambda committed: at_close(self._memory, self.run, committed, self.log))
+        self._saver = self.session.writer
         self._memory = MemoryTier(self.run, memory_every, rank=self.rank, world=self.world, log=self.log,
-                                  event=self._event, asynchronous=async_save) if memory_every is not None else None
-        self.committed: int | None = None
-        self.last_save: tuple[int, str] | None = None      # (step, reason) of the newest save
+                                  event=self.session.event, asynchronous=async_save) if memory_every is not None else None
         self.restored_from = self.restored_tier = None   # restore's generation and its tier (spec/RUN.md §13)
         self.skipped_diverged: str | None = None   # why restore passed newer generations over
         self.fresh: list[str] = []
-        self.closed, self._metrics = False, MetricsBook()   # _metrics: the newest given to step()
-        self._last_step: int | None = None    # the newest step restored or given to step()
-        self._resumed_at: int | None = None
-        self._checked = False                 # the run's generations looked at (restore, first step)
+
+    # ------------------------------------------------------------ the session's
+    run = property(lambda self: self.session.run, doc="The run (``Run``, or ``StoreRun`` for a URL).")
+    retention = property(lambda self: self.session.retention, doc="The retention ``Policy`` (None: keep all).")
+    saving = property(lambda self: self.session.saving, doc="The ``SavePolicy``.")
+    committed = property(lambda self: self.session.committed, doc="The newest step committed durably.")
+    last_save = property(lambda self: self.session.last_save, doc="(step, reason) of the newest save.")
+    closed = property(lambda self: self.session.closed, doc="True once ``close()`` ran.")
+    stall_s = property(lambda self: self.session.stall_s,
+                       doc="Seconds the loop waited in the newest save (the snapshot only, with ``async_save``).")
 
     # ------------------------------------------------------------ driving
     def request_save(self) -> None:
         """Commit a generation at the next ``step()`` and continue (what SIGUSR1 does)."""
-        self._save_requested = True
+        self.session.request_save()
 
     def request_stop(self, reason: str = "SIGTERM") -> None:
         """Commit a generation at the next ``step()``, which then returns True (SIGTERM, SIGINT);
         ``reason`` is what its ``checkpoint`` event records."""
-        if not self._stop:
-            self._stop_reason = reason
-        self._stop = True
+        self.session.request_stop(reason)
 
     def step(self, step: int, loss: Any = None, **metrics: Any) -> bool:
         """Record step ``step`` in ``.loss.json``; save on cadence or on request. True once a
         stop was requested: the generation is committed and the loop should exit."""
-        self._require_open()
-        step = refusals.step_of(self.run.where, step)
-        self._check_order(step)
-        self._saver.poll()                    # a background save that committed: its event now
-        record: dict[str, Any] = {"step": step, "time": time.time()}
-        values = {**({"loss": loss} if loss is not None else {}), **metrics}
-        for key, value in values.items():
-            record[key] = history_value(value)
-        self._metrics.record(step, values)
-        if self.rank == 0:
-            self.run.history.append(record)
-        self._record_policy()
-        due = self._clock.due(step, values, now=time.monotonic())
-        # the agreed decision; the local flags are only ever set here, never cleared by the
-        # collective, so a signal that lands while it runs counts at the next step. The wall
-        # clocks may differ between ranks: any rank's is every rank's save; a new best is rank
-        # 0's (the values its history records, where a resumed run's best comes from).
-        stop, save, timed, best = ranks.agree(self._stop, self._save_requested, "interval" in due,
-                                              self.rank == 0 and any(r.startswith("best ") for r in due))
-        if save:
-            self._save_requested = False
-        self._stop = self._stop or stop
-        reason = (self._stop_reason if stop else "SIGUSR1" if save else "cadence" if "cadence" in due
-                  else "interval" if timed else f"best {self.saving.on_best}" if best else None)
-        if reason and self.committed != step:
-            self.save(step, reason)
-        elif self._memory is not None and self._memory.due(step) and self.committed != step:
+        stop, saved = self.session.step(step, {**({"loss": loss} if loss is not None else {}), **metrics})
+        if not saved and self._memory is not None and self._memory.due(step) and self.committed != step:
             self._memory.save(step, self.model, self.optimizer, self._manifest)   # RAM: between durable ones
         return stop
-
-    def _record_policy(self) -> None:
-        """Rank 0, at the first step of a start that went through: the policies in
-        ``.policy.json`` (spec/RUN.md §5.6), for ``ls``. Best effort: a record that cannot be
-        written is said in the log, never a failed step."""
-        if self._policy_recorded:
-            return
-        self._policy_recorded = True
-        try:
-            record_policy(self.run, self.retention, self.saving)
-        except (CheckpointError, OSError) as exc:
-            self.log(f"the run's policy record was not written: {exc}")
-
-    def _check_order(self, step: int) -> None:
-        """Steps go forward from where the run is: a loop that restarts at 1 after ``restore()``,
-        or never called it on a run with generations, would replace the history's records of
-        those steps and collide with committed generations. Refused before anything is written."""
-        last = self._last_step
-        if last is not None and step <= last:
-            where = "where this run resumed" if last == self._resumed_at else "the last one given to step()"
-            raise ConfigMismatchError(str(self.run.where), f"step {step} is not after step {last}, {where}: "
-                                      "the loop goes on from restore()'s return (range(start + 1, ...))")
-        if not self._checked:
-            self._checked = True
-            done = [g.step for g in self.run.generations() if g.committed]
-            if done and max(done) >= step:
-                raise ConfigMismatchError(str(self.run.where), f"step {step}: the run has generations up to "
-                                          f"step {max(done)}; call restore() before the loop and go on "
-                                          "from the step it returns")
-        self._last_step = step
 
     def save(self, step: int, reason: str = "requested") -> None:
         """Commit generation ``step`` now (asynchronously with ``async_save``); the history's
         ``checkpoint`` event records ``reason`` and how long the loop stalled. Everything that
         cannot be stored is refused here, before a byte is written."""
-        self._require_open()
-        step = refusals.step_of(self.run.where, step)
+        self.session.save(step, reason)
+
+    def _write(self, step: int) -> None:
+        """The session's ``write``: the loop's state at ``step``, refused before a byte is
+        written if it cannot be stored, handed to the saver."""
         reshard(self.model)                 # FSDP2 after a sample: the optimizer's own tensors
         manifest, extra = self._manifest(step)
         refusals.strict_json(manifest)
         self._saver.save(step, self.model, self.optimizer, manifest, extra)
-        self.committed, self.last_save = step, (step, reason)
-        self._clock.saved(time.monotonic())
-        stall_ms = round(self.stall_s * 1e3, 3)     # recorded once committed (async: later)
-        self._saver.then(lambda: self._event("checkpoint", step, reason=reason, stall_ms=stall_ms,
-                                             root=self.run.committed_root(step) if self.rank == 0 else None))
 
     def metric(self, name: str) -> Any:
         """The newest value of the metric ``name`` given to ``step()`` (or recorded by the restored
         generation), as a float with NaN and inf; None if there is none."""
-        return self._metrics.value(name)
-
-    @property
-    def stall_s(self) -> float:
-        """Seconds the loop waited in the newest save (the snapshot only, with ``async_save``)."""
-        return self._saver.last_stall_s
+        return self.session.metrics.value(name)
 
     def wait(self) -> None:
         """Block until a save in flight (``async_save``) is committed; re-raise its failure."""
-        self._saver.wait()
+        self.session.wait()
 
     def close(self, step: int | None = None) -> None:
         """Commit ``step`` unless it is committed already, wait for a save in flight, release the
         run lock and the signal handlers. Idempotent."""
-        if self.closed:
-            return
-        try:
-            if step is not None and self.committed != step:
-                self.save(step, "close")
-            self._saver.wait()
-            at_close(self._memory, self.run, self.committed, self.log)   # the RAM tier's save in flight, its leftovers
-        finally:
-            self.closed = True
-            if self._mirror is not None:
-                report = self._mirror.close()          # a last pass: the destination catches up
-                if report["errors"]:
-                    self.log(f"mirror to {report['url']}: {report['errors'][-1]}")
-            self._release()
-
-    def _release(self) -> None:
-        """The history closed, the run lock and the signal handlers given back, whatever fails
-        (a history the disk refuses to sync is still closed, the lock still released)."""
-        try:
-            try:
-                self.run.history.sync()
-            finally:
-                self.run.history.close()               # a store's history: its last segment
-        finally:
-            let_go(self.run)                           # the RAM tier, held since its restore or first RAM save
-            try:
-                if self._lock is not None:
-                    self._lock.release()
-            finally:
-                handlers.restore(self._handlers)
-
-    def _require_open(self) -> None:
-        if self.closed:
-            raise RuntimeError(f"{self.run.where}: the checkpoint manager is closed")
+        self.session.close(step)
 
     def __enter__(self) -> "CheckpointManager":
         return self
@@ -271,7 +169,7 @@ class CheckpointManager:
         doc: dict[str, Any] = {**adapter.layout_fields(self.model, self.optimizer, opt_step),
                                "rng": rng.rng_state(self.generators), "versions": adapter.versions(),
                                "created": time.time(), "progress": {"step": step}}
-        metrics = self._metrics.at(step)
+        metrics = self.session.metrics.at(step)
         if metrics:
             doc["metrics"] = metrics
         extra: dict[str, Any] = {}
@@ -290,7 +188,8 @@ class CheckpointManager:
         if self.config is not None:
             doc["config"] = self.config
         ranks.add_ranks(doc, extra)
-        for key, value in (self.manifest_fields(step) if self.manifest_fields else {}).items():
+        fields = self.session.hooks.manifest_fields
+        for key, value in (fields(step) if fields else {}).items():
             if key in doc:
                 raise ValueError(f"manifest_fields: {key!r} is a field the manager writes")
             doc[key] = value
@@ -302,17 +201,6 @@ class CheckpointManager:
         if self.scaler is not None:
             out.append(("amp.scaler", self.scaler))
         return out + [(f"state.{name}", obj) for name, obj in self.state.items()]
-
-    def _committed(self, step: int, manifest: dict[str, Any]) -> None:
-        if self.rank == 0:
-            names = [m for m in (self.retention.metric if self.retention else None, self.saving.on_best) if m]
-            self._metrics.say_unreported(manifest, names, lambda said: self.log(f"{self.run.where}: {said}"))
-        if self.rank == 0 and self.retention is not None and not self.retention.keep_all and (deleted := self.run.gc(self.retention)):
-            self.log(f"retention deleted steps {deleted}", info=True)
-        if self.on_commit is not None:
-            self.on_commit(step, manifest)
-        if self._mirror is not None:
-            self._mirror.on_commit(step, manifest)     # wakes the mirror's thread; returns at once
 
     # ------------------------------------------------------------ restore
     def restore(self, source: Any = None, *, strict: bool = True, restore_rng: bool = True,
@@ -337,51 +225,33 @@ class CheckpointManager:
         ``allow_device_change=True`` goes on without them, says so in the log and records a
         ``device_change`` event.
         """
-        self._require_open()
+        hooks = self.session.hooks
+        self.session.require_open()
         self.fresh = []
         self.restored_from = self.skipped_diverged = None
         loop = restoring.Loop(self.run, self.model, self.optimizer, tuple(self.pieces()), self.generators,
-                              self.rank, self.log, self._event, self.upgrade, self.on_restore)
+                              self.rank, self.log, self.session.event, hooks.upgrade, hooks.on_restore)
         done = restoring.restore(loop, source, strict, restore_rng, allow_nonfinite, allow_device_change)
         self.fresh, self.restored_from, self.skipped_diverged = list(done.fresh), done.path, done.skipped_diverged
         step, self.restored_tier = done.step, done.tier
         forget_after(self.run, step or 0, self.log)     # RAM generations of a lost timeline
-        self._checked, self._last_step = True, step
-        self._resumed_at = step
+        # the newest durable generation is the one restored (a RAM one, or a source, is not)
+        self.session.resumed(step, done.metrics, durable=source is None and not tiers.in_ram(done.tier))
         if step is None:
             refusals.trained_before_restore(self.model, self._built, self.run.where, self.log)
-            self._event("start", 0, world_size=self.world)
+            self.session.event("start", 0, world_size=self.world)
             return 0
-        self._go_on_from(step, done.metrics)
-        if source is None and not tiers.in_ram(done.tier):
-            self.committed = step             # the newest durable generation (a RAM one is not)
         passed = {k: v for k, v in (("skipped_diverged", self.skipped_diverged), ("tier", done.tier)) if v}
-        self._event("resume", step, fresh_pieces=self.fresh, **passed)
+        self.session.event("resume", step, fresh_pieces=self.fresh, **passed)
         return step
-
-    def _go_on_from(self, step: int, metrics: Mapping[str, Any]) -> None:
-        """After a restore: the metrics the generation recorded are the newest known (the next
-        manifests record them until the loop reports newer ones), and ``on_best`` goes on from
-        the best value the history holds up to ``step``."""
-        self._metrics.seed(metrics)
-        best = self.saving.on_best
-        known = best_in_history(self.run.history.source, best, self.saving.mode, step) if best else None
-        self._clock = SaveClock(self.saving, best=known)
 
     def log(self, message: str, *, info: bool = False) -> None:
         """Say what the manager decided: to the ``log`` hook; without one, a warning (an
         ``info`` message, such as what retention deleted, is then left unsaid)."""
-        if self._log is not None:
-            self._log(message)
-        elif not info:
-            warnings.warn(message, stacklevel=3)
-
-    def _event(self, kind: str, step: int, **fields: Any) -> None:
-        if self.rank == 0:
-            self.run.history.event(kind, step, **fields)
+        self.session.log(message, info=info)
 
 
 # ---------------------------------------------------------------- helpers
-def _start_mirror(mgr: CheckpointManager, url: str) -> BackgroundMirror:
+def _start_mirror(session: Session, url: str) -> Mirror:
     """The background mirror of ``mirror=URL`` (the run layer's), with the run's own retention."""
-    return BackgroundMirror(mgr.run.path, url, retention=mgr.retention, log=mgr.log)
+    return BackgroundMirror(session.run.path, url, retention=session.retention, log=session.log)

@@ -19,7 +19,6 @@ skipped, never a failed step: the log says the first failure and when saves work
 """
 from __future__ import annotations
 
-import contextlib
 import time
 from pathlib import Path
 from typing import Any, Callable
@@ -153,13 +152,6 @@ def at_close(memory: MemoryTier | None, run: Run, step: int | None, log: Callabl
     if step is not None:
         _remove(run, log, lambda: ramdirs.release(run, step), f"up to step {step}",
                 f": the durable step {step} covers them")
-
-
-def let_go(run: Run) -> None:
-    """The run's tier no longer held by this process (``ramdirs.keep``: its RAM saves and its
-    restore took it): the manager's close, whatever failed before it."""
-    with contextlib.suppress(CheckpointError, OSError):
-        ramdirs.let_go(tiers.memory_dir(run))
 
 
 def forget_after(run: Run, step: int, log: Callable[..., None]) -> None:

@@ -4,8 +4,9 @@ Each function is the single-process answer when there is one process, so the man
 them unconditionally:
 
 - ``check_setup``: a sharded save holds float32 parameters and Adam/AdamW moments;
-- ``agree``: a stop or save requested on any rank (a signal reaches one process) becomes every
-  rank's decision at the same step (the Lightning callback's signal flags too);
+- ``TorchCollective``: the session's collective (``ckptfmt.run.collective``): a stop or save
+  requested on any rank (a signal reaches one process) becomes every rank's decision at the
+  same step (the Lightning callback's signal flags too);
 - ``add_ranks``: every rank's RNGs and loop state (a sampler's position differs per rank) in
   the manifest as ``ranks`` (``per_rank``: the gathering, which the Lightning callback's
   RNG states go through too);
@@ -18,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.distributed as dist
 
 from ..errors import UnsupportedSetupError
 from ..run import Run, ramdirs, tiers
@@ -38,10 +40,20 @@ def check_setup(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tup
     return rank, world
 
 
-def agree(stop: bool, save: bool, *more: bool) -> tuple[bool, ...]:
-    """(stop, save, *more) as every rank sees them: true if any rank asked (one collective per
-    step; ``more``: the save rules whose answer may differ between ranks, wall time, a metric)."""
-    return any_rank(stop, save, *more)
+class TorchCollective:
+    """The ``Collective`` of a session over torch.distributed: this process's rank and the
+    world size (0 of 1 outside a process group)."""
+
+    def __init__(self) -> None:
+        self.rank, self.world = rank_world()
+
+    def agree(self, *flags: bool) -> tuple[bool, ...]:
+        """Each flag true if any rank's is (one MAX all-reduce per step)."""
+        return any_rank(*flags)
+
+    def barrier(self) -> None:
+        if self.world > 1:
+            dist.barrier()
 
 
 def add_ranks(doc: dict[str, Any], extra: dict[str, Any]) -> None:

@@ -1,22 +1,17 @@
 """What the checkpoint manager refuses before anything is written (spec/RUN.md §8): arguments
 that are no policy, state objects without ``state_dict``, parameters the layout cannot hold
-exactly, a manifest JSON cannot hold, a step the format cannot hold."""
+exactly, a manifest JSON cannot hold (a step the format cannot hold: ``ckptfmt.run.session.step_of``)."""
 from __future__ import annotations
 
-import operator
 from typing import Any, Mapping
 
 import torch
 
-from .. import format as fmt
 from .. import manifest as mf
-from ..errors import SaveError, UnsupportedSetupError
 from ..run import Policy, SavePolicy
 from . import adapter, loaders
 
 UNSET: Any = type("Unset", (), {})()   # an argument not given
-
-HOOKS = ("manifest_fields", "on_restore", "upgrade", "on_commit", "log", "lock")
 
 
 def policies(every: Any, keep_last: Any, keep_every: int | None, retention: Any,
@@ -42,10 +37,8 @@ def policies(every: Any, keep_last: Any, keep_every: int | None, retention: Any,
     return retention, saving or SavePolicy(every=every)
 
 
-def check_pieces(state: Mapping[str, Any] | None, hooks: Mapping[str, Any]) -> None:
-    unknown = sorted(set(hooks) - set(HOOKS))
-    if unknown:
-        raise TypeError(f"CheckpointManager: unknown argument(s) {unknown}; hooks are {list(HOOKS)}")
+def check_state(state: Mapping[str, Any] | None) -> None:
+    """Every state object can give its state and take it back."""
     for name, obj in (state or {}).items():
         loaders.refuse_plain(name, obj)
         if not (callable(getattr(obj, "state_dict", None)) and callable(getattr(obj, "load_state_dict", None))):
@@ -83,19 +76,3 @@ def strict_json(manifest: dict[str, Any]) -> None:
         mf.dumps(manifest)
     except (TypeError, ValueError) as exc:
         raise TypeError(f"cannot checkpoint: the manifest would not be strict JSON ({exc})") from None
-
-
-def step_of(run: Any, step: Any) -> int:
-    """``step`` as the format holds it (an int32 >= 0), refused before anything is written."""
-    if isinstance(step, bool) or not hasattr(step, "__index__") or not 0 <= operator.index(step) <= fmt.MAX_STEP:
-        raise SaveError(str(run), f"step must be an integer in 0..{fmt.MAX_STEP} (an int32 in the file), "
-                                  f"got {step!r}")
-    return operator.index(step)
-
-
-def on_store(run: Any, mirror: str | None) -> None:
-    """A run on object storage (``StoreRun``, no local path) is where a mirror would upload to:
-    ``mirror=`` refused in one line (exit 2) before anything is written."""
-    if run.path is None and mirror:
-        raise UnsupportedSetupError(run.where, "a run on object storage is not mirrored: it is in object storage "
-                                               "already (mirror= is for a local run directory)")

@@ -13,9 +13,8 @@ import math
 from typing import Any, Callable, Mapping
 
 import numpy as np
-import torch
 
-from ..run.history import encode_float
+from .history import encode_float
 
 __all__ = ["MetricsBook", "history_value", "manifest_value"]
 
@@ -23,12 +22,13 @@ NON_FINITE = ("nan", "inf", "-inf")     # how the history writes them (a loop ma
 
 
 def plain(value: Any) -> Any:
-    """Integers as ``int``, floats (one-element tensors, NumPy scalars) as ``float``; others as given."""
+    """Integers as ``int``, floats (one-element tensors, NumPy scalars) as ``float``; others as given.
+    A tensor is known by its ``numel()`` (the run layer imports no framework)."""
     if isinstance(value, (bool, str)) or value is None:
         return value
     if isinstance(value, (int, np.integer)):
         return int(value)
-    if isinstance(value, (float, np.floating)) or (isinstance(value, torch.Tensor) and value.numel() == 1):
+    if isinstance(value, (float, np.floating)) or (callable(getattr(value, "numel", None)) and value.numel() == 1):
         return float(value)
     return value
 
