@@ -18,7 +18,9 @@ The pair's contract, in the order Lightning calls it (every rank under DDP):
 4. ``Checkpointing.on_fit_start`` (after ``configure_optimizers``, before the first step):
    refuses what a save could not hold (several optimizers, one the seed layout cannot hold,
    optimizer tensors outside the module, hyper-parameters JSON cannot hold) before training.
-5. ``Checkpointing.on_train_start`` (after Lightning registered its signal handlers): with
+5. ``Checkpointing.on_train_start`` (after Lightning registered its signal handlers and made the
+   training loader's iterator from its loaded state): a fit resumed inside an epoch gets step
+   3's RNG states once more (that iterator's draw is none the straight run made); with
    ``signals=True`` installs SIGUSR1 and SIGTERM flags that chain the handlers found; with
    ``history=True`` opens ``.loss.json`` in ModelCheckpoint's directory (rank 0); with
    ``mirror=URL`` starts the mirror's thread there (rank 0, ``run.mirror_thread.Mirroring``), which makes a first

@@ -193,6 +193,7 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
             if signals else None
         self._log: History | SegmentedHistory | None = None
         self._resumed_at: int | None = None
+        self._rng: tuple[dict[str, Any], Any] | None = None     # the RNG states a fit resumed with
 
     def setup(self, trainer: Any, pl_module: Any, stage: str) -> None:
         """Refuse a Trainer without the plugin (or, for the options, without a ModelCheckpoint)."""
@@ -226,7 +227,11 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
 
     def on_train_start(self, trainer: Any, pl_module: Any) -> None:
         """After Lightning registered its signal handlers: ours for SIGUSR1 chains theirs; the
-        history opens (rank 0), with a ``resume`` event after a resume; the mirror starts (rank 0)."""
+        history opens (rank 0), with a ``resume`` event after a resume; the mirror starts (rank 0);
+        a resume inside an epoch puts the RNG states back once more (``_inside_epoch``)."""
+        rng_states, self._rng = self._rng, None
+        if rng_states is not None and _inside_epoch(trainer.fit_loop):
+            rng.restore_rng(rng_states[0], path=rng_states[1])
         if self._signals is not None:
             self._install(trainer)
         if self.mirror is not None and trainer.is_global_zero:
@@ -300,7 +305,7 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
         if self._log is not None:
             self._log.close()
             self._log = None
-        self._resumed_at = None
+        self._resumed_at = self._rng = None
 
     def on_save_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
         """Add the RNG states (every rank's: a collective), each param group's parameter names
@@ -317,7 +322,8 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
             self._log.sync()
 
     def on_load_checkpoint(self, trainer: Any, pl_module: Any, checkpoint: dict[str, Any]) -> None:
-        """Put this rank's RNG states back when fitting (a checkpoint without them is refused)."""
+        """Put this rank's RNG states back when fitting (a checkpoint without them is refused);
+        kept for ``on_train_start``, which puts them back once more inside an epoch."""
         if trainer.state.fn != "fit":
             return                   # validate/test/predict draw nothing a resume must repeat
         self._resumed_at = int(checkpoint.get("global_step", 0))
@@ -327,7 +333,19 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
                           "resumed as Lightning resumes it, not bit-exactly", PlainCheckpointWarning, stacklevel=2)
             return
         if self.restore_rng:
-            rng.restore_rng(_rank_rng(ours, trainer.global_rank, trainer.world_size), path=ours.get("path"))
+            self._rng = (_rank_rng(ours, trainer.global_rank, trainer.world_size), ours.get("path"))
+            rng.restore_rng(self._rng[0], path=self._rng[1])
+
+
+def _inside_epoch(fit_loop: Any) -> bool:
+    """The fit resumed inside an epoch, before its last batch: the loader's iterator, made since
+    the RNG states came back (``fit_loop.setup_data``: a stateful loader's state loaded, then
+    ``iter()``), goes on with the epoch the straight run had begun, so a draw it made (torchdata's
+    ``StatefulDataLoader`` draws its base seed from torch's RNG) is none the straight run made
+    after the save. At an epoch's last batch ``iter()`` begins the next epoch, whose draws the
+    straight run made after the save: the RNG states stay as it left them (a ``StatefulDataLoader``
+    makes its finished iterator first, one draw more: not yet bit-exact, spec/RUN.md §11.4)."""
+    return bool(fit_loop.restarted_mid_epoch and not fit_loop.epoch_loop.batch_progress.is_last_batch)
 
 
 def _history(where: Any) -> "History | SegmentedHistory":
