@@ -15,8 +15,8 @@ from typing import Iterable
 
 from .. import fsio, kinds
 from ..run import Run
-from ..run.generations import manifest_of
-from ..run.retention import Policy, candidate_for, guarded
+from ..run.generations import manifest_of, non_finite
+from ..run.retention import Policy, candidate_for, find_guards, guarded
 from ..store import DIRECTORY
 from . import files, stored
 
@@ -74,10 +74,10 @@ def prune(dirpath: "str | os.PathLike[str]", policy: Policy, *, keep: Iterable[s
     found = checkpoints(dirpath)
     if not found or policy.keep_all:       # nothing to delete: nothing to hash
         return []
-    valid, finite = _guards(found)
     newest = [run.generations()[-1] for _, run in found]
-    chosen = guarded(policy, [candidate_for(policy, g.step, lambda g=g: manifest_of(g)) for g in newest],
-                     newest_valid=valid, newest_finite=finite)
+    judges = {id(gen): run.judge(deep=True) for gen, (_, run) in zip(newest, found)}   # hashed: verify before delete
+    guards = find_guards(reversed(newest), check=lambda g: judges[id(g)](g), non_finite=non_finite)
+    chosen = guarded(policy, [candidate_for(policy, g.step, lambda g=g: manifest_of(g)) for g in newest], guards)
     doomed, keep = set(chosen.doomed), {_same(p) for p in keep if p}
     removed = []
     for path, run in found:
@@ -87,14 +87,3 @@ def prune(dirpath: "str | os.PathLike[str]", policy: Policy, *, keep: Iterable[s
     return removed
 
 
-def _guards(found: list[tuple[str, Run]]) -> tuple[int | None, int | None]:
-    """(the newest valid, the newest valid finite checkpoint's step), newest first, each hashed,
-    until both are known."""
-    valid = None
-    for _, run in reversed(found):
-        choice = run.choose(deep=True)
-        if choice.newest_valid is not None and valid is None:
-            valid = choice.newest_valid.step
-        if choice.gen is not None:
-            return valid, choice.gen.step
-    return valid, None

@@ -22,25 +22,36 @@ from .history import NAME, History, complete_length
 from .lease import ReadLease, honoured
 from .lock import RunLock, lock_holder, sidecar_in_progress
 from .roots import mismatch, of_step, recorded
-from .retention import Candidate, Plan, Policy, candidate_for, guarded
+from .retention import Candidate, Guards, Plan, Policy, candidate_for, find_guards, guarded
 from .sidecars import PINS, archive, read_json, write_json
 
 
 @dataclass
 class Choice:
-    """What latest-valid found, newest first: ``gen`` the generation to resume (None when there is
+    """What latest-valid found, newest first: the walk's ``guards`` (``retention.find_guards``,
+    what retention protects), and from them ``gen`` the generation to resume (None when there is
     none), ``diverged`` the newer valid generations it passed because their recorded facts count
-    NaN or inf values (``non_finite[step]`` says where), ``reasons`` why others were invalid."""
+    NaN or inf values (``non_finite[step]`` says where); ``reasons`` why others were invalid."""
 
-    gen: Generation | None = None
-    diverged: list[Generation] = field(default_factory=list)
-    non_finite: dict[int, dict[str, int]] = field(default_factory=dict)
+    guards: Guards = field(default_factory=Guards)
     reasons: list[str] = field(default_factory=list)
+
+    @property
+    def gen(self) -> Generation | None:
+        return self.guards.finite
+
+    @property
+    def diverged(self) -> list[Generation]:
+        return self.guards.diverged
+
+    @property
+    def non_finite(self) -> dict[int, dict[str, int]]:
+        return self.guards.non_finite
 
     @property
     def newest_valid(self) -> Generation | None:
         """The newest committed valid generation, diverged or not (never to be deleted)."""
-        return self.diverged[0] if self.diverged else self.gen
+        return self.guards.valid
 
     def why(self) -> str:
         """One line: why the newer diverged generations were passed over."""
@@ -197,22 +208,17 @@ class Run:
                among: list[Generation] | None = None) -> Choice:
         """Latest-valid as data (``latest`` without raising): walks generations newest first."""
         gens = self.generations() if among is None else among
-        choice = Choice()
         bare = allow_bare and bool(gens) and all(g.manifest is None for g in gens)     # is_bare() of these
         judge = check_bare if bare else self.judge(deep=deep)
-        for gen in reversed(gens):
+
+        def check(gen: Generation) -> str | None:
             reason = judge(gen)
             if reason is not None:
-                choice.reasons.append(f"step {gen.step}: {reason}")
-                warnings.warn(f"{self.where}: skipping generation {gen.step}: {reason}", stacklevel=3)
-                continue
-            bad = {} if bare or allow_nonfinite else non_finite(gen)
-            if not bad:
-                choice.gen = gen
-                return choice
-            choice.diverged.append(gen)
-            choice.non_finite[gen.step] = bad
-        return choice
+                warnings.warn(f"{self.where}: skipping generation {gen.step}: {reason}", stacklevel=5)
+            return reason
+        found = find_guards(reversed(gens), check=check,
+                            non_finite=lambda g: {} if bare or allow_nonfinite else non_finite(g))
+        return Choice(found, [f"step {gen.step}: {why}" for gen, why in found.invalid])
 
     def commit(self, step: int, weights: Any, m: Any, v: Any, *, manifest: dict[str, Any],
                n_params: int | None = None, extra_tensors: dict[str, Any] | None = None,
@@ -303,8 +309,7 @@ class Run:
         candidates = [candidate_for(policy, g.step, lambda g=g: manifest_of(g)) for g in committed]
         if strict_metric:
             self._check_metric(policy, candidates)
-        return guarded(policy, candidates, pinned=self.pins(), newest_valid=_step(choice.newest_valid),
-                       newest_finite=_step(choice.gen))
+        return guarded(policy, candidates, choice.guards, pinned=self.pins())
 
     def _check_metric(self, policy: Policy, candidates: list[Candidate]) -> None:
         """A best-K by a metric no generation records is a mistake (a typo), refused before
@@ -379,7 +384,3 @@ class Run:
     def write_sidecar(self, name: str, value: Any) -> None:
         """Replace a sidecar atomically (temp, fsync, rename, fsync the directory)."""
         write_json(self.path / name, value)
-
-
-def _step(gen: Generation | None) -> int | None:
-    return None if gen is None else gen.step

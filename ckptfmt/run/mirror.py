@@ -31,10 +31,10 @@ from . import mirrors
 from .directory import Run
 from .generations import manifest_of, non_finite
 from .lease import ReadLease
-from .retention import Candidate, Policy, candidate_for, guarded
+from .retention import Candidate, Guards, Policy, candidate_for, find_guards, guarded
 from .sidecars import PINS, PIVOT, POLICY, SAMPLES, STATE
 from .storelock import leased
-from .storerun import MIRROR_INDEX
+from .storerun import MIRROR_INDEX, StoreRun
 
 __all__ = ["INDEX", "SIDECARS", "mirror", "mirror_runs"]
 
@@ -61,8 +61,9 @@ def mirror(run_dir: "str | os.PathLike[str]", url: str, *, retention: Policy | N
         local = {g.step: g for g in lease.listing.generations if g.committed and judge(g) is None}
         there = by_step(remote)
         policy = None if retention is None or retention.keep_all else retention   # None: nothing to delete
-        skip = _doomed(_candidates(policy, local, there, remote), policy, run.pins(),
-                       max(local, default=None), _newest_finite(local, lambda s: non_finite(local[s])))
+        guards = find_guards((local[s] for s in sorted(local, reverse=True)), check=lambda g: None,  # judged above
+                             non_finite=non_finite)
+        skip = _doomed(_candidates(policy, local, there, remote), policy, run.pins(), guards)
         lease.narrow(s for s in local if s not in skip)
         kept_out = sorted(s for s in local if s in skip)           # not lag, for ls (RUN.md §10.6)
         if mirrors.read(run.path)["destinations"].get(remote.url, {}).get("kept_out", []) != kept_out:
@@ -128,18 +129,12 @@ def _remote_doc(remote: ObjectStore, step: int) -> dict[str, Any] | None:
         return None
 
 
-def _doomed(candidates: list[Candidate], policy: Policy | None, pins: list[int], newest: int | None,
-            finite: int | None) -> set[int]:
+def _doomed(candidates: list[Candidate], policy: Policy | None, pins: list[int], guards: Guards) -> set[int]:
     """Steps retention at the destination would delete: the one retention plan (``run.retention``)
-    with the local guards, the newest and the newest finite generation (spec/RUN.md §5.4)."""
+    under ``guards``, the newest valid and the newest finite generation (spec/RUN.md §5.4)."""
     if policy is None:
         return set()
-    return set(guarded(policy, candidates, pinned=pins, newest_valid=newest, newest_finite=finite).doomed)
-
-
-def _newest_finite(steps: Iterable[int], diverged: Callable[[int], dict[str, int]]) -> int | None:
-    """The newest of ``steps`` whose recorded facts count no NaN or inf (``diverged`` empty)."""
-    return next((s for s in sorted(steps, reverse=True) if not diverged(s)), None)
+    return set(guarded(policy, candidates, guards, pinned=pins).doomed)
 
 
 def _diverged(doc: dict[str, Any] | None) -> dict[str, int]:
@@ -223,14 +218,16 @@ def _index_there(remote: ObjectStore) -> dict[str, Any]:
 
 
 def _prune(remote: ObjectStore, policy: Policy, pins: list[int]) -> list[int]:
-    """Retention at the destination over its committed generations; the newest and the newest
-    finite one are protected, as locally, and so is a step a reader's unexpired lease there
-    holds (``run.storelock.leased``: an import in progress)."""
+    """Retention at the destination over its committed generations; the newest valid one (checked
+    there as a run on a store checks it, ``StoreRun.retention_deep``: its manifest, each part's
+    size and a ``.bin``'s header) and the newest finite one are protected, as locally, and so is
+    a step a reader's unexpired lease there holds (``run.storelock.leased``: an import in progress)."""
     there = {s: g for s, g in by_step(remote).items() if g.committed}
     doc = functools.lru_cache(maxsize=None)(lambda step: _remote_doc(remote, step))   # each read once, if at all
     candidates = [candidate_for(policy, s, lambda s=s: doc(s)) for s in sorted(there)]
-    doomed = _doomed(candidates, policy, pins, max(there, default=None),
-                     _newest_finite(there, lambda s: _diverged(doc(s)))) - leased(remote)   # readers' claims there
+    guards = find_guards((there[s] for s in sorted(there, reverse=True)), non_finite=lambda g: _diverged(doc(g.step)),
+                         check=lambda g: g.check(deep=StoreRun.retention_deep, doc=doc(g.step)))
+    doomed = _doomed(candidates, policy, pins, guards) - leased(remote)   # readers' claims there
     for step in sorted(doomed):
         there[step].remove()
     return sorted(doomed)

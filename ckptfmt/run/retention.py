@@ -10,10 +10,12 @@ from __future__ import annotations
 import math
 import re
 from dataclasses import dataclass, field
-from typing import Any, Callable, ClassVar, Iterable, Mapping
+from typing import Any, Callable, ClassVar, Generic, Iterable, Mapping, TypeVar
 
-__all__ = ["Candidate", "Plan", "Policy", "candidate", "candidate_for", "guarded", "ordering", "parse_duration",
-           "plan", "plan_retention"]
+__all__ = ["Candidate", "Guards", "Plan", "Policy", "candidate", "candidate_for", "find_guards", "guarded",
+           "ordering", "parse_duration", "plan", "plan_retention"]
+
+G = TypeVar("G")
 
 DURATION = re.compile(r"([1-9][0-9]*)([smhd])")
 UNIT_S = {"s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -149,19 +151,77 @@ def plan(policy: Policy, generations: Iterable[Candidate], *, pinned: Iterable[i
     return Plan({s: r for s, r in kept.items() if r}, [s for s, r in kept.items() if not r])
 
 
-def guarded(policy: Policy, generations: Iterable[Candidate], *, newest_valid: int | None,
-            newest_finite: int | None, pinned: Iterable[int] = (), also: Mapping[int, str] | None = None) -> Plan:
-    """``plan`` under the guards (spec/RUN.md §5.2, §5.4), built one way for every caller (the run
-    directory, a mirror, Lightning's and Hugging Face's checkpoint directories): ``also`` (step
-    -> why: a caller's own, e.g. the Trainer's best), then the newest valid generation and the
-    newest finite one (one step, ``newest valid``, where they are the same), and the pins;
-    each caller finds those two its own way (verify before delete), none builds the guards.
+@dataclass
+class Guards(Generic[G]):
+    """What ``find_guards`` found, newest first: ``finite`` the newest valid generation whose
+    recorded values are finite (what a restore takes; None: none), ``diverged`` the newer valid
+    ones that are not (``non_finite[step]`` says what), ``invalid`` (generation, why) for each
+    one that failed its check on the way."""
 
-    >>> guarded(Policy(keep_last=1), [Candidate(s) for s in (1, 2, 3)], newest_valid=3, newest_finite=2).doomed
+    finite: G | None = None
+    diverged: list[G] = field(default_factory=list)
+    non_finite: dict[int, Any] = field(default_factory=dict)
+    invalid: list[tuple[G, str]] = field(default_factory=list)
+    step: Callable[[G], int] = field(default=lambda g: g.step, repr=False)
+
+    @property
+    def valid(self) -> G | None:
+        """The newest valid generation, diverged or not (never to be deleted)."""
+        return self.diverged[0] if self.diverged else self.finite
+
+    @property
+    def newest_valid(self) -> int | None:
+        return None if self.valid is None else self.step(self.valid)
+
+    @property
+    def newest_finite(self) -> int | None:
+        return None if self.finite is None else self.step(self.finite)
+
+
+def find_guards(newest_first: Iterable[G], *, check: Callable[[G], str | None],
+                non_finite: Callable[[G], Any], step: Callable[[G], int] = lambda g: g.step) -> Guards[G]:
+    """The guards of retention (spec/RUN.md §5.2, §5.4), found one way for every store and caller:
+    walk the generations newest first, each one ``check``ed (None, or why it is not valid: the
+    caller's verification, spec/RUN.md §5.2 says which), until one is valid and not
+    ``non_finite`` (its recorded NaN/inf counts: empty or 0 is finite). That one is the newest
+    finite; the first valid one is the newest valid. Nothing older is checked.
+
+    >>> g = find_guards([3, 2, 1], check=lambda s: "torn" if s == 3 else None, non_finite=lambda s: s == 2,
+    ...                 step=int)
+    >>> g.newest_valid, g.newest_finite, g.invalid
+    (2, 1, [(3, 'torn')])
+    """
+    out: Guards[G] = Guards(step=step)
+    for gen in newest_first:
+        why = check(gen)
+        if why is not None:
+            out.invalid.append((gen, why))
+            continue
+        bad = non_finite(gen)
+        if not bad:
+            out.finite = gen
+            break
+        out.diverged.append(gen)
+        out.non_finite[step(gen)] = bad
+    return out
+
+
+def guarded(policy: Policy, generations: Iterable[Candidate], guards: Guards | None, *,
+            pinned: Iterable[int] = (), also: Mapping[int, str] | None = None) -> Plan:
+    """``plan`` under the guards (spec/RUN.md §5.2, §5.4), built one way for every caller (a run
+    on a directory or a store, a mirror's destination, Lightning's and Hugging Face's checkpoint
+    directories, the RAM tier): ``also`` (step -> why: a caller's own, e.g. the Trainer's best),
+    then the newest valid generation and the newest finite one of ``guards`` (``find_guards``:
+    one step, ``newest valid``, where they are the same; None: the caller verifies nothing,
+    the RAM tier, whose rule alone keeps its newest), and the pins.
+
+    >>> guards = find_guards([3, 2, 1], check=lambda s: None, non_finite=lambda s: s == 3, step=int)
+    >>> guarded(Policy(keep_last=1), [Candidate(s) for s in (1, 2, 3)], guards).doomed
     [1]
     """
     protect = dict(also or {})
-    for step, why in ((newest_valid, "newest valid"), (newest_finite, "newest finite")):
+    found = (guards.newest_valid, guards.newest_finite) if guards is not None else (None, None)
+    for step, why in zip(found, ("newest valid", "newest finite")):
         if step is not None:
             protect.setdefault(step, why)
     return plan(policy, generations, pinned=pinned, protect=protect)

@@ -35,6 +35,7 @@ from ..facts import describe
 from .directory import Run
 from ..generation import Generation, list_dir
 from .generations import non_finite
+from .retention import Candidate, Policy, guarded
 
 RUN_ID = ".run-id.json"
 MEMORY_ENV = "CKPTFMT_MEMORY_DIR"
@@ -233,12 +234,14 @@ def remove_generations(where: Path, which: Callable[[int], bool]) -> list[int]:
 
 
 def prune(where: Path, keep: int = MEMORY_KEEP) -> list[int]:
-    """The RAM tier's retention: the generations of its newest ``keep`` committed steps stay,
-    older ones, committed or not, are removed (nothing is hashed: a restore checks what it takes,
-    and on more than one node a tier may hold only some shards of a generation). The steps removed."""
+    """The RAM tier's retention: the run layer's one plan (``retention.guarded``) with the policy
+    ``keep_last=keep`` over its committed steps, and no verified guards (nothing is hashed: a
+    restore checks what it takes, and on more than one node a tier may hold only some shards of
+    a generation); uncommitted ones older than the oldest kept go too. The steps removed."""
     gens = list_dir(where).generations
-    kept = sorted(g.step for g in gens if g.manifest is not None)[-keep:]
-    gone = [g for g in gens if kept and g.step < kept[0]]
+    chosen = guarded(Policy(keep_last=keep), [Candidate(g.step) for g in gens if g.manifest is not None], None)
+    oldest = min(chosen.kept, default=None)
+    gone = [g for g in gens if g.step in chosen.doomed or (oldest is not None and g.step < oldest)]
     for gen in gone:
         gen.remove()
     return [g.step for g in gone]

@@ -26,7 +26,7 @@ from .. import fsio, kinds
 from ..errors import CheckpointError, NoValidGenerationError, UnsupportedSetupError
 from ..hfcheckpoint import HFCheckpoint, checkpoints, deleting, read_record, step_of_dir, sweep_deleting
 from ..run.lease import honoured
-from ..run.retention import Policy, candidate, guarded
+from ..run.retention import Policy, candidate, find_guards, guarded
 from ..tensorfile import TensorFile
 from . import hfdir
 from .report import Report
@@ -90,40 +90,23 @@ def retain(output_dir: "str | os.PathLike[str]", policy: Policy, *, best: str | 
         return []
     valid = [(gen, record) for gen in checkpoints(output_dir)
              if gen.check() is None and (record := _record_or_none(gen.directory)) is not None]
-    newest, finite, failed = _verified_guards(valid)
-    if newest is None:
+    records = {gen.step: record for gen, record in valid}
+    guards = find_guards((gen for gen, _ in valid), check=lambda gen: gen.check(deep=True),   # verify before delete
+                         non_finite=lambda gen: hfdir.non_finite(records[gen.step]))
+    if guards.newest_valid is None:
         return []                           # no checkpoint verifies: no guard holds, nothing is deleted
+    failed = {gen.step for gen, _ in guards.invalid}
     valid = [v for v in valid if v[0].step not in failed]
     also = dict(protect or {})
     if best is not None and step_of_dir(best) is not None:
         also.setdefault(step_of_dir(best), "best_model_checkpoint")
-    doomed = guarded(policy, [candidate(g.step, r) for g, r in valid], newest_valid=newest, newest_finite=finite,
-                     also=also).doomed
+    doomed = guarded(policy, [candidate(g.step, r) for g, r in valid], guards, also=also).doomed
     with honoured(output_dir) as leased:
         doomed = [s for s in doomed if s not in leased]
         for gen, _ in valid:
             if gen.step in doomed:
                 gen.remove()
     return doomed
-
-
-def _verified_guards(valid: list[tuple[HFCheckpoint, dict[str, Any]]]) -> tuple[int | None, int | None, set[int]]:
-    """(the newest checkpoint of ``valid`` (newest first) whose every file matches its blake3,
-    the newest finite one that does, the steps found not to): verify before delete, so a
-    same-size corruption is never the one protected while good ones are deleted."""
-    newest = finite = None
-    failed: set[int] = set()
-    for gen, record in valid:
-        step = gen.step
-        if newest is not None and (finite is not None or hfdir.non_finite(record)):
-            continue                        # both guards found, or this one cannot be the finite one
-        if gen.check(deep=True) is not None:
-            failed.add(step)
-            continue
-        newest = step if newest is None else newest
-        if finite is None and not hfdir.non_finite(record):
-            finite = step
-    return newest, finite, failed
 
 
 # ---------------------------------------------------------------- validate / ls / inspect

@@ -179,6 +179,20 @@ def test_retention_at_the_destination_keeps_last_milestones_and_pins(s3, bucket,
     assert not any(k.startswith("step_000500") for k in objects(s3, bucket, "ret/"))
 
 
+def test_retention_at_the_destination_never_deletes_its_newest_valid_generation_when_a_newer_one_is_damaged(
+        s3, bucket, tmp_path):
+    run = make_run(tmp_path / "run")
+    url = f"s3://{bucket}/newer"
+    assert cli("mirror", str(run), url).returncode == 0
+    other = make_run(tmp_path / "other", steps=(30,))          # a newer generation there, its payload torn
+    client = s3.client()
+    client.put_object(Bucket=bucket, Key="newer/step_000030.bin", Body=(other / "step_000030.bin").read_bytes()[:-64])
+    client.put_object(Bucket=bucket, Key="newer/step_000030.json", Body=(other / "step_000030.json").read_bytes())
+    doc = json.loads(cli("mirror", str(run), url, "--keep-last", "1", "--json").stdout)
+    assert doc["deleted"] == [10] and doc["at_destination"] == [20, 30]
+    assert objects(s3, bucket, "newer/")["step_000020.bin"] == (run / "step_000020.bin").read_bytes()
+
+
 def test_a_damaged_object_at_the_destination_is_replaced(s3, bucket, tmp_path):
     run = make_run(tmp_path / "run")
     url = f"s3://{bucket}/dmg"
