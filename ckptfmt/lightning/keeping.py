@@ -85,5 +85,3 @@ def prune(dirpath: "str | os.PathLike[str]", policy: Policy, *, keep: Iterable[s
             (stored.remove if fsio.is_url(path) else files.remove)(path)
             removed.append(path)
     return removed
-
-
