@@ -63,7 +63,7 @@ def main() -> int:
             written = remote.upload(path, path.name, None)
             sent.append(time.perf_counter() - t)
             t = time.perf_counter()
-            confirm(remote, [written])                     # the size and the ETag S3 computed: two HEADs
+            confirm(remote, [written])                     # the size and the ETag S3 computed: one HEAD
             confirmed.append(time.perf_counter() - t)
             t = time.perf_counter()
             remote.digest(path.name)                       # what a store whose ETags are not MD5s pays instead

@@ -325,7 +325,7 @@ class Bench:
                 finally:
                     self.confirming.append(time.perf_counter() - t)
             return call_timed
-        ours.size, ours.checksum, ours.digest = timed(ours.size), timed(ours.checksum), timed(ours.digest)
+        ours.size, ours.stat, ours.digest = timed(ours.size), timed(ours.stat), timed(ours.digest)
 
         def ckptfmt_save() -> None:
             w, m, v, n, _ = adapter.regions(self.model, self.opt)

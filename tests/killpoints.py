@@ -6,8 +6,8 @@ phase of a save they belong to and SIGKILLs the process at the ``at``-th call of
 The phases: "upload" a part of a generation's multipart upload as it goes up (on the upload's
 sending thread: the kill leaves an unfinished upload), "complete" the completion of a part's upload
 (a shard, a ``.bin``, a companion), "confirm" the commit's look at the checksum the store computed
-of a part (its ETag; a read-back only where the store vouched for nothing), "manifest"
-a generation's manifest PUT, "segment" a history segment's creation, "retention" a removal of a
+of a part (its size and ETag, one HEAD; a read-back only where the store vouched for nothing), "manifest"
+a generation's manifest PUT (create-only), "segment" a history segment's creation, "retention" a removal of a
 generation's part (manifest first, then payload, then companion).
 
 A writer process runs ``sys.path.insert(0, TESTS)`` and ``calls = killpoints.arm(phase, at)``
@@ -61,8 +61,8 @@ def arm(phase: str, at: int, kill: Callable[[], None] = this_process) -> dict[st
     upload, store = multipart.S3Upload, objects.ObjectStore
     upload._upload_part = hooked("upload", upload._upload_part, generation)
     upload.commit = hooked("complete", upload.commit, generation)
-    store.checksum = hooked("confirm", store.checksum)
-    store.put_bytes = hooked("manifest", store.put_bytes, lambda self, name, *a: name.startswith("step_") and name.endswith(".json"))
+    store.stat = hooked("confirm", store.stat)
+    store.create = hooked("manifest", store.create, lambda self, name, *a: name.startswith("step_") and name.endswith(".json"))
     store.create = hooked("segment", store.create, lambda self, name, *a: name.endswith(".jsonl"))
     store.remove = hooked("retention", store.remove, lambda self, name, *a: name.startswith("step_"))
     return calls

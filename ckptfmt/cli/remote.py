@@ -135,9 +135,13 @@ def _print_validate(d: dict) -> None:
 
 
 def ls_url_out(url: str, as_json: bool) -> None:
-    """``ls URL``: the generations at the URL from one listing."""
+    """``ls URL``: the generations at the URL from one listing; NO CHECKPOINT (exit 1) where
+    there is none, as of a local directory."""
     from ..tools.remote_check import ls_url  # lazy: keeps `ckptfmt --help` fast
-    emit(ls_url(url), as_json, print_ls_url)
+    data = ls_url(url)
+    emit(data, as_json, print_ls_url)
+    if data.get("problem"):
+        sys.exit(EXIT_DEFECT)
 
 
 def print_ls_url(d: dict) -> None:
@@ -146,6 +150,8 @@ def print_ls_url(d: dict) -> None:
         click.echo(f"  {'step':>10}  {'size':>10}  status")
     for g in d["generations"]:
         click.echo(f"  {g['step']:>10}  {size(g['size']):>10}  {g['status']}")
+    if d.get("training") or d.get("problem"):
+        click.echo(f"  {d.get('training') or 'NO CHECKPOINT: ' + d['problem']}")
     print_memory((d.get("tiers") or {}).get("memory"))
 
 

@@ -40,7 +40,8 @@ from typing import Any, Callable
 from .. import kinds
 from ..errors import CheckpointError, UnsupportedSetupError
 from ..generation import list_dir
-from ..store.objects import ObjectStore, is_url, redact
+from ..store.objects import ObjectStore, is_url
+from ..store.urls import redact
 from . import mirrors
 from .mirror import mirror, mirror_runs
 from .retention import Policy

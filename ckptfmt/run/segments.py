@@ -37,7 +37,7 @@ from typing import Any, Callable
 from ..errors import CheckpointError
 from ..store import FILE, Store
 from . import history as hist
-from .storelock import created
+from ..store import created
 
 DIRECTORY = ".loss.d"
 _SEGMENT = re.compile(r"([0-9]{10})\.jsonl")

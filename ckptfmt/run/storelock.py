@@ -43,9 +43,9 @@ import warnings
 from typing import Any, Callable, Iterable
 
 from ..errors import CheckpointError, RunLockedError
-from ..store import Store
+from ..store import Store, created
 
-__all__ = ["PREFIX", "READ_PREFIX", "Heartbeat", "StoreLock", "StoreReadLease", "leased"]
+__all__ = ["PREFIX", "READ_PREFIX", "Heartbeat", "StoreLock", "StoreReadLease", "holder", "leased"]
 
 PREFIX = ".writer."
 READ_PREFIX = ".lease."
@@ -251,17 +251,6 @@ def _boot() -> str | None:
         return None
 
 
-def created(store: Store, name: str, data: bytes) -> bool:
-    """``store.create``, where a create whose reply was lost and that the client retried (S3
-    then answers that the object exists) is told from another's by its bytes: ours if equal."""
-    if store.create(name, data):
-        return True
-    try:
-        return store.read_bytes(name) == data
-    except (OSError, CheckpointError):
-        return False
-
-
 def _name(number: int) -> str:
     return f"{PREFIX}{number:010d}"
 
@@ -302,6 +291,15 @@ class StoreReadLease:
     def __exit__(self, *exc: object) -> None:
         if self.problem is None:
             self.store.remove(self.name)
+
+
+def holder(store: Store, clock: Callable[[], float] = time.time) -> dict[str, Any] | None:
+    """The record of the writer lease in force at ``store`` (pid, host, purpose, expires), or
+    None: no lease there, or the newest one expired or its holder known dead."""
+    lock = StoreLock(store, clock=clock)
+    leases = lock._leases()
+    newest = lock._read(leases[-1]) if leases else {}
+    return newest if newest and _live(newest, clock()) else None
 
 
 def leased(store: Store, clock: Callable[[], float] = time.time) -> set[int]:

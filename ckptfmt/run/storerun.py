@@ -19,7 +19,10 @@ kept and what it costs:
   would download every kept generation at every save; restore, ``validate`` and ``import``
   verify what they read.
 
-Nothing of it touches the local disk: the run has no local ``path`` (None) and no RAM tier.
+Nothing of it touches the local disk: the run has no local ``path`` (None). A RAM tier
+(``memory_every``) is the one exception, as on a local run: its generations go to this
+machine's tier directory, keyed by the run's ID (on a store the object ``.run-id.json``), and the
+judge and restore take them where they are (spec/RUN.md §13).
 """
 from __future__ import annotations
 
@@ -243,12 +246,31 @@ class StoreRun(Run):
         return f"{ARCHIVE}/{name}", moved
 
 
+def generation_url(url: str) -> tuple[str, str] | None:
+    """(the run's URL, the name) where ``url`` names a generation's object or folder in a run
+    (``.../step_000050.bin``, ``.json``, ``.shards``, a companion), else None.
+
+    >>> generation_url("s3://b/r/step_000050.bin"), generation_url("s3://b/r")
+    (('s3://b/r', 'step_000050.bin'), None)
+    """
+    base, _, name = url.rstrip("/").rpartition("/")
+    return (base, name) if "://" in base and fmt.parse_name(name) else None
+
+
+def refuse_generation_url(url: str) -> None:
+    """A generation's URL where a run's is taken (``ls``, ``gc``, ``pin``, a writer): refused in one
+    line naming it, as a local file is (not a run directory), never read as a prefix."""
+    if (named := generation_url(url)) is not None:
+        raise UnsupportedSetupError(url, f"names a generation's {named[1]}, not a run: the run is {named[0]}")
+
+
 def open_run(target: Any, *, create: bool = False) -> Run:
     """The run ``target`` names: a ``Run`` as it is, a URL's ``StoreRun`` (object storage,
     through fsspec: the ``remote`` extra), else the local run directory."""
     if isinstance(target, Run):
         return target
     if isinstance(target, str) and is_url(target):
+        refuse_generation_url(target)
         from ..store.objects import ObjectStore   # fsspec only when a URL is given
         run = StoreRun(ObjectStore(target))
         run.check_kind(create)

@@ -17,6 +17,7 @@ The protocol, in the order a reader and a remover call it (as torch DCP document
     read_range(name, start, end) bytes [start, end) of a file (a header; fewer at its end)
     digest(name)                (blake3, size) of a file read back, for a part's verification
     checksum(name)              the file's checksum as the store computed it (S3: its ETag), or None
+    stat(name)                  (size, checksum) in one look (S3: one ``HEAD``); (None, None): not there
     download(name, local, expected, progress)
                                 a file streamed to a local path through the durable write, hashed
                                 as it comes (one whose blake3 is not ``expected`` is never published)
@@ -41,17 +42,22 @@ A writer calls, in this order::
                                     every part confirmed on the store by its size and the
                                     checksum the store computed as it received it (S3's ETag,
                                     ``multipart``), else its blake3 read back, ``before()`` (the run records the root it commits),
-                                    then the manifest (the commit marker) written last
+                                    then the manifest (the commit marker) written last, create-only
     put_bytes(name, data)           a small file whole (a sidecar, a history segment)
     create(name, data)              an object made only where none is (the run's writer lock):
                                     False when one is there already (S3's ``If-None-Match: *``)
 
-A crash before the manifest leaves parts without one: the uncommitted leftover above. Two
-implementations: ``local.LocalStore``
-(a run directory, and the RAM tier's, which is a local directory in shared memory), and
-``objects.ObjectStore`` over fsspec, which imports fsspec only when one is made (the optional
-extra ``ckptfmt[remote]``). Neither imports ``generation``: the listing is made there, from
-``entries()`` (``generation.list_store``).
+A crash before the manifest leaves parts without one: the uncommitted leftover above.
+
+Three stores, two classes. The run directory is a ``local.LocalStore`` (the durable protocol:
+temp file, fsync, rename, the directory fsynced). The RAM tier is a ``LocalStore`` too, over a
+directory in shared memory (``/dev/shm/ckptfmt-UID/RUN-ID``, ``run.tiers``): the same calls and
+the same on-disk format, so a RAM generation is listed, verified, restored and removed as a
+durable one is; what is the tier's own is its life, not its store (made again when removed,
+emptied at close of what a durable generation covers, orphans found: ``run.ramdirs``,
+``torch.memtier``). Object storage is ``objects.ObjectStore`` over fsspec, which imports fsspec
+only when one is made (the optional extra ``ckptfmt[remote]``). Neither class imports
+``generation``: the listing is made there, from ``entries()`` (``generation.list_store``).
 """
 from __future__ import annotations
 
@@ -61,7 +67,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Callable, Iterable, Protocol
 
-from ..errors import SaveError
+from ..errors import CheckpointError, SaveError
 
 FILE, DIRECTORY, OTHER = "file", "directory", "other"
 
@@ -121,6 +127,9 @@ class Store(Protocol):
         """The file's checksum as the store computed it when it received it (S3: the ETag), None
         where the store keeps none (a local file: confirmed by reading it back)."""
 
+    def stat(self, name: str) -> tuple[int | None, str | None]:
+        """(``size``, ``checksum``) of the file from one look at it; (None, None) when it is not there."""
+
     def download(self, name: str, local: "os.PathLike[str]", expected: str | None,
                  progress: "Callable[[int], None] | None" = None) -> str:
         """Stream the file to ``local`` (durably), its blake3 computed as it comes and returned;
@@ -165,20 +174,40 @@ def commit(store: Store, manifest: str, data: bytes, parts: "list[Written]",
     confirm(store, parts)
     if before is not None:
         before()
-    store.put_bytes(manifest, data)
+    put_manifest(store, manifest, data)
+
+
+def put_manifest(store: Store, manifest: str, data: bytes) -> None:
+    """The commit marker, written create-only (``created``): a manifest another writer put there
+    (one that took the run's lease over while this one stalled) is never replaced (``SaveError``)."""
+    if not created(store, manifest, data):
+        raise SaveError(store.where(manifest), "is on the store already (another writer's); not overwritten, "
+                                               "not committed")
+
+
+def created(store: Store, name: str, data: bytes) -> bool:
+    """``store.create``, where a create whose reply was lost and that the client retried (S3
+    then answers that the object exists) is told from another's by its bytes: ours if equal."""
+    if store.create(name, data):
+        return True
+    try:
+        return store.read_bytes(name) == data
+    except (OSError, CheckpointError):
+        return False
 
 
 def confirm(store: Store, parts: "list[Written]") -> None:
     """Each of ``parts`` on ``store`` as it was written: its size, then the checksum the store
-    computed when it received the part, asked again now (one ``HEAD``), or, where the store
-    vouched for nothing or now says otherwise, its blake3 read back (``SaveError`` naming the
-    first part that is not as written; a sharded save's ranks each confirm their own)."""
+    computed when it received the part, both asked again now in one look (``stat``: one ``HEAD``),
+    or, where the store vouched for nothing or now says otherwise, its blake3 read back
+    (``SaveError`` naming the first part that is not as written; a sharded save's ranks each
+    confirm their own)."""
     for part in parts:
-        size = store.size(part.name)
+        size, checksum = store.stat(part.name)
         if size != part.size:
             raise SaveError(store.where(part.name), f"on the store: {size} bytes, {part.size} were written; "
                                                     "not committed")
-        if part.checksum is not None and store.checksum(part.name) == part.checksum:
+        if part.checksum is not None and checksum == part.checksum:
             continue
         got = store.digest(part.name)[0]
         if got != part.blake3:

@@ -58,6 +58,9 @@ class LocalStore:
         """A local file has no checksum of its own: a commit reads it back (``store.confirm``)."""
         return None
 
+    def stat(self, name: str) -> tuple[int | None, None]:
+        return self.size(name), None
+
     def download(self, name: str, local: Path, expected: str | None, progress=None) -> str:
         """Copy ``name`` to ``local`` through the durable write, hashed as copied; a copy whose
         blake3 is not ``expected`` is refused and never published (``atomic.copy_verified``)."""

@@ -10,6 +10,14 @@ it back (``store.confirm``). Where a store's ETags are not MD5s (SSE-KMS, some c
 upload still completes; it just vouches for nothing (``checksum`` None) and the commit reads the
 object back, as before.
 
+The object is made create-only (``If-None-Match: *`` on the ``PutObject`` and on the
+``CompleteMultipartUpload``): S3 and moto's server refuse it where an object of that name is
+(``PreconditionFailed``), so a writer never replaces an object another wrote, not even one whose
+lease was taken over while it stalled (spec/RUN.md §4.1). A run's writer removes what an
+interrupted save left before it writes the same names (``StoreRun``: the sweep at restore, the
+leftover of a step before its save), so a create-only write never meets its own leftovers; one
+that does (a retry after a reply was lost) fails the save, and the next save removes it.
+
 Parts are ``BLOCK`` bytes (the last one shorter); up to ``PARALLEL_PARTS`` are sent at once, each
 on a daemon thread of its own that hashes it (MD5) and sends it, so a save's upload overlaps the
 writer that fills the next part, and a process told to stop (Ctrl-C) while a store does not
@@ -23,6 +31,8 @@ import threading
 from collections import deque
 from concurrent.futures import Future
 from typing import Any
+
+from ..errors import SaveError
 
 BLOCK = 16 << 20        # part size (S3's minimum is 5 MiB, but for the last part)
 PARALLEL_PARTS = 4      # parts in flight at once: memory up to (PARALLEL_PARTS + 1) * BLOCK
@@ -39,6 +49,10 @@ def etag_of(md5s: list[bytes]) -> str:
     '59adb24ef3cdbe0297f05b395827453f-1'
     """
     return f"{md5(b''.join(md5s)).hex()}-{len(md5s)}"
+
+
+EXISTS = ("is on the store already (written create-only, never over an object: another writer's, or a "
+          "leftover the next save removes); not overwritten")
 
 
 def unquoted(etag: str | None) -> str:
@@ -113,19 +127,25 @@ class S3Upload:
         with self.translated("upload failed"):
             if self._upload_id is None:
                 digest = md5(self._part).hex()     # one PutObject: its ETag is the MD5 itself
-                answer = self.fs.call_s3("put_object", Bucket=self.bucket, Key=self.key, Body=self._part)
+                answer = self._created("put_object", Body=self._part)
                 self.checksum = digest if unquoted(answer.get("ETag")) == digest else None
             else:
                 if self._part:
                     self._send()
                 parts = [f.result() for f in self._sent]
-                answer = self.fs.call_s3("complete_multipart_upload", Bucket=self.bucket, Key=self.key,
-                                         UploadId=self._upload_id,
-                                         MultipartUpload={"Parts": [p[0] for p in parts]})
+                answer = self._created("complete_multipart_upload", UploadId=self._upload_id,
+                                       MultipartUpload={"Parts": [p[0] for p in parts]})
                 expected = etag_of([p[1] for p in parts])
                 vouched = all(p[2] for p in parts) and unquoted(answer.get("ETag")) == expected
                 self.checksum = expected if vouched else None
         self._done = True
+
+    def _created(self, call: str, **how: Any) -> dict[str, Any]:
+        """The call that makes the object, create-only; ``SaveError`` (``EXISTS``) where one is."""
+        try:
+            return self.fs.call_s3(call, Bucket=self.bucket, Key=self.key, IfNoneMatch="*", **how)
+        except FileExistsError:                  # s3fs's name for S3's PreconditionFailed (412)
+            raise SaveError(f"s3://{self.bucket}/{self.key}", EXISTS) from None
 
     def __exit__(self, kind: "type[BaseException] | None", *exc: object) -> None:
         """Uncommitted: the multipart upload aborted, no part waited for; not on Ctrl-C or a

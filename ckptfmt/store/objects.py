@@ -1,5 +1,5 @@
-"""Object storage through fsspec (spec/RUN.md §10), a ``Store``: one place that opens a URL,
-lists a run there, streams bytes up and down hashed as they pass, and turns the client's
+"""Object storage through fsspec (spec/RUN.md §10), a ``Store``: one place that (through
+``urls.open_fs``) opens a URL, lists a run there, streams bytes up and down hashed as they pass, and turns the client's
 exceptions into one-line ``RemoteError`` messages.
 
 fsspec and s3fs are the optional extra ``ckptfmt[remote]``: they are imported inside
@@ -13,58 +13,21 @@ import re
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable, Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 from .. import atomic, fingerprint
 from ..fsio import is_url  # noqa: F401  (where the tools and the CLI ask for it)
 from .. import format as fmt
 from .. import manifest as mf
-from ..errors import (CheckpointError, FingerprintMismatchError, MissingDependencyError,
-                      RemoteError, UnsupportedSetupError)
+from ..errors import CheckpointError, FingerprintMismatchError, RemoteError, UnsupportedSetupError
 from . import DIRECTORY, FILE, OTHER, Entry, Written, multipart
+from .urls import open_fs, redact
 
-EXTRA = "pip install 'ckptfmt[remote]'"
 CHUNK = 8 << 20              # bytes per read while streaming
 BLOCK = multipart.BLOCK      # part size of an upload, range size of a read-back
 PARALLEL_READS = 4           # concurrent ranged GETs while reading back
 Progress = Callable[[int], None] | None
 
 
-
-
-def redact(url: str) -> str:
-    """The URL without user:password and without a trailing slash, the form that is recorded
-    and printed (``s3://b/runs/x/`` is the same destination as ``s3://b/runs/x``).
-
-    >>> redact("s3://key:secret@bucket/runs/x/"), redact("file:///")
-    ('s3://bucket/runs/x', 'file:///')
-    """
-    parts = urlsplit(url)
-    url = urlunsplit(parts._replace(netloc=parts.hostname or "")) if "@" in parts.netloc else url
-    head, sep, rest = url.partition("://")
-    return f"{head}{sep}{rest.rstrip('/')}" if rest.rstrip("/") else url
-
-
-def open_fs(url: str) -> tuple[Any, str]:
-    """(fsspec filesystem, root path) for ``url``; exit 2 naming the extra when it is missing."""
-    try:
-        import fsspec  # lazy: the optional extra ckptfmt[remote]
-    except ImportError:
-        raise MissingDependencyError(redact(url), f"object storage needs fsspec and s3fs: {EXTRA}") from None
-    options: dict[str, Any] = {"skip_instance_cache": True}
-    if urlsplit(url).scheme in ("s3", "s3a"):
-        # retries with backoff on transient errors (botocore's standard mode), short connects
-        options.update(use_listings_cache=False, config_kwargs={
-            "connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 3, "mode": "standard"}})
-    try:
-        fs, root = fsspec.core.url_to_fs(url, **options)
-    except ImportError:
-        raise MissingDependencyError(redact(url), f"object storage needs fsspec and s3fs: {EXTRA}") from None
-    except ValueError as exc:
-        raise RemoteError(redact(url), f"unsupported URL: {exc}") from None
-    if hasattr(fs, "retries"):
-        fs.retries = 2   # s3fs's own retries of a failed call, on top of botocore's attempts
-    return fs, root.rstrip("/")
 
 
 # The store did not take the credentials at all (as against denying what they asked for).
@@ -241,11 +204,16 @@ class ObjectStore:
 
     def checksum(self, name: str) -> str | None:
         """The object's checksum as the store computed it (S3: its ETag), None where it has none."""
+        return self.stat(name)[1]
+
+    def stat(self, name: str) -> tuple[int | None, str | None]:
+        """(size, checksum) of the object from one ``HEAD``; (None, None) when it is not there."""
         with translated(self.where(name), "cannot stat"):
             try:
-                return multipart.unquoted(self.fs.info(self.path(name)).get("ETag")) or None
+                info = self.fs.info(self.path(name))
             except FileNotFoundError:
-                return None
+                return None, None
+        return info["size"], multipart.unquoted(info.get("ETag")) or None
 
     def under(self, prefix: str) -> "ObjectStore":
         """The files under ``prefix``, on the same client."""
@@ -332,14 +300,25 @@ class ObjectStore:
         bucket, _, prefix = self.root.partition("/")
         aborted = []
         with translated(self.where(), "cannot list unfinished uploads"):
-            listed = self.fs.call_s3("list_multipart_uploads", Bucket=bucket, Prefix=prefix + "/")
-            for upload in listed.get("Uploads", []):
+            for upload in self._unfinished(bucket, prefix + "/"):
                 folders = upload["Key"][len(prefix) + 1:].split("/")[:-1]
                 if folders and (len(folders) > 1 or not folders[0].endswith(".shards")):
                     continue             # a run under this one's prefix: not this run's upload
                 self.fs.call_s3("abort_multipart_upload", Bucket=bucket, Key=upload["Key"], UploadId=upload["UploadId"])
                 aborted.append(upload["Key"][len(prefix) + 1:])
         return aborted
+
+    def _unfinished(self, bucket: str, prefix: str) -> list[dict[str, Any]]:
+        """Every unfinished multipart upload under ``prefix``, page after page (S3 answers at
+        most 1,000 a call: the rest follow its ``NextKeyMarker`` and ``NextUploadIdMarker``)."""
+        found: list[dict[str, Any]] = []
+        ask: dict[str, Any] = {"Bucket": bucket, "Prefix": prefix}
+        while True:
+            listed = self.fs.call_s3("list_multipart_uploads", **ask)
+            found += listed.get("Uploads", [])
+            if not listed.get("IsTruncated"):
+                return found
+            ask.update(KeyMarker=listed.get("NextKeyMarker", ""), UploadIdMarker=listed.get("NextUploadIdMarker", ""))
 
     def remove(self, name: str, *, recursive: bool = False) -> None:
         """``name`` deleted (with what is under it, ``recursive``): absent is no error, and a

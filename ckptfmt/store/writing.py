@@ -26,7 +26,7 @@ from .. import companion, shards, writer
 from .. import facts as valfacts
 from .. import format as fmt
 from .. import manifest as mf
-from . import Store, commit, confirm, written
+from . import Store, Written, commit, confirm, put_manifest, written
 
 
 def save(store: Store, step: int, weights: writer.Region, m: writer.Region, v: writer.Region, *,
@@ -41,26 +41,25 @@ def save(store: Store, step: int, weights: writer.Region, m: writer.Region, v: w
     step, n, sources = writer.prepare(where, step, weights, m, v, n_params, manifest)
     name, where = fmt.checkpoint_name(step), store.where(fmt.checkpoint_name(step))
     facts = valfacts.ValueFacts()
-    sent: list[str] = [name]
+    parts: list[Written] = []
+    data = b""
     try:
         with store.open_part(name) as out:
             digest = writer.stream_hashed(out, where, fmt.pack_header(step, n), sources, n, facts)
             out.commit()
-        parts = [written(name, out, digest)]
+        parts.append(written(name, out, digest))
         doc = {k: v for k, v in (manifest or {}).items() if k != valfacts.FIELD}
         doc[valfacts.FIELD] = facts.to_dict()
         if extra_tensors:
             extra = companion.path_for(name).name
-            sent.append(extra)
-            done = store.write(extra, companion.pieces(step, extra_tensors))
-            parts.append(done)
-            doc[companion.FIELD] = {"file": extra, "size": done.size, "blake3": done.blake3}
+            parts.append(store.write(extra, companion.pieces(step, extra_tensors)))
+            doc[companion.FIELD] = {"file": extra, "size": parts[-1].size, "blake3": parts[-1].blake3}
         doc = mf.sealed(mf.build(file=name, size=fmt.file_size(n), step=step, n_params=n, digest=digest, extra=doc))
-        sent.insert(0, fmt.manifest_name(step))     # a PUT whose reply was lost: uncommitted first
-        commit(store, fmt.manifest_name(step), mf.dumps(doc), parts,
+        data = mf.dumps(doc)
+        commit(store, fmt.manifest_name(step), data, parts,
                before=None if before_commit is None else lambda: before_commit(doc))
     except BaseException:
-        _remove_quietly(store, sent)
+        remove_own(store, step, data, parts)
         raise
     return writer.SaveResult(where, store.where(fmt.manifest_name(step)), step, n, fmt.file_size(n), digest,
                              time.perf_counter() - started, doc[valfacts.FIELD])
@@ -76,13 +75,15 @@ def save_shard(store: Store, step: int, rank: int, world: int, start: int, stop:
     where = store.where(name)
     step, n, sources = writer.prepare(where, step, weights, m, v, stop - start, None)
     facts = valfacts.ValueFacts()
+    parts: list[Written] = []
     try:
         with store.open_part(name) as out:
             digest = writer.stream_hashed(out, where, fmt.pack_header(step, n), sources, n, facts)
             out.commit()
-        confirm(store, [written(name, out, digest)])
+        parts.append(written(name, out, digest))
+        confirm(store, parts)
     except BaseException:
-        _remove_quietly(store, [name])
+        remove_own(store, step, b"", parts)
         raise
     return {"file": file, "rank": rank, "start": start, "stop": stop, "size": out.offset, "blake3": digest,
             valfacts.FIELD: facts.to_dict()}
@@ -102,14 +103,25 @@ def commit_shards(store: Store, step: int, rows: list[dict[str, Any]], manifest:
     doc = mf.sealed(shards.manifest_for("", step, rows, doc))
     if before_commit is not None:
         before_commit(doc)
-    store.put_bytes(fmt.manifest_name(step), mf.dumps(doc))
+    put_manifest(store, fmt.manifest_name(step), mf.dumps(doc))
 
 
-def _remove_quietly(store: Store, names: list[str]) -> None:
-    """Best effort: the error that failed the save is the one to report (what stays is an
-    uncommitted leftover, which readers skip and retention removes)."""
-    for name in names:
-        try:
+def remove_own(store: Store, step: int, manifest: bytes, parts: "list[Written]") -> None:
+    """What a failed save of ``step`` made, and only that: its manifest where the one there holds
+    its bytes (a PUT whose reply was lost may have published it; removed first, so the rest is
+    uncommitted at once), then each part whose upload it completed (``parts``) and that the store
+    still says is the one it wrote (its checksum: S3's ETag). Nothing where the manifest there is
+    another's: a writer whose lease was taken over while it stalled never removes what the new
+    holder wrote (spec/RUN.md §4.1). Best effort: the error that failed the save is the one to
+    report (what stays is an uncommitted leftover, which readers skip and retention removes)."""
+    name = fmt.manifest_name(step)
+    try:
+        if store.size(name) is not None:
+            if not manifest or store.read_bytes(name) != manifest:
+                return
             store.remove(name)
-        except Exception:  # noqa: BLE001 (a cleanup while another error propagates)
-            pass
+        for part in parts:
+            if part.checksum is None or store.stat(part.name)[1] == part.checksum:
+                store.remove(part.name)
+    except Exception:  # noqa: BLE001 (a cleanup while another error propagates)
+        pass

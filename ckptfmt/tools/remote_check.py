@@ -9,19 +9,23 @@ is validated, or listed, as a run of one generation, as a local ModelCheckpoint 
 """
 from __future__ import annotations
 
+import errno
 import io
 import json
 from typing import Any
 
 from .. import format as fmt
-from ..errors import CheckpointError, RemoteError
+from ..errors import CheckpointError, RemoteError, UnsupportedKindError
 from ..run.mirror import INDEX, SIDECARS
 from ..generation import Generation, by_step
 from ..run import history as hist
 from ..run import roots
 from ..run.segments import SegmentedHistory
+from ..run.storelock import holder
+from ..run.storerun import generation_url, refuse_generation_url
 from ..store import DIRECTORY
 from ..store.objects import ObjectStore
+from ..store.urls import redact
 from .report import LOST_PAYLOAD
 
 __all__ = ["check_mirrors", "checkpoint_names", "inspect_url", "ls_url", "validate_url"]
@@ -33,6 +37,7 @@ def ls_url(url: str) -> dict[str, Any]:
     the RAM tier of a run written there with one (spec/RUN.md §13)."""
     from ..run.ops import memory_tier           # lazy: the run layer's view of the RAM tier
     from ..run.storerun import StoreRun
+    refuse_generation_url(url)
     remote = ObjectStore(url)
     rows = []
     for name, store, gens in _runs(remote):
@@ -40,7 +45,19 @@ def ls_url(url: str) -> dict[str, Any]:
                   "status": _named("committed" if g.committed else _uncommitted(g), name)} for s, g in gens.items()]
     out: dict[str, Any] = {"url": remote.url, "generations": rows}
     memory = memory_tier(StoreRun(remote), deep=False)
+    if not rows and not (memory or {}).get("generations"):
+        out.update(_nothing(remote))         # as ls of a local directory without one (RUN §2.5)
     return out if memory is None else {**out, "tiers": {"memory": memory}}
+
+
+def _nothing(remote: ObjectStore) -> dict[str, str]:
+    """A prefix without any generation, judged as ``ls`` judges a local directory: its writer's
+    lease in force is a run training towards its first save (``training``), anything else
+    NO CHECKPOINT (``problem``: exit 1), an empty or mistyped prefix included."""
+    live = holder(remote)
+    if live is not None:
+        return {"training": f"no generation yet: training, pid {live.get('pid', '?')} on {live.get('host', '?')}"}
+    return {"problem": f"{remote.url}: no generation at this URL (an empty or mistyped prefix?)"}
 
 
 def _runs(remote: ObjectStore) -> list[tuple[str | None, ObjectStore, dict[int, Generation]]]:
@@ -73,7 +90,10 @@ def _uncommitted(gen: Generation) -> str:
 
 def validate_url(url: str, *, deep: bool = True) -> dict[str, Any]:
     """Every generation and sidecar at ``url`` checked; ``ok`` is False when any committed one
-    is damaged (uncommitted leftovers are warnings, as locally)."""
+    is damaged (uncommitted leftovers are warnings, as locally). A URL naming a generation's
+    object (``URL/step_N.bin``) validates that generation (``validate_generation_url``)."""
+    if (named := generation_url(url)) is not None:
+        return validate_generation_url(url, *named, deep=deep)
     remote = ObjectStore(url)
     gens = []
     for name, store, found in _runs(remote):
@@ -85,6 +105,27 @@ def validate_url(url: str, *, deep: bool = True) -> dict[str, Any]:
         # as a local directory without a generation (validate says NO CHECKPOINT, exit 1): an
         # empty or mistyped prefix is not a valid mirror
         doc.update(ok=False, problem="no committed generation at this URL (an empty or mistyped prefix?)")
+    return doc
+
+
+def validate_generation_url(url: str, base: str, name: str, *, deep: bool = True) -> dict[str, Any]:
+    """``validate URL/step_N.bin`` (or a sharded generation's ``step_N.json``, its
+    ``step_N.shards``): that generation of the run at ``base`` checked, as ``validate
+    DIR/step_N.bin`` checks the file; one that is not there is exit 2 as a missing file, and a
+    ``.bin``'s manifest or a companion alone is refused in one line (pass its ``.bin``), as locally."""
+    step, kind = fmt.parse_name(name)
+    remote = ObjectStore(base)
+    gen = by_step(remote).get(step)
+    held = {"bin": gen.bin, "json": gen.manifest, "shards": gen.shards, "companion": gen.companion} if gen else {}
+    if held.get(kind) is None:
+        raise FileNotFoundError(errno.ENOENT, "no such object in the run at the URL", url)
+    if kind == "companion" or (kind == "json" and not gen.sharded):
+        raise UnsupportedKindError(url, f"validate cannot read a generation's {'manifest' if kind == 'json' else 'companion'} "
+                                        f"alone (pass its {fmt.checkpoint_name(step)})")
+    rows = _check_run(remote, {step: gen}, deep, None)
+    doc = {"url": redact(url), "ok": all(r["ok"] for r in rows), "deep": deep, "generations": rows, "sidecars": []}
+    if not gen.committed and gen.bin is not None:      # parts without their manifest: nothing to validate
+        doc.update(ok=False, problem=f"{rows[0]['status']}: no committed generation")
     return doc
 
 

@@ -1,7 +1,8 @@
 """CheckpointManager under torchrun (2 gloo ranks, DDP) on a run in object storage (moto's S3
 server on 127.0.0.1): every rank streams its own shard to the store and confirms it there, rank 0
-commits the manifest (and the companion of the buffers) once every rank has, and a run stopped and
-started again resumes from the store bit-exactly, as one never stopped."""
+commits the manifest (and the companion of the buffers) once every rank has, and a run stopped
+(one rank sent SIGTERM mid-run: every rank saves that step and stops) and started again resumes
+from the store bit-exactly, as one never stopped."""
 from __future__ import annotations
 
 import json
@@ -18,12 +19,13 @@ pytestmark = [pytest.mark.xdist_group("torchrun"), pytest.mark.timeout(240)]
 s3, bucket = fixtures("ranks")
 
 LOOP = r'''
-import sys
+import os, signal, sys
 import numpy as np, torch, torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel
 from ckptfmt.torch import CheckpointManager
 from ckptfmt.torch.distributed import exit_worker
 url, stop = sys.argv[1], int(sys.argv[2])
+term_at = int(sys.argv[3]) if len(sys.argv) > 3 else None          # the step rank 1 is sent SIGTERM at
 dist.init_process_group("gloo")
 rank = dist.get_rank()
 torch.manual_seed(0)
@@ -38,9 +40,11 @@ for step in range(start + 1, stop + 1):
     x = torch.randn(16, 8, generator=g) * float(1 + noise.random())
     loss = net(x).pow(2).mean()
     opt.zero_grad(); loss.backward(); opt.step()
+    if rank == 1 and step == term_at:
+        os.kill(os.getpid(), signal.SIGTERM)     # one rank told to stop mid-run, as a scheduler does
     if mgr.step(step, loss=loss.item()):
         break
-mgr.close(stop)
+mgr.close(step)
 dist.destroy_process_group()
 exit_worker(0)           # past finalization, where a gloo rank sometimes aborts (exit_worker's docstring)
 '''
@@ -49,11 +53,11 @@ exit_worker(0)           # past finalization, where a gloo rank sometimes aborts
 def test_two_ranks_write_their_shards_to_the_store_and_resume_from_it_bit_exactly(s3, bucket, tmp_path):
     script = tmp_path / "loop.py"
     script.write_text(LOOP)
-    train = lambda url, stop, log: succeeds([*standalone(2), str(script), url, str(stop)], tmp_path / log,  # noqa: E731
-                                            env=s3.env)
+    train = lambda url, stop, log, *term: succeeds([*standalone(2), str(script), url, str(stop), *term],  # noqa: E731
+                                                   tmp_path / log, env=s3.env)
     straight, stopped = f"s3://{bucket}/runs/straight", f"s3://{bucket}/runs/stopped"
     train(straight, 20, "straight.log")
-    train(stopped, 10, "first.log")
+    train(stopped, 20, "first.log", "12")        # rank 1 SIGTERMed at step 12: both ranks save it and stop
     train(stopped, 20, "again.log")
     client = s3.client()
 
@@ -72,8 +76,10 @@ def test_two_ranks_write_their_shards_to_the_store_and_resume_from_it_bit_exactl
     assert done.returncode == 0, done.stdout + done.stderr
     from ckptfmt.run import history as hist
     from ckptfmt.run.storerun import open_run
-    events = [(r["event"], r["step"]) for r in hist.read(open_run(stopped).history).events()]
-    assert ("resume", 10) in events and ("checkpoint", 20) in events
+    records = list(hist.read(open_run(stopped).history).events())
+    events = [(r["event"], r["step"]) for r in records]
+    assert ("resume", 12) in events and ("checkpoint", 20) in events
+    assert [r["step"] for r in records if r["event"] == "checkpoint" and r.get("reason") == "SIGTERM"] == [12]
 
 
 def test_train_under_torchrun_on_a_url_resumes_from_the_store_bit_exactly(s3, bucket, tmp_path):

@@ -232,3 +232,54 @@ def test_a_url_that_holds_no_run_is_one_line_exit_2(made, tmp_path, argv):
     assert done.returncode == 2 and said == "ckptfmt: s3://cmds/runs/nothing: no run at this URL " \
         "(an empty or mistyped prefix?)", said
     assert not list(tmp_path.iterdir())
+
+
+def test_validate_of_a_generation_url_validates_that_generation_as_of_a_local_file(s3, made):
+    """``validate URL/step_N.bin`` checks that generation (as ``validate DIR/step_N.bin`` does):
+    OK when it verifies, DAMAGED when its bytes were flipped; its ``.json`` alone is refused as
+    locally (pass its ``.bin``), and one not there is exit 2 as a missing file; ``ls``, ``gc`` and
+    ``pin`` refuse such a URL in one line naming the run, never reading it as a prefix."""
+    bucket, url, _ = made
+    done = run_json("validate", f"{url}/{fmt.checkpoint_name(8)}")
+    assert done["ok"] and [(g["step"], g["status"]) for g in done["generations"]] == [(8, "verified")]
+    for name, said in ((fmt.manifest_name(8), "validate cannot read a generation's manifest alone (pass its "
+                        f"{fmt.checkpoint_name(8)})"), (fmt.checkpoint_name(5), "no such object in the run at the URL")):
+        done = cli("validate", f"{url}/{name}")
+        assert done.returncode == 2 and (done.stdout + done.stderr).strip() == f"ckptfmt: {url}/{name}: {said}"
+    for argv in (("ls",), ("gc", "--keep-last", "1"), ("pin", "8")):
+        done = cli(argv[0], f"{url}/{fmt.checkpoint_name(8)}", *argv[1:])
+        assert done.returncode == 2 and (done.stdout + done.stderr).strip() == \
+            f"ckptfmt: {url}/{fmt.checkpoint_name(8)}: names a generation's {fmt.checkpoint_name(8)}, not a run: " \
+            f"the run is {url}", done.stdout + done.stderr
+    assert not [o for o in s3.client().list_objects_v2(Bucket=bucket, Prefix=f"runs/x/{fmt.checkpoint_name(8)}/")
+                .get("Contents", [])]                    # no lease taken under the generation's name
+    key = f"runs/x/{fmt.checkpoint_name(4)}"
+    data = bytearray(body(s3, bucket, key))
+    data[100] ^= 0x04
+    s3.client().put_object(Bucket=bucket, Key=key, Body=bytes(data))
+    try:
+        done = cli("validate", f"{url}/{fmt.checkpoint_name(4)}")
+        assert done.returncode == 1 and "DAMAGED" in done.stdout and "blake3" in done.stdout, done.stdout
+    finally:
+        data[100] ^= 0x04
+        s3.client().put_object(Bucket=bucket, Key=key, Body=bytes(data))
+
+
+def test_ls_of_a_prefix_without_a_generation_says_no_checkpoint_exit_1(made):
+    done = cli("ls", "s3://cmds/runs/nothing")
+    assert done.returncode == 1 and done.stdout.splitlines() == [
+        "s3://cmds/runs/nothing",
+        "  NO CHECKPOINT: s3://cmds/runs/nothing: no generation at this URL (an empty or mistyped prefix?)"]
+
+
+@pytest.mark.parametrize("url,package", [("gs://b/r", "gcsfs"), ("az://c/r", "adlfs")])
+def test_a_url_whose_fsspec_filesystem_is_missing_names_that_package(url, package):
+    pytest.importorskip("fsspec")
+    try:
+        __import__(package)
+        pytest.skip(f"{package} is installed here")
+    except ImportError:
+        pass
+    done = cli("ls", url)
+    assert done.returncode == 2 and (done.stdout + done.stderr).strip() == \
+        f"ckptfmt: {url}: {url.split(':')[0]}:// URLs need fsspec's {package}: pip install {package}"

@@ -250,37 +250,49 @@ def trained(run: str, steps: int, env: dict, kill_after: str | None = None) -> s
     return subprocess.run(cmd, env={**os.environ, **env}, capture_output=True, text=True, timeout=300)
 
 
-def test_train_on_a_url_stopped_or_killed_resumes_from_the_store_bit_exactly(s3, bucket, tmp_path):
-    """``ckptfmt train --run s3://...`` stopped at step 30 (its generation committed on the
-    store) and started again to 60, and one SIGKILLed after its step-40 commit and started
-    again (the history's segment with step 40's committing record was on the store before its
-    manifest), both end with the generation a local run trained straight to 60 commits, byte
-    for byte."""
-    import signal
+def signalled_after(s3, bucket: str, run: str, committed: int, sig: int) -> tuple[int, str]:
+    """``train --run s3://bucket/runs/RUN --steps 60`` sent ``sig`` once its step-``committed``
+    generation is committed on the store; its exit status and stderr."""
     import time
+    url = f"s3://{bucket}/runs/{run}"
+    proc = subprocess.Popen([sys.executable, "-m", "ckptfmt.cli", "train", "--run", url, "--steps", "60", *TRAIN],
+                            env={**os.environ, **s3.env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 240
+    while fmt.manifest_name(committed) not in keys(s3, bucket, f"runs/{run}/"):
+        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
+        time.sleep(0.05)
+    proc.send_signal(sig)
+    _, said = proc.communicate(timeout=240)
+    return proc.returncode, said
+
+
+def test_train_on_a_url_stopped_or_killed_resumes_from_the_store_bit_exactly(s3, bucket, tmp_path):
+    """``ckptfmt train --run s3://...`` SIGTERMed after its step-20 commit (it checkpoints the
+    step it is at on the store, says so, and exits 0) and started again to 60, and one SIGKILLed
+    after its step-40 commit and started again (the history's segment with step 40's committing
+    record was on the store before its manifest), both end with the generation a local run
+    trained straight to 60 commits, byte for byte."""
+    import re
+    import signal
     local = tmp_path / "straight"
     assert trained(str(local), 60, s3.env).returncode == 0
     mine = json.loads((local / "step_000060.json").read_text())
     url = f"s3://{bucket}/runs/t"
-    first = trained(url, 30, s3.env)
-    assert first.returncode == 0, first.stderr
+    code, said = signalled_after(s3, bucket, "t", 20, signal.SIGTERM)
+    stopped = re.search(r"step (\d+): checkpoint \(SIGTERM\)", said)
+    assert code == 0 and stopped and 20 <= int(stopped.group(1)) < 60, said
+    at = int(stopped.group(1))
+    events = [(r["event"], r["step"], r.get("reason")) for r in hist.read(open_run(url).history).events()]
+    assert ("checkpoint", at, "SIGTERM") in events and fmt.manifest_name(at) in keys(s3, bucket, "runs/t/")
     again = trained(url, 60, s3.env)
     assert again.returncode == 0, again.stderr
-    assert "resumed from" in again.stderr and "step_000030.bin" in again.stderr
+    assert "resumed from" in again.stderr and fmt.checkpoint_name(at) in again.stderr
     theirs = json.loads(s3.client().get_object(Bucket=bucket, Key="runs/t/step_000060.json")["Body"].read())
     assert theirs["blake3"] == mine["blake3"] and theirs["size"] == mine["size"]
     assert cli("validate", url, env=s3.env).returncode == 0
 
     url = f"s3://{bucket}/runs/k"
-    proc = subprocess.Popen([sys.executable, "-m", "ckptfmt.cli", "train", "--run", url, "--steps", "60", *TRAIN],
-                            env={**os.environ, **s3.env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while "step_000040.json" not in keys(s3, bucket, "runs/k/"):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGKILL)
-    proc.wait()
-    proc.stderr.close()
+    assert signalled_after(s3, bucket, "k", 40, signal.SIGKILL)[0] == -signal.SIGKILL
     assert "step_000060.json" not in keys(s3, bucket, "runs/k/")
     records = hist.read(open_run(url).history)
     assert ("committing", 40) in [(r["event"], r["step"]) for r in records.events()]

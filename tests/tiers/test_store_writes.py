@@ -288,8 +288,48 @@ def test_on_s3_a_part_is_confirmed_by_the_etag_the_store_computed_not_read_back(
     sent = requests_sent(store)
     commit(store, "step_000007.json", b"{}", [done])
     assert [m for m, url, _ in sent if m == "GET" and "step_000007.bin" in url] == []
-    assert [m for m, url, _ in sent if "step_000007" in url] == ["HEAD", "HEAD", "PUT"]   # size, ETag, manifest
+    assert [m for m, url, _ in sent if "step_000007" in url] == ["HEAD", "PUT"]   # size and ETag, manifest
     assert s3.client().get_object(Bucket=bucket, Key=f"runs/etag{size}/step_000007.bin")["Body"].read() == data
+
+
+def etags(s3, bucket: str, prefix: str) -> dict[str, str]:
+    listed = s3.client().list_objects_v2(Bucket=bucket, Prefix=prefix).get("Contents", [])
+    return {o["Key"][len(prefix):]: o["ETag"] for o in listed}
+
+
+def test_a_stalled_writer_never_replaces_or_removes_a_generation_the_new_holder_committed(s3, bucket):
+    """A writer whose lease was taken over while it stalled (SIGSTOP, a suspended VM) and that
+    then saves the step the new holder has committed meanwhile: it listed that step as absent
+    before its stall, so what stops it is the store. Parts and manifests are written
+    create-only (``If-None-Match: *`` on the PutObject and on a multipart upload's completion),
+    so its first part is refused (step 8, a .bin of two parts); and where the new holder's save
+    happens in the stall just before its manifest, having removed the stalled one's parts as
+    leftovers (step 12, one PutObject each), the manifest is refused and the failed save's
+    cleanup, removing only what it wrote itself, leaves the new holder's generation alone.
+    Either way the old writer fails, and the new holder's objects stay as they were and verify."""
+    from ckptfmt.store import writing
+    from ckptfmt.tools.remote_check import validate_url
+    url, prefix = f"s3://{bucket}/runs/stalled", "runs/stalled/"
+
+    def regions(n, value):
+        return np.full(n, value, "<f4"), np.zeros(n, "<f4"), np.zeros(n, "<f4")
+    store, big = ObjectStore(url), (16 << 20) // 12 + 1024
+    writing.save(store, 8, *regions(big, 2))       # the new holder committed step 8
+    there = etags(s3, bucket, prefix)
+    with pytest.raises(SaveError, match="on the store already"):
+        writing.save(store, 8, *regions(big, 1))
+    assert etags(s3, bucket, prefix) == there
+
+    def new_holder_saves(doc):                     # in the stall before the manifest: sweep, save, commit
+        generation.by_step(store)[12].remove()
+        writing.save(store, 12, *regions(50, 2))
+        there.update(etags(s3, bucket, prefix))
+    with pytest.raises(SaveError, match="another writer's"):
+        writing.save(store, 12, *regions(50, 1), before_commit=new_holder_saves)
+    assert etags(s3, bucket, prefix) == there and fmt.manifest_name(12) in there
+    done = validate_url(url)
+    assert done["ok"] and [(g["step"], g["status"]) for g in done["generations"]] == [(8, "verified"), (12, "verified")]
+    assert not s3.client().list_multipart_uploads(Bucket=bucket, Prefix=prefix).get("Uploads")
 
 
 def test_on_s3_an_upload_left_unfinished_publishes_nothing_and_leaves_no_parts(s3, bucket):
