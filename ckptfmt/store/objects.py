@@ -3,7 +3,7 @@ lists a run there, streams bytes up and down hashed as they pass, and turns the 
 exceptions into one-line ``RemoteError`` messages.
 
 fsspec and s3fs are the optional extra ``ckptfmt[remote]``: they are imported inside
-``open_fs`` only, so the core and every other tool stay importable without them. Credentials
+``connect.open_fs`` only, so the core and every other tool stay importable without them. Credentials
 and endpoints come the standard way (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ... and the
 AWS config files, read by botocore); ckptfmt stores none of them.
 """
@@ -13,59 +13,22 @@ import re
 from contextlib import contextmanager
 from pathlib import Path, PurePosixPath
 from typing import Any, Callable, Iterable, Iterator
-from urllib.parse import urlsplit, urlunsplit
 
 from .. import atomic, fingerprint
 from ..fsio import is_url  # noqa: F401  (where the tools and the CLI ask for it)
 from .. import format as fmt
 from .. import manifest as mf
-from ..errors import (CheckpointError, FingerprintMismatchError, MissingDependencyError,
-                      RemoteError, UnsupportedSetupError)
+from ..errors import CheckpointError, FingerprintMismatchError, RemoteError, UnsupportedSetupError
 from . import DIRECTORY, FILE, OTHER, Entry, Written, multipart
+from .connect import open_fs, redact  # noqa: F401  (redact: where the tools ask for it)
 
-EXTRA = "pip install 'ckptfmt[remote]'"
 CHUNK = 8 << 20              # bytes per read while streaming
 BLOCK = multipart.BLOCK      # part size of an upload, range size of a read-back
 PARALLEL_READS = 4           # concurrent ranged GETs while reading back
 Progress = Callable[[int], None] | None
 
 
-
-
-def redact(url: str) -> str:
-    """The URL without user:password and without a trailing slash, the form that is recorded
-    and printed (``s3://b/runs/x/`` is the same destination as ``s3://b/runs/x``).
-
-    >>> redact("s3://key:secret@bucket/runs/x/"), redact("file:///")
-    ('s3://bucket/runs/x', 'file:///')
-    """
-    parts = urlsplit(url)
-    url = urlunsplit(parts._replace(netloc=parts.hostname or "")) if "@" in parts.netloc else url
-    head, sep, rest = url.partition("://")
-    return f"{head}{sep}{rest.rstrip('/')}" if rest.rstrip("/") else url
-
-
-def open_fs(url: str) -> tuple[Any, str]:
-    """(fsspec filesystem, root path) for ``url``; exit 2 naming the extra when it is missing."""
-    try:
-        import fsspec  # lazy: the optional extra ckptfmt[remote]
-    except ImportError:
-        raise MissingDependencyError(redact(url), f"object storage needs fsspec and s3fs: {EXTRA}") from None
-    options: dict[str, Any] = {"skip_instance_cache": True}
-    if urlsplit(url).scheme in ("s3", "s3a"):
-        # retries with backoff on transient errors (botocore's standard mode), short connects
-        options.update(use_listings_cache=False, config_kwargs={
-            "connect_timeout": 5, "read_timeout": 60, "retries": {"max_attempts": 3, "mode": "standard"}})
-    try:
-        fs, root = fsspec.core.url_to_fs(url, **options)
-    except ImportError:
-        raise MissingDependencyError(redact(url), f"object storage needs fsspec and s3fs: {EXTRA}") from None
-    except ValueError as exc:
-        raise RemoteError(redact(url), f"unsupported URL: {exc}") from None
-    if hasattr(fs, "retries"):
-        fs.retries = 2   # s3fs's own retries of a failed call, on top of botocore's attempts
-    return fs, root.rstrip("/")
-
+NO_ANSWER = "no answer in time"   # each request of the call timed out (CKPTFMT_STORE_TIMEOUT)
 
 # The store did not take the credentials at all (as against denying what they asked for).
 REFUSED = {"InvalidAccessKeyId": "the access key is not known there",
@@ -91,6 +54,8 @@ def _reason(exc: BaseException) -> str:
             return f"credentials refused: {why} ({code})"
     if re.search(r"AccessDenied|Forbidden|(?<![:\d])403(?!\d)", text):
         return "access denied"
+    if re.search(r"ReadTimeout|ConnectTimeout|Connect timeout|TimeoutError|timed out", text, re.I):
+        return f"{NO_ANSWER} ({str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__})"
     if re.search(r"Connect(ion)?(Error|Timeout|Refused)|Could not connect|Cannot connect|"
                  r"EndpointConnection|Name or service not known", text, re.I):
         return f"endpoint unreachable ({str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__})"
@@ -116,7 +81,9 @@ def translated(where: str, what: str, *, denied: str = "") -> Iterator[None]:
         reason = _reason(exc)
         if denied and reason == "access denied":
             reason = f"access denied: these credentials may not {denied} there"
-        raise RemoteError(where, f"{what}: {reason}") from None
+        failed = RemoteError(where, f"{what}: {reason}")
+        failed.unanswered = reason.startswith(NO_ANSWER)
+        raise failed from None
 
 
 def _kind(entry: dict[str, Any]) -> str:

@@ -26,6 +26,7 @@ from .. import companion, shards, writer
 from .. import facts as valfacts
 from .. import format as fmt
 from .. import manifest as mf
+from ..errors import RemoteError
 from . import Store, commit, confirm, written
 
 
@@ -59,8 +60,8 @@ def save(store: Store, step: int, weights: writer.Region, m: writer.Region, v: w
         sent.insert(0, fmt.manifest_name(step))     # a PUT whose reply was lost: uncommitted first
         commit(store, fmt.manifest_name(step), mf.dumps(doc), parts,
                before=None if before_commit is None else lambda: before_commit(doc))
-    except BaseException:
-        _remove_quietly(store, sent)
+    except BaseException as exc:
+        _remove_quietly(store, sent, exc)
         raise
     return writer.SaveResult(where, store.where(fmt.manifest_name(step)), step, n, fmt.file_size(n), digest,
                              time.perf_counter() - started, doc[valfacts.FIELD])
@@ -81,8 +82,8 @@ def save_shard(store: Store, step: int, rank: int, world: int, start: int, stop:
             digest = writer.stream_hashed(out, where, fmt.pack_header(step, n), sources, n, facts)
             out.commit()
         confirm(store, [written(name, out, digest)])
-    except BaseException:
-        _remove_quietly(store, [name])
+    except BaseException as exc:
+        _remove_quietly(store, [name], exc)
         raise
     return {"file": file, "rank": rank, "start": start, "stop": stop, "size": out.offset, "blake3": digest,
             valfacts.FIELD: facts.to_dict()}
@@ -105,9 +106,13 @@ def commit_shards(store: Store, step: int, rows: list[dict[str, Any]], manifest:
     store.put_bytes(fmt.manifest_name(step), mf.dumps(doc))
 
 
-def _remove_quietly(store: Store, names: list[str]) -> None:
+def _remove_quietly(store: Store, names: list[str], failed: BaseException | None = None) -> None:
     """Best effort: the error that failed the save is the one to report (what stays is an
-    uncommitted leftover, which readers skip and retention removes)."""
+    uncommitted leftover, which readers skip and the next writer sweeps). Not tried after a
+    store that gave no answer in time (``RemoteError.unanswered``): each removal would wait as
+    long again."""
+    if isinstance(failed, RemoteError) and failed.unanswered:
+        return
     for name in names:
         try:
             store.remove(name)

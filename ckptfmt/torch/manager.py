@@ -64,6 +64,8 @@ class CheckpointManager:
     also commits a generation to node-local RAM every N steps between durable ones (spec/RUN.md §13).
     """
 
+    _ram_tier = True     # a RAM tier to clean at close: restore() finds whether the run has one
+
     def __init__(self, directory: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: Any = None, scaler: Any = None, *, state: Mapping[str, Any] | None = None,
                  generators: Mapping[str, Any] | None = None, every: Any = refusals.UNSET,
@@ -229,7 +231,8 @@ class CheckpointManager:
             if step is not None and self.committed != step:
                 self.save(step, "close")
             self._saver.wait()
-            at_close(self._memory, self.run, self.committed, self.log)   # the RAM tier's save in flight, its leftovers
+            at_close(self._memory, self.run, self.committed if self._ram_tier else None,
+                     self.log)                 # the RAM tier's save in flight, its leftovers (none: no store call)
         finally:
             self.closed = True
             if self._mirror is not None:
@@ -345,7 +348,8 @@ class CheckpointManager:
         done = restoring.restore(loop, source, strict, restore_rng, allow_nonfinite, allow_device_change)
         self.fresh, self.restored_from, self.skipped_diverged = list(done.fresh), done.path, done.skipped_diverged
         step, self.restored_tier = done.step, done.tier
-        forget_after(self.run, step or 0, self.log)     # RAM generations of a lost timeline
+        tiered = forget_after(self.run, step or 0, self.log)     # RAM generations of a lost timeline
+        self._ram_tier = tiered or self._memory is not None
         self._checked, self._last_step = True, step
         self._resumed_at = step
         if step is None:

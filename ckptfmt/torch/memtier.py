@@ -157,16 +157,20 @@ def at_close(memory: MemoryTier | None, run: Run, step: int | None, log: Callabl
 
 def let_go(run: Run) -> None:
     """The run's tier no longer held by this process (``ramdirs.keep``: its RAM saves and its
-    restore took it): the manager's close, whatever failed before it."""
+    restore took it): the manager's close, whatever failed before it. Nothing held: the run's
+    ID is not even read (on a store that has stopped answering, one call less at close)."""
+    if not ramdirs.holding():
+        return
     with contextlib.suppress(CheckpointError, OSError):
         ramdirs.let_go(tiers.memory_dir(run))
 
 
-def forget_after(run: Run, step: int, log: Callable[..., None]) -> None:
+def forget_after(run: Run, step: int, log: Callable[..., None]) -> bool:
     """After a restore to ``step`` (each node's first rank, in its node's tier): the RAM
     generations newer than it are a lost timeline's, removed so that no later restore mixes the
     two timelines. Then the tier's record names the run where it is now (a run moved between a
-    kill and its restart is not taken for an orphan)."""
+    kill and its restart is not taken for an orphan). True when the run has a RAM tier here
+    (an ID: made or not; each node's first rank)."""
     _remove(run, log, lambda: tiers.forget_after(run, step), f"after step {step}",
             f" of the timeline after step {step}")
     where = tiers.memory_dir(run) if peers.topology().leader else None
@@ -175,6 +179,7 @@ def forget_after(run: Run, step: int, log: Callable[..., None]) -> None:
             ramdirs.claim(run, where)
         except (CheckpointError, OSError) as exc:
             log(f"RAM tier {where}: the record of its run could not be written: {exc}")
+    return where is not None
 
 
 def _remove(run: Run, log: Callable[..., None], remove: Callable[[], list[int]], which: str, why: str) -> None:
