@@ -33,6 +33,13 @@ def request_timeout(url: str = "") -> float:
     return wait
 
 
+def call_deadline() -> float:
+    """Seconds one call may take in all (``ATTEMPTS`` waits of a connection and of an answer,
+    and the backoffs between them): fsspec cancels a call still running then. A PUT to a
+    stalled server can outwait the per-request timeouts (seen with a small object)."""
+    return ATTEMPTS * 2 * request_timeout() + 5
+
+
 def redact(url: str) -> str:
     """The URL without user:password and without a trailing slash, the form that is recorded
     and printed (``s3://b/runs/x/`` is the same destination as ``s3://b/runs/x``).

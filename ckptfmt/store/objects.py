@@ -20,7 +20,7 @@ from .. import format as fmt
 from .. import manifest as mf
 from ..errors import CheckpointError, FingerprintMismatchError, RemoteError, UnsupportedSetupError
 from . import DIRECTORY, FILE, OTHER, Entry, Written, multipart
-from .connect import open_fs, redact  # noqa: F401  (redact: where the tools ask for it)
+from .connect import call_deadline, open_fs, redact  # noqa: F401  (redact: where the tools ask for it)
 
 CHUNK = 8 << 20              # bytes per read while streaming
 BLOCK = multipart.BLOCK      # part size of an upload, range size of a read-back
@@ -165,7 +165,7 @@ class ObjectStore:
         """One small object (a manifest, a sidecar), written whole: S3 publishes a PUT at once."""
         self._parent(name)
         with translated(self.where(name), "upload failed", denied="write"):
-            self.fs.pipe_file(self.path(name), data)
+            self.fs.pipe_file(self.path(name), data, **({} if self.local else {"timeout": call_deadline()}))
 
     def _parent(self, name: str) -> None:
         if self.local:   # object stores have no directories; a local target needs them
