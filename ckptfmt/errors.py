@@ -272,9 +272,12 @@ class DeviceUnavailableError(CheckpointError):
 class RemoteError(CheckpointError):
     """Object storage could not be used as asked (CLI exit 2): an unreachable endpoint, a
     missing bucket, denied access, a transfer that failed after its retries, or bytes that did
-    not read back as they were sent. Nothing at the destination was committed by the failed step."""
+    not read back as they were sent. Nothing at the destination was committed by the failed step.
+    ``unanswered``: the store gave no answer within its timeouts (a stalled or unreachable
+    server): a cleanup call after it would only wait as long again, so none is made."""
 
     could_not_run = True
+    unanswered = False
 
 
 def parse_json(data: "bytes | str", error: type, path: str, what: str = "not valid JSON", **options: Any) -> Any:

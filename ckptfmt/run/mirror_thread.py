@@ -41,7 +41,7 @@ from .. import kinds
 from ..errors import CheckpointError, UnsupportedSetupError
 from ..generation import list_dir
 from ..store.objects import ObjectStore, is_url
-from ..store.urls import redact
+from ..store.connect import redact
 from . import mirrors
 from .mirror import mirror, mirror_runs
 from .retention import Policy

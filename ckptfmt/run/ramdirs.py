@@ -102,6 +102,11 @@ def _same(fd: int, where: Path) -> bool:
         return False
 
 
+def holding() -> bool:
+    """This process holds some tier (``keep``)."""
+    return bool(_HELD)
+
+
 def let_go(where: "Path | None") -> None:
     """Give back what ``keep`` took of ``where`` (nothing held: nothing to do)."""
     fd = _HELD.pop(str(where), None) if where is not None else None

@@ -55,6 +55,7 @@ class SegmentedHistory:
         self._lock = threading.RLock()           # appends from any thread, as History's
         self._read: dict[int, bytes] = {}        # segments read already (never replaced)
         self.guard: Callable[[], None] | None = None   # raises once this writer's lease is lost
+        self._failed = False                     # the last segment's write failed
 
     @property
     def source(self) -> "SegmentedHistory":
@@ -86,13 +87,17 @@ class SegmentedHistory:
                     self._pending = []           # its records belong to no timeline of the run's now
                     raise
             data = b"".join(self._pending)
+            self._failed = True
             if not created(self.store, name, data):
                 raise CheckpointError(self.store.where(name), "a history segment of that number was written by "
                                       "another writer meanwhile; one writer per run")
-            self._pending, self._next, self._read[number] = [], number + 1, data
+            self._pending, self._next, self._read[number], self._failed = [], number + 1, data, False
 
     def close(self) -> None:
-        self.sync()
+        """The last segment written; not tried again right after a write of it failed (a store
+        that did not answer: its error was raised once, and close waits no second time)."""
+        if not self._failed:
+            self.sync()
 
     def numbers(self) -> list[int]:
         """The numbers of the segments on the store, in order."""

@@ -276,8 +276,9 @@ class Session:
             finally:
                 self.run.history.close()               # a store's history: its last segment
         finally:
-            with contextlib.suppress(CheckpointError, OSError):   # held since a restore or a RAM save
-                ramdirs.let_go(tiers.memory_dir(self.run))
+            if ramdirs.holding():      # held since a restore or a RAM save; else not even the run's ID is read
+                with contextlib.suppress(CheckpointError, OSError):   # (a store that stopped answering: one call less)
+                    ramdirs.let_go(tiers.memory_dir(self.run))
             try:
                 if self._lock is not None:
                     self._lock.release()

@@ -147,11 +147,11 @@ class S3Upload:
         except FileExistsError:                  # s3fs's name for S3's PreconditionFailed (412)
             raise SaveError(f"s3://{self.bucket}/{self.key}", EXISTS) from None
 
-    def __exit__(self, kind: "type[BaseException] | None", *exc: object) -> None:
+    def __exit__(self, kind: "type[BaseException] | None", failed: BaseException | None, *exc: object) -> None:
         """Uncommitted: the multipart upload aborted, no part waited for; not on Ctrl-C or a
-        SystemExit, which must not wait for a store that may not answer (the unfinished upload is
-        the next writer's to abort, ``ObjectStore.abort_unfinished``)."""
-        if kind is not None and not issubclass(kind, Exception):
+        SystemExit, nor after a store that gave no answer in time, which must not be waited for
+        again (the unfinished upload is the next writer's to abort, ``ObjectStore.abort_unfinished``)."""
+        if kind is not None and (not issubclass(kind, Exception) or getattr(failed, "unanswered", False)):
             return
         try:
             if not self._done and self._upload_id is not None:

@@ -3,7 +3,7 @@
 exceptions into one-line ``RemoteError`` messages.
 
 fsspec and s3fs are the optional extra ``ckptfmt[remote]``: they are imported inside
-``open_fs`` only, so the core and every other tool stay importable without them. Credentials
+``connect.open_fs`` only, so the core and every other tool stay importable without them. Credentials
 and endpoints come the standard way (``AWS_ENDPOINT_URL``, ``AWS_ACCESS_KEY_ID``, ... and the
 AWS config files, read by botocore); ckptfmt stores none of them.
 """
@@ -20,7 +20,7 @@ from .. import format as fmt
 from .. import manifest as mf
 from ..errors import CheckpointError, FingerprintMismatchError, RemoteError, UnsupportedSetupError
 from . import DIRECTORY, FILE, OTHER, Entry, Written, multipart
-from .urls import open_fs, redact
+from .connect import call_deadline, open_fs, redact  # noqa: F401  (redact: where the tools ask for it)
 
 CHUNK = 8 << 20              # bytes per read while streaming
 BLOCK = multipart.BLOCK      # part size of an upload, range size of a read-back
@@ -28,7 +28,7 @@ PARALLEL_READS = 4           # concurrent ranged GETs while reading back
 Progress = Callable[[int], None] | None
 
 
-
+NO_ANSWER = "no answer in time"   # each request of the call timed out (CKPTFMT_STORE_TIMEOUT)
 
 # The store did not take the credentials at all (as against denying what they asked for).
 REFUSED = {"InvalidAccessKeyId": "the access key is not known there",
@@ -54,6 +54,8 @@ def _reason(exc: BaseException) -> str:
             return f"credentials refused: {why} ({code})"
     if re.search(r"AccessDenied|Forbidden|(?<![:\d])403(?!\d)", text):
         return "access denied"
+    if re.search(r"ReadTimeout|ConnectTimeout|Connect timeout|TimeoutError|timed out", text, re.I):
+        return f"{NO_ANSWER} ({str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__})"
     if re.search(r"Connect(ion)?(Error|Timeout|Refused)|Could not connect|Cannot connect|"
                  r"EndpointConnection|Name or service not known", text, re.I):
         return f"endpoint unreachable ({str(exc).splitlines()[0][:160] if str(exc) else type(exc).__name__})"
@@ -79,7 +81,9 @@ def translated(where: str, what: str, *, denied: str = "") -> Iterator[None]:
         reason = _reason(exc)
         if denied and reason == "access denied":
             reason = f"access denied: these credentials may not {denied} there"
-        raise RemoteError(where, f"{what}: {reason}") from None
+        failed = RemoteError(where, f"{what}: {reason}")
+        failed.unanswered = reason.startswith(NO_ANSWER)
+        raise failed from None
 
 
 def _kind(entry: dict[str, Any]) -> str:
@@ -161,7 +165,7 @@ class ObjectStore:
         """One small object (a manifest, a sidecar), written whole: S3 publishes a PUT at once."""
         self._parent(name)
         with translated(self.where(name), "upload failed", denied="write"):
-            self.fs.pipe_file(self.path(name), data)
+            self.fs.pipe_file(self.path(name), data, **({} if self.local else {"timeout": call_deadline()}))
 
     def _parent(self, name: str) -> None:
         if self.local:   # object stores have no directories; a local target needs them

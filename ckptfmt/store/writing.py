@@ -26,6 +26,7 @@ from .. import companion, shards, writer
 from .. import facts as valfacts
 from .. import format as fmt
 from .. import manifest as mf
+from ..errors import RemoteError
 from . import Store, Written, commit, confirm, put_manifest, written
 
 
@@ -58,8 +59,8 @@ def save(store: Store, step: int, weights: writer.Region, m: writer.Region, v: w
         data = mf.dumps(doc)
         commit(store, fmt.manifest_name(step), data, parts,
                before=None if before_commit is None else lambda: before_commit(doc))
-    except BaseException:
-        remove_own(store, step, data, parts)
+    except BaseException as exc:
+        remove_own(store, step, data, parts, exc)
         raise
     return writer.SaveResult(where, store.where(fmt.manifest_name(step)), step, n, fmt.file_size(n), digest,
                              time.perf_counter() - started, doc[valfacts.FIELD])
@@ -82,8 +83,8 @@ def save_shard(store: Store, step: int, rank: int, world: int, start: int, stop:
             out.commit()
         parts.append(written(name, out, digest))
         confirm(store, parts)
-    except BaseException:
-        remove_own(store, step, b"", parts)
+    except BaseException as exc:
+        remove_own(store, step, b"", parts, exc)
         raise
     return {"file": file, "rank": rank, "start": start, "stop": stop, "size": out.offset, "blake3": digest,
             valfacts.FIELD: facts.to_dict()}
@@ -106,14 +107,19 @@ def commit_shards(store: Store, step: int, rows: list[dict[str, Any]], manifest:
     put_manifest(store, fmt.manifest_name(step), mf.dumps(doc))
 
 
-def remove_own(store: Store, step: int, manifest: bytes, parts: "list[Written]") -> None:
+def remove_own(store: Store, step: int, manifest: bytes, parts: "list[Written]",
+               failed: BaseException | None = None) -> None:
     """What a failed save of ``step`` made, and only that: its manifest where the one there holds
     its bytes (a PUT whose reply was lost may have published it; removed first, so the rest is
     uncommitted at once), then each part whose upload it completed (``parts``) and that the store
     still says is the one it wrote (its checksum: S3's ETag). Nothing where the manifest there is
     another's: a writer whose lease was taken over while it stalled never removes what the new
     holder wrote (spec/RUN.md §4.1). Best effort: the error that failed the save is the one to
-    report (what stays is an uncommitted leftover, which readers skip and retention removes)."""
+    report (what stays is an uncommitted leftover, which readers skip and the next writer
+    sweeps). Not tried after a store that gave no answer in time (``RemoteError.unanswered``):
+    each call would wait as long again."""
+    if isinstance(failed, RemoteError) and failed.unanswered:
+        return
     name = fmt.manifest_name(step)
     try:
         if store.size(name) is not None:

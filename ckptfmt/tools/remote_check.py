@@ -25,7 +25,7 @@ from ..run.storelock import holder
 from ..run.storerun import generation_url, refuse_generation_url
 from ..store import DIRECTORY
 from ..store.objects import ObjectStore
-from ..store.urls import redact
+from ..store.connect import redact
 from .report import LOST_PAYLOAD
 
 __all__ = ["check_mirrors", "checkpoint_names", "inspect_url", "ls_url", "validate_url"]

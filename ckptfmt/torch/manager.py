@@ -62,6 +62,8 @@ class CheckpointManager:
     also commits a generation to node-local RAM every N steps between durable ones (spec/RUN.md §13).
     """
 
+    _ram_tier = True     # a RAM tier to clean at close: restore() finds whether the run has one
+
     def __init__(self, directory: Any, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                  scheduler: Any = None, scaler: Any = None, *, state: Mapping[str, Any] | None = None,
                  generators: Mapping[str, Any] | None = None, every: Any = refusals.UNSET,
@@ -92,7 +94,8 @@ class CheckpointManager:
             writer=lambda s: Saver(s.run, asynchronous=async_save, sharded=self.world > 1,
                                    after_commit=s.after_commit, intent=s.intent),
             mirror=(lambda s: _start_mirror(s, mirror)) if mirror else None,
-            at_close=lambda committed: at_close(self._memory, self.run, committed, self.log))
+            at_close=lambda committed: at_close(self._memory, self.run,   # no RAM tier: no store call
+                                                committed if self._ram_tier else None, self.log))
         self._saver = self.session.writer
         self._memory = MemoryTier(self.run, memory_every, rank=self.rank, world=self.world, log=self.log,
                                   event=self.session.event, asynchronous=async_save) if memory_every is not None else None
@@ -234,7 +237,8 @@ class CheckpointManager:
         done = restoring.restore(loop, source, strict, restore_rng, allow_nonfinite, allow_device_change)
         self.fresh, self.restored_from, self.skipped_diverged = list(done.fresh), done.path, done.skipped_diverged
         step, self.restored_tier = done.step, done.tier
-        forget_after(self.run, step or 0, self.log)     # RAM generations of a lost timeline
+        tiered = forget_after(self.run, step or 0, self.log)     # RAM generations of a lost timeline
+        self._ram_tier = tiered or self._memory is not None
         # the newest durable generation is the one restored (a RAM one, or a source, is not)
         self.session.resumed(step, done.metrics, durable=source is None and not tiers.in_ram(done.tier))
         if step is None:

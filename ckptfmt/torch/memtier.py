@@ -154,11 +154,12 @@ def at_close(memory: MemoryTier | None, run: Run, step: int | None, log: Callabl
                 f": the durable step {step} covers them")
 
 
-def forget_after(run: Run, step: int, log: Callable[..., None]) -> None:
+def forget_after(run: Run, step: int, log: Callable[..., None]) -> bool:
     """After a restore to ``step`` (each node's first rank, in its node's tier): the RAM
     generations newer than it are a lost timeline's, removed so that no later restore mixes the
     two timelines. Then the tier's record names the run where it is now (a run moved between a
-    kill and its restart is not taken for an orphan)."""
+    kill and its restart is not taken for an orphan). True when the run has a RAM tier here
+    (an ID: made or not; each node's first rank)."""
     _remove(run, log, lambda: tiers.forget_after(run, step), f"after step {step}",
             f" of the timeline after step {step}")
     where = tiers.memory_dir(run) if peers.topology().leader else None
@@ -167,6 +168,7 @@ def forget_after(run: Run, step: int, log: Callable[..., None]) -> None:
             ramdirs.claim(run, where)
         except (CheckpointError, OSError) as exc:
             log(f"RAM tier {where}: the record of its run could not be written: {exc}")
+    return where is not None
 
 
 def _remove(run: Run, log: Callable[..., None], remove: Callable[[], list[int]], which: str, why: str) -> None:

@@ -83,6 +83,7 @@ def train_distributed(run_dir: str, steps: int, make_trainer: Callable[[Run, Cal
     with process_group(device, timeout_s) as rank:
         run = open_run(run_dir, create=True)
         lock = run.writer_lock("trainer rank 0") if rank == 0 else None
+        trainer = None
         try:
             trainer = make_trainer(run, rank_log(rank))
             trainer.build()
@@ -92,7 +93,7 @@ def train_distributed(run_dir: str, steps: int, make_trainer: Callable[[Run, Cal
                 trainer.close()
         finally:
             if lock is not None:
-                lock.release()
+                trainer.release(lock) if trainer is not None else lock.release()
 
 
 def rank_log(rank: int) -> Callable[[str], None]:

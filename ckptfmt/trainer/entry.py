@@ -50,7 +50,7 @@ def _train(run_dir: str, cfg: Any, steps: int, flags: Flags, summary: str | None
             raise ValueError("summary and pause_at are single-process only (not under torchrun)")
         return train_distributed(run_dir, steps, lambda run, log: Trainer(run, cfg, flags=flags, log=log, **options),
                                  device=options.get("device", "auto"), timeout_s=dist_timeout)
-    lock = run.writer_lock("trainer")
+    lock, trainer = run.writer_lock("trainer"), None
     try:
         trainer = Trainer(run, cfg, flags=flags, **options)
         trainer.build()
@@ -67,4 +67,4 @@ def _train(run_dir: str, cfg: Any, steps: int, flags: Flags, summary: str | None
         finally:
             trainer.close()
     finally:
-        lock.release()
+        trainer.release(lock) if trainer is not None else lock.release()

@@ -88,6 +88,7 @@ class Trainer:
         self.pivot = False                       # set when a resume finds a pivot record
         self.provenance: dict[str, Any] | None = None
         self.started = time.time()
+        self.save_failed = False                 # a checkpoint failed: the exit is EXIT_SAVE_FAILED
 
     # ------------------------------------------------------------ construction
     def build(self) -> None:
@@ -324,6 +325,7 @@ class Trainer:
 
     def _save_failed(self, exc: BaseException) -> int:
         self.log(f"checkpoint failed: {exc}; the previous generation is intact")
+        self.save_failed = True
         return EXIT_SAVE_FAILED
 
     def _log_stop(self, step: int) -> None:
@@ -336,10 +338,23 @@ class Trainer:
 
     def close(self) -> None:
         """Wait for a save in flight and close the run's history (the manager's ``close``)."""
-        if self.mgr is not None:
-            self.mgr.close()
-        else:
-            self.run.history.close()
+        self._after_failure(self.mgr.close if self.mgr is not None else self.run.history.close)
+
+    def release(self, lock: Any) -> None:
+        """Give the run's writer lock (a store's lease) back."""
+        self._after_failure(lock.release)
+
+    def _after_failure(self, done: Callable[[], None]) -> None:
+        """``done()``; after a failed checkpoint, what it fails with is said, not raised: the
+        storage that failed the save (a stalled or unreachable store) fails the history's last
+        write and the lease's release too, each in bounded time, and the exit stays
+        ``EXIT_SAVE_FAILED``."""
+        try:
+            done()
+        except (CheckpointError, OSError) as exc:
+            if not self.save_failed:
+                raise
+            self.log(f"after the failed checkpoint: {exc}")
 
     def _event(self, name: str, step: int, **fields: Any) -> None:
         """A history event; every rank's loop calls this, rank 0 writes it."""
