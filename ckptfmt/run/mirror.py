@@ -219,7 +219,7 @@ def _index_there(remote: ObjectStore) -> dict[str, Any]:
 
 def _prune(remote: ObjectStore, policy: Policy, pins: list[int]) -> list[int]:
     """Retention at the destination over its committed generations; the newest valid one (checked
-    there as a run on a store checks it, ``StoreRun.retention_deep``: its manifest, each part's
+    there as a run on a store checks it for retention, ``StoreRun.retention_deep``: its manifest, each part's
     size and a ``.bin``'s header) and the newest finite one are protected, as locally, and so is
     a step a reader's unexpired lease there holds (``run.storelock.leased``: an import in progress)."""
     there = {s: g for s, g in by_step(remote).items() if g.committed}

@@ -171,7 +171,7 @@ class StoreRun(Run):
             self.held.found()       # what the heartbeat found (no request): the look at the store is the manifest's
         self._read = None           # a generation read whole by a judge is not kept past a save
         if gen is not None:
-            gen.remove()
+            self.make_room(step, gen)
         return writing.save(self.store, step, *regions, **{**how, "before_commit": self._still_held(how.get("before_commit"))})
 
     def _still_held(self, before_commit: Any) -> Any:
@@ -182,6 +182,19 @@ class StoreRun(Run):
             if before_commit is not None:
                 before_commit(doc)
         return before
+
+    def make_room(self, step: int, gen: Generation | None = None) -> None:
+        """What is there of generation ``step`` already (a leftover, a damaged or diverged
+        generation: ``gen``, else listed) removed, its manifest first, after a last look at the
+        lease: parts and manifests go to the store create-only, and a writer whose lease was taken
+        over while it stalled must not remove the new holder's save. Before a sharded save, rank 0
+        calls it while the other ranks wait."""
+        gen = gen if gen is not None else next((g for g in self.generations() if g.step == step), None)
+        if gen is None:
+            return
+        if self.held is not None:
+            self.held.check()
+        gen.remove()
 
     def write_shard(self, step: int, rank: int, world: int, start: int, stop: int, *regions: Any) -> dict[str, Any]:
         """This rank's shard streamed to the store and confirmed there by this rank."""

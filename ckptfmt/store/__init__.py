@@ -44,7 +44,8 @@ A writer calls, in this order::
                                     ``multipart``), else its blake3 read back, ``before()`` (the run records the root it commits),
                                     then the manifest (the commit marker) written last, create-only
     put_bytes(name, data)           a small file whole (a sidecar, a history segment)
-    create(name, data)              an object made only where none is (the run's writer lock):
+    create(name, data)              an object made only where none is (the run's writer lock, a
+                                    manifest, a history segment):
                                     False when one is there already (S3's ``If-None-Match: *``)
 
 A crash before the manifest leaves parts without one: the uncommitted leftover above.
@@ -67,7 +68,7 @@ from dataclasses import dataclass
 from pathlib import PurePath
 from typing import Callable, Iterable, Protocol
 
-from ..errors import CheckpointError, SaveError
+from ..errors import CheckpointError, RemoteError, SaveError
 
 FILE, DIRECTORY, OTHER = "file", "directory", "other"
 
@@ -192,6 +193,10 @@ def created(store: Store, name: str, data: bytes) -> bool:
         return True
     try:
         return store.read_bytes(name) == data
+    except RemoteError as exc:
+        if getattr(exc, "unanswered", False):
+            raise                  # a store that stopped answering: not another writer's object
+        return False
     except (OSError, CheckpointError):
         return False
 

@@ -1,6 +1,7 @@
 """Opening an object store's client (spec/RUN.md §10): a URL's fsspec filesystem (s3fs for
 ``s3://``, the optional extra ``ckptfmt[remote]``; gcsfs, adlfs and the others installed on
-their own), every request on it bounded in time (``CKPTFMT_STORE_TIMEOUT``), and the URL in the
+their own), every request to S3 bounded in time (``CKPTFMT_STORE_TIMEOUT``; gcsfs and adlfs keep
+their own timeouts), and the URL in the
 form that is printed and recorded (no credentials).
 
 fsspec and s3fs are the optional extra ``ckptfmt[remote]``, imported inside ``open_fs`` only.

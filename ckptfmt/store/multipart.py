@@ -33,6 +33,7 @@ from concurrent.futures import Future
 from typing import Any
 
 from ..errors import SaveError
+from .connect import call_deadline
 
 BLOCK = 16 << 20        # part size (S3's minimum is 5 MiB, but for the last part)
 PARALLEL_PARTS = 4      # parts in flight at once: memory up to (PARALLEL_PARTS + 1) * BLOCK
@@ -143,7 +144,8 @@ class S3Upload:
     def _created(self, call: str, **how: Any) -> dict[str, Any]:
         """The call that makes the object, create-only; ``SaveError`` (``EXISTS``) where one is."""
         try:
-            return self.fs.call_s3(call, Bucket=self.bucket, Key=self.key, IfNoneMatch="*", **how)
+            return self.fs.call_s3(call, Bucket=self.bucket, Key=self.key, IfNoneMatch="*", **how,
+                                   timeout=call_deadline())     # a stalled store: cancelled, not waited out
         except FileExistsError:                  # s3fs's name for S3's PreconditionFailed (412)
             raise SaveError(f"s3://{self.bucket}/{self.key}", EXISTS) from None
 

@@ -1,5 +1,5 @@
 """Object storage through fsspec (spec/RUN.md §10), a ``Store``: one place that (through
-``urls.open_fs``) opens a URL, lists a run there, streams bytes up and down hashed as they pass, and turns the client's
+``connect.open_fs``) opens a URL, lists a run there, streams bytes up and down hashed as they pass, and turns the client's
 exceptions into one-line ``RemoteError`` messages.
 
 fsspec and s3fs are the optional extra ``ckptfmt[remote]``: they are imported inside
@@ -232,7 +232,8 @@ class ObjectStore:
         self._parent(name)
         with translated(self.where(name), "cannot create", denied="write"):
             try:
-                self.fs.pipe_file(self.path(name), data, mode="create")
+                self.fs.pipe_file(self.path(name), data, mode="create",
+                                  **({} if self.local else {"timeout": call_deadline()}))
             except FileExistsError:
                 return False
         return True

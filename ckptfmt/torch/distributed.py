@@ -28,7 +28,7 @@ from .. import format as fmt
 from .. import shards
 from ..errors import CheckpointError, LayoutMismatchError, RankDisagreementError
 from ..run import Run
-from ..run.storerun import open_run
+from ..run.storerun import StoreRun, open_run
 from . import adapter as ct
 from . import staging
 
@@ -224,6 +224,11 @@ def save_sharded(run: "Run | str | Path", step: int, model: torch.nn.Module, opt
     ``extra_tensors`` its companion, ``before_commit`` as ``shards.commit``). This rank's row."""
     rank, world = rank_world()
     run = run if isinstance(run, Run) else open_run(run, create=True)
+    if isinstance(run, StoreRun):       # written create-only there: what is there of the step goes first
+        if rank == 0:
+            run.make_room(step)
+        if world > 1:
+            dist.barrier()
     row = own_shard(run, step, model, optimizer)
     rows = gather_json(row)              # returns only when every rank's shard is durable
     if rank == 0:
