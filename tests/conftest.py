@@ -206,3 +206,21 @@ def pytest_runtest_makereport(item, call):
                          f"\n--- stdout (tail)\n{_tail(out, 10)}")
         report.sections.append(("child processes (the last 6 this test waited on)", "\n\n".join(parts)))
 
+
+
+@pytest.fixture(autouse=True)
+def signal_handlers_put_back():
+    """Each test leaves SIGTERM, SIGINT and SIGUSR1 with the handlers it found: a loop tested in
+    this process that ends without giving its handlers back (a failed fit, a test stopped by its
+    own assertion) must not decide what a later test's signal does; the handlers, held weakly,
+    pass a signal whose owner is gone on to the default action, which ends the worker."""
+    import signal
+    import threading
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    found = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGUSR1)}
+    yield
+    for sig, handler in found.items():
+        if handler is not None and signal.getsignal(sig) is not handler:
+            signal.signal(sig, handler)

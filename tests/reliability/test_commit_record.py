@@ -45,13 +45,14 @@ def test_a_step_committed_again_after_a_fallback_survives_a_kill_before_its_chec
     m = CheckpointManager(run, model, opt, every=5, handle_signals=False, async_save=async_save)
     with pytest.warns(UserWarning, match="skipping generation 10"):
         assert m.restore() == 5
-    event = CheckpointManager._event
+    from ckptfmt.run.session import Session
+    event = Session.event
 
     def killed_at_the_checkpoint_event(self, kind, step, **fields):
         if kind == "checkpoint" and step == 10:
             raise Killed
         return event(self, kind, step, **fields)
-    monkeypatch.setattr(CheckpointManager, "_event", killed_at_the_checkpoint_event)
+    monkeypatch.setattr(Session, "event", killed_at_the_checkpoint_event)
     with pytest.raises(Killed):
         train(m, model, opt, 6, 10)
         m.close(10)
