@@ -86,8 +86,7 @@ class Session:
         self.run = open_run(directory, create=True)     # a URL: a run on object storage (StoreRun)
         if mirror is not None:
             refuse_mirror_on_store(self.run)
-        self._stop = self._save_requested = False
-        self._stop_reason = "SIGTERM"         # another rank's signal: the one the cluster sends
+        self.flags = signals.Flags()          # what the signals (or the caller) asked for
         self._handlers = signals.install(self) if handle_signals else None   # before the lock: may raise
         with signals.given_back_on_error(self._handlers):   # the lock refused (held, a read-only store)
             self._lock = self.run.writer_lock("checkpoint manager") if self.rank == 0 and lock else None
@@ -106,14 +105,12 @@ class Session:
     # ------------------------------------------------------------ the flags signals set
     def request_save(self) -> None:
         """Commit a generation at the next ``step()`` and continue (what SIGUSR1 does)."""
-        self._save_requested = True
+        self.flags.request_save()
 
     def request_stop(self, reason: str = "SIGTERM") -> None:
         """Commit a generation at the next ``step()``, which then says stop (SIGTERM, SIGINT);
         ``reason`` is what its ``checkpoint`` event records."""
-        if not self._stop:
-            self._stop_reason = reason
-        self._stop = True
+        self.flags.request_stop(reason)
 
     # ------------------------------------------------------------ driving
     def step(self, step: int, values: Mapping[str, Any]) -> tuple[bool, bool]:
@@ -146,12 +143,13 @@ class Session:
         where a resumed run's best comes from)."""
         due = self.clock.due(step, values, now=time.monotonic())
         stop, save, timed, best = self.collective.agree(
-            self._stop, self._save_requested, "interval" in due,
+            self.flags.stop, self.flags.save, "interval" in due,
             self.rank == 0 and any(r.startswith("best ") for r in due))
         if save:
-            self._save_requested = False
-        self._stop = self._stop or stop
-        reason = (self._stop_reason if stop else "SIGUSR1" if save else "cadence" if "cadence" in due
+            self.flags.save = False
+        if stop:
+            self.flags.request_stop("SIGTERM")   # another rank's signal: the one the cluster sends
+        reason = (self.flags.reason if stop else "SIGUSR1" if save else "cadence" if "cadence" in due
                   else "interval" if timed else f"best {self.saving.on_best}" if best else None)
         return stop, reason
 

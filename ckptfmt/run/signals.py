@@ -132,7 +132,7 @@ def _chain(before: Any, signum: int, frame: FrameType | None) -> None:
 # ---------------------------------------------------------------- the checkpoint manager's
 def install(mgr: Any) -> Handlers | None:
     """SIGTERM/SIGINT request a stop of ``mgr``, SIGUSR1 a save (``request_stop(reason)``,
-    ``request_save()``). A manager built in another thread than the main one handles none, and
+    ``request_save()``; its ``flags`` say whether a stop was asked for already). A manager built in another thread than the main one handles none, and
     says so once (``mgr.log``). Held weakly: once it is closed or gone, and for a second Ctrl-C
     after a stop was requested (a notebook cell that failed before ``close()``, a loop that no
     longer calls ``step()`` or ignores its answer), a signal does what it did before the manager
@@ -149,7 +149,7 @@ def install(mgr: Any) -> Handlers | None:
 def _manager_takes(mgr: Any, signum: int, frame: FrameType | None) -> bool:
     """The request the signal makes; a first Ctrl-C says what it did on stderr (a manager left
     unclosed by a notebook cell would otherwise swallow it in silence)."""
-    if mgr.closed or (signum == signal.SIGINT and mgr._stop):   # a second Ctrl-C: force
+    if mgr.closed or (signum == signal.SIGINT and mgr.flags.stop):   # a second Ctrl-C: force
         return False
     if signum == signal.SIGUSR1:
         mgr.request_save()

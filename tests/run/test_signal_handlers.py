@@ -160,11 +160,12 @@ class Loop:
         where = "/runs/a"
 
     def __init__(self):
-        self.closed, self._stop, self.saves, self.said = False, False, 0, []
+        self.closed, self.flags, self.saves, self.said = False, signals.Flags(), 0, []
         self.reason = None
 
     def request_stop(self, reason="SIGTERM"):
-        self._stop, self.reason = True, self.reason or reason
+        self.flags.request_stop(reason)
+        self.reason = self.flags.reason
 
     def request_save(self):
         self.saves += 1
