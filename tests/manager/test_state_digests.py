@@ -219,3 +219,13 @@ def test_the_reference_trainer_records_them_with_state_digests(tmp_path):
     assert set(straight[1]) == {"rng.python", "rng.numpy", "rng.torch", "rng.bandit", "scheduler",
                                 "state.data", "state.bandit", "lr.0", "optimizer.step"}
     assert states(tmp_path / "resumed") == straight
+
+
+def test_a_digest_is_of_the_value_not_of_its_spelling():
+    assert digest({"b": (1, 2), "a": None}) == digest({"a": None, "b": [1, 2]}) != digest({"a": None, "b": [2, 1]})
+    assert digest({1: "x", "y": 2}) == digest({"y": 2, "1": "x"})         # keys of two types: all as text
+    half = torch.tensor([1.0, 2.0], dtype=torch.bfloat16)
+    assert digest(half) != digest(half.float()) and digest(half) == digest(half.clone())
+    assert digest({"t": torch.arange(6).reshape(2, 3)}) != digest({"t": torch.arange(6).reshape(3, 2)})
+    assert digest(np.arange(6)[::2]) == digest(np.array([0, 2, 4]))      # the values, not the strides
+    assert digest(float("nan")) == digest(float("nan")) != digest(float("inf"))
