@@ -29,7 +29,7 @@ from ..run import SavePolicy, tiers
 from ..run.hooks import Hooks
 from ..run.mirror_thread import BackgroundMirror
 from ..run.session import Mirror, Session
-from . import adapter, optim, ranks, refusals, rng
+from . import adapter, loaders, optim, ranks, refusals, rng
 from . import restore as restoring
 from .distributed import reshard
 from .memtier import MemoryTier, at_close, forget_after
@@ -180,7 +180,7 @@ class CheckpointManager:
         extra.update(more)
         for piece, obj in self.pieces():
             doc_key, name = piece.split(".", 1) if "." in piece else (piece, None)
-            tree, more = split(obj.state_dict(), piece)
+            tree, more = split(loaders.state_of(obj), piece)
             extra.update(more)
             if name is None:
                 doc[doc_key] = tree

@@ -248,13 +248,13 @@ def load_pieces(loop: Loop, plan: Plan) -> None:
         if piece not in plan.trees:
             continue
         try:
-            before = copy.deepcopy(obj.state_dict())      # its own code too, and may not copy
+            before = copy.deepcopy(loaders.state_of(obj))      # its own code too, and may not copy
         except Exception as e:
             failed = (piece, e)
             break
         kept.append((piece, obj, before))
         try:
-            obj.load_state_dict(plan.trees[piece])
+            loaders.load(obj, plan.trees[piece])
             loaders.loaded(obj)          # a data loader's iterator, before the RNGs come back
         except Exception as e:           # the loop's own code: any error it raises
             failed = (piece, e)
@@ -264,7 +264,7 @@ def load_pieces(loop: Loop, plan: Plan) -> None:
     unrestored = []
     for piece, obj, before in reversed(kept):
         try:
-            obj.load_state_dict(before)
+            loaders.load(obj, before)
         except Exception:                # said below; the first error is the one to raise
             unrestored.append(piece)
     said = (f"{', '.join(unrestored)} could not be put back (the other objects were; no tensor was copied)"
