@@ -17,7 +17,9 @@ Where a framework saves on its own (Lightning's ModelCheckpoint, the Hugging Fac
 session is built without ``write`` and ``writer``: ``step`` then says when a save is due (a
 signal, the save policy) and the framework saves; once it committed a checkpoint it says so
 with ``framework_saved``, and the same sequence follows (the ``checkpoint`` event, retention
-through the ``retain`` given for its directory, the hook, the mirror).
+through the ``retain`` given for its directory, the hook, the mirror). A framework that logs a
+step's metrics after the step ends (the Trainer) gives ``step`` none and ``record``s the step
+once they are logged.
 """
 from __future__ import annotations
 
@@ -125,30 +127,37 @@ class Session:
         self.flags.request_stop(reason)
 
     # ------------------------------------------------------------ driving
-    def step(self, step: int, values: Mapping[str, Any]) -> tuple[bool, bool]:
+    def step(self, step: int, values: Mapping[str, Any] | None) -> tuple[bool, bool]:
         """Record step ``step`` and its metrics ``values`` in the history; save on a rule of the
         save policy or on request, as every rank agrees. (stop, saved): stop once a stop was
         requested (the generation is committed: the loop should exit); saved when this step
-        committed a generation."""
+        committed a generation. ``values`` None: the framework logs the step's metrics after it
+        ends (the Trainer, after ``on_step_end``); ``record`` writes its record then."""
         self.require_open()
         step = step_of(self.run.where, step)
         self._check_order(step)
         if self.writer is not None:
             self.writer.poll()                # a background save that committed: its event now
-        record: dict[str, Any] = {"step": step, "time": time.time()}
-        for key, value in values.items():
-            record[key] = history_value(value)
-        self.metrics.record(step, values)
-        if self.rank == 0:
-            self.run.history.append(record)
+        if values is not None:
+            self.record(step, values)
         self._record_policy()
-        stop, reason = self._decide(step, values)
+        stop, reason = self._decide(step, values or {})
         saving = bool(reason) and self.committed != step
         if saving and self.writer is not None:
             self.save(step, reason)
         elif saving:
             self.due = reason                 # the framework saves; framework_saved records it
         return stop, saving
+
+    def record(self, step: int, values: Mapping[str, Any]) -> None:
+        """The history's record of step ``step`` (rank 0) with its metrics ``values``, the newest
+        the session knows; once per step, in step order (``step`` writes it, or is told not to)."""
+        record: dict[str, Any] = {"step": step, "time": time.time()}
+        for key, value in values.items():
+            record[key] = history_value(value)
+        self.metrics.record(step, values)
+        if self.rank == 0:
+            self.run.history.append(record)
 
     def _decide(self, step: int, values: Mapping[str, Any]) -> tuple[bool, str | None]:
         """(stop, the reason to save at ``step`` or None), as every rank sees them. The local
