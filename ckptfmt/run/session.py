@@ -17,9 +17,10 @@ Where a framework saves on its own (Lightning's ModelCheckpoint, the Hugging Fac
 session is built without ``write`` and ``writer``: ``step`` then says when a save is due (a
 signal, the save policy) and the framework saves; once it committed a checkpoint it says so
 with ``framework_saved``, and the same sequence follows (the ``checkpoint`` event, retention
-through the ``retain`` given for its directory, the hook, the mirror). A framework that logs a
-step's metrics after the step ends (the Trainer) gives ``step`` none and ``record``s the step
-once they are logged.
+through the ``retain`` given for its directory, the hook, the mirror). No policy record is
+written there: the directory is the framework's, each checkpoint in it a run of its own. A
+framework that logs a step's metrics after the step ends (the Trainer) gives ``step`` none and
+``record``s the step once they are logged.
 """
 from __future__ import annotations
 
@@ -71,7 +72,8 @@ class Mirror(Protocol):
         ...
 
     def close(self) -> dict[str, Any]:
-        """A last pass that catches up; what the mirror did (``url``, ``errors``)."""
+        """A last pass that catches up; what the mirror did (``url``, ``errors``; ``failed``: the
+        last pass failed, and the session says its error)."""
         ...
 
 
@@ -104,7 +106,9 @@ class Session:
         with signals.given_back_on_error(self._handlers):   # the lock refused (held, a read-only store)
             self._lock = self.run.writer_lock("checkpoint manager") if self.rank == 0 and lock else None
         self._dropped = signals.release_when_collected(self, self._lock)
-        self._policy_recorded = self.rank != 0        # rank 0 records it at the first step
+        # rank 0 records it at the first step; a framework's directory holds its checkpoints, each a
+        # run of its own, not generations whose keeping the record would explain (spec/RUN.md §5.6)
+        self._policy_recorded = self.rank != 0 or write is None
         self.clock, self.metrics = SaveClock(saving), MetricsBook()   # metrics: the newest given to step()
         self.committed: int | None = None
         self.last_save: tuple[int, str] | None = None      # (step, reason) of the newest save
@@ -311,8 +315,8 @@ class Session:
             self.closed = True
             if self.mirror is not None:
                 report = self.mirror.close()          # a last pass: the destination catches up
-                if report["errors"]:
-                    self.log(f"mirror to {report['url']}: {report['errors'][-1]}")
+                if report["errors"] and report.get("failed", True):   # each failed pass was said as it failed
+                    self.log(f"mirror to {report['url']} is behind {self.run.where}: {report['errors'][-1]}")
             self._release()
 
     def _release(self) -> None:

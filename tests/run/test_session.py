@@ -132,3 +132,29 @@ def test_a_stop_request_commits_the_step_and_says_stop(tmp_path):
 def test_the_session_imports_no_torch():
     blocked = "import sys; sys.modules['torch'] = None; import ckptfmt.run.session, ckptfmt.run.collective"
     assert subprocess.run([sys.executable, "-c", blocked], capture_output=True, timeout=60).returncode == 0
+
+
+class Reported:
+    """A mirror whose close reports what ``report`` says."""
+
+    def __init__(self, **report: Any):
+        self.report = {"url": "file:///there", "errors": [], **report}
+
+    def on_commit(self, step: int, manifest: dict[str, Any]) -> None:
+        pass
+
+    def close(self) -> dict[str, Any]:
+        return self.report
+
+
+@pytest.mark.parametrize("report, said", [
+    ({"errors": ["refused"], "failed": False}, []),       # a failed pass, then one that caught up
+    ({"errors": ["refused"], "failed": True}, ["mirror to file:///there is behind RUN: refused"]),
+    ({"errors": ["refused"]}, ["mirror to file:///there is behind RUN: refused"]),   # no failed: the errors say
+])
+def test_at_close_the_session_says_a_mirror_behind_once_and_a_caught_up_one_not(tmp_path, report, said):
+    logs: list[str] = []
+    session = Session(tmp_path / "run", write=None, writer=None, saving=SavePolicy(), retention=None,
+                      hooks=Hooks(log=logs.append), handle_signals=False, mirror=lambda s: Reported(**report))
+    session.close()
+    assert logs == [m.replace("RUN", str(tmp_path / "run")) for m in said]
