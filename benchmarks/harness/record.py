@@ -143,6 +143,20 @@ def command() -> str:
     return shlex.join(["python", str(shown), *sys.argv[1:]])
 
 
+def started() -> str:
+    """When this process started (the run, for a benchmark's script), ISO 8601 in UTC; now,
+    where /proc does not say."""
+    try:
+        with open("/proc/stat") as f:
+            boot = next(int(line.split()[1]) for line in f if line.startswith("btime "))
+        with open("/proc/self/stat") as f:
+            ticks = int(f.read().rsplit(")", 1)[1].split()[19])      # field 22, starttime
+        when = datetime.datetime.fromtimestamp(boot + ticks / os.sysconf("SC_CLK_TCK"), datetime.timezone.utc)
+    except (OSError, ValueError, IndexError, StopIteration):
+        when = datetime.datetime.now(datetime.timezone.utc)
+    return when.isoformat(timespec="seconds")
+
+
 def results_path(out: str | Path) -> Path:
     """Where a benchmark's ``--out`` goes: results are JSON lines, so ``x.json`` becomes ``x.jsonl``."""
     out = Path(out)
@@ -153,8 +167,7 @@ def write_results(benchmark: str, doc: dict, out: str | Path) -> Path:
     """Write one run's document as the schema's records to ``out`` (``.json`` -> ``.jsonl``),
     stamped with this run's machine, commit, date and command where the document has none (the
     command as typed to ``python -m benchmarks`` in any case)."""
-    now = {"machine": machine(), "commit": commit(), "command": command(),
-           "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")}
+    now = {"machine": machine(), "commit": commit(), "command": command(), "date": started()}
     typed = {"command": os.environ[ENTRY]} if os.environ.get(ENTRY) else {}
     records = json.loads(json.dumps(to_records(benchmark, doc, now, typed)))
     path = dump(records, results_path(out))
