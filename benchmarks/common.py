@@ -59,8 +59,11 @@ def measure(fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> tu
     return seconds, max(0, peak_rss() - base)
 
 
-def summary(samples: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples)}
+def summary(samples: list[float]) -> dict[str, Any]:
+    """Median, min, max and count, and the samples themselves (the results keep every
+    repetition: a reader can take another statistic than the ones chosen here)."""
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples),
+            "samples": list(samples)}
 
 
 def touch(a: np.ndarray) -> np.ndarray:
@@ -92,11 +95,12 @@ def durable(write: Callable[[str], None], final: str) -> None:
 
 def size_arguments(doc: str, sizes: str, reps: int, out: str) -> argparse.ArgumentParser:
     """The options every sized benchmark takes: --sizes, --reps, --dir (scratch, default
-    /work/bench), --out (results JSON) and --table (print the README table of a results file)."""
+    /work/bench), --out (the results, JSON lines) and --table (print the tables of a results file)."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--sizes", default=sizes)
     ap.add_argument("--reps", type=int, default=reps)
     ap.add_argument("--dir", default="/work/bench" if os.path.isdir("/work") else None)
     ap.add_argument("--out", default=out)
-    ap.add_argument("--table", metavar="JSON", help="Only print the README table of a results file.")
+    ap.add_argument("--table", metavar="FILE", help="Only print the tables of a results file (.jsonl, or a .json "
+                    "written before the results schema).")
     return ap
