@@ -2,14 +2,10 @@
 from __future__ import annotations
 
 import argparse
-import datetime
 import gc
-import json
 import os
 import statistics
-import sys
 import time
-from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -63,8 +59,11 @@ def measure(fn: Callable[[], Any], setup: Callable[[], Any] | None = None) -> tu
     return seconds, max(0, peak_rss() - base)
 
 
-def summary(samples: list[float]) -> dict[str, float]:
-    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples)}
+def summary(samples: list[float]) -> dict[str, Any]:
+    """Median, min, max and count, and the samples themselves (the results keep every
+    repetition: a reader can take another statistic than the ones chosen here)."""
+    return {"median": statistics.median(samples), "min": min(samples), "max": max(samples), "n": len(samples),
+            "samples": list(samples)}
 
 
 def touch(a: np.ndarray) -> np.ndarray:
@@ -96,25 +95,12 @@ def durable(write: Callable[[str], None], final: str) -> None:
 
 def size_arguments(doc: str, sizes: str, reps: int, out: str) -> argparse.ArgumentParser:
     """The options every sized benchmark takes: --sizes, --reps, --dir (scratch, default
-    /work/bench), --out (results JSON) and --table (print the README table of a results file)."""
+    /work/bench), --out (the results, JSON lines) and --table (print the tables of a results file)."""
     ap = argparse.ArgumentParser(description=doc.split("\n\n")[0])
     ap.add_argument("--sizes", default=sizes)
     ap.add_argument("--reps", type=int, default=reps)
     ap.add_argument("--dir", default="/work/bench" if os.path.isdir("/work") else None)
     ap.add_argument("--out", default=out)
-    ap.add_argument("--table", metavar="JSON", help="Only print the README table of a results file.")
+    ap.add_argument("--table", metavar="FILE", help="Only print the tables of a results file (.jsonl, or a .json "
+                    "written before the results schema).")
     return ap
-
-
-def header(script: str) -> dict[str, Any]:
-    """What a results file records first: when, the machine's CPU count and the command line."""
-    return {"when": datetime.datetime.now().isoformat(timespec="seconds"), "cpus": os.cpu_count(),
-            "command": " ".join([f"benchmarks/{script}"] + sys.argv[1:])}
-
-
-def finish(result: dict[str, Any], started: float, out: str, table: Callable[[dict[str, Any]], str]) -> int:
-    """The seconds since ``started`` recorded, the results file written, its README table printed."""
-    result["seconds"] = round(time.time() - started, 1)
-    Path(out).write_text(json.dumps(result, indent=1) + "\n")
-    print(table(result))
-    return 0

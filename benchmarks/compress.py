@@ -1,18 +1,17 @@
 """Compression of a trained checkpoint: the standard ``.zst`` (a zstd stream of the exact
 ``.bin``, which ``zstd -d`` reads) against the byte-plane ``.ckz`` (ckptfmt only), issue 18 §5.
 
-    .venv/bin/python benchmarks/compress.py                    # tiny, trained 400 steps
-    .venv/bin/python benchmarks/compress.py --andrea           # also andrea-12m, 20 steps
+    python -m benchmarks compress                    # tiny, trained 400 steps
+    python -m benchmarks compress --andrea           # also andrea-12m, 20 steps
 
 Trains the reference model in a fresh run (``ckptfmt train``), then writes each form at several
 zstd levels with the converter's own writers, reads each back (and checks the bytes), and runs
 the real ``zstd -d`` on the standard form (its output must equal the ``.bin``). Prints a markdown
-table and writes benchmarks/results/compress.json. Scratch files go under --dir and are removed.
+table and writes benchmarks/results/compress.jsonl. Scratch files go under --dir and are removed.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
 import subprocess
 import sys
@@ -23,6 +22,9 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+from harness.record import write_results  # noqa: E402
+from harness.render import tables  # noqa: E402
 from ckptfmt import fingerprint  # noqa: E402
 from ckptfmt.tools.convert import check, load, planes, zst  # noqa: E402
 
@@ -68,21 +70,11 @@ def bench(src: Path, scratch: Path) -> list[dict[str, Any]]:
     return rows
 
 
-def table(name: str, size: int, rows: list[dict[str, Any]]) -> str:
-    lines = [f"### {name} ({size:,} bytes)", "", "| form | level | ratio | compress MB/s | decompress MB/s | zstd -d = .bin |",
-             "|---|---|---|---|---|---|"]
-    for r in rows:
-        label = ".zst (standard)" if r["form"] == "zst" else ".ckz (byte planes)"
-        lines.append(f"| {label} | {r['level']} | {r['ratio']:.3f} | {r['compress_mb_s']:.0f} | "
-                     f"{r['decompress_mb_s']:.0f} | {r.get('zstd_d_equals_bin', 'n/a (not zstd)')} |")
-    return "\n".join(lines)
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--andrea", action="store_true", help="Also andrea-12m trained 20 steps (slow on CPU).")
     ap.add_argument("--dir", default=None, help="Scratch directory (default: a temp dir).")
-    ap.add_argument("--out", default=str(HERE / "results" / "compress.json"))
+    ap.add_argument("--out", default=str(HERE / "results" / "compress.jsonl"))
     args = ap.parse_args()
     scratch = Path(tempfile.mkdtemp(prefix="ckptfmt-compress-", dir=args.dir))
     try:
@@ -93,9 +85,8 @@ def main() -> int:
         for name, config, steps, extra in cases:
             src = trained(scratch / config, config, steps, *extra)
             results[name] = {"bytes": src.stat().st_size, "rows": bench(src, scratch)}
-            print(table(name, src.stat().st_size, results[name]["rows"]), end="\n\n", flush=True)
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(results, indent=1) + "\n")
+            print(f"{name} ({src.stat().st_size:,} bytes): measured", flush=True)
+        print(tables(write_results("compress", results, args.out)))
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     return 0

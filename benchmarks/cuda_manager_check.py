@@ -4,7 +4,7 @@ must end bit-identical to a straight run; resumed without its RNGs it must not (
 control). ``--device cpu`` runs the same check on the CPU (the CPU path is also covered in CI by
 tests/manager/test_manager.py's SIGTERM/SIGKILL resumes of examples/plain_loop.py).
 
-    python benchmarks/cuda_manager_check.py --device cuda --out results/cuda_manager.json
+    python -m benchmarks cuda-manager --device cuda --out benchmarks/results/cuda_manager.jsonl
     python benchmarks/cuda_manager_check.py --device cpu --steps 12      # the CPU twin
 
 Each variant: straight to --steps; the same to --steps/2, then a fresh process resumes to
@@ -86,7 +86,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--steps", type=int, default=40)
-    ap.add_argument("--out", help="write the verdict as JSON here")
+    ap.add_argument("--out", help="write the verdict as results here (JSON lines)")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     ap.add_argument("--dtype", default="float32", help=argparse.SUPPRESS)
     ap.add_argument("--async-save", action="store_true", help=argparse.SUPPRESS)
@@ -101,11 +101,10 @@ def main() -> None:
         import torch
         verdict["gpu"] = torch.cuda.get_device_name(0)
         verdict["torch"] = torch.__version__
-    text = json.dumps(verdict, indent=1)
-    print(text)
+    print(json.dumps(verdict, indent=1))
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
+        from harness.record import write_results
+        write_results("cuda-manager", verdict, args.out)
     ok = all(v["resumed_identical"] and v["negative_control_diverged"] for v in verdict["variants"].values())
     sys.exit(0 if ok else 1)
 

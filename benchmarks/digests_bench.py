@@ -1,9 +1,8 @@
 """What the history's state digests (spec/RUN.md §3.9) cost a step of the tiny config, and what
 they add to ``.loss.json``.
 
-    .venv/bin/python benchmarks/digests_bench.py                      # ~40 s; writes results/digests.json
-    .venv/bin/python benchmarks/digests_bench.py --reps 40 --block 25
-    .venv/bin/python benchmarks/digests_bench.py --table benchmarks/results/digests.json
+    python -m benchmarks digests                  # ~40 s; writes benchmarks/results/digests.jsonl
+    python -m benchmarks digests --reps 40 --block 25
 
 One reference trainer (``ckptfmt train``'s loop: ``Trainer.train_step`` then the manager's
 ``step``, which records the history; no saves) of the tiny config on the CPU, warmed up, then
@@ -33,13 +32,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
-sys.path.insert(0, str(HERE))
-from common import finish, header  # noqa: E402
+from harness.record import RESULTS, write_results
 
-from ckptfmt.trainer import config as cfgmod  # noqa: E402
-from ckptfmt.trainer.loop import Trainer  # noqa: E402
+from ckptfmt.trainer import config as cfgmod
+from ckptfmt.trainer.loop import Trainer
 
 CONTENDERS = ("step, digests on", "step, digests off")
 MANAGER = tuple(name.replace("step", "manager's step") for name in CONTENDERS)
@@ -48,8 +44,9 @@ COST = "cost (manager's step, median on - off, / median step off)"
 LONG_RUN = 200_000
 
 
-def stats(samples: list[float]) -> dict[str, float]:
-    return {"min_ms": min(samples) * 1e3, "median_ms": statistics.median(samples) * 1e3, "n": len(samples)}
+def stats(samples: list[float]) -> dict[str, Any]:
+    ms = [round(x * 1e3, 4) for x in samples]
+    return {"min_ms": min(ms), "median_ms": statistics.median(ms), "n": len(ms), "samples": ms}
 
 
 def timed_steps(t: Trainer, reps: int, block: int, warmup: int) -> dict[str, dict[str, list[float]]]:
@@ -104,42 +101,28 @@ def field_bytes(history: Path) -> dict[str, Any]:
 
 
 def measure(reps: int, block: int, warmup: int) -> dict[str, Any]:
+    """The benchmark's document: each contender's figures by clock, the costs, the history's bytes."""
     with tempfile.TemporaryDirectory() as tmp:
         t = Trainer(Path(tmp) / "run", cfgmod.get("tiny"), device="cpu", checkpoint_every=0, sample_every=0,
                     log_every=10 ** 9, log=lambda message: None)
         t.build()
         t.resume()
-        load_before = os.getloadavg()
+        load_before = os.getloadavg()[0]
         times = timed_steps(t, reps, block, warmup)
-        load_after = os.getloadavg()
+        load_after = os.getloadavg()[0]
         t.close()
         sizes = field_bytes(Path(tmp) / "run" / ".loss.json")
-    out: dict[str, Any] = {name: {clock: stats(samples) for clock, samples in by_clock.items()}
-                           for name, by_clock in times.items()}
+    doc: dict[str, Any] = {"config": "tiny", "reps": reps, "block": block, "warmup": warmup,
+                           "contenders": {name: {clock: stats(samples) for clock, samples in by_clock.items()}
+                                          for name, by_clock in times.items()}}
+    c = doc["contenders"]
     for clock in CLOCKS:
-        off = out[CONTENDERS[1]][clock]["median_ms"]
-        out[f"cost (median step, on / off - 1), {clock}"] = out[CONTENDERS[0]][clock]["median_ms"] / off - 1
-        out[f"{COST}, {clock}"] = (out[MANAGER[0]][clock]["median_ms"] - out[MANAGER[1]][clock]["median_ms"]) / off
-    out["history"] = sizes
-    out["load_before"], out["load_after"] = load_before, load_after
-    return out
-
-
-def table(result: dict[str, Any]) -> str:
-    """The markdown table of benchmarks/README.md."""
-    r = result["tiny"]
-    rows = ["| | min ms, wall | median ms, wall | min ms, CPU | median ms, CPU |", "|---|---|---|---|---|"]
-    for name in (*CONTENDERS, *MANAGER):
-        rows.append(f"| {name} | " + " | ".join(f"{r[name][clock]['min_ms']:.3f} | {r[name][clock]['median_ms']:.3f}"
-                                                for clock in CLOCKS) + " |")
-    h = r["history"]
-    rows += ["", "Cost of the digests (the manager's step, median on - off, over the median step off): "
-             + ", ".join(f"{r[f'{COST}, {clock}'] * 100:.2f} % by the {clock} clock" for clock in CLOCKS)
-             + " (" + ", ".join(f"{r[f'cost (median step, on / off - 1), {clock}'] * 100:+.2f} %"
-                                for clock in CLOCKS) + " by the whole steps' medians). "
-             f"`state` adds {h['bytes_per_step']:.0f} bytes to a step's line ({h['line_bytes_without_state']:.0f} "
-             f"without it), {h['bytes_at_200k_steps'] / 1e6:.1f} MB at 200,000 steps."]
-    return "\n".join(rows)
+        off = c[CONTENDERS[1]][clock]["median_ms"]
+        doc[f"cost (median step, on / off - 1), {clock}"] = c[CONTENDERS[0]][clock]["median_ms"] / off - 1
+        doc[f"{COST}, {clock}"] = (c[MANAGER[0]][clock]["median_ms"] - c[MANAGER[1]][clock]["median_ms"]) / off
+    doc["history"] = sizes
+    doc["load_avg_1min_before"], doc["load_avg_1min_after"] = load_before, load_after
+    return doc
 
 
 def main() -> int:
@@ -147,15 +130,12 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=30, help="repetitions of (on block, off block)")
     ap.add_argument("--block", type=int, default=20, help="steps per block")
     ap.add_argument("--warmup", type=int, default=50)
-    ap.add_argument("--out", default=str(HERE / "results" / "digests.json"))
-    ap.add_argument("--table", help="print the table of a results file and exit")
+    ap.add_argument("--out", default=str(RESULTS / "digests.jsonl"))
     args = ap.parse_args()
-    if args.table:
-        print(table(json.loads(Path(args.table).read_text())))
-        return 0
-    started = time.time()
-    result = {**header("digests_bench.py"), "tiny": measure(args.reps, args.block, args.warmup)}
-    return finish(result, started, args.out, table)
+    doc = measure(args.reps, args.block, args.warmup)
+    print(json.dumps({k: v for k, v in doc.items() if k != "contenders"}, indent=1))
+    write_results("digests", doc, args.out)
+    return 0
 
 
 if __name__ == "__main__":

@@ -1,11 +1,12 @@
 """Aggregate sharded save throughput with 1 and 2 ranks (issue 9).
 
-    .venv/bin/python benchmarks/dist_bench.py [--config andrea-12m] [--reps 3]
+    python -m benchmarks sharded-save [--config andrea-12m] [--reps 3] [--out benchmarks/results/sharded_save.jsonl]
 
 Runs itself under torchrun (gloo, CPU) with 1 and then 2 processes; each process holds the
 full andrea model + AdamW state (as DDP replicas do) and calls the collective
 ``ckptfmt.dist.save_sharded``: every rank writes its range, rank 0 commits. The time is from
-the barrier before to the barrier after, so it includes the commit.
+the barrier before to the barrier after, so it includes the commit. Prints a JSON line;
+``--out`` writes it as results (docs/benchmarks/save.md).
 """
 from __future__ import annotations
 
@@ -50,6 +51,7 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", default="/work/bench" if os.path.isdir("/work") else None)
     ap.add_argument("--worker", nargs=2)
+    ap.add_argument("--out", help="write the figures as results here (JSON lines)")
     args = ap.parse_args()
     if args.worker:
         worker(args.config, args.reps, args.worker[1])
@@ -64,7 +66,12 @@ def main() -> int:
         results.append(json.loads(proc.stdout.strip().splitlines()[-1]))
         subprocess.run(["rm", "-rf", d], check=True)
     best = {w: max((r for r in results if r["world_size"] == w), key=lambda r: r["gbps"]) for w in (1, 2)}
-    print(json.dumps({"config": args.config, "ranks": best, "speedup_2_over_1": best[2]["gbps"] / best[1]["gbps"]}))
+    doc = {"config": args.config, "ranks": best, "speedup_2_over_1": best[2]["gbps"] / best[1]["gbps"]}
+    print(json.dumps(doc))
+    if args.out:
+        sys.path.insert(0, str(Path(__file__).resolve().parent))
+        from harness.record import write_results
+        write_results("sharded-save", json.loads(json.dumps(doc)), args.out)   # rank counts as keys, as printed
     return 0
 
 

@@ -1,8 +1,8 @@
 """What the save-time value-facts pass costs (issue 17), and what it buys deep validation.
 
-    .venv/bin/python benchmarks/facts_bench.py                  # 12.8M and 120M, 5 repetitions
-    .venv/bin/python benchmarks/facts_bench.py --sizes 12.8M --reps 3
-    .venv/bin/python benchmarks/facts_bench.py --table benchmarks/results/facts.json
+    python -m benchmarks facts                  # 12.8M and 120M, 5 repetitions
+    python -m benchmarks facts --sizes 12.8M --reps 3
+    python -m benchmarks facts --table benchmarks/results/facts.jsonl
 
 Contenders, alternating within each repetition (the order flips every repetition), all through
 ``ckptfmt.torch.save`` (durable: temp, fsync, rename, directory fsync) of the reference model +
@@ -16,10 +16,11 @@ Then, on the committed generation: deep ``validate`` (one hash, the recorded fac
 ``validate --scan`` (hash and value scan in parallel, as before issue 17). Alone, for scale: the
 facts pass and blake3 with one thread over the same bytes in memory. The machine's load average
 is recorded before and after each size (the machine is shared). Writes
-benchmarks/results/facts.json; the table in benchmarks/README.md comes from it.
+benchmarks/results/facts.jsonl; docs/benchmarks/save.md's tables are rendered from it.
 """
 from __future__ import annotations
 
+import datetime
 import json
 import os
 import sys
@@ -29,7 +30,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import finish, header, size_arguments, measure, summary  # noqa: E402
+from common import size_arguments, measure, summary  # noqa: E402
+from harness.record import write_results  # noqa: E402
+from harness.render import tables  # noqa: E402
 from run import CHUNK, SIZES, build_state, flat_bytes  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -123,44 +126,23 @@ def measure_size(label: str, reps: int, directory: str | None) -> dict:
     return row
 
 
-ROWS = ("save", "save, no facts", "write only", "validate (recorded facts)", "validate --scan",
-        "facts pass alone", "blake3, 1 thread, alone")
-
-
-def table(result: dict) -> str:
-    """The markdown table of benchmarks/README.md: median (min-max) seconds and GB/s."""
-    labels = list(result["sizes"])
-    lines = ["| | " + " | ".join(f"{k} ({result['sizes'][k]['bytes'] / 1e9:.3f} GB)" for k in labels) + " |",
-             "|---|" + "---|" * len(labels)]
-    for name in ROWS:
-        cells = [f"{r[name]['median']:.3f} s ({r[name]['min']:.3f}-{r[name]['max']:.3f}), {r[name]['gbps']:.2f} GB/s"
-                 for r in (result["sizes"][k] for k in labels)]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    extra = [("save with facts / without (time, medians)", lambda r: f"{r['save cost of facts (median ratio)']:.3f}"),
-             ("speed vs write only: save / save, no facts",
-              lambda r: "{save:.2f}x / {nf:.2f}x".format(save=r["save vs write only (speed, median)"]["save"],
-                                                         nf=r["save vs write only (speed, median)"]["save, no facts"])),
-             ("validate: --scan time / recorded time", lambda r: f"{r['validate speed-up (median ratio)']:.2f}x"),
-             ("load average (1 min) before, after", lambda r: f"{r['load_before'][0]:.1f}, {r['load_after'][0]:.1f}")]
-    for name, cell in extra:
-        lines.append(f"| {name} | " + " | ".join(cell(result["sizes"][k]) for k in labels) + " |")
-    return "\n".join(lines)
-
-
 def main() -> int:
-    ap = size_arguments(__doc__, "12.8M,120M", 5, str(HERE / "results" / "facts.json"))
+    ap = size_arguments(__doc__, "12.8M,120M", 5, str(HERE / "results" / "facts.jsonl"))
     args = ap.parse_args()
     if args.table:
-        print(table(json.loads(Path(args.table).read_text())))
+        print(tables(args.table, "facts"))
         return 0
     if args.dir:
         os.makedirs(args.dir, exist_ok=True)
-    result = {**header("facts_bench.py"), "sizes": {}}
+    result = {"when": datetime.datetime.now().isoformat(timespec="seconds"), "cpus": os.cpu_count(),
+              "command": " ".join(["benchmarks/facts_bench.py"] + sys.argv[1:]), "sizes": {}}
     started = time.time()
     for label in args.sizes.split(","):
         result["sizes"][label] = row = measure_size(label, args.reps, args.dir)
         print(label, json.dumps(row, indent=1), flush=True)
-    return finish(result, started, args.out, table)
+    result["seconds"] = round(time.time() - started, 1)
+    print(tables(write_results("facts", result, args.out)))
+    return 0
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@
 
     bash benchmarks/gpu_check.sh                     # on the GPU machine: wheels, PYTHONPATH, deadline
     python3 benchmarks/gpu_check.py [--out DIR]      # the same when blake3 and zstandard import
-    .venv/bin/python benchmarks/gpu_check.py --dry-run --out /tmp/gc   # the CPU plumbing, 1-2 min
+    python -m benchmarks gpu-check --dry-run --out /tmp/gc   # the CPU plumbing, 1-2 min
 
 Each stage runs in its own process (its own session) and is killed when its budget is spent;
 what it had measured by then is kept (``gpu_stage.Context.record``). After every stage the
@@ -11,7 +11,10 @@ report ``DIR/gpu_check.json`` is replaced atomically and ``DIR/gpu_check.log`` g
 output and the tail of each trainer's stderr, so a run cut short by the device's limit still
 returns the stages that finished. Stages whose budget exceeds what is left of ``--deadline``
 are skipped and say so. DIR defaults to ``$OUT`` (the device tool's folder), else
-benchmarks/results/gpu_check. Two files only: the device tool returns at most eight.
+benchmarks/results/gpu_check. At the end the report is also written as results
+(``DIR/gpu_check.jsonl``, the schema of benchmarks/harness/record.py): copied to
+benchmarks/results/, ``python -m benchmarks render`` draws it. Three files (four with the wrapper's copy of
+the console): the device tool returns at most eight.
 
 ``--dry-run`` runs every stage on the CPU with small sizes (tiny models, a few saves, tiny
 trainer runs; andrea-12m is stood in for by tiny); what only CUDA has (pinned copies) is

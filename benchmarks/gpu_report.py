@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from gpu_stage import atomic_json, tail
+from harness.record import write_results
 
 STAGE_LOG_LINES, RUN_LOG_LINES = 40, 15
 NOT_A_FAILURE = ("--stop-after", "not selected")     # skips the caller asked for
@@ -122,9 +123,16 @@ class Report:
             f.write(f"== interrupted by {signame} during {self.current}\n")
 
     def finish(self) -> int:
-        """The final report; the exit code."""
+        """The final report (also as results, ``gpu_check.jsonl``: the machine as the
+        environment stage saw it); the exit code."""
         self.doc["finished"] = True
         self._save()
+        env = self.doc["stages"].get("environment", {})
+        machine = {k: env[k] for k in ("gpu", "driver", "python", "platform", "packages") if k in env}
+        try:
+            write_results("gpu-check", {**self.doc, "machine": machine}, self.json_path.with_suffix(".jsonl"))
+        except (OSError, ValueError) as exc:                # the report above is what counts
+            print(f"gpu_check: results not written: {exc}", file=sys.stderr, flush=True)
         code = self.doc["exit_code"]
         print(f"gpu_check: exit {code}; report {self.json_path}, log {self.log_path}", file=sys.stderr, flush=True)
         return code

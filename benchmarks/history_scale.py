@@ -13,9 +13,9 @@ process (``python -m ckptfmt.cli``); its peak RSS is the child's ``ru_maxrss`` f
 working tree (``.``), alternating within each repetition. Everything is written under a scratch directory that is
 removed at the end.
 
-    python benchmarks/history_scale.py                     # 20k/50k/100k/200k steps, ~10 min
-    python benchmarks/history_scale.py --trees main,. --out benchmarks/results/history_scale.json
-    python benchmarks/history_scale.py --table benchmarks/results/history_scale.json   # README's tables
+    python -m benchmarks history-scale                     # 20k/50k/100k/200k steps, ~10 min
+    python -m benchmarks history-scale --trees main,. --out benchmarks/results/history_scale.jsonl
+    python -m benchmarks history-scale --table benchmarks/results/history_scale.jsonl
 """
 from __future__ import annotations
 
@@ -33,6 +33,10 @@ import tempfile
 import time
 from pathlib import Path
 from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from harness.record import write_results  # noqa: E402
+from harness.render import tables  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 SOURCES = ("code", "topics", "prose", "repo-docstrings")
@@ -224,23 +228,6 @@ def _revision(name: str) -> str:
     return rev + (" + uncommitted changes" if dirty else "")
 
 
-def table(doc: dict[str, Any]) -> str:
-    """The results as two markdown tables (seconds, peak RSS), each cell "tree -> tree"."""
-    names = list(doc["trees"])
-    commands = list(doc["results"][0]["measured"][names[0]])
-    out = []
-    for metric, unit, fmt in (("seconds", "s", "{:.2f}"), ("peak_rss_mb", "MB", "{:.0f}")):
-        out.append("| steps (lines, MB), load | " + " | ".join(f"{c} ({unit})" for c in commands) + " |")
-        out.append("|---" * (len(commands) + 1) + "|")
-        for r in doc["results"]:
-            cells = [" -> ".join(fmt.format(r["measured"][n][c][metric]["median"]) for n in names) for c in commands]
-            load = "-".join(str(x) for x in r.get("load_avg_1min", []))
-            out.append(f"| {r['steps']:,} ({r['history_lines']:,}, {r['history_bytes'] / 1e6:.1f}), {load} | "
-                       + " | ".join(cells) + " |")
-        out.append("")
-    return "\n".join(out)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--lengths", default="20000,50000,100000,200000", help="history lengths in steps")
@@ -251,11 +238,11 @@ def main() -> None:
                                                  "or . for the working tree")
     ap.add_argument("--scratch", default="/work/bench" if os.path.isdir("/work/bench") else None,
                     help="where the scratch directory goes (removed at the end)")
-    ap.add_argument("--out", help="write the results as JSON here")
-    ap.add_argument("--table", metavar="JSON", help="only print the tables of results written before")
+    ap.add_argument("--out", help="write the results here (JSON lines)")
+    ap.add_argument("--table", metavar="FILE", help="only print the tables of results written before")
     args = ap.parse_args()
     if args.table:
-        print(table(json.loads(Path(args.table).read_text())))
+        print(tables(args.table, "history-scale"))
         return
     scratch = Path(tempfile.mkdtemp(prefix="history_scale.", dir=args.scratch))
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))     # so that the scratch goes too
@@ -263,10 +250,9 @@ def main() -> None:
         doc = run_all(args, scratch)
     finally:
         shutil.rmtree(scratch)
-    text = json.dumps(doc, indent=1)
-    print(text)
+    print(json.dumps(doc, indent=1))
     if args.out:
-        Path(args.out).write_text(text + "\n")
+        print(tables(write_results("history-scale", doc, args.out)))
 
 
 def run_all(args: argparse.Namespace, scratch: Path) -> dict[str, Any]:

@@ -6,8 +6,8 @@ include what each does on load: the plugin hashes the .bin and the companion (bl
 returns, TorchCheckpointIO unpickles. The stall of ``CheckpointIO(async_save=True)``: the time
 until ``save_checkpoint`` returns (its copy of the tensors); the write is waited for outside it.
 
-    .venv/bin/python benchmarks/lightning_io.py --reps 3      # ~3 min; writes benchmarks/lightning_io.json
-    .venv/bin/python benchmarks/lightning_io.py --table benchmarks/lightning_io.json
+    python -m benchmarks lightning-io --reps 3      # ~3 min; writes benchmarks/results/lightning_io.jsonl
+    python -m benchmarks lightning-io --table benchmarks/results/lightning_io.jsonl
 """
 from __future__ import annotations
 
@@ -22,6 +22,8 @@ import torch
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from common import fsync_dir, measure, size_arguments, summary   # noqa: E402
+from harness.record import write_results  # noqa: E402
+from harness.render import tables  # noqa: E402
 
 from ckptfmt.lightning import CheckpointIO                   # noqa: E402
 from ckptfmt.torch import rng                               # noqa: E402
@@ -90,24 +92,11 @@ def _size(path: str) -> int:
     return os.path.getsize(path)
 
 
-def table(doc: dict) -> str:
-    rows = ["| size | op | ckptfmt plugin (s) | TorchCheckpointIO + fsync (s) | ratio (plugin / torch) |",
-            "|---|---|---|---|---|"]
-    for size, r in doc["results"].items():
-        for op in ("save", "load"):
-            a, b = r["times"][f"{op}:ckptfmt"]["median"], r["times"][f"{op}:torch+fsync"]["median"]
-            rows.append(f"| {size} | {op} | {a:.2f} | {b:.2f} | {a / b:.2f} |")
-        if "stall:ckptfmt-async" in r["times"]:
-            a, b = r["times"]["stall:ckptfmt-async"]["median"], r["times"]["save:torch+fsync"]["median"]
-            rows.append(f"| {size} | save, async (stall) | {a:.2f} | {b:.2f} | {a / b:.2f} |")
-    return "\n".join(rows)
-
-
 def main() -> None:
-    ap = size_arguments(__doc__, ",".join(SIZES), 3, os.path.join(os.path.dirname(__file__), "lightning_io.json"))
+    ap = size_arguments(__doc__, ",".join(SIZES), 3, os.path.join(os.path.dirname(__file__), "results", "lightning_io.jsonl"))
     args = ap.parse_args()
     if args.table:
-        print(table(json.load(open(args.table))))
+        print(tables(args.table, "lightning-io"))
         return
     started = time.time()
     doc = {"command": " ".join(["benchmarks/lightning_io.py", *sys.argv[1:]]), "reps": args.reps,
@@ -117,9 +106,7 @@ def main() -> None:
         doc["results"][size] = one_size(size, args.reps, scratch)
         print(size, json.dumps(doc["results"][size]["times"]), flush=True)
     doc.update(load_after=os.getloadavg(), seconds=time.time() - started)
-    with open(args.out, "w") as f:
-        json.dump(doc, f, indent=1)
-    print(table(doc))
+    print(tables(write_results("lightning-io", doc, args.out)))
 
 
 if __name__ == "__main__":

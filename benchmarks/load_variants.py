@@ -1,18 +1,17 @@
 """Ways to load with the hash check, measured against each other in one run (issue 7).
 
-    .venv/bin/python benchmarks/load_variants.py            # andrea-12m, 7 repetitions
+    python -m benchmarks load-variants            # andrea-12m, 7 repetitions
 
 The figures behind the choices in ``ckptfmt.torch.load``: hash first and copy after (what the
 library does), hash on a second thread while copying, and a fused loop that hashes a chunk and
 copies it while it is still in cache; the copy alone is the limit. The hash variants copy the
 whole file into one flat buffer, so they differ only in how hash and copy are scheduled. Also:
 the library's load without the hash, releasing mapped pages per tensor (``BATCH = 0``) against
-32 MiB batches. Writes benchmarks/results/load_variants.json.
+32 MiB batches. Writes benchmarks/results/load_variants.jsonl.
 """
 from __future__ import annotations
 
 import argparse
-import json
 import mmap
 import os
 import statistics
@@ -28,6 +27,8 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import measure  # noqa: E402
 from run import build_state  # noqa: E402
+from harness.record import write_results  # noqa: E402
+from harness.render import tables  # noqa: E402
 
 import ckptfmt.reader as reader  # noqa: E402
 import ckptfmt.torch as ct  # noqa: E402
@@ -94,7 +95,7 @@ def main() -> int:
     ap.add_argument("--config", default="andrea-12m")
     ap.add_argument("--reps", type=int, default=7)
     ap.add_argument("--dir", default="/work/bench" if os.path.isdir("/work") else None)
-    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "load_variants.json"))
+    ap.add_argument("--out", default=str(Path(__file__).resolve().parent / "results" / "load_variants.jsonl"))
     args = ap.parse_args()
     torch.set_num_threads(2)
     if args.dir:
@@ -117,10 +118,7 @@ def main() -> int:
            "command": " ".join([".venv/bin/python", "benchmarks/load_variants.py"] + sys.argv[1:]),
            "median_ms": {name: statistics.median(v) * 1e3 for g in times.values() for name, v in g.items()}}
     out["vs_copy_limit"] = {k: limit * 1e3 / v for k, v in out["median_ms"].items()}
-    Path(args.out).write_text(json.dumps(out, indent=1))
-    print("| variant | ms (median) | vs copy only |\n|---|---|---|")
-    for name, ms in out["median_ms"].items():
-        print(f"| {name} | {ms:.1f} | {out['vs_copy_limit'][name]:.2f}x |")
+    print(tables(write_results("load-variants", out, args.out)))
     return 0
 
 

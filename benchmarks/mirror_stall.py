@@ -3,7 +3,7 @@ mirror runs on a background thread woken by the manager's commit hook, so the st
 pay nothing for it. Alternating runs of the tiny config; the stall is each ``checkpoint``
 event's ``stall_ms`` in the run's history (what the loop waited in the save).
 
-    python benchmarks/mirror_stall.py --reps 3 --url file:///tmp/mirror-bench   # or s3://...
+    python -m benchmarks mirror-stall --reps 3 --url file:///tmp/mirror-bench   # or s3://...
 """
 from __future__ import annotations
 
@@ -16,6 +16,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from harness.record import write_results
 
 from ckptfmt.run import history as hist
 
@@ -39,7 +41,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=100)
     ap.add_argument("--every", type=int, default=10)
     ap.add_argument("--url", required=True, help="the mirror's destination; a new path per run is used under it")
-    ap.add_argument("--out", help="write the figures as JSON here")
+    ap.add_argument("--out", help="write the figures as results here (JSON lines)")
     args = ap.parse_args()
     stalls: dict[str, list[float]] = {"without": [], "with --mirror": []}
     walls: dict[str, list[float]] = {"without": [], "with --mirror": []}
@@ -55,10 +57,9 @@ def main() -> None:
     out = {name: {"checkpoints": len(v), "stall_ms_median": statistics.median(v), "stall_ms_min": min(v),
                   "stall_ms_max": max(v), "wall_s_median": round(statistics.median(walls[name]), 2)}
            for name, v in stalls.items()}
-    text = json.dumps({"command": " ".join(sys.argv), "results": out}, indent=1)
-    print(text)
+    print(json.dumps({"results": out}, indent=1))
     if args.out:
-        Path(args.out).write_text(text + "\n")
+        write_results("mirror-stall", {"results": out}, args.out)
 
 
 if __name__ == "__main__":

@@ -3,7 +3,7 @@ synthetic trainer history (one record a step, a checkpoint event every 1,000 ste
 ``roots.recorded`` (event lines only, in chunks) against parsing every line as the history's
 readers do (``history._lines`` + ``record_of``), alternating, min and median of ``--reps``.
 
-    .venv/bin/python benchmarks/roots_scan.py --steps 1000000 --reps 5 --out benchmarks/results/roots_scan.json
+    python -m benchmarks roots-scan --steps 1000000 --reps 5 --out benchmarks/results/roots_scan.jsonl
 """
 from __future__ import annotations
 
@@ -13,6 +13,8 @@ import os
 import statistics
 import tempfile
 import time
+
+from harness.record import write_results
 
 from ckptfmt.run import history as hist
 from ckptfmt.run import roots
@@ -52,8 +54,7 @@ def main() -> None:
                            for k, v in times.items()}}
     print(json.dumps(doc, indent=1))
     if args.out:
-        with open(args.out, "w") as f:
-            json.dump(doc, f, indent=1)
+        write_results("roots-scan", doc, args.out)
 
 
 if __name__ == "__main__":

@@ -1,10 +1,11 @@
-"""ckptfmt against its peers and the machine's limits, in one run (issue 7).
+"""ckptfmt against its peers and the machine's limits, in one run.
 
-    .venv/bin/python benchmarks/run.py                   # 12.8M and 120M, 3 repetitions
-    .venv/bin/python benchmarks/run.py --sizes 12.8M --reps 3 --skip-train
+    python -m benchmarks peers                       # 12.8M and 120M, 3 repetitions
+    python -m benchmarks peers --sizes 12.8M --reps 3 --skip-train
+    python -m benchmarks peers --stall-only          # the trainer's stall alone
 
-Writes benchmarks/results/latest.json and benchmarks/results/latest.png; the tables in
-benchmarks/README.md come from ``benchmarks/report.py``. Contenders alternate within each
+Writes benchmarks/results/latest.jsonl (--stall-only: stall.jsonl); the tables and the plot are
+rendered from it by ``python -m benchmarks render``. Contenders alternate within each
 repetition; buffers are prewarmed (this VM returns idle memory to the host, and touching it
 again runs at 0.5-0.9 GB/s). Scratch files go to a fresh directory under --dir (default
 /work/bench, else the temp dir), removed at the end; nothing else in --dir is touched.
@@ -28,6 +29,7 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 from common import drop_cache, durable, measure, summary, touch  # noqa: E402
+from harness.record import write_results  # noqa: E402
 
 import blake3  # noqa: E402
 import torch  # noqa: E402
@@ -437,7 +439,8 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--dir", default="/work/bench" if os.path.isdir("/work") else None)
     ap.add_argument("--skip-train", action="store_true")
-    ap.add_argument("--out", default=str(HERE / "results" / "latest.json"))
+    ap.add_argument("--out", help="the results (JSON lines; default benchmarks/results/latest.jsonl, "
+                    "with --stall-only stall.jsonl)")
     ap.add_argument("--stall-only", action="store_true",
                     help="Only the trainer's sync vs async checkpoint stall (andrea-12m), into --out.")
     args = ap.parse_args()
@@ -451,7 +454,7 @@ def main() -> int:
                      "stall": bench_stall(Path(tmp), 8, 1.0)}
         for mode in ("sync", "async"):
             del stall["stall"][mode]["fraction_of_step"]      # no step time measured here
-        Path(args.out).write_text(json.dumps(stall, indent=1) + "\n")
+        write_results("peers", stall, args.out or HERE / "results" / "stall.jsonl")
         print(json.dumps(stall["stall"], indent=1))
         return 0
     d = Path(tempfile.mkdtemp(prefix="ckptfmt-bench-", dir=args.dir))   # ours alone: emptied per size
@@ -469,10 +472,7 @@ def main() -> int:
         res["compression_andrea12m_20_steps"] = bench_compress(
             trained_checkpoint(d / "a12", "andrea-12m", 20, "--threads", "2"), d)
     res["goals"] = ratios(res)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(res, indent=1))
-    from chart import draw
-    draw(res, str(Path(args.out).with_suffix(".png")))
+    write_results("peers", res, args.out or HERE / "results" / "latest.jsonl")
     print(json.dumps(res["goals"], indent=1))
     shutil.rmtree(d, ignore_errors=True)
     return 0

@@ -1,8 +1,8 @@
 """Save, open, validate, verified load and diff from 12.8M to 1B parameters (issue 17 part 4).
 
-    .venv/bin/python benchmarks/scale.py                          # 12.8M,120M,350M,1B; ~8 min
-    .venv/bin/python benchmarks/scale.py --sizes 12.8M,120M --reps 1   # a quick look
-    .venv/bin/python benchmarks/scale.py --table benchmarks/results/scale.json
+    python -m benchmarks scale                          # 12.8M,120M,350M,1B; ~8 min
+    python -m benchmarks scale --sizes 12.8M,120M --reps 1   # a quick look
+    python -m benchmarks scale --table benchmarks/results/scale.jsonl
 
 Each size is a model of a few large float32 parameters (at most 64M elements each, like the
 big matrices of a transformer) with an AdamW state whose values look trained, so a 1B model
@@ -13,12 +13,12 @@ the model (24 GiB here), so cold is the regime a user meets, and every size is m
 
 Peak RSS is ``VmHWM`` above the RSS at the start of the operation (``/proc/self/clear_refs``):
 for the load that is what it costs beyond the model's own memory; mapped file pages count.
-Writes benchmarks/results/scale.json and scale.png; the README table comes from ``--table``.
+Writes benchmarks/results/scale.jsonl (after every size: a cut run keeps what it has); the
+table and the plot of docs/benchmarks/scale.md are rendered from it.
 """
 from __future__ import annotations
 
 import datetime
-import json
 import os
 import platform
 import shutil
@@ -31,6 +31,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import size_arguments, drop_cache, measure, summary  # noqa: E402
 from run import trained_looking  # noqa: E402
+from harness.record import write_results  # noqa: E402
+from harness.render import tables  # noqa: E402
 
 import torch  # noqa: E402
 
@@ -42,7 +44,6 @@ from ckptfmt.tools.validate import validate_file  # noqa: E402
 
 SIZES = {"12.8M": 12_800_000, "120M": 120_000_000, "350M": 350_000_000, "1B": 1_000_000_000}
 PIECE = 64 << 20          # elements per parameter at most (256 MB)
-OPS = ("save", "open", "validate", "validate --scan", "load (verified)", "diff")
 
 
 class Flat(torch.nn.Module):
@@ -123,49 +124,11 @@ def measure_size(label: str, d: Path, reps: int) -> dict[str, Any]:
     return out
 
 
-def table(result: dict[str, Any]) -> str:
-    """Markdown: seconds (GB/s) and peak RSS per operation and size."""
-    labels = list(result["sizes"])
-    head = "| operation | " + " | ".join(
-        f"{k} ({result['sizes'][k]['bytes'] / 1e9:.2f} GB)" for k in labels) + " |"
-    lines = [head, "|---|" + "---|" * len(labels)]
-    for op in OPS:
-        cells = []
-        for k in labels:
-            r = result["sizes"][k][op]
-            rate = f"{r['median'] * 1e3:.2f} ms" if op == "open" else f"{r['median']:.2f} s, {r['gbps']:.2f} GB/s"
-            cells.append(f"{rate}, {r['peak_rss_mb']:.0f} MB")
-        lines.append(f"| {op} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def draw(result: dict[str, Any], out: str) -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    labels = list(result["sizes"])
-    gb = [result["sizes"][k]["bytes"] / 1e9 for k in labels]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(12, 4.5))
-    for op in OPS:
-        left.plot(gb, [result["sizes"][k][op]["median"] for k in labels], marker="o", label=op)
-        right.plot(gb, [result["sizes"][k][op]["peak_rss_mb"] for k in labels], marker="o", label=op)
-    left.set(xscale="log", yscale="log", xlabel="file size, GB", ylabel="seconds (median, cold)",
-             title="time vs size (a slope of 1 is linear)")
-    right.set(xscale="log", xlabel="file size, GB", ylabel="peak RSS above start, MB",
-              title="peak RSS vs size (load: beyond the model)")
-    right.axhline(256, color="tab:red", ls="--", label="256 MB bound")
-    left.legend(fontsize=8)
-    right.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out, dpi=100)
-    plt.close(fig)
-
-
 def main() -> int:
-    ap = size_arguments(__doc__, ",".join(SIZES), 2, str(HERE / "results" / "scale.json"))
+    ap = size_arguments(__doc__, ",".join(SIZES), 2, str(HERE / "results" / "scale.jsonl"))
     args = ap.parse_args()
     if args.table:
-        print(table(json.loads(Path(args.table).read_text())))
+        print(tables(args.table, "scale"))
         return 0
     unknown = [s for s in args.sizes.split(",") if s not in SIZES]
     if unknown:
@@ -181,11 +144,10 @@ def main() -> int:
     try:
         for label in args.sizes.split(","):
             result["sizes"][label] = measure_size(label, d, args.reps)
-            Path(args.out).write_text(json.dumps(result, indent=1) + "\n")   # a cut run keeps what it has
+            out = write_results("scale", result, args.out)      # a cut run keeps what it has
     finally:
         shutil.rmtree(d, ignore_errors=True)
-    draw(result, str(Path(args.out).with_suffix(".png")))
-    print(table(result))
+    print(tables(out))
     return 0
 
 

@@ -1,8 +1,8 @@
 """Runs written straight to object storage: ckptfmt's store save and restore against raw fsspec
 puts and gets of the same bytes and against torch DCP's FsspecWriter, on the tests' S3 server.
 
-    .venv/bin/python benchmarks/store_bench.py --reps 3 --out benchmarks/results/store_bench.json
-    .venv/bin/python benchmarks/store_bench.py --table benchmarks/results/store_bench.json
+    python -m benchmarks store --reps 3                 # writes benchmarks/results/store_bench.jsonl
+    python -m benchmarks store --table benchmarks/results/store_bench.jsonl
 
 One moto_server (tests/s3server.py: moto's standalone server on 127.0.0.1, one Python process)
 serves every contender; the model and AdamW state are run.py's (``build_state``: the trainer's
@@ -75,6 +75,8 @@ sys.path.insert(0, str(HERE))
 sys.path.insert(1, str(ROOT / "tests"))
 sys.path.insert(2, str(ROOT))      # this checkout's ckptfmt, not another one installed in the environment
 from common import size_arguments  # noqa: E402
+from harness.record import write_results  # noqa: E402
+from harness.render import tables  # noqa: E402
 from s3server import S3Server  # noqa: E402
 
 SIZES = {"12.8M": "andrea-12m", "120M": "andrea-120m", "tiny": "tiny"}   # tiny: a smoke test
@@ -89,8 +91,8 @@ MODES = ("async_save=False", "async_save=True")
 
 
 # ================================================================ measuring aids
-def summary(xs: list[float]) -> dict[str, float]:
-    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs)}
+def summary(xs: list[float]) -> dict[str, Any]:
+    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs), "samples": list(xs)}
 
 
 def in_turn(names: list[str], rep: int) -> list[str]:
@@ -614,78 +616,6 @@ def machine() -> dict[str, Any]:
             "load_avg_at_start": os.getloadavg()}
 
 
-def table(doc: dict[str, Any]) -> str:
-    labels = list(doc["sizes"])
-    rows = ["| figure | " + " | ".join(f"{k} ({doc['sizes'][k]['bin_bytes'] / 1e9:.3f} GB .bin)" for k in labels) + " |",
-            "|---|" + "---|" * len(labels)]
-
-    def cell(label: str, get: Callable[[dict[str, Any]], str]) -> str:
-        try:
-            return get(doc["sizes"][label])
-        except (KeyError, TypeError, ValueError):
-            return "-"
-
-    def add(name: str, get: Callable[[dict[str, Any]], str]) -> None:
-        rows.append(f"| {name} | " + " | ".join(cell(k, get) for k in labels) + " |")
-
-    def secs(e: dict[str, Any]) -> str:
-        return f"{e['median']:.2f} s ({e['min']:.2f})"
-
-    for name in SAVES:
-        add(f"save: {name}", lambda s, name=name: f"{secs(s['save'][name])}, {s['save'][name]['gbps_median']:.3f} "
-                                                  f"({s['save'][name]['gbps_best']:.3f}) GB/s")
-    add("save: of which confirmation (ckptfmt save)", lambda s: f"{secs(s['save']['confirmation']['confirm_s'])}, "
-        f"{s['save']['confirmation']['share_of_save_median'] * 100:.0f} % of the save")
-    for key in doc["sizes"][labels[0]]["save"]["ratios"]:
-        add(key.replace(" (throughput)", ""), lambda s, key=key: f"**{s['save']['ratios'][key]['median']:.2f}x** "
-                                                                 f"({s['save']['ratios'][key]['best']:.2f}x)")
-    for name in ("ckptfmt save", "ckptfmt save, no confirmation", "DCP save", "fsspec stream (no hash)"):
-        add(f"HTTP requests per save: {name}",
-            lambda s, name=name: ", ".join(f"{op} {c}" for op, c in sorted(s['save'][name]['requests'].items())) +
-            f" (total {'/'.join(str(t) for t in s['save'][name]['requests_total'])})")
-    for name in RESTORES:
-        add(f"restore: {name}", lambda s, name=name: f"{secs(s['restore'][name])}, "
-            f"{s['restore'][name]['gbps_median']:.3f} ({s['restore'][name]['gbps_best']:.3f}) GB/s")
-    add("restore: ckptfmt phases, open_run() / latest() (reads and hashes) / open_at() (medians)",
-        lambda s: " / ".join(f"{s['restore'][RESTORES[2]]['phases'][k]['median']:.2f} s"
-                             for k in ("open_run_s", "latest_s", "open_at_s")))
-    add("HTTP requests per restore: ckptfmt / cat_file",
-        lambda s: f"{sum(s['restore'][RESTORES[2]]['requests'].values())} "
-                  f"({', '.join(f'{op} {c}' for op, c in sorted(s['restore'][RESTORES[2]]['requests'].items()))}) / "
-                  f"{sum(s['restore'][RESTORES[0]]['requests'].values())}")
-    for key in doc["sizes"][labels[0]]["restore"]["ratios"]:
-        add(key.replace(" (throughput)", ""), lambda s, key=key: f"**{s['restore']['ratios'][key]['median']:.2f}x** "
-                                                                 f"({s['restore']['ratios'][key]['best']:.2f}x)")
-    def ms(e: dict[str, Any]) -> str:
-        return f"{e['median'] * 1e3:,.0f} ms ({e['min'] * 1e3:,.0f})"
-    for mode in MODES:
-        add(f"loop: step() on a save step, {mode}", lambda s, mode=mode: f"{ms(s['stall'][mode]['save_step_s'])}"
-            f"; stall_s {s['stall'][mode]['stall_s']['median'] * 1e3:,.0f} ms")
-    add("loop: step() on a step without a save (sync / async)",
-        lambda s: " / ".join(ms(s['stall'][m]['plain_step_s']) for m in MODES))
-    add("loop: an async save, from its step() to its commit (the loop trains meanwhile)",
-        lambda s: secs(s["stall"]["async_save=True"]["committed_after_s"]))
-    add("loop: HTTP requests inside one sync save step (all of them: save, history, lease, retention)",
-        lambda s: "/".join(str(n) for n in s["stall"]["async_save=False"]["requests_per_save_step"]))
-    add("loop: a training step (16 tokens), alone / while an async save uploads",
-        lambda s: f"{s['stall']['async_save=False']['train_s']['median']:.2f} s / "
-                  f"{s['stall']['async_save=True']['train_during_save_s']['median']:.2f} s")
-    add("loop: async stall / sync stall", lambda s: f"{s['stall']['async_over_sync_stall']:.3f}x")
-
-    def mb(x: float) -> str:
-        return f"{x / 1e6:,.0f}"
-    add("server RSS idle / peak during a save (ckptfmt) / after delete, MB",
-        lambda s: f"{mb(s['server_idle']['server_rss'])} / {mb(s['save']['ckptfmt save']['memory']['server_rss_peak'])} / "
-                  f"{mb(s['save']['ckptfmt save']['memory']['server_rss_after_delete'])}")
-    add("server's open temp files, peak during a save (ckptfmt / DCP), MB",
-        lambda s: f"{mb(s['save']['ckptfmt save']['memory']['server_files_peak'])} / "
-                  f"{mb(s['save']['DCP save']['memory']['server_files_peak'])}")
-    add("MemAvailable drop during a save (ckptfmt / DCP / pipe_file), MB",
-        lambda s: " / ".join(mb(s['save'][n]['memory']['mem_available_before'] - s['save'][n]['memory']['mem_available_min'])
-                             for n in ("ckptfmt save", "DCP save", "fsspec pipe_file (no hash)")))
-    return "\n".join(rows)
-
-
 def git_commit() -> str:
     try:
         head = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "HEAD"], capture_output=True, text=True).stdout.strip()
@@ -697,14 +627,14 @@ def git_commit() -> str:
 
 
 def main() -> int:
-    ap = size_arguments(__doc__, "12.8M,120M", 3, str(HERE / "results" / "store_bench.json"))
+    ap = size_arguments(__doc__, "12.8M,120M", 3, str(HERE / "results" / "store_bench.jsonl"))
     ap.add_argument("--large-reps", type=int, default=2, help="save repetitions at 120M (default 2)")
     ap.add_argument("--large-restore-reps", type=int, default=1, help="restore repetitions at 120M (default 1)")
     ap.add_argument("--large-stall-saves", type=int, default=1, help="timed saves per mode at 120M (default 1)")
     ap.add_argument("--only", default="save,restore,stall", help="parts to run: save,restore,stall")
     args = ap.parse_args()
     if args.table:
-        print(table(json.loads(Path(args.table).read_text())))
+        print(tables(args.table, "store"))
         return 0
     warnings.simplefilter("ignore")          # DCP without a process group says so at each save
     os.environ.setdefault("OMP_NUM_THREADS", "2")
@@ -748,10 +678,7 @@ def main() -> int:
     doc["wall_s"] = time.time() - started
     doc["load_avg_at_end"] = os.getloadavg()
     if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    if {"save", "restore", "stall"} <= parts:
-        print(table(doc))
+        print(tables(write_results("store", doc, args.out)))
     else:
         print(json.dumps(doc, indent=1))
     return 0

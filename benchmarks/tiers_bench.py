@@ -1,8 +1,8 @@
 """The recovery tiers (spec/RUN.md §13) at 12.8M and 120M parameters with AdamW: what one RAM
 save costs the loop, how long a restart takes from each tier, and what the RAM tier holds.
 
-    .venv/bin/python benchmarks/tiers_bench.py --reps 3      # 12.8M and 120M; writes results/tiers.json
-    .venv/bin/python benchmarks/tiers_bench.py --table benchmarks/results/tiers.json
+    python -m benchmarks tiers --reps 3      # 12.8M and 120M; writes benchmarks/results/tiers.jsonl
+    python -m benchmarks tiers --table benchmarks/results/tiers.jsonl
 
 1. Stall of one RAM save, in this process: the ``CheckpointManager``'s ``step()`` on a step that
    saves to the RAM tier (``memory_every=2``) minus the step before it (no save), beside the
@@ -51,7 +51,6 @@ import os
 import shutil
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -62,6 +61,8 @@ HERE = Path(__file__).resolve().parent
 ROOT = HERE.parent
 sys.path.insert(0, str(HERE))
 from common import drop_cache, size_arguments
+from harness.record import write_results
+from harness.render import tables
 
 PY = sys.executable
 TREE = ROOT          # where the measured ckptfmt package lives (--tree)
@@ -163,10 +164,6 @@ def worker(args: Any) -> None:
 
 
 # ================================================================ helpers of the driver
-def summary(xs: list[float]) -> dict[str, float]:
-    return {"min": min(xs), "median": statistics.median(xs), "max": max(xs), "n": len(xs)}
-
-
 def du(path: Path) -> int:
     """Bytes the directory takes (st_blocks, as ``du`` counts); 0 if it does not exist."""
     total = 0
@@ -226,11 +223,6 @@ def parts(doc: dict[str, Any], t0: float) -> dict[str, float]:
             "model_s": doc["t_model"] - doc["t_group"], "optimizer_s": doc["t_optimizer"] - doc["t_model"],
             "manager_s": doc["t_built"] - doc["t_optimizer"], "restore_s": doc["t_restored"] - doc["t_built"],
             "first_step_s": doc["t_first_step"] - doc["t_restored"]}
-
-
-PARTS = (("start_s", "python start"), ("imports_s", "imports"), ("group_s", "process group"), ("model_s", "model"),
-         ("optimizer_s", "AdamW"), ("manager_s", "manager (+DDP)"), ("restore_s", "restore"),
-         ("first_step_s", "first step"))
 
 
 class Scratch:
@@ -622,128 +614,6 @@ def peer_parts(docs: list[dict[str, Any]], t0: float, expect: str) -> dict[str, 
             "ranks": {d["rank"]: parts(d, t0) for d in docs}}
 
 
-# ================================================================ tables
-def ms(x: float) -> str:
-    return f"{x * 1e3:.1f}" if x < 10 else f"{x * 1e3:.0f}"
-
-
-def mm(xs: list[float], scale: float = 1.0, fmt: str = "{:.2f}") -> str:
-    """min / median."""
-    s = summary([x * scale for x in xs])
-    return f"{fmt.format(s['min'])} / {fmt.format(s['median'])}"
-
-
-def mb(x: float) -> str:
-    return f"{x / 1e6:,.0f}"
-
-
-def table(doc: dict[str, Any]) -> str:
-    sizes = doc["sizes"]
-    return "\n\n".join(t for t in (stall_table(sizes), restart_table(sizes), launch_table(sizes), rss_table(sizes)) if t)
-
-
-def stall_table(sizes: dict[str, Any]) -> str:
-    have = [s for s, r in sizes.items() if "stall" in r]
-    if not have:
-        return ""
-    lines = ["| contender | " + " | ".join(f"{LABELS[s]}: ms, min / median | {LABELS[s]}: vs memcpy floor, mins / medians "
-                                         f"| {LABELS[s]}: peak RSS MB" for s in have) + " |",
-             "|---|" + "---|---|---|" * len(have)]
-    for name in STALL:
-        if any(name not in sizes[s]["stall"]["contenders"] for s in have):
-            continue
-        cells = []
-        for s in have:
-            c = sizes[s]["stall"]["contenders"]
-            floor = statistics.median(c["memcpy floor"]["s"])
-            cells += [mm(c[name]["s"], 1e3, "{:.1f}"),
-                      (f"{min(c[name]['s']) / min(c['memcpy floor']['s']):.1f}x / "
-                       f"{statistics.median(c[name]['s']) / floor:.1f}x"),
-                      mb(statistics.median(c[name]["peak_rss"]))]
-        lines.append(f"| {name} | " + " | ".join(cells) + " |")
-    lines += ["", ("| size | manager | step() without a save, ms | step() with the RAM save, ms | its `stall_ms` in the "
-                   "history, ms |"), "|---|---|---|---|---|"]
-    for s in have:
-        for name in STALL[:2]:
-            c = sizes[s]["stall"]["contenders"].get(name)
-            if c:
-                lines.append(f"| {LABELS[s]} | {name} | {mm(c['step_nosave_s'], 1e3, '{:.2f}')} | "
-                             f"{mm(c['step_save_s'], 1e3, '{:.1f}')} | {mm(c['history_stall_s'], 1e3, '{:.1f}')} |")
-    return "\n".join(lines)
-
-
-def restart_rows(r: dict[str, Any]) -> list[tuple[str, list[dict[str, Any]], bool]]:
-    rows = []
-    if "restarts" in r:
-        rs = r["restarts"]
-        rows += [("RAM (this node's tier)", rs["ram"], False), ("disk (RAM tier gone, pages evicted)", rs["disk"], False),
-                 ("mirror: `ckptfmt import` of a file:// mirror, then restart", rs["mirror"], True)]
-    if "peer" in r:
-        rows += [("peer: 2 nodes, node 1 relaunched without its RAM", r["peer"]["peer"], False),
-                 ("2 nodes, both relaunched with their RAM", r["peer"]["own_ram"], False)]
-    return [row for row in rows if row[1]]
-
-
-def restart_table(sizes: dict[str, Any]) -> str:
-    lines = ["| size | from | resumed step | reps | total s, min / median | `ckptfmt import` s | "
-             + " | ".join(n for _, n in PARTS) + " |", "|---|---|---|---|---|---|" + "---|" * len(PARTS)]
-    for s, r in sizes.items():
-        for name, samples, imported in restart_rows(r):
-            total = [x["total_with_import_s"] if imported else x["total_s"] for x in samples]
-            med = {k: statistics.median(x[k] for x in samples) for k, _ in PARTS}
-            imp = mm([x["import_s"] for x in samples]) if imported else ""
-            lines.append(f"| {LABELS[s]} | {name} | {samples[0]['step']} | {len(samples)} | {mm(total)} | {imp} | "
-                         + " | ".join(f"{med[k]:.2f}" for k, _ in PARTS) + " |")
-    return "\n".join(lines) if len(lines) > 2 else ""
-
-
-def launch_table(sizes: dict[str, Any]) -> str:
-    lines = ["| size | two-node launch | node 1's agent start s | its rendezvous s | worker spawn s | worker to first step s |",
-             "|---|---|---|---|---|---|"]
-    for s, r in sizes.items():
-        if "peer" not in r:
-            continue
-        for name, key in (("node 1 relaunched without its RAM (peer)", "peer"), ("both relaunched with their RAM", "own_ram")):
-            got = [x for x in r["peer"][key] if "rendezvous_s" in x]
-            if got:
-                med = {k: statistics.median(x[k] for x in got) for k in ("agent_start_s", "rendezvous_s", "worker_spawn_s",
-                                                                         "start_s", "total_s")}
-                lines.append(f"| {LABELS[s]} | {name} | {med['agent_start_s']:.2f} | {med['rendezvous_s']:.2f} | "
-                             f"{med['worker_spawn_s']:.2f} | {med['total_s'] - med['start_s']:.2f} |")
-    return "\n".join(lines) if len(lines) > 2 else ""
-
-
-def rss_table(sizes: dict[str, Any]) -> str:
-    lines = [("| size | memory_every | runs | VmHWM MB | VmRSS MB | RAM tier (du) MB | RAM save stall in the loop, ms, "
-              "min / median | durable save stall, ms |"), "|---|---|---|---|---|---|---|---|"]
-    for s, r in sizes.items():
-        groups = []
-        if "restarts" in r:
-            for every in (MEMORY, 0):
-                for background in (False, True):
-                    runs = [x for x in r["restarts"]["setups"]
-                            if x["memory_every"] == every and x["async_save"] == background]
-                    groups.append((f"{every or 'off'}{', async_save' if background else ''}", runs, False))
-        if "peer" in r:
-            groups.append((f"{MEMORY}, 2 nodes (per rank; du per node)", r["peer"]["setup"], True))
-        for label, runs, two in groups:
-            if not runs:
-                continue
-            if two:
-                hwm = statistics.median(max(v["VmHWM"] for v in x["rss"].values()) for x in runs)
-                rss = statistics.median(max(v["VmRSS"] for v in x["rss"].values()) for x in runs)
-                shm = statistics.median(max(x["shm_bytes"].values()) for x in runs)
-            else:
-                hwm = statistics.median(x["rss"]["VmHWM"] for x in runs)
-                rss = statistics.median(x["rss"]["VmRSS"] for x in runs)
-                shm = statistics.median(x["shm_bytes"] for x in runs)
-            ram = [y for x in runs for y in x["ram_save_stall_s"]]
-            dur = [y for x in runs for y in x["durable_save_stall_s"]]
-            lines.append(f"| {LABELS[s]} | {label} | {len(runs)} | {mb(hwm)} | {mb(rss)} | {mb(shm)} | "
-                         f"{mm(ram, 1e3, '{:.0f}') if ram else '-'} | {mm(dur, 1e3, '{:.0f}')} |")
-    return "\n".join(lines) if len(lines) > 2 else ""
-
-
 # ================================================================ main
 def tree_identity(tree: Path, hashlib: Any) -> dict[str, Any]:
     """What was measured: the tree, this checkout's commit and its changed package files, and
@@ -759,7 +629,7 @@ def tree_identity(tree: Path, hashlib: Any) -> dict[str, Any]:
 
 
 def main() -> None:
-    ap = size_arguments(__doc__, "12m,120m", 3, str(HERE / "results" / "tiers.json"))
+    ap = size_arguments(__doc__, "12m,120m", 3, str(HERE / "results" / "tiers.jsonl"))
     ap.add_argument("--peer-reps", type=int, help="repetitions of the two-node restarts at every size (default: "
                     "--reps at 12.8M, 1 at 120M: one takes about 3 minutes here)")
     ap.add_argument("--stall-reps", type=int, help="repetitions of the stall contenders (default: --reps, at least 5)")
@@ -781,7 +651,7 @@ def main() -> None:
         worker(args)
         return
     if args.table:
-        print(table(json.loads(Path(args.table).read_text())))
+        print(tables(args.table, "tiers"))
         return
     global TREE
     TREE = Path(args.tree).resolve()
@@ -829,9 +699,7 @@ def main() -> None:
         else:
             sc.close()
     doc.update(load_after=os.getloadavg(), seconds=time.time() - started)
-    Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps(doc, indent=1) + "\n")
-    print(table(doc))
+    print(tables(write_results("tiers", doc, args.out)))
 
 
 if __name__ == "__main__":

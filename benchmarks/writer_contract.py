@@ -1,7 +1,7 @@
 """Save cost of the writer's buffer contract (issue 14), before vs after, in one run.
 
-    .venv/bin/python benchmarks/writer_contract.py                 # 12.8M and 120M, 5 repetitions
-    .venv/bin/python benchmarks/writer_contract.py --sizes 12.8M --reps 3
+    python -m benchmarks writer-contract                 # 12.8M and 120M, 5 repetitions
+    python -m benchmarks writer-contract --sizes 12.8M --reps 3
 
 Contenders, alternating within each repetition, all durable (temp, fsync, rename, dir fsync):
 - ``write+fsync``: the exact .bin bytes from memory, 8 MiB writes, then fsync (run.py's baseline);
@@ -9,12 +9,13 @@ Contenders, alternating within each repetition, all durable (temp, fsync, rename
   while up to two hashes are outstanding: fast, and wrong for producers that reuse buffers);
 - ``after``: ``ct.save`` through today's writer (a region iterator is resumed only once nothing
   it yielded is being hashed, spec/FORMAT.md §5.7.1).
-Writes benchmarks/results/writer_contract.json; the table in benchmarks/README.md comes from it.
+Writes benchmarks/results/writer_contract.jsonl; docs/benchmarks/save.md's table is rendered from it.
 """
 from __future__ import annotations
 
 import argparse
 import datetime
+import itertools
 import json
 import os
 import sys
@@ -27,6 +28,8 @@ HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
 from common import durable, measure, summary  # noqa: E402
 from run import CHUNK, SIZES, build_state, flat_bytes  # noqa: E402
+from harness.record import write_results  # noqa: E402
+from harness.render import tables  # noqa: E402
 
 import ckptfmt.torch as ct  # noqa: E402
 from ckptfmt import atomic, fingerprint, writer  # noqa: E402
@@ -35,17 +38,21 @@ from ckptfmt import manifest as mf  # noqa: E402
 from ckptfmt.errors import SaveError  # noqa: E402
 
 
-def _write_hashed_before(path: str, header: bytes, sources: tuple, n: int) -> str:
-    """The pre-issue-14 pipeline, kept only to measure what the fix costs."""
+def _write_hashed_before(path: str, header: bytes, sources: tuple, n: int, facts=None, exclusive: bool = False) -> str:
+    """The pipeline before the buffer contract (the next piece pulled while up to two hashes
+    were outstanding), kept only to measure what the contract costs. It folds in the value
+    facts and creates the file as today's writer does, so that the two differ in the contract
+    alone."""
     hasher = fingerprint.hasher(1)
     expected = fmt.file_size(n)
-    with atomic.AtomicWriter(path) as out, ThreadPoolExecutor(1, "ckptfmt-hash") as pool:
+    pieces = itertools.chain([(None, memoryview(header))], ((region, chunk) for region, views in zip(fmt.REGIONS, sources)
+                                                            for chunk in writer._chunks(views)))
+    with atomic.AtomicWriter(path, exclusive=exclusive) as out, ThreadPoolExecutor(1, "ckptfmt-hash") as pool:
         pending: deque = deque()
-        everything = [[memoryview(header)]] + [writer._chunks(views) for views in sources]
-        for chunk in (c for chunks in everything for c in chunks):
+        for region, chunk in pieces:
             while len(pending) > 1:
                 pending.popleft().result()
-            pending.append(pool.submit(hasher.update, chunk))
+            pending.append(pool.submit(writer._digest, hasher, facts, region, chunk))
             out.write(chunk)
         for fut in pending:
             fut.result()
@@ -87,7 +94,7 @@ def main() -> int:
     ap.add_argument("--sizes", default="12.8M,120M")
     ap.add_argument("--reps", type=int, default=5)
     ap.add_argument("--dir", default="/work/bench" if os.path.isdir("/work") else None)
-    ap.add_argument("--out", default=str(HERE / "results" / "writer_contract.json"))
+    ap.add_argument("--out", default=str(HERE / "results" / "writer_contract.jsonl"))
     args = ap.parse_args()
     if args.dir:
         os.makedirs(args.dir, exist_ok=True)
@@ -109,7 +116,7 @@ def main() -> int:
         result["sizes"][label] = row
         print(label, json.dumps(row, indent=1))
         del model, opt
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
+    print(tables(write_results("writer-contract", result, args.out)))
     return 0
 
 

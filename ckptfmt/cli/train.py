@@ -134,7 +134,7 @@ def _why(check: dict) -> str:
 @click.option("--state-digests", is_flag=True,
               help="Record with each step a digest of every piece of training state as the next step finds "
                    "it (the history's state field, spec/RUN.md §3.9): where a resumed run parted from a "
-                   "straight one. About 0.4 ms a step.")
+                   "straight one. About 0.45 ms a step.")
 @click.option("--force-nonfinite-at", type=click.IntRange(min=1), hidden=True, metavar="STEP",
               help="Test hook: make the loss NaN at STEP (a divergence at a known step).")
 @click.option("--omit-rng-restore", is_flag=True, hidden=True, help="Negative control of verify-resume.")

@@ -1,36 +1,49 @@
-"""``Checkpointing``: a ``transformers.TrainerCallback`` that saves on SIGTERM and SIGUSR1 through
-the Trainer's own flags and commits every ``checkpoint-N`` the Trainer writes (spec/RUN.md §12).
+"""``Checkpointing``: a ``transformers.TrainerCallback`` that runs a Trainer's saves on the run
+layer's ``Session`` (spec/RUN.md §8, §12): SIGTERM and SIGUSR1 save through the Trainer's own
+flags, every ``checkpoint-N`` the Trainer writes is committed, and the output directory keeps
+the run's history (``.loss.json``: each step with what the Trainer logged at it, the ``start``
+or ``resume`` event and a ``checkpoint`` event per commit), as a ``CheckpointManager`` run does.
 
 Which hook runs when, and what it touches (transformers 5.x):
 
 - ``on_init_end`` (in ``Trainer.__init__``): refuses ``save_total_limit`` (the Trainer's own
   rotation by mtime; retention here is ``retention=Policy(...)``), naming it.
 - ``on_train_begin``: refuses a hyper-parameter search (the Trainer writes ``run-{trial}/``
-  there), clears requests left by a ``train()`` that raised, installs the SIGTERM and SIGUSR1
-  handlers (main thread only; they set a flag and return; a signal that arrives when no
-  ``train()`` runs, after one raised, goes to the handler that was there before) and makes the
-  Trainer's ``control.should_save`` hold a requested save and read false until the first step
-  (a save then would rewrite the checkpoint resumed from).
-- ``on_step_end`` (every rank, once per optimizer step, after the Trainer's flow callback): the
-  flags of every rank are all-reduced into one decision (a signal reaches one process); a
-  requested save sets ``control.should_save`` (held: an evaluation under
+  there), closes the session a ``train()`` that raised left open, and opens this ``train()``'s
+  on every rank (rank 0 writes the history; the ranks agree through torch.distributed): a
+  ``start`` event, or, where the Trainer resumed (``global_step`` > 0), ``resumed`` and a
+  ``resume`` event at that step (a history past it, a lost timeline's, leaves the canonical
+  one: resuming an earlier checkpoint than the newest is a Trainer's right). Installs the
+  SIGTERM and SIGUSR1 handlers (main thread only; they set the session's flags and return; a
+  signal that arrives when no ``train()`` runs, after one raised, closes its session and goes
+  to the handler that was there before) and makes the Trainer's ``control.should_save`` hold a
+  requested save and read false until the first step (a save then would rewrite the checkpoint
+  resumed from).
+- ``on_step_end`` (every rank, once per optimizer step, after the Trainer's flow callback):
+  ``session.step``, the flags of every rank agreed into one decision (a signal reaches one
+  process); a requested save sets ``control.should_save`` (held: an evaluation under
   ``save_strategy="best"`` that overwrites it cannot drop it) and SIGTERM also
-  ``control.should_training_stop``. The Trainer then saves ``checkpoint-N`` itself and stops.
+  ``control.should_training_stop``. The Trainer then logs, evaluates, saves ``checkpoint-N``
+  itself and stops. The step's record waits for those logs: it is written at the next step's
+  ``on_step_begin``, before a checkpoint of the step is committed, or at ``on_train_end``.
   Where a save follows and ``checkpoint-N`` is already there (a lost timeline's, committed or
   half-written: the run resumed from an earlier one), rank 0 removes it first, record first, so
   it is never committed while the Trainer rewrites it; a barrier. ``on_epoch_end`` the same, and
   ``on_evaluate`` under ``save_strategy="best"``.
 - ``on_save`` (every rank, after the Trainer wrote ``checkpoint-N``): a barrier (each rank writes
-  its ``rng_state_K.pth``), then rank 0 fsyncs every file and the directory and writes the
-  commit record last, durably; retention runs after it; a second barrier. The held request
-  is released, and ``should_save`` reads false until the next step begins: ``checkpoint-N`` is
-  written once (``on_epoch_end`` after a stop would ask again).
-- ``on_train_end``: the previous signal handlers are back (one installed outside Python cannot
-  be: ours stays, and drops what arrives after training); ``stopped_by_signal`` says why ``train()`` returned
-  early (None: it ran to the end), a SIGTERM after the last step included.
+  its ``rng_state_K.pth``), then rank 0 writes the step's record, fsyncs the history, then every
+  file and the directory, and writes the commit record last, durably; every rank tells the
+  session (``framework_saved``: the ``checkpoint`` event and retention, rank 0); a second
+  barrier. The held request is released, and ``should_save`` reads false until the next step
+  begins: ``checkpoint-N`` is written once (``on_epoch_end`` after a stop would ask again).
+- ``on_train_end``: the last step's record, the session closed, the previous signal handlers
+  back (one installed outside Python cannot be: ours stays, and drops what arrives after
+  training); ``stopped_by_signal`` says why ``train()`` returned early (None: it ran to the end),
+  a SIGTERM after the last step included.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
@@ -39,17 +52,19 @@ from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
 
-import torch.distributed as dist
 import transformers
 from transformers import TrainerCallback
 
-from ..errors import UnsupportedSetupError
-from ..hfcheckpoint import HFCheckpoint
+from ..errors import CheckpointError, UnsupportedSetupError
+from ..hfcheckpoint import RECORD, HFCheckpoint
 from ..run.retention import Policy
-from ..run.signals import Flags, Handlers
+from ..run.saving import SavePolicy
+from ..run.session import Session
+from ..run.signals import Handlers
 from ..tools import hfdir, hfrun
 from ..torch import optim
-from ..torch.distributed import any_rank, rank_world
+from ..torch.distributed import any_rank
+from ..torch.ranks import TorchCollective
 
 __all__ = ["Checkpointing"]
 
@@ -97,10 +112,19 @@ def hold(control: Any) -> Any:
     return control
 
 
+class Ranks(TorchCollective):
+    """The ranks of the Trainer's job as its session sees them: torch.distributed's (one process
+    outside a process group), agreeing through ``any_rank`` (one MAX all-reduce per step)."""
+
+    def agree(self, *flags: bool) -> tuple[bool, ...]:
+        return any_rank(*flags)
+
+
 class Checkpointing(TrainerCallback):
     """Trainer(..., callbacks=[ckptfmt.hf.Checkpointing()]): SIGTERM saves at the end of the
     current step and stops (``train()`` returns; ``stopped_by_signal`` is ``"SIGTERM"``);
-    SIGUSR1 saves and goes on; every ``checkpoint-N`` is committed by its record.
+    SIGUSR1 saves and goes on; every ``checkpoint-N`` is committed by its record, and the output
+    directory's history records the steps, the checkpoints and the resumes.
 
     ``retention=Policy(keep_last=3)`` (or ``keep_best`` with ``metric="eval_loss"``) deletes
     committed checkpoints the policy does not keep, never the newest valid one, the newest
@@ -116,30 +140,36 @@ class Checkpointing(TrainerCallback):
         self.committed: list[str] = []                # checkpoint directories committed, in order
         self.deleted: list[int] = []                  # steps retention deleted
         self.diverged: list[str] = []                 # committed checkpoints whose weights hold NaN/inf
-        self._requests = Flags()                      # what signals asked since the last step
+        self.session: Session | None = None           # the running train()'s (one a train() that raised left)
+        self._state: Any = None                       # the Trainer's state in it: what it logged
+        self._stepped = 0                             # the newest step the session has (resumed at or given)
+        self._unrecorded: int | None = None           # a step given whose record waits for the Trainer's logs
         self._handlers = Handlers(self, Checkpointing._take, self.signals)
         self._loop: CodeType | None = None            # the Trainer's training loop while train() runs
 
     # ------------------------------------------------------------ signals
     def request_save(self) -> None:
-        """Save at the end of the current step and go on (what SIGUSR1 does)."""
-        self._requests.request_save()
+        """Save at the end of the current step and go on (what SIGUSR1 does); while no
+        ``train()`` runs, nothing."""
+        if self.session is not None:
+            self.session.request_save()
 
-    def request_stop(self) -> None:
+    def request_stop(self, reason: str = "SIGTERM") -> None:
         """Save at the end of the current step and stop (what SIGTERM does)."""
-        self._requests.request_stop()
+        if self.session is not None:
+            self.session.request_stop(reason)
 
     def _take(self, signum: int, frame: FrameType | None) -> bool:
-        """A signal while ``train()`` runs: its request. None runs (a ``train()`` raised past
-        ``on_train_end``): the handlers that were there before are back, and this signal goes to
-        its own (False; the default one raised again)."""
+        """A signal while ``train()`` runs: its request, in the session's flags. None runs (a
+        ``train()`` raised past ``on_train_end``): its session is closed, the handlers that were
+        there before are back, and this signal goes to its own (False; the default one raised
+        again)."""
         if not self._training(frame):
-            self._restore()
+            with contextlib.suppress(CheckpointError, OSError):   # the signal goes on whatever the history says
+                self._end()
             return False
-        if signum == signal.SIGUSR1:
-            self.request_save()
-        else:
-            self.request_stop()
+        if self.session is not None:
+            self.session.flags.note(signum)
         return True
 
     def _training(self, frame: FrameType | None) -> bool:
@@ -151,12 +181,22 @@ class Checkpointing(TrainerCallback):
             frame = frame.f_back
         return frame is not None
 
-    def _restore(self) -> None:
-        """No training runs: the previous handlers back; one installed outside Python
-        (``signal()`` returned None) cannot be: ours stays, and drops the signals that arrive
-        while no training runs."""
+    def _end(self) -> None:
+        """No training runs: the previous handlers back (one installed outside Python,
+        ``signal()`` returned None, cannot be: ours stays, and drops the signals that arrive
+        while no training runs), then the session's last record and its close."""
         self._loop = None
         self._handlers.restore()
+        self._close()
+
+    def _close(self) -> None:
+        """The session's last record written and the session closed (rank 0: the history fsynced)."""
+        if self.session is not None:
+            try:
+                self._record_pending()
+            finally:
+                session, self.session = self.session, None
+                session.close()
 
     # ------------------------------------------------------------ hooks
     def on_init_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
@@ -164,34 +204,71 @@ class Checkpointing(TrainerCallback):
         refuse_rotation(args)
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Requests cleared, signal handlers installed (main thread), ``control.should_save``
-        made to hold requests and read false until the first step."""
+        """This ``train()``'s session (a raised one's closed first), signal handlers installed
+        (main thread), ``control.should_save`` made to hold requests and read false until the
+        first step."""
         refuse_rotation(args)
         if getattr(state, "is_hyper_param_search", False):
             raise UnsupportedSetupError(args.output_dir, "hyperparameter_search: the Trainer saves into run-{trial}/ "
                                         "there; ckptfmt.hf.Checkpointing commits checkpoint-N of one run")
         hold(control).__dict__[SAVED] = True
         self.stopped_by_signal = None
-        self._requests = Flags()
+        self._close()
         self._loop = _training_loop()             # first: a signal right after the install is ours
+        self.session = self._open(args.output_dir, state)
         if not self._handlers.install():          # outside the main thread: none, and no loop watched
             self._loop = None
 
+    def _open(self, output_dir: str, state: Any) -> Session:
+        """The session of this ``train()`` over the output directory, every rank's: started, or
+        resumed at the Trainer's ``global_step`` (its metrics the newest known; ``durable``
+        where that step's checkpoint is this directory's, committed)."""
+        session = Session(output_dir, write=None, writer=None, saving=SavePolicy(), retention=self.retention,
+                          collective=Ranks(), lock=False, handle_signals=False,
+                          retain=lambda: self._retain(output_dir, getattr(state, "best_model_checkpoint", None)))
+        self._state, self._stepped, self._unrecorded = state, state.global_step, None
+        if state.global_step > 0:
+            logged = hfdir.metrics_at({"log_history": getattr(state, "log_history", None)}, state.global_step)
+            done = os.path.join(output_dir, f"checkpoint-{state.global_step}", RECORD)
+            session.resumed(state.global_step, logged, durable=os.path.isfile(done))
+            session.event("resume", state.global_step)
+        else:
+            session.resumed(None, {}, durable=False)
+            session.event("start", 0, world_size=session.world)
+        return session
+
     def on_step_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """A new step: its checkpoint is not written yet."""
+        """A new step: its checkpoint is not written yet; the previous step's record (the Trainer
+        logged it by now)."""
         hold(control).__dict__.pop(SAVED, None)
+        self._record_pending()
 
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """Every rank's requests all-reduced into one decision: save (held), and stop after SIGTERM."""
+        """The decision every rank agrees on: save (held), and stop after SIGTERM."""
         hold(control)
-        requests, self._requests = self._requests, Flags()  # taken first: a signal after counts next step
-        stop, save = any_rank(requests.stop, requests.save)  # one agreed decision on every rank
+        stop, save = self._agreed(state.global_step)
         if stop or save:
             control.__dict__[PENDING] = True
         if stop:
             control.should_training_stop = True
-            self.stopped_by_signal = "SIGTERM"
+            self.stopped_by_signal = self.session.flags.reason
         self._prepare(args, state, control.should_save)
+
+    def _agreed(self, step: int) -> tuple[bool, bool]:
+        """(stop, save) at the end of ``step``, as every rank sees them: the session's step (its
+        record waits for the Trainer's logs, which follow this hook), or, for a step the session
+        has already (resumed at, or the hook called again at it), the requests alone."""
+        self._record_pending()
+        if step <= self._stepped:
+            return self.session.requests()
+        self._stepped = self._unrecorded = step
+        return self.session.step(step, None)
+
+    def _record_pending(self) -> None:
+        """The record of the step given last, with what the Trainer logged at it; once."""
+        step, self._unrecorded = self._unrecorded, None
+        if step is not None and self.session is not None:
+            self.session.record(step, logged_at(self._state, step))
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """A save the flow callback asks for at the epoch's end: prepared as at a step's end."""
@@ -204,24 +281,27 @@ class Checkpointing(TrainerCallback):
 
     def on_save(self, args: Any, state: Any, control: Any, model: Any = None, optimizer: Any = None,
                 **kwargs: Any) -> None:
-        """After the Trainer wrote ``checkpoint-N``: barrier, rank 0 commits it (and retention), barrier."""
-        directory = os.path.join(args.output_dir, f"checkpoint-{state.global_step}")
-        world = rank_world()[1]
-        if world > 1:
-            dist.barrier()                         # every rank's rng_state_K.pth is written
+        """After the Trainer wrote ``checkpoint-N``: barrier; rank 0 the step's record, the history
+        fsynced, the commit; every rank ``framework_saved`` (rank 0: the event, retention); barrier."""
+        session, name = self.session, f"checkpoint-{state.global_step}"
+        session.collective.barrier()               # every rank's rng_state_K.pth is written
+        self._record_pending()
+        record = None
         if state.is_world_process_zero:
-            self._commit(directory, state, model, optimizer)
-        if world > 1:
-            dist.barrier()
+            session.run.history.sync()             # its records up to N on disk before N commits
+            record = self._commit(os.path.join(args.output_dir, name), state, model, optimizer)
+        session.framework_saved(state.global_step, record, path=name)
+        session.collective.barrier()
         control.__dict__.pop(PENDING, None)
         control.__dict__[SAVED] = True             # checkpoint-N is written once, until the next step
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        """A SIGTERM after the last step still counts; the previous signal handlers back."""
-        if any_rank(self._requests.stop)[0]:
-            self.stopped_by_signal = "SIGTERM"
-        self._requests = Flags()
-        self._restore()
+        """A SIGTERM after the last step still counts; the session closed, the previous signal
+        handlers back."""
+        stop, _ = self.session.requests()
+        if stop:
+            self.stopped_by_signal = self.session.flags.reason
+        self._end()
 
     # ------------------------------------------------------------ commit
     def _prepare(self, args: Any, state: Any, saving: bool) -> None:
@@ -235,10 +315,9 @@ class Checkpointing(TrainerCallback):
             warnings.warn(f"{directory}: there before this save (a lost timeline's): removed first, "
                           "so it is never committed while rewritten", stacklevel=2)
             HFCheckpoint.at(directory).remove()
-        if rank_world()[1] > 1:
-            dist.barrier()                         # no rank writes into it before it is gone
+        self.session.collective.barrier()          # no rank writes into it before it is gone
 
-    def _commit(self, directory: str, state: Any, model: Any, optimizer: Any) -> None:
+    def _commit(self, directory: str, state: Any, model: Any, optimizer: Any) -> dict[str, Any]:
         names = optim.members(model, optimizer) if model is not None and optimizer is not None else None
         order = [name for name, _ in model.named_parameters()] if model is not None else None
         record = hfdir.commit(directory, state.global_step, names, **({"parameters": order} if order else {}))
@@ -247,9 +326,28 @@ class Checkpointing(TrainerCallback):
             self.diverged.append(directory)
             warnings.warn(f"{directory}: its weights hold {hfdir.non_finite(record)} non-finite values "
                           "(diverged): resume_path and retention pass it over", stacklevel=2)
-        if self.retention is not None:
-            self.deleted += hfrun.retain(os.path.dirname(directory), self.retention,
-                                         best=state.best_model_checkpoint)
+        return record
+
+    def _retain(self, output_dir: str, best: str | None) -> list[int]:
+        """The session's retention after a commit (rank 0): ``hfrun.retain`` over the output
+        directory, the Trainer's ``best_model_checkpoint`` guarded."""
+        deleted = hfrun.retain(output_dir, self.retention, best=best)
+        self.deleted += deleted
+        return deleted
+
+
+def logged_at(state: Any, step: int) -> dict[str, Any]:
+    """The numbers the Trainer logged at ``step`` (``state.log_history``: loss, learning_rate,
+    eval_loss, ...), read from the end (the log grows in step order)."""
+    out: dict[str, Any] = {}
+    for entry in reversed(getattr(state, "log_history", None) or []):
+        at = entry.get("step") if isinstance(entry, dict) else None
+        if isinstance(at, int) and at < step:
+            break
+        if at == step:
+            out.update({k: v for k, v in entry.items() if k != "step" and k not in out
+                        and isinstance(v, (int, float)) and not isinstance(v, bool)})
+    return out
 
 
 def _training_loop() -> CodeType | None:

@@ -20,14 +20,17 @@ The pair's contract, in the order Lightning calls it (every rank under DDP):
    optimizer tensors outside the module, hyper-parameters JSON cannot hold) before training.
 5. ``Checkpointing.on_train_start`` (after Lightning registered its signal handlers and made the
    training loader's iterator from its loaded state): a fit resumed inside an epoch gets step
-   3's RNG states once more (that iterator's draw is none the straight run made); with
-   ``signals=True`` installs SIGUSR1 and SIGTERM flags that chain the handlers found; with
-   ``history=True`` opens ``.loss.json`` in ModelCheckpoint's directory (rank 0); with
-   ``mirror=URL`` starts the mirror's thread there (rank 0, ``run.mirror_thread.Mirroring``), which makes a first
-   pass at once.
-6. ``Checkpointing.on_train_batch_end`` (before ModelCheckpoint's, every step): the step's
-   metrics to the history; retention over the checkpoints saved since the last step; the
-   ranks agree on the signal flags and, if one was raised, save ``last.ckpt``.
+   3's RNG states once more (that iterator's draw is none the straight run made); with an
+   option on, opens the fit's ``run.session.Session`` in ModelCheckpoint's directory (every
+   rank; handed to the plugin, which closes it): with ``history=True`` its history,
+   ``.loss.json`` there (rank 0), with ``mirror=URL`` its mirror (rank 0,
+   ``run.mirror_thread.Mirroring``), which makes a first pass at once; with ``signals=True``
+   installs SIGUSR1 and SIGTERM handlers that set the session's flags and chain the ones found.
+6. ``Checkpointing.on_train_batch_end`` (before ModelCheckpoint's, every batch): the
+   checkpoints committed since the last batch through the session's ``after_commit``
+   (retention, the mirror woken); the step to the session's ``step`` when ``global_step``
+   advanced (its metrics to the history; the ranks agree on the signal flags), else the flags
+   alone (``requests``); if one was raised, ``last.ckpt`` is saved.
 7. ``Checkpointing.on_save_checkpoint`` (inside Lightning's ``dump_checkpoint``, every rank; a
    collective under DDP): adds ``checkpoint["ckptfmt"]``: the RNG states Lightning does not save
    (Python, NumPy, torch CPU, the CUDA device in use; every rank's), each param group's
@@ -41,15 +44,17 @@ The pair's contract, in the order Lightning calls it (every rank under DDP):
 9. ``CheckpointIO.remove_checkpoint`` (top-k, an older ``last``): removes exactly that path (at
    a URL each generation there, manifest first);
    the mirror is woken (it removes the path at the URL once the newer ones are there).
-10. ``Checkpointing.on_train_end`` / ``on_exception``: retention once more, the signal handlers
-    given back, the history closed.
-11. ``CheckpointIO.teardown`` (the strategy's teardown, after a fit and after an exception): the
-    save in flight is committed; the mirror makes its last pass (a failed one retried), then
-    ends; what it could not send is logged, never raised.
+10. ``Checkpointing.on_train_end`` / ``on_exception``: retention once more (after a fit), the
+    signal handlers given back.
+11. ``CheckpointIO.teardown`` (the strategy's teardown, after a fit and after an exception,
+    after ModelCheckpoint's last saves): the save in flight is committed; the session is closed:
+    the mirror makes its last pass (a failed one retried), then ends (what it could not send is
+    logged, never raised), the history is closed.
 
 ``files``, ``stored`` and ``keeping`` need torch, the core and the run layer only (``stored``
-fsspec too, when a URL is given); the mirror is the run layer's (``run.mirror_thread``); the
-Lightning classes are imported on first use, so ``import ckptfmt.lightning`` works without
+fsspec too, when a URL is given); the session and the mirror are the run layer's
+(``run.session``, ``run.mirror_thread``); the Lightning classes (``plugin``, ``callback``) are
+imported on first use, so ``import ckptfmt.lightning`` works without
 Lightning and says what to install when a class is asked for.
 """
 from __future__ import annotations
@@ -62,7 +67,10 @@ __all__ = ["CheckpointIO", "Checkpointing", "PlainCheckpointWarning", "generatio
 
 
 def __getattr__(name: str) -> Any:
-    if name in ("CheckpointIO", "Checkpointing", "PlainCheckpointWarning"):
+    if name in ("CheckpointIO", "PlainCheckpointWarning"):
         from . import plugin        # imports Lightning: only when its classes are asked for
         return getattr(plugin, name)
+    if name == "Checkpointing":
+        from . import callback
+        return callback.Checkpointing
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

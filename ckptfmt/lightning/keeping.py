@@ -1,8 +1,9 @@
 """What the ``Checkpointing`` callback adds to Lightning's checkpoint directory, without Lightning
 (spec/RUN.md §11.8): the run layer's retention over the checkpoint directories there (``prune``:
 one ``Policy``, one ``plan``, the same guards; at a URL ``dirpath`` over its checkpoint prefixes,
-each a one-generation run on the store); the ``.loss.json`` history of the logged metrics is the
-run layer's ``History`` itself, and its signal flags are the run layer's (``run.signals``).
+each a one-generation run on the store), the rule the callback's session runs after each
+commit; the ``.loss.json`` history, the signal flags and the mirror are the session's
+(``run.session``).
 
 >>> import tempfile
 >>> prune(tempfile.mkdtemp(), Policy(keep_last=1))

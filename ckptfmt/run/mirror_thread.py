@@ -14,8 +14,10 @@ read-back, manifest last; ``run.mirror.mirror_runs``). Its pass first links each
 directory's files into ``dirpath/.ckptfmt-mirror/NAME`` (hard links: no bytes copied, and a
 checkpoint that its writer replaces or removes meanwhile stays whole there until the pass is
 done), holding the writer's ``lock`` so that no directory is linked halfway through its
-replacement; then it uploads from those links without the lock. The writer wakes it after each
-commit and removal and closes it at the end of training.
+replacement; then it uploads from those links without the lock. It is the ``Mirror`` of the
+callback's session (``run.session``): the plugin wakes it after each commit and removal, the
+session after each commit's retention (``on_commit``), and the session closes it when the fit
+is torn down.
 
 >>> import tempfile; run, there = tempfile.mkdtemp(), tempfile.mkdtemp()
 >>> bg = BackgroundMirror(run, f"file://{there}/mirror")
@@ -139,6 +141,10 @@ class Mirroring:
         """A checkpoint was committed or removed: a pass soon (the caller does not wait)."""
         self._bg.on_commit()
 
+    def on_commit(self, step: int | None = None, manifest: Any = None) -> None:
+        """The session's call after a commit and its retention: a pass soon."""
+        self.wake()
+
     def _pass(self, dirpath: str, url: str, *, recheck: bool) -> dict[str, Any]:
         """Link, then mirror what changed since the last pass (the first pass: everything,
         read back there); only names seen here are removed at the URL."""
@@ -154,13 +160,15 @@ class Mirroring:
 
     def close(self) -> dict[str, Any]:
         """A last pass (retried ``RETRIES`` times if it fails), the thread ended, the links
-        removed; what the mirror did. Never raises: what is not at the URL is logged."""
+        removed; what the mirror did. Never raises. A last pass that failed is the session's to
+        say (``failed``, its error); checkpoints a pass that went through held back (bytes that
+        do not hash to their manifest) are said here, by name."""
         report = self.report = self._bg.close(retries=RETRIES)
         shutil.rmtree(os.path.join(self.dirpath, AREA), ignore_errors=True)
         behind = (report["last"] or {}).get("behind", [])
-        if report["failed"] or behind:
-            self.log(f"mirror to {report['url']} is behind {self.dirpath}" + (f" ({', '.join(behind)})" if behind else "")
-                     + f" after {report['passes']} pass(es): {report['errors'][-1] if report['errors'] else 'see above'}")
+        if behind and not report["failed"]:
+            self.log(f"mirror to {report['url']} is behind {self.dirpath} ({', '.join(behind)}) after "
+                     f"{report['passes']} pass(es): see above")
         return report
 
 

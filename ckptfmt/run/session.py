@@ -12,6 +12,15 @@ state at ``step``, refuse what cannot be stored before a byte is written, and ha
 writer) and a ``Writer`` (the torch layer's ``Saver``), which calls ``after_commit`` once a
 generation is committed and ``intent`` before its manifest. The ranks agree through a
 ``Collective`` (``ckptfmt.run.collective``). The session imports no framework.
+
+Where a framework saves on its own (Lightning's ModelCheckpoint, the Hugging Face Trainer), the
+session is built without ``write`` and ``writer``: ``step`` then says when a save is due (a
+signal, the save policy) and the framework saves; once it committed a checkpoint it says so
+with ``framework_saved``, and the same sequence follows (the ``checkpoint`` event, retention
+through the ``retain`` given for its directory, the hook, the mirror). No policy record is
+written there: the directory is the framework's, each checkpoint in it a run of its own. A
+framework that logs a step's metrics after the step ends (the Trainer) gives ``step`` none and
+``record``s the step once they are logged.
 """
 from __future__ import annotations
 
@@ -64,26 +73,32 @@ class Mirror(Protocol):
         ...
 
     def close(self) -> dict[str, Any]:
-        """A last pass that catches up; what the mirror did (``url``, ``errors``)."""
+        """A last pass that catches up; what the mirror did (``url``, ``errors``; ``failed``: the
+        last pass failed, and the session says its error)."""
         ...
 
 
 class Session:
     """The orchestration of one loop's saves in a run directory; every rank builds one."""
 
-    def __init__(self, directory: Any, *, write: Callable[[int], None], writer: Callable[["Session"], Writer],
-                 saving: SavePolicy, retention: Policy | None, collective: Collective | None = None,
-                 hooks: Hooks = Hooks(), lock: bool = True, handle_signals: bool = True,
-                 mirror: Callable[["Session"], Mirror] | None = None,
-                 at_close: Callable[[int | None], None] | None = None):
+    def __init__(self, directory: Any, *, write: Callable[[int], None] | None,
+                 writer: Callable[["Session"], Writer] | None, saving: SavePolicy, retention: Policy | None,
+                 collective: Collective | None = None, hooks: Hooks = Hooks(), lock: bool = True,
+                 handle_signals: bool = True, mirror: Callable[["Session"], Mirror] | None = None,
+                 at_close: Callable[[int | None], None] | None = None,
+                 retain: Callable[[], list[Any]] | None = None):
         """``directory``: a run directory (created if needed), a ``Run`` or a URL. ``writer(session)``
         builds the writer, ``mirror(session)`` the mirror (rank 0 only; refused for a run on object
         storage). ``at_close(committed)`` settles what else the state side keeps, once the writer
-        is idle at ``close``."""
+        is idle at ``close``. ``write`` and ``writer`` None: the framework saves (the module's
+        docstring). ``retain()`` applies the retention after a commit and returns what it
+        deleted (default: the run's ``gc`` with ``retention``; a framework's directory of
+        checkpoints gives its own)."""
         self.collective = collective or OneProcess()
         self.rank, self.world = self.collective.rank, self.collective.world
         self.hooks, self.saving, self.retention = hooks, saving, retention
         self._write, self._at_close = write, at_close
+        self._retain = retain
         self.run = open_run(directory, create=True)     # a URL: a run on object storage (StoreRun)
         if mirror is not None:
             refuse_mirror_on_store(self.run)
@@ -92,7 +107,9 @@ class Session:
         with signals.given_back_on_error(self._handlers):   # the lock refused (held, a read-only store)
             self._lock = self.run.writer_lock("checkpoint manager") if self.rank == 0 and lock else None
         self._dropped = signals.release_when_collected(self, self._lock)
-        self._policy_recorded = self.rank != 0        # rank 0 records it at the first step
+        # rank 0 records it at the first step; a framework's directory holds its checkpoints, each a
+        # run of its own, not generations whose keeping the record would explain (spec/RUN.md §5.6)
+        self._policy_recorded = self.rank != 0 or write is None
         self.clock, self.metrics = SaveClock(saving), MetricsBook()   # metrics: the newest given to step()
         self.committed: int | None = None
         self.last_save: tuple[int, str] | None = None      # (step, reason) of the newest save
@@ -100,7 +117,8 @@ class Session:
         self._last_step: int | None = None    # the newest step restored or given to step()
         self._resumed_at: int | None = None
         self._checked = False                 # the run's generations looked at (restore, first step)
-        self.writer = writer(self)
+        self.due: str | None = None           # why a save is due that the framework makes (no writer)
+        self.writer = writer(self) if writer is not None else None
         self.mirror = mirror(self) if mirror is not None and self.rank == 0 else None
 
     # ------------------------------------------------------------ the flags signals set
@@ -114,19 +132,37 @@ class Session:
         self.flags.request_stop(reason)
 
     # ------------------------------------------------------------ driving
-    def step(self, step: int, values: Mapping[str, Any],
+    def step(self, step: int, values: Mapping[str, Any] | None,
              state: Mapping[str, Any] | None = None) -> tuple[bool, bool]:
         """Record step ``step`` and its metrics ``values`` in the history, with the state side's
         ``state`` digests (spec/RUN.md §3.9) if given; save on a rule of the save policy or on
         request, as every rank agrees. (stop, saved): stop once a stop was requested (the
-        generation is committed: the loop should exit); saved when this step committed a generation."""
+        generation is committed: the loop should exit); saved when this step committed a
+        generation. ``values`` None: the framework logs the step's metrics after it ends (the
+        Trainer, after ``on_step_end``); ``record`` writes its record then."""
         self.require_open()
         step = step_of(self.run.where, step)
-        if state is not None and "state" in values:
+        if state is not None and "state" in (values or {}):
             raise ValueError(f"{self.run.where}: step(): a metric named 'state' would hide the record's "
                              "state digests (spec/RUN.md §3.9): rename it, or turn the digests off")
         self._check_order(step)
-        self.writer.poll()                    # a background save that committed: its event now
+        if self.writer is not None:
+            self.writer.poll()                # a background save that committed: its event now
+        if values is not None:
+            self.record(step, values, state)
+        self._record_policy()
+        stop, reason = self._decide(step, values or {})
+        saving = bool(reason) and self.committed != step
+        if saving and self.writer is not None:
+            self.save(step, reason)
+        elif saving:
+            self.due = reason                 # the framework saves; framework_saved records it
+        return stop, saving
+
+    def record(self, step: int, values: Mapping[str, Any], state: Mapping[str, Any] | None = None) -> None:
+        """The history's record of step ``step`` (rank 0) with its metrics ``values``, the newest
+        the session knows, and the ``state`` digests if given; once per step, in step order
+        (``step`` writes it, or is told not to)."""
         record: dict[str, Any] = {"step": step, "time": time.time()}
         for key, value in values.items():
             record[key] = history_value(value)
@@ -135,12 +171,6 @@ class Session:
         self.metrics.record(step, values)
         if self.rank == 0:
             self.run.history.append(record)
-        self._record_policy()
-        stop, reason = self._decide(step, values)
-        saving = bool(reason) and self.committed != step
-        if saving:
-            self.save(step, reason)
-        return stop, saving
 
     def _decide(self, step: int, values: Mapping[str, Any]) -> tuple[bool, str | None]:
         """(stop, the reason to save at ``step`` or None), as every rank sees them. The local
@@ -149,16 +179,26 @@ class Session:
         rank's is every rank's save; a new best is rank 0's (the values its history records,
         where a resumed run's best comes from)."""
         due = self.clock.due(step, values, now=time.monotonic())
-        stop, save, timed, best = self.collective.agree(
-            self.flags.stop, self.flags.save, "interval" in due,
-            self.rank == 0 and any(r.startswith("best ") for r in due))
+        stop, save, timed, best = self._agree("interval" in due, self.rank == 0 and any(r.startswith("best ") for r in due))
+        reason = (self.flags.reason if stop else "SIGUSR1" if save else "cadence" if "cadence" in due
+                  else "interval" if timed else f"best {self.saving.on_best}" if best else None)
+        return stop, reason
+
+    def requests(self) -> tuple[bool, bool]:
+        """(stop, save): what a signal (or the caller) asked for on any rank, agreed by every
+        rank, between two steps (a framework's batch that ends no optimizer step); a save
+        request is taken (it counts once), a stop stays."""
+        stop, save, _, _ = self._agree(False, False)
+        return stop, save
+
+    def _agree(self, timed: bool, best: bool) -> tuple[bool, bool, bool, bool]:
+        """The flags and the due rules every rank sees (a collective call on every rank)."""
+        stop, save, timed, best = self.collective.agree(self.flags.stop, self.flags.save, timed, best)
         if save:
             self.flags.save = False
         if stop:
             self.flags.request_stop("SIGTERM")   # another rank's signal: the one the cluster sends
-        reason = (self.flags.reason if stop else "SIGUSR1" if save else "cadence" if "cadence" in due
-                  else "interval" if timed else f"best {self.saving.on_best}" if best else None)
-        return stop, reason
+        return stop, save, timed, best
 
     def _record_policy(self) -> None:
         """Rank 0, at the first step of a start that went through: the policies in
@@ -196,6 +236,8 @@ class Session:
         loop stalled, once the generation is committed."""
         self.require_open()
         step = step_of(self.run.where, step)
+        if self._write is None:
+            raise RuntimeError(f"{self.run.where}: the framework saves this run's checkpoints, not the session")
         self._write(step)
         self.committed, self.last_save = step, (step, reason)
         self.clock.saved(time.monotonic())
@@ -203,14 +245,29 @@ class Session:
         self.writer.then(lambda: self.event("checkpoint", step, reason=reason, stall_ms=stall_ms,
                                             root=self.run.committed_root(step) if self.rank == 0 else None))
 
+    def framework_saved(self, step: int, manifest: Mapping[str, Any] | None = None, *,
+                        reason: str | None = None, **fields: Any) -> None:
+        """The framework committed a checkpoint of step ``step`` (the session has no writer):
+        its ``checkpoint`` event (``reason``: the one ``step`` gave, else the framework's own
+        schedule; ``fields`` added, such as its path), then what follows every commit
+        (``after_commit``: retention, the hook, the mirror)."""
+        self.require_open()
+        step = step_of(self.run.where, step)
+        reason, self.due = reason or self.due or "framework", None
+        self.committed, self.last_save = step, (step, reason)
+        self.clock.saved(time.monotonic())
+        self.event("checkpoint", step, reason=reason, **fields)
+        self.after_commit(step, dict(manifest or {}))
+
     @property
     def stall_s(self) -> float:
         """Seconds the loop waited in the newest save (the snapshot only, with an asynchronous writer)."""
-        return self.writer.last_stall_s
+        return self.writer.last_stall_s if self.writer is not None else 0.0
 
     def wait(self) -> None:
         """Block until a save in flight is committed; re-raise its failure."""
-        self.writer.wait()
+        if self.writer is not None:
+            self.writer.wait()
 
     # ------------------------------------------------------------ what the writer calls
     def intent(self, step: int, root: str) -> None:
@@ -225,7 +282,7 @@ class Session:
             names = [m for m in (self.retention.metric if self.retention else None, self.saving.on_best) if m]
             self.metrics.say_unreported(manifest, names, lambda said: self.log(f"{self.run.where}: {said}"))
         if self.rank == 0 and self.retention is not None and not self.retention.keep_all:
-            deleted = self.run.gc(self.retention)
+            deleted = self._retain() if self._retain is not None else self.run.gc(self.retention)
             if deleted:
                 self.log(f"retention deleted steps {deleted}", info=True)
         if self.hooks.on_commit is not None:
@@ -260,15 +317,15 @@ class Session:
         try:
             if step is not None and self.committed != step:
                 self.save(step, "close")
-            self.writer.wait()
+            self.wait()
             if self._at_close is not None:
                 self._at_close(self.committed)
         finally:
             self.closed = True
             if self.mirror is not None:
                 report = self.mirror.close()          # a last pass: the destination catches up
-                if report["errors"]:
-                    self.log(f"mirror to {report['url']}: {report['errors'][-1]}")
+                if report["errors"] and report.get("failed", True):   # each failed pass was said as it failed
+                    self.log(f"mirror to {report['url']} is behind {self.run.where}: {report['errors'][-1]}")
             self._release()
 
     def _release(self) -> None:

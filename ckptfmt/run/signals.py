@@ -1,7 +1,7 @@
 """The one place that installs, chains and restores signal handlers, for every loop: the
 ``CheckpointManager`` (``install``), the reference trainer (``Flags`` set from before its slow
 start-up), the Lightning callback (``Flags``, then the handlers it chains) and the Hugging Face
-callback (its requests, while its training loop runs). A handler only sets flags: the loop acts
+callback (its session's flags, while its training loop runs). A handler only sets flags: the loop acts
 on them at a step boundary.
 
 ``Handlers(owner, take, signals)`` is the mechanism: on each signal ``take(owner, signum, frame)``

@@ -9,19 +9,17 @@ the model is ever made on the CPU.
 from __future__ import annotations
 
 import math
-import platform
 from typing import Any, Iterable, Iterator
 
 import numpy as np
 import torch
-
-import ckptfmt
 
 from .. import format as fmt
 from .. import reader, writer
 from ..errors import (CheckpointError, IncompleteResumeStateError, LayoutMismatchError,
                       OptimizerMismatchError, UnsupportedSetupError)
 from ..statemap import OPTIMIZERS
+from ..version import software_versions
 from . import optim, staging
 from .state import dtype_name
 
@@ -338,8 +336,7 @@ def _fresh_state(optimizer: torch.optim.Optimizer, keys: tuple[str, str | None],
 
 def versions() -> dict[str, str]:
     """Versions recorded in a manifest, so a resume on other software can be told apart."""
-    return {"ckptfmt": ckptfmt.__version__, "torch": torch.__version__, "numpy": np.__version__,
-            "python": platform.python_version()}
+    return software_versions({"torch": torch.__version__})
 
 
 __all__ = ["layout_of", "layout_fields", "refuse_unheld", "moments", "hyperparams", "chunks", "regions", "save", "load", "differing_tensors",

@@ -25,15 +25,15 @@ import numpy as np
 import torch
 
 from .. import fingerprint
-from . import optim, rng
+from . import loaders, optim, rng
 from .state import dtype_name
 
 __all__ = ["digest", "state_digests"]
 
 HEX = 16                                  # hex digits kept: 64 bits, collisions out of reach
-# The manager's ``digests=``: off, for they cost about 3 % of a tiny-config step (0.4 ms, most of
+# The manager's ``digests=``: off, for they cost about 3 % of a tiny-config step (0.45 ms, most of
 # it the caches the training step leaves cold), over the 1 % a default may cost
-# (benchmarks/digests_bench.py, benchmarks/results/digests.json).
+# (``python -m benchmarks digests``, benchmarks/results/digests.jsonl).
 DEFAULT = False
 BUILT_IN = ("python", "numpy", "torch")   # the process's own RNGs: "rng.python", ...
 
@@ -97,7 +97,7 @@ def _array(t: torch.Tensor) -> np.ndarray:
 def state_digests(*, optimizer: torch.optim.Optimizer, pieces: Iterable[tuple[str, Any]],
                   generators: Mapping[str, Any], scaler: Any, step: int) -> dict[str, Any]:
     """Every component of a step record's ``state`` (spec/RUN.md §3.9), as the state stands now:
-    the RNGs, each piece's ``state_dict()`` (``scheduler``, ``amp.scaler``, ``state.NAME``; one
+    the RNGs, each piece's ``state_dict()`` as saved (``scheduler``, ``amp.scaler``, ``state.NAME``; one
     with a ``digest_every`` of N only at steps that are multiples of N), each param group's lr,
     the optimizer's step and the GradScaler's scale."""
     out = rng_digests(generators)
@@ -105,7 +105,7 @@ def state_digests(*, optimizer: torch.optim.Optimizer, pieces: Iterable[tuple[st
     for piece, obj in pieces:
         if step % every(piece, obj):
             continue                 # an expensive state_dict, digested every N steps only
-        state = obj.state_dict()
+        state = loaders.state_of(obj)       # what the manager saves of it
         out[piece] = digest(state)
         if obj is scaler:
             scaler_state = state

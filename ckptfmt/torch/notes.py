@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from typing import Any, Callable
 
+from ..run import resuming
 from . import adapter
 
 Say = Callable[..., None]
@@ -39,17 +40,8 @@ def device_changed(log: Say, event: Say, step: int, moved: list[tuple[str, str, 
 
 
 def versions_changed(log: Say, doc: dict[str, Any]) -> None:
-    """Other software than the generation was saved with (torch, numpy, Python, ckptfmt): the
-    values resume exactly, but the next steps may not be bit-identical to an unbroken run's
-    (kernels and RNG streams can change between versions). Said, never refused: a long run
-    outlives its software."""
-    saved, now = doc.get("versions"), adapter.versions()
-    if not isinstance(saved, dict):
-        return
-    changed = [f"{k} {saved[k]} -> {now[k]}" for k in now if k in saved and saved[k] != now[k]]
-    if changed:
-        log(f"resuming under other versions than the checkpoint's ({', '.join(changed)}): the run "
-            "goes on from the same values; bit-identity with an unbroken run is not promised")
+    """Other software than the generation was saved with, said (``resuming.versions_changed``)."""
+    resuming.versions_changed(log, doc, adapter.versions())
 
 
 def wrapper_hint(saved: list[str], live: list[str]) -> str:

@@ -22,7 +22,7 @@ import torch
 import torch.distributed as dist
 
 from ..errors import UnsupportedSetupError
-from ..run import Run, ramdirs, tiers
+from ..run import Run, resuming
 from . import optim, peers
 from .distributed import any_rank, decided_by_rank0, gather_json, rank_world
 
@@ -75,30 +75,13 @@ def per_rank(entry: dict[str, Any]) -> list[dict[str, Any]] | None:
 
 
 def agreed_source(run: Run, allow_nonfinite: bool = False) -> dict[str, Any]:
-    """``path`` of the newest valid generation (a ``.bin``, or a sharded generation's manifest),
-    hashed, and finite unless ``allow_nonfinite``, across the recovery tiers when the run has a
-    RAM tier (spec/RUN.md §13: ``tier`` says which, ``skipped`` which newer RAM generations did not
-    verify); ``why`` says which newer diverged generations were passed over, None if none.
-    Under torchrun rank 0 picks for every rank; on more than one node the RAM tier is each
-    node's and ``peers`` finds what every rank can reach (``tier`` ``peer``: fetched)."""
+    """The torch state side's ``choose``: the newest valid generation as ``resuming.choose_here``
+    sees it (``path``, ``why``, ``tier``, ``skipped``). Under torchrun rank 0 picks for every
+    rank; on more than one node the RAM tier is each node's and ``peers`` finds what every rank
+    can reach (``tier`` ``peer``: fetched)."""
     if peers.across_nodes(run):
         return peers.agreed_source(run, allow_nonfinite)
-
-    def newest() -> dict[str, Any]:
-        where = tiers.memory_dir(run)
-        if where is not None:
-            ramdirs.keep(where, wait=True)     # no `ckptfmt ram` removes it while it is chosen and read
-        memory = tiers.memory_run(run)
-        if memory is None:
-            choice = run.choose(deep=True, allow_nonfinite=allow_nonfinite)
-            gen, tier, skipped = run.chosen(choice), tiers.DISK, []
-        else:
-            choice = tiers.choose_across(run, memory, allow_nonfinite)
-            gen, tier, skipped = choice.chosen(run.where), choice.tier, choice.notes(memory.path)
-        path = None if gen is None else run.name_of(gen)
-        return {"path": path, "why": choice.why() if choice.diverged else None,
-                "tier": tier if gen is not None else None, "skipped": skipped}
-    return decided_by_rank0(newest)
+    return decided_by_rank0(lambda: resuming.choose_here(run, allow_nonfinite))
 
 
 def own_pieces(doc: dict[str, Any]) -> tuple[dict[str, Any] | None, dict[str, Any] | None,

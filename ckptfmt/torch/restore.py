@@ -1,43 +1,38 @@
 """How ``CheckpointManager.restore`` puts a generation back: every refusal first, then the values.
 
-The order, and why:
+The order is the run layer's, whatever the framework (``ckptfmt.run.resuming``): the generation
+chosen (under torchrun rank 0 picks it for every rank) or given, its manifest viewed through the
+loop's ``upgrade`` hook, then its ``on_restore`` hook. This module is the torch state side's part
+in it (``Restoring``: ``choose``, ``plan``, ``load``), and why it goes as it does:
 
-1. The generation is chosen (the newest valid one, hashed; under torchrun rank 0 picks it for
-   every rank) or given (``source``: hashed when opened), and its manifest is viewed through the
-   loop's ``upgrade`` hook (manifests its earlier versions wrote).
-2. The loop's ``on_restore`` hook sees that manifest first: its own checks (the reference
-   trainer compares config and data sources, and learns whether a pivot applies).
-3. Every piece the loop has is matched against the checkpoint (and every companion tensor is
+1. Every piece the loop has is matched against the checkpoint (and every companion tensor is
    read), and what is missing is refused together, by name, before a single value is copied:
    a refused restore leaves the model, optimizer, state objects and RNGs as they were, and under
    torchrun every rank refuses together. With ``strict=False`` those pieces start fresh.
-4. The loop's objects (scheduler, scaler, state objects) take their state first, each kept as it
+2. The loop's objects (scheduler, scaler, state objects) take their state first, each kept as it
    was until all have: the one step that runs the loop's own code, and the only one after the
    checks that can still fail. If one raises, those already loaded are put back and no tensor has
    been copied, so a failed restore changes nothing here either (under torchrun every rank puts
    back together). Then parameters and moments, buffers; the RNGs last, after every object that
    consumes draws exists.
 
-``restore(loop, ...)`` reads only what it restores into (a ``Loop``, built by the manager) and
-returns what it did (``Restored``), which ``CheckpointManager.restore`` keeps.
+``restore(loop, ...)`` reads only what it restores into (a ``Loop``) and returns what it did
+(``Restored``); ``CheckpointManager.restore`` goes the same way through its ``TorchState``.
 """
 from __future__ import annotations
 
 import copy
 import warnings
 from dataclasses import dataclass, field
-from pathlib import Path
 from typing import Any, Callable, Mapping
 
 import torch
 
-from .. import facts as valfacts
-from .. import format as fmt
 from .. import manifest as mf
 from ..errors import (ConfigMismatchError, DeviceChangeError, IncompleteResumeStateError, LayoutMismatchError,
-                      NoValidGenerationError, RankDisagreementError, StateRefusedError, UnsupportedSetupError)
-from ..run import Run, tiers
-from ..run.lock import first_writer, keep_unwritten
+                      StateRefusedError)
+from ..run import Run, resuming
+from ..run.stateside import Restored, Resuming
 from ..shards import ShardedCheckpoint
 from . import adapter, loaders, notes, optim, ranks, rng
 from .distributed import any_rank, is_sharded_model, load_into
@@ -60,19 +55,6 @@ class Loop:
     on_restore: Callable[[dict[str, Any], str], Any] | None = None
 
 
-@dataclass(frozen=True)
-class Restored:
-    """What a restore did: the step and generation restored (None, None on a fresh run), the
-    pieces that started fresh, and why newer diverged generations were passed over."""
-
-    step: int | None = None
-    path: str | None = None
-    fresh: tuple[str, ...] = ()
-    skipped_diverged: str | None = None
-    metrics: Mapping[str, Any] = field(default_factory=dict)   # the manifest's, as recorded
-    tier: str | None = None                   # disk, memory or peer (spec/RUN.md §13); None for a source
-
-
 @dataclass
 class Plan:
     """What a restore will put back: checked in full before anything is copied."""
@@ -93,26 +75,33 @@ class Plan:
 
 def restore(loop: Loop, source: Any, strict: bool, restore_rng: bool,
             allow_nonfinite: bool = False, allow_device_change: bool = False) -> Restored:
-    """``CheckpointManager.restore``: what was restored (its step None on a fresh run)."""
-    if loop.rank == 0:
-        removed = loop.run.sweep_temps()
-        if removed:
-            loop.log(f"removed {len(removed)} leftovers of interrupted saves (temp files, uploads)", info=True)
-    if source is not None:
-        refuse_rollback(loop.run, source)
-    path, why, tier = (source, None, None) if source is not None else newest(loop, allow_nonfinite)
-    if path is None:
-        return Restored()
-    with _open(loop.run, path, verify=source is not None) as ck:
-        bad = valfacts.diverged(ck.manifest)
-        if bad:                    # asked for: a source, or allow_nonfinite
-            loop.log(f"{ck.path}: resuming a diverged generation ({valfacts.describe(bad)}), as asked")
-        doc = dict(ck.manifest)
-        if loop.upgrade is not None:
-            doc = loop.upgrade(doc)
-        mf.require_objects(mf.path_for(ck.path), doc)     # before any hook reads into them
-        if loop.on_restore is not None:
-            loop.on_restore(doc, ck.path)
+    """What ``CheckpointManager.restore`` restores, into ``loop``: the run layer's order
+    (``ckptfmt.run.resuming``) with the torch checks and copies; its step None on a fresh run."""
+    at = Resuming(loop.run, loop.rank, loop.log, loop.event, loop.upgrade, loop.on_restore)
+    options = {"strict": strict, "restore_rng": restore_rng, "allow_device_change": allow_device_change}
+    return resuming.restore(at, _Given(loop), source, allow_nonfinite, options)
+
+
+class Restoring:
+    """The restore half of the torch state side (``StateSide.choose``, ``plan``, ``load``) over
+    the ``Loop`` that ``loop(at)`` gives: the ``TorchState`` of a manager, or a ``Loop`` given."""
+
+    collective: ranks.TorchCollective         # how a restore's refusals agree
+
+    def loop(self, at: Resuming) -> Loop:
+        raise NotImplementedError
+
+    def versions(self) -> dict[str, str]:
+        return {"torch": torch.__version__}
+
+    def choose(self, run: Run, allow_nonfinite: bool) -> dict[str, Any]:
+        """Rank 0 picks for every rank; across nodes, the RAM tier every rank can reach."""
+        return ranks.agreed_source(run, allow_nonfinite)
+
+    def plan(self, at: Resuming, ck: Any, doc: dict[str, Any], strict: bool = True, restore_rng: bool = True,
+             allow_device_change: bool = False) -> tuple[Loop, Plan]:
+        """``make_plan``; once it passed, a world-size or device change said (log, history)."""
+        loop = self.loop(at)
         plan = make_plan(loop, ck, doc, strict, restore_rng, allow_device_change)
         if plan.change is not None:
             notes.world_size_changed(loop.log, loop.event, doc.get("step", 0), plan.change)
@@ -121,13 +110,26 @@ def restore(loop: Loop, source: Any, strict: bool, restore_rng: bool,
                 plan.rng_skip.update(piece for piece, _, _ in plan.moved)
                 plan.fresh += [f"rng.{piece} (device change)" for piece, _, _ in plan.moved]
             notes.device_changed(loop.log, loop.event, doc.get("step", 0), plan.moved)
-        notes.versions_changed(loop.log, doc)
+        return loop, plan
+
+    def load(self, at: Resuming, ck: Any, planned: tuple[Loop, Plan]) -> list[str]:
+        """The loop's objects, then parameters, moments and buffers, the RNGs last."""
+        loop, plan = planned
         load_pieces(loop, plan)
         load_tensors(loop.model, loop.optimizer, ck, plan)
         if plan.rng is not None:
             rng.restore_rng(plan.rng, dict(loop.generators), plan.path, skip=plan.rng_skip)
-        metrics = doc.get("metrics")
-        return Restored(ck.step, str(path), tuple(plan.fresh), why, metrics if isinstance(metrics, dict) else {}, tier)
+        return plan.fresh
+
+
+class _Given(Restoring):
+    """The restore half over a ``Loop`` given whole."""
+
+    def __init__(self, given: Loop):
+        self.given, self.collective = given, ranks.TorchCollective()
+
+    def loop(self, at: Resuming) -> Loop:
+        return self.given
 
 
 def make_plan(loop: Loop, ck: Any, doc: dict[str, Any], strict: bool,
@@ -248,13 +250,13 @@ def load_pieces(loop: Loop, plan: Plan) -> None:
         if piece not in plan.trees:
             continue
         try:
-            before = copy.deepcopy(obj.state_dict())      # its own code too, and may not copy
+            before = copy.deepcopy(loaders.state_of(obj))      # its own code too, and may not copy
         except Exception as e:
             failed = (piece, e)
             break
         kept.append((piece, obj, before))
         try:
-            obj.load_state_dict(plan.trees[piece])
+            loaders.load(obj, plan.trees[piece])
             loaders.loaded(obj)          # a data loader's iterator, before the RNGs come back
         except Exception as e:           # the loop's own code: any error it raises
             failed = (piece, e)
@@ -264,7 +266,7 @@ def load_pieces(loop: Loop, plan: Plan) -> None:
     unrestored = []
     for piece, obj, before in reversed(kept):
         try:
-            obj.load_state_dict(before)
+            loaders.load(obj, before)
         except Exception:                # said below; the first error is the one to raise
             unrestored.append(piece)
     said = (f"{', '.join(unrestored)} could not be put back (the other objects were; no tensor was copied)"
@@ -320,79 +322,8 @@ def check_layout(doc: dict[str, Any], model: torch.nn.Module, path: str) -> None
         raise LayoutMismatchError(path, f"buffers differ: the checkpoint has {saved}, the model {live}")
 
 
-def refuse_rollback(run: Run, source: Any) -> None:
-    """Resuming this run from one of its own older generations would collide with the newer
-    ones at the next save, and deleting them would lose good checkpoints: fork instead."""
-    if run.path is None:             # a run on a store: one of its own by its URL
-        prefix = run.where + "/"
-        ours, name = str(source).startswith(prefix), str(source)[len(run.where) + 1:]
-    else:
-        src = Path(source).resolve()
-        ours, name = src.parent == run.path.resolve(), src.name
-    parsed = fmt.parse_name(name)
-    if not ours or parsed is None:
-        return
-    later = [g.step for g in run.generations() if g.committed and g.step > parsed[0]]
-    if later:
-        raise UnsupportedSetupError(str(source), f"a generation of this run, which has newer ones "
-                                                 f"(steps {later}); to go back, fork it: ckptfmt fork "
-                                                 f"{run.where} --step STEP NEW_RUN, and resume NEW_RUN")
-
-
-def newest(loop: Loop, allow_nonfinite: bool = False) -> tuple[Any, str | None, str | None]:
-    """(path of the newest valid finite generation across the recovery tiers, hashed here so the
-    open does not again; why newer ones were passed over, or None; its tier, ``disk``,
-    ``memory`` or ``peer``); (None, None, None) on a fresh run, and for only the uncommitted leftovers of an
-    interrupted first save. Newer diverged generations (their recorded values hold NaN or inf)
-    and newer RAM generations that do not verify are passed over and the log says which and why;
-    ``allow_nonfinite`` resumes the newest valid one."""
-    run = loop.run
-    try:
-        answer = ranks.agreed_source(run, allow_nonfinite)
-        path, why = answer["path"], answer["why"]
-        for note in answer["skipped"]:
-            loop.log(note)
-        if why is not None and path is not None:
-            loop.log(f"{run.where}: resuming from the newest finite generation, "
-                     f"{Path(path).name}, not a newer one: {why}; resuming a diverged generation "
-                     "would only carry its NaN/inf on (restore(allow_nonfinite=True) or "
-                     "`ckptfmt train --allow-nonfinite` resumes the newest)")
-        return path, why if path is not None else None, answer["tier"]
-    except (NoValidGenerationError, RankDisagreementError):
-        if any_rank(tiers.has_manifests(run))[0]:
-            raise                         # committed generations exist (on some node) and all fail: refuse
-        _refuse_bare(run)
-        warnings.warn(f"{run.where}: only uncommitted leftovers of an interrupted first save; "
-                      "starting fresh", stacklevel=4)
-        return None, None, None
-
-
-def _refuse_bare(run: Run) -> None:
-    """A directory of manifest-less ``.bin`` files that no ckptfmt writer ever held is bare
-    checkpoints (another trainer's, FORMAT §4.4), not our leftovers: a fresh start would replace
-    them at its first save of the same step, so it is refused (every rank together)."""
-    bare = [g.bin.name for g in run.generations() if g.bin is not None and g.manifest is None]
-    if run.path is None:             # a run on a store is ckptfmt's from its first object: a leftover
-        return
-    if not any_rank(bool(bare) and first_writer(run.path))[0]:
-        return
-    keep_unwritten(run.path)
-    raise UnsupportedSetupError(str(run.path), f"holds checkpoints without manifests ({', '.join(bare[:3])}"
-                                + (", ..." if len(bare) > 3 else "") + ") and was never a ckptfmt run: "
-                                "bare checkpoints (another trainer's), which a fresh start here would "
-                                "replace; train in a new run directory (ckptfmt inspect, validate and "
-                                "convert read them)")
-
-
 def _no_companion(path: str) -> Callable[[str], Any]:
     def get(key: str) -> Any:
         raise IncompleteResumeStateError(path, f"cannot resume: the manifest names tensor {key!r} "
                                                "but the generation has no companion file")
     return get
-
-
-def _open(run: Run, path: Any, verify: bool) -> Any:
-    """A generation to restore from, by a file of it: a ``.bin``, its manifest, or a sharded
-    generation's manifest (``generation.at``: the shape is the generation's to know); in a run
-    on a store, its part's URL."""
-    return run.open_at(path, verify=verify)

@@ -20,7 +20,8 @@ import numpy as np
 import torch
 
 from .. import format as fmt
-from ..run import Run, roots
+from ..run import Run
+from ..run.stateside import announcing, commit_regions
 from . import adapter, optim, staging
 from .distributed import rank_world, save_sharded
 
@@ -87,26 +88,16 @@ class Saver:
 
     def _commit(self, step: int, regions: list[Any], n: int, manifest: dict[str, Any],
                 extra: dict[str, Any] | None) -> None:
-        if self.intent is None:   # else its record, durable, syncs what came before it too
-            self.run.history.sync()   # the history up to this step is durable before the commit marker
-        self.run.commit(step, *regions, manifest=manifest, n_params=n, extra_tensors=extra or None,
-                        before_commit=self._announce(step))
-        if self.after_commit is not None:
-            self.after_commit(step, manifest)
+        commit_regions(self.run, step, regions, n, manifest, extra, intent=self.intent,
+                       after_commit=self.after_commit)
 
     def _commit_sharded(self, step: int, model: torch.nn.Module, optimizer: torch.optim.Optimizer,
                         manifest: dict[str, Any], extra: dict[str, Any] | None = None) -> None:
         if rank_world()[0] == 0 and self.intent is None:
             self.run.history.sync()   # as in _commit: the history first, then the commit marker
-        save_sharded(self.run, step, model, optimizer, manifest, self._announce(step), extra or None)
+        save_sharded(self.run, step, model, optimizer, manifest, announcing(self.intent, step), extra or None)
         if self.after_commit is not None:
             self.after_commit(step, manifest)
-
-    def _announce(self, step: int) -> Callable[[dict[str, Any]], None] | None:
-        """What the commit of ``step`` shows its sealed manifest to: ``intent`` with its root."""
-        if self.intent is None:
-            return None
-        return lambda doc: self.intent(step, roots.of(doc))
 
     def then(self, action: Callable[[], None]) -> None:
         """Run ``action`` (in the caller's thread: the history is written by one thread) once

@@ -279,15 +279,15 @@ def test_after_train_raised_the_next_train_runs_to_its_end_and_signals_reach_the
         signal.signal(signal.SIGTERM, original)
 
 
-def hooks() -> tuple:
+def hooks(output_dir) -> tuple:
     from types import SimpleNamespace
-    args = SimpleNamespace(save_total_limit=None, output_dir="unused", save_strategy="steps")
+    args = SimpleNamespace(save_total_limit=None, output_dir=str(output_dir), save_strategy="steps")
     state = SimpleNamespace(is_hyper_param_search=False, global_step=1, is_world_process_zero=True)
     return args, state, transformers.TrainerControl()
 
 
-def test_a_sigterm_after_the_last_step_is_reported_and_a_handler_from_outside_python_is_not_restored():
-    ckpt, (args, state, control) = Checkpointing(), hooks()
+def test_a_sigterm_after_the_last_step_is_reported_and_a_handler_from_outside_python_is_not_restored(tmp_path):
+    ckpt, (args, state, control) = Checkpointing(), hooks(tmp_path)
     ckpt.on_train_begin(args, state, control)
     ckpt._handlers.replaced[signal.SIGUSR1] = None                   # what signal() returns for a handler set in C
     ckpt.request_stop()
@@ -297,9 +297,9 @@ def test_a_sigterm_after_the_last_step_is_reported_and_a_handler_from_outside_py
     signal.signal(signal.SIGUSR1, signal.SIG_DFL)
 
 
-def test_a_signal_during_the_all_reduce_counts_at_the_next_step(monkeypatch):
+def test_a_signal_during_the_all_reduce_counts_at_the_next_step(monkeypatch, tmp_path):
     from ckptfmt.hf import callback
-    ckpt, (args, state, control) = Checkpointing(signals=()), hooks()
+    ckpt, (args, state, control) = Checkpointing(signals=()), hooks(tmp_path)
     ckpt.on_train_begin(args, state, control)
 
     def during(*flags):
@@ -314,10 +314,10 @@ def test_a_signal_during_the_all_reduce_counts_at_the_next_step(monkeypatch):
     assert control.should_save
 
 
-def test_retention_keeping_everything_is_taken_and_a_hyperparameter_search_is_refused():
+def test_retention_keeping_everything_is_taken_and_a_hyperparameter_search_is_refused(tmp_path):
     from ckptfmt.run import Policy
     assert Checkpointing(retention=Policy.KEEP_ALL).retention is Policy.KEEP_ALL
-    args, state, control = hooks()
+    args, state, control = hooks(tmp_path)
     state.is_hyper_param_search = True
     with pytest.raises(UnsupportedSetupError, match="hyperparameter_search"):
         Checkpointing(signals=()).on_train_begin(args, state, control)

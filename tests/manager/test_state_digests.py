@@ -9,6 +9,7 @@ import random
 import re
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -17,7 +18,8 @@ torch = pytest.importorskip("torch")
 
 import models  # noqa: E402
 import warm  # noqa: E402
-from ckptfmt.run import history, timeline  # noqa: E402
+from ckptfmt.run import SavePolicy, history, timeline  # noqa: E402
+from ckptfmt.run.statemanager import StateManager  # noqa: E402
 from ckptfmt.torch import CheckpointManager  # noqa: E402
 from ckptfmt.torch.digests import digest  # noqa: E402
 from conftest import cli  # noqa: E402
@@ -188,6 +190,12 @@ def test_off_by_default_and_a_metric_named_state_is_refused_only_when_on(tmp_pat
         on.mgr.step(1, state=1.5)
     on.mgr.close()
     assert not (tmp_path / "on" / ".loss.json").exists() or states(tmp_path / "on") == {}
+
+
+def test_a_state_side_without_digests_is_refused_them(tmp_path):
+    with pytest.raises(TypeError, match="SimpleNamespace computes no state digests"):
+        StateManager(tmp_path, SimpleNamespace(), saving=SavePolicy(), retention=None, digests=True)
+    assert not tmp_path.joinpath(".lock").exists()          # refused before the run is opened
 
 
 def test_a_state_object_with_digest_every_is_digested_at_its_multiples(tmp_path):
