@@ -230,10 +230,11 @@ def fork(run: str, dest: str, step: int, as_json: bool) -> None:
 @json_option
 @guarded
 def bisect(run_a: str, run_b: str, as_json: bool) -> None:
-    """First step where two runs' generations or loss histories differ (exit 1 if any).
-    Generations are compared by content (step, weights, m, v, companion): a .bin and the same
-    generation sharded are identical. Either run may be a URL (a run written straight to object
-    storage)."""
+    """First step where two runs' generations or histories differ (exit 1 if any), and why: the
+    first piece of state that differs there (the histories' state digests, then the generations'
+    tensors by parameter name), what is identical, and that piece's likely causes. Generations
+    are compared by content (step, weights, m, v, companion): a .bin and the same generation
+    sharded are identical. Either run may be a URL (a run written straight to object storage)."""
     from ..run.ops import bisect as run_bisect  # lazy: keeps `ckptfmt --help` fast
     data = run_bisect(run_a, run_b)
     emit(data, as_json, _print_bisect)
@@ -242,7 +243,8 @@ def bisect(run_a: str, run_b: str, as_json: bool) -> None:
 
 
 def _print_bisect(d: dict) -> None:
-    """Steps in words: "identical" or "first differ at step N", never "step None"."""
+    """Steps in words: "identical" or "first differ at step N", never "step None"; then the
+    diagnosis in one line."""
     def at(step: int | None, what: str) -> str:
         return f"{what}: identical" if step is None else f"{what}: first differ at step {step}"
     gens = at(d["first_generation_difference"], "generations")
@@ -251,6 +253,7 @@ def _print_bisect(d: dict) -> None:
     elif d["last_identical_generation"] is not None and d["first_generation_difference"] is not None:
         gens += f" (last identical: step {d['last_identical_generation']})"
     click.echo(f"{gens}; {at(d['first_history_difference'], 'history')}")
+    click.echo(d["diagnosis"]["message"])
 
 
 # ---------------------------------------------------------------- plot
