@@ -25,6 +25,7 @@ from .. import format as fmt
 from ..errors import CheckpointError, ConfigMismatchError, SaveError, UnsupportedSetupError
 from . import ramdirs, signals, tiers
 from .collective import Collective, OneProcess
+from .history import strict
 from .hooks import Hooks
 from .metrics import MetricsBook, history_value
 from .retention import Policy
@@ -113,18 +114,24 @@ class Session:
         self.flags.request_stop(reason)
 
     # ------------------------------------------------------------ driving
-    def step(self, step: int, values: Mapping[str, Any]) -> tuple[bool, bool]:
-        """Record step ``step`` and its metrics ``values`` in the history; save on a rule of the
-        save policy or on request, as every rank agrees. (stop, saved): stop once a stop was
-        requested (the generation is committed: the loop should exit); saved when this step
-        committed a generation."""
+    def step(self, step: int, values: Mapping[str, Any],
+             state: Mapping[str, Any] | None = None) -> tuple[bool, bool]:
+        """Record step ``step`` and its metrics ``values`` in the history, with the state side's
+        ``state`` digests (spec/RUN.md §3.9) if given; save on a rule of the save policy or on
+        request, as every rank agrees. (stop, saved): stop once a stop was requested (the
+        generation is committed: the loop should exit); saved when this step committed a generation."""
         self.require_open()
         step = step_of(self.run.where, step)
+        if state is not None and "state" in values:
+            raise ValueError(f"{self.run.where}: step(): a metric named 'state' would hide the record's "
+                             "state digests (spec/RUN.md §3.9): rename it, or turn the digests off")
         self._check_order(step)
         self.writer.poll()                    # a background save that committed: its event now
         record: dict[str, Any] = {"step": step, "time": time.time()}
         for key, value in values.items():
             record[key] = history_value(value)
+        if state is not None:
+            record["state"] = strict(dict(state))     # an lr of NaN as the history writes floats
         self.metrics.record(step, values)
         if self.rank == 0:
             self.run.history.append(record)

@@ -30,6 +30,7 @@ from ..run.hooks import Hooks
 from ..run.mirror_thread import BackgroundMirror
 from ..run.session import Mirror, Session
 from . import adapter, optim, ranks, refusals, rng
+from . import digests as digesting
 from . import restore as restoring
 from .distributed import reshard
 from .memtier import MemoryTier, at_close, forget_after
@@ -70,7 +71,7 @@ class CheckpointManager:
                  keep_last: Any = refusals.UNSET, keep_every: int | None = None, retention: Any = refusals.UNSET,
                  saving: SavePolicy | None = None, async_save: bool = False, memory_every: int | None = None,
                  handle_signals: bool = True, config: Any = None, mirror: str | None = None, lock: bool = True,
-                 **hooks: Callable[..., Any]):
+                 digests: bool = digesting.DEFAULT, **hooks: Callable[..., Any]):
         """``directory`` is a run directory (created if needed), a ``Run`` or a URL (a run on
         object storage, spec/RUN.md §2.0.2). ``every`` (default 100) saves every N steps,
         ``every=None`` only on request and at ``close``; ``keep_last`` (default 3) and
@@ -78,7 +79,9 @@ class CheckpointManager:
         alone keeps every generation. ``retention=Policy(...)`` instead of them (``retention=None``:
         keep every generation) composes every rule (the best K by a metric, time windows; spec/RUN.md §5.1),
         and ``saving=SavePolicy(...)`` instead of ``every`` saves on a step cadence, on wall time and
-        on a new best of a metric (§5.5); the run records both in ``.policy.json`` (§5.6)."""
+        on a new best of a metric (§5.5); the run records both in ``.policy.json`` (§5.6).
+        ``digests`` records with each step a digest of every piece of state as the next step will
+        find it (the history's ``state``, §3.9: what a resume that went wrong parted on)."""
         optim.kind(optimizer)
         given = Hooks.given("CheckpointManager", hooks)
         refusals.check_state(state)
@@ -88,6 +91,7 @@ class CheckpointManager:
         self.rank, self.world = ranks.check_setup(model, optimizer)
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
         self.state, self.generators, self.config = dict(state or {}), dict(generators or {}), config
+        self.digests = digests
         self.session = Session(
             directory, write=self._write, saving=saving, retention=retention, collective=ranks.TorchCollective(),
             hooks=given, lock=lock, handle_signals=handle_signals,
@@ -126,10 +130,18 @@ class CheckpointManager:
     def step(self, step: int, loss: Any = None, **metrics: Any) -> bool:
         """Record step ``step`` in ``.loss.json``; save on cadence or on request. True once a
         stop was requested: the generation is committed and the loop should exit."""
-        stop, saved = self.session.step(step, {**({"loss": loss} if loss is not None else {}), **metrics})
+        stop, saved = self.session.step(step, {**({"loss": loss} if loss is not None else {}), **metrics},
+                                        state=self.state_digests(step) if self.digests else None)
         if not saved and self._memory is not None and self._memory.due(step) and self.committed != step:
             self._memory.save(step, self.model, self.optimizer, self._manifest)   # RAM: between durable ones
         return stop
+
+    def state_digests(self, step: int) -> dict[str, Any]:
+        """What ``step(step)`` records as the history's ``state`` (spec/RUN.md §3.9): a digest of
+        every piece of state now, when the loop is done with ``step``. Every rank computes it
+        (a piece's ``state_dict`` may be a collective); rank 0's is recorded."""
+        return digesting.state_digests(optimizer=self.optimizer, pieces=self.pieces(), generators=self.generators,
+                                       scaler=self.scaler, step=step)
 
     def save(self, step: int, reason: str = "requested") -> None:
         """Commit generation ``step`` now (asynchronously with ``async_save``); the history's

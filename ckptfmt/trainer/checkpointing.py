@@ -28,14 +28,20 @@ class _Trainer(Protocol):
 
 class DataState:
     """``state.data``: each source's position, the stream's seed and ctx, and the identity
-    (blake3) of every source the run has trained on."""
+    (blake3) of every source the run has trained on. The identity is hashed once per set of
+    sources (they are bytes, never changed in place): ``state_dict`` runs at every step, for
+    the history's state digests (spec/RUN.md §3.9), and hashing the corpus there cost the tiny
+    config 2 % of its step."""
 
     def __init__(self, trainer: _Trainer):
         self.trainer = trainer
+        self._identity: tuple[Any, dict[str, Any]] | None = None    # (the sources, their identity)
 
     def state_dict(self) -> dict[str, Any]:
         t = self.trainer
-        return {**t.data.state(), "identity": identity(t.sources)}
+        if self._identity is None or self._identity[0] is not t.sources:
+            self._identity = (t.sources, identity(t.sources))
+        return {**t.data.state(), "identity": {name: dict(i) for name, i in self._identity[1].items()}}
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         """Positions of every configured source; after a pivot a new source starts at 0 (the
