@@ -37,18 +37,18 @@ TABLE: tuple[Cause, ...] = (
           "`mgr.restore()`; a shuffling DataLoader without state whose iterator is made again mid-epoch "
           "(its new order's seed is drawn from this RNG, where the straight run drew nothing); a module "
           "built after restore (its initialisation draws)"),
-    Cause("rng.cuda.<i>", "the RNG of CUDA device <i>",
+    Cause("rng.cuda.<i>", "the RNG of CUDA device `<i>`",
           "a `torch.cuda.manual_seed(_all)` (or a `set_seed`) after `mgr.restore()`; a resume on another "
           "number of devices; a CUDA kernel that draws (dropout) run once more or once less at resume"),
-    Cause("rng.<name>", "the registered generator <name>",
+    Cause("rng.<name>", "the registered generator `<name>`",
           "something reseeded or drew from it after restore: a loader's iterator made again mid-epoch with "
           "`generator=` this one, a `manual_seed`/`default_rng` on it after restore, or another object given "
           "under this name than the one the loop draws from"),
-    Cause("state.<name>", "the state object <name> (its `state_dict()`)",
+    Cause("state.<name>", "the state object `<name>` (its `state_dict()`)",
           "its `load_state_dict` does not put back what its `state_dict` gave (a data cursor off by one: "
           "the saved step's batch skipped or read again), the loop moves or resets it after restore, or the "
           "object given to the manager is not the one the loop uses"),
-    Cause("lr.<g>", "the learning rate of param group <g>",
+    Cause("lr.<g>", "the learning rate of param group `<g>`",
           "the scheduler was built after `optimizer.load_state_dict` or after `mgr.restore()` (a new scheduler "
           "starts its schedule again and writes its first lr), or is not given to the manager; the lr was set "
           "by hand after restore (a config value or a warm-up written into `param_groups`)"),
@@ -69,26 +69,28 @@ TABLE: tuple[Cause, ...] = (
           "the loss differs while every digested piece is identical: the weights as the step found them "
           "(changed after restore), a generator the loop draws from but did not register (`generators=`), a "
           "state object not given (`state=`), an EMA or other copy of the model kept outside the state"),
-    Cause("metric.<name>", "the metric <name>",
+    Cause("metric.<name>", "the metric `<name>`",
           "it differs while the loss and every digested piece are identical: it is computed from something "
           "outside the checkpoint: an EMA or averaged copy of the model kept outside the state (give it as "
           "`state=`), an evaluation drawn from a generator not registered"),
     Cause("loss", "the loss (the histories record no state digests)",
           "a history without digests says only where the loss parts: compare the generations around that "
-          "step, or record digests (`CheckpointManager`, spec/RUN.md §3.1)"),
-    Cause("m", "the optimizer's first moments (generation)",
+          "step, or record digests (`CheckpointManager(digests=True)`, spec/RUN.md §3.9)"),
+    Cause("m", "the optimizer's first moments (m, in the generation)",
           "the step's loss and every digested input are identical, so the moments it started from differed: "
           "the optimizer's moments were reset or changed after restore (`exp_avg` zeroed, `optimizer.state` "
           "cleared, a new optimizer), or an optimizer setting no digest covers (betas, eps) changed"),
-    Cause("v", "the optimizer's second moments (generation)",
+    Cause("v", "the optimizer's second moments (v, in the generation)",
           "the step's loss and every digested input are identical, so the moments it started from differed: "
           "the optimizer's moments were reset or changed after restore (`exp_avg_sq` zeroed, `optimizer.state` "
           "cleared, a new optimizer), or an optimizer setting no digest covers (betas, eps) changed"),
-    Cause("weights", "the weights (generation)",
+    Cause("weights", "the weights (in the generation)",
           "the step's loss, moments and digested inputs are identical, so the update itself differed: an "
-          "optimizer setting no digest covers (weight decay, `maximize`), gradient clipping, or the weights "
-          "written after the step (an EMA copied back)"),
-    Cause("companion", "a buffer or state tensor (generation's companion file)",
+          "optimizer setting no digest covers (weight decay, `maximize`), gradient clipping, the weights "
+          "written after the step (an EMA copied back), or an lr written into `param_groups` after restore "
+          "that the scheduler's next step wrote over (the step used it; the record after it shows the "
+          "scheduler's)"),
+    Cause("companion", "a buffer or state tensor (the generation's companion file)",
           "a buffer (BatchNorm running statistics) or a state object's tensor updated differently: a module "
           "left in eval or train mode after restore, a buffer reset"),
     Cause("step", "a step recorded by one run only",

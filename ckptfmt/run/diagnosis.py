@@ -64,7 +64,7 @@ def _companion_differs(fa: Any, fb: Any) -> list[str]:
 
 
 def diagnose(parted: Parting, gens: tuple[dict[int, Generation], dict[int, Generation]],
-             first_gen: int | None, resumes: tuple[list[int], list[int]]) -> dict[str, Any]:
+             first_gen: int | None, resumes: tuple[list[int], list[int]], ignore: tuple[str, ...] = ()) -> dict[str, Any]:
     """The diagnosis of ``bisect``: ``step`` (None: identical), ``component`` (the piece named),
     ``differ`` / ``equal`` / ``one_only`` (the components of that step's records), ``tensors``
     (region -> parameter names, where a generation at that step differs), ``before`` (the newest
@@ -83,7 +83,7 @@ def diagnose(parted: Parting, gens: tuple[dict[int, Generation], dict[int, Gener
         out["only_in"] = "a" if parted.b is None else "b"
     else:
         pair = (parted.a, parted.b) if parted.step == step else parted.watched
-        found = compare(*pair) if None not in pair else Comparison()
+        found = compare(*pair, ignore) if None not in pair else Comparison()
         out.update(differ=found.differ, equal=found.equal, one_only=found.one_only)
         out["component"] = _named(found, out["tensors"])
     out["what"], out["causes"] = causes.described(out["component"])
@@ -109,18 +109,21 @@ def _named(found: Comparison, tensors: dict[str, list[str]]) -> str:
 
 
 def message(d: dict[str, Any]) -> str:
-    """``step 13: rng.torch differs (also: loss); weights at step 12 identical; identical: ...
-    -> torch's CPU RNG ...: likely causes``: the diagnosis in one line."""
+    """``step 13: rng.torch differs (also: loss); weights, m and v at step 12 identical; identical:
+    ... -> torch's CPU RNG: likely causes``: the diagnosis in one line."""
     step, component = d["step"], d["component"]
+    also = [c for c in d["differ"] if c != component]
     if component == "step":
         said = [f"step {step}: recorded by run {d['only_in'].upper()} only"]
+    elif component == "undigested":
+        said = [f"step {step}: the loss differs and every digest is identical"]
+        also = [c for c in also if c != "loss"]
     else:
-        also = [c for c in d["differ"] if c != component]
-        said = [f"step {step}: {component} differs" + (f" (also: {', '.join(also)})" if also else "")]
+        said = [f"step {step}: {component} differs"]
+    if also:
+        said[0] += f" (also: {', '.join(also)})"
     if d["tensors"]:
-        said.append(f"generation {step} differs in " + "; ".join(
-            f"{region} {', '.join(names[:SHOWN])}" + (f" (+{len(names) - SHOWN} more)" if len(names) > SHOWN else "")
-            for region, names in d["tensors"].items()))
+        said.append(f"generation {step} differs in " + "; ".join(_names(r, n) for r, n in d["tensors"].items()))
     said.append(f"weights, m and v at step {d['before']} identical" if d["before"] is not None
                 else "no generation of both runs before it to compare")
     if d["one_only"]:
@@ -130,5 +133,9 @@ def message(d: dict[str, Any]) -> str:
     resumed = [f"{run.upper()} resumed at step {s[-1]}" for run, s in d["resumed"].items() if s]
     if resumed:
         said.append(", ".join(resumed))
-    return "; ".join(said) + f" -> {d['what']} differs first: {d['causes']}"
+    return "; ".join(said) + f" -> {d['what']}: {d['causes']}"
 
+
+def _names(region: str, names: list[str]) -> str:
+    shown = ", ".join(names[:SHOWN]) + (f" (+{len(names) - SHOWN} more)" if len(names) > SHOWN else "")
+    return f"{region} {shown}"

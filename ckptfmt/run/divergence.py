@@ -68,9 +68,11 @@ def first_loss_difference(a: Iterable[Record], b: Iterable[Record]) -> tuple[int
     return parted.step, parted.lengths
 
 
-def outputs(rec: Record) -> dict[str, Any]:
-    """What the step put out, by component name: ``loss``, and ``metric.NAME`` for the rest."""
-    return {(k if k == "loss" else f"metric.{k}"): v for k, v in rec.items() if k not in NOT_OUTPUTS}
+def outputs(rec: Record, ignore: Iterable[str] = ()) -> dict[str, Any]:
+    """What the step put out, by component name: ``loss``, and ``metric.NAME`` for the rest
+    (but the fields in ``ignore``: a metric that measures time)."""
+    return {(k if k == "loss" else f"metric.{k}"): v for k, v in rec.items()
+            if k not in NOT_OUTPUTS and k not in ignore}
 
 
 def states(rec: Record) -> dict[str, Any] | None:
@@ -93,12 +95,13 @@ class Comparison:
         return [c for c in self.differ if c != "loss" and not c.startswith("metric.")]
 
 
-def compare(ra: Record, rb: Record) -> Comparison:
+def compare(ra: Record, rb: Record, ignore: Iterable[str] = ()) -> Comparison:
     """What differs between two records of one step. An output (loss, metric) one of them lacks
     differs; a digest one of them lacks is ``one_only``; where either recorded no digests at all,
-    the digests are not compared (a writer that records none, or records them off)."""
+    the digests are not compared (a writer that records none, or records them off). The record
+    fields in ``ignore`` are left out."""
     out = Comparison()
-    oa, ob = outputs(ra), outputs(rb)
+    oa, ob = outputs(ra, ignore), outputs(rb, ignore)
     for name in set(oa) | set(ob):
         (out.differ if oa.get(name) != ob.get(name) else out.equal).append(name)
     sa, sb = states(ra), states(rb)
@@ -114,7 +117,11 @@ def compare(ra: Record, rb: Record) -> Comparison:
     return out
 
 
-def same_record(ra: Record, rb: Record) -> bool:
-    """Whether two records of a step agree in everything but their clock."""
-    found = compare(ra, rb)
-    return not found.differ and not found.one_only
+def same_records(ignore: Iterable[str] = ()) -> Callable[[Record, Record], bool]:
+    """Whether two records of a step agree in everything but their clock and ``ignore``."""
+    ignore = frozenset(ignore)
+
+    def same(ra: Record, rb: Record) -> bool:
+        found = compare(ra, rb, ignore)
+        return not found.differ and not found.one_only
+    return same
