@@ -31,7 +31,10 @@ from .state import dtype_name
 __all__ = ["digest", "state_digests"]
 
 HEX = 16                                  # hex digits kept: 64 bits, collisions out of reach
-DEFAULT = True          # the manager's ``digests=``: decided by benchmarks/digests_bench.py
+# The manager's ``digests=``: off, for they cost about 3 % of a tiny-config step (0.4 ms, most of
+# it the caches the training step leaves cold), over the 1 % a default may cost
+# (benchmarks/digests_bench.py, benchmarks/results/digests.json).
+DEFAULT = False
 BUILT_IN = ("python", "numpy", "torch")   # the process's own RNGs: "rng.python", ...
 
 
@@ -92,11 +95,14 @@ def _array(t: torch.Tensor) -> np.ndarray:
 def state_digests(*, optimizer: torch.optim.Optimizer, pieces: Iterable[tuple[str, Any]],
                   generators: Mapping[str, Any], scaler: Any, step: int) -> dict[str, Any]:
     """Every component of a step record's ``state`` (spec/RUN.md §3.9), as the state stands now:
-    the RNGs, each piece's ``state_dict()`` (``scheduler``, ``amp.scaler``, ``state.NAME``), each
-    param group's lr, the optimizer's step and the GradScaler's scale."""
+    the RNGs, each piece's ``state_dict()`` (``scheduler``, ``amp.scaler``, ``state.NAME``; one
+    with a ``digest_every`` of N only at steps that are multiples of N), each param group's lr,
+    the optimizer's step and the GradScaler's scale."""
     out = rng_digests(generators)
     scaler_state = None
     for piece, obj in pieces:
+        if step % every(piece, obj):
+            continue                 # an expensive state_dict, digested every N steps only
         state = obj.state_dict()
         out[piece] = digest(state)
         if obj is scaler:
@@ -129,6 +135,16 @@ def rng_digests(generators: Mapping[str, Any]) -> dict[str, str]:
         else:
             out[generator_key(name)] = digest(gen.get_state())
     return out
+
+
+def every(piece: str, obj: Any) -> int:
+    """How often ``obj``'s state is digested: its ``digest_every`` (a loader whose ``state_dict``
+    asks each worker process for its state), every step without one."""
+    n = getattr(obj, "digest_every", 1)
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+        raise ValueError(f"{piece}.digest_every must be a positive integer (digest its state every N steps), "
+                         f"got {n!r}")
+    return n
 
 
 def generator_key(name: str) -> str:

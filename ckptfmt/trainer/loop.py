@@ -21,6 +21,7 @@ import sys
 import time
 from typing import Any, Callable
 
+import numpy as np
 import torch
 
 from .. import fingerprint
@@ -33,6 +34,7 @@ from ..run.storerun import open_run
 from ..run.history import encode_float
 from ..run.signals import Flags
 from ..torch import CheckpointManager, ranks
+from ..torch.digests import DEFAULT as DIGESTS
 from ..torch.distributed import any_rank, mean_over_ranks, rank_world
 from . import checkpointing, determinism
 from . import config as cfgmod
@@ -67,7 +69,7 @@ class Trainer:
                  omit_rng_restore: bool = False, log_every: int = 50, flags: Flags | None = None,
                  parallel: str = "ddp", mirror: str | None = None, allow_nonfinite: bool = False,
                  force_nonfinite_at: int | None = None, log: Callable[[str], None] | None = None,
-                 allow_device_change: bool = False, memory_every: int | None = None):
+                 allow_device_change: bool = False, memory_every: int | None = None, digests: bool = DIGESTS):
         self.cfg, self.sample_every = cfg, sample_every
         self.flags = flags if flags is not None else Flags()    # set by signals (``ckptfmt train``)
         self.saving = saving or SavePolicy(every=checkpoint_every or None)     # when the manager saves
@@ -84,6 +86,7 @@ class Trainer:
         self.device = rank_device(pick_device(device))
         self.amp = ("bf16" if self.device.type == "cuda" else "none") if amp == "auto" else amp
         self.parallel, self.async_save, self.mirror, self.memory_every = parallel, async_save, mirror, memory_every
+        self.digests = digests                   # the history's state digests (spec/RUN.md §3.9)
         self.mgr: CheckpointManager | None = None
         self.pivot = False                       # set when a resume finds a pivot record
         self.provenance: dict[str, Any] | None = None
@@ -97,6 +100,7 @@ class Trainer:
         torch.set_num_threads(cfg.threads)
         self.kernels = determinism.apply(self.device)
         random.seed(cfg.seed)
+        np.random.seed(cfg.seed)   # never drawn from, but saved and digested (RUN.md §3.9): not two states for one config
         torch.manual_seed(cfg.seed)
         self.sources = corpus(cfg.corpus_bytes)
         self.data = DataStream(self.sources, cfg.sources, cfg.ctx, cfg.seed + 7 * self.rank)
@@ -113,7 +117,7 @@ class Trainer:
             self.run, self.model, self.opt, self.sched, self.scaler,
             state={"data": checkpointing.DataState(self), "bandit": self.bandit_state},
             generators={"bandit": self.bandit.rng}, saving=self.saving, retention=self.retention,
-            async_save=self.async_save, memory_every=self.memory_every,
+            async_save=self.async_save, memory_every=self.memory_every, digests=self.digests,
             handle_signals=False, lock=False, config=cfg.to_dict(), log=self.log, mirror=self.mirror,
             manifest_fields=self.facts, on_restore=self._check_resume, on_commit=self._after_commit,
             upgrade=checkpointing.upgrade)
