@@ -12,7 +12,7 @@ trainer contract, without summary.json: the run's history is what is compared)::
 The loop: a ``two_layer()`` model (tests/models.py) under AdamW and an ExponentialLR, every step a
 batch of 4 of 24 rows chosen by a sampler whose position is ``state.data``, input noise from
 torch's RNG and target noise from a NumPy generator registered as ``noise``; a generation every
-step, all kept.
+step, all kept; the state digests on (spec/RUN.md §3.9).
 """
 from __future__ import annotations
 
@@ -88,7 +88,7 @@ def train(run, until: int, *, bug: str | None = None, stop_at: int | None = None
     noise = np.random.default_rng(1)
     mgr = CheckpointManager(run, model, opt, sched, state={} if bug == "dataloader-without-state" else {"data": data},
                             generators={} if bug == "unregistered-generator" else {"noise": noise},
-                            every=1, keep_last=None, handle_signals=False)
+                            every=1, keep_last=None, handle_signals=False, digests=True)
     start = mgr.restore(resume, restore_rng=restore_rng)
     ema = _after_restore(bug, model, opt, start)
     if bug == "scheduler-after-restore":        # a warm-up, built once the optimizer is restored

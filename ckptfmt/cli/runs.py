@@ -228,7 +228,8 @@ def fork(run: str, dest: str, step: int, as_json: bool) -> None:
 @click.argument("run_a", type=click.Path())
 @click.argument("run_b", type=click.Path())
 @click.option("--ignore", "ignore", multiple=True, metavar="FIELD",
-              help="Leave this field of the step records out of the comparison (a metric that measures time). Repeatable.")
+              help="Leave this field of the step records (a metric that measures time) or this state digest "
+              "(rng.numpy) out of the comparison. Repeatable.")
 @json_option
 @guarded
 def bisect(run_a: str, run_b: str, ignore: tuple[str, ...], as_json: bool) -> None:

@@ -3,8 +3,8 @@
 ``bisect`` names the first piece of state in which a resumed run parts from a straight one (the
 history's per-step state digests, then the generations' tensors). This table is what each piece
 usually means: the one place its words come from (spec/RUN.md §6.5 shows the same table; a test
-holds the two together). Each row's ``component`` is a pattern: ``<i>``, ``<name>`` and ``<g>``
-stand for a device index, a registered name and a param group.
+holds the two together). Each row's ``component`` is a pattern: ``I``, ``G`` and ``NAME`` stand
+for a device index, a param group and a name (spec/RUN.md §3.9 names the components so).
 
 Pieces are ordered by what feeds what within a step: the RNGs and the data position are drawn
 from first, the optimizer's lr, step and scaler act on the update, the scheduler steps after it,
@@ -37,18 +37,18 @@ TABLE: tuple[Cause, ...] = (
           "`mgr.restore()`; a shuffling DataLoader without state whose iterator is made again mid-epoch "
           "(its new order's seed is drawn from this RNG, where the straight run drew nothing); a module "
           "built after restore (its initialisation draws)"),
-    Cause("rng.cuda.<i>", "the RNG of CUDA device `<i>`",
+    Cause("rng.cuda.I", "the RNG of CUDA device `I`",
           "a `torch.cuda.manual_seed(_all)` (or a `set_seed`) after `mgr.restore()`; a resume on another "
           "number of devices; a CUDA kernel that draws (dropout) run once more or once less at resume"),
-    Cause("rng.<name>", "the registered generator `<name>`",
+    Cause("rng.NAME", "the registered generator `NAME`",
           "something reseeded or drew from it after restore: a loader's iterator made again mid-epoch with "
           "`generator=` this one, a `manual_seed`/`default_rng` on it after restore, or another object given "
           "under this name than the one the loop draws from"),
-    Cause("state.<name>", "the state object `<name>` (its `state_dict()`)",
+    Cause("state.NAME", "the state object `NAME` (its `state_dict()`)",
           "its `load_state_dict` does not put back what its `state_dict` gave (a data cursor off by one: "
           "the saved step's batch skipped or read again), the loop moves or resets it after restore, or the "
           "object given to the manager is not the one the loop uses"),
-    Cause("lr.<g>", "the learning rate of param group `<g>`",
+    Cause("lr.G", "the learning rate of param group `G`",
           "the scheduler was built after `optimizer.load_state_dict` or after `mgr.restore()` (a new scheduler "
           "starts its schedule again and writes its first lr), or is not given to the manager; the lr was set "
           "by hand after restore (a config value or a warm-up written into `param_groups`)"),
@@ -69,7 +69,7 @@ TABLE: tuple[Cause, ...] = (
           "the loss differs while every digested piece is identical: the weights as the step found them "
           "(changed after restore), a generator the loop draws from but did not register (`generators=`), a "
           "state object not given (`state=`), an EMA or other copy of the model kept outside the state"),
-    Cause("metric.<name>", "the metric `<name>`",
+    Cause("metric.NAME", "the metric `NAME`",
           "it differs while the loss and every digested piece are identical: it is computed from something "
           "outside the checkpoint: an EMA or averaged copy of the model kept outside the state (give it as "
           "`state=`), an evaluation drawn from a generator not registered"),
@@ -96,22 +96,23 @@ TABLE: tuple[Cause, ...] = (
     Cause("step", "a step recorded by one run only",
           "one run stopped earlier, or a resume skipped or repeated a step (a loop that starts again at the "
           "restored step, or one after the next)"),
-    Cause("recorded", "a piece recorded by one run only",
-          "the two loops do not give the manager the same pieces (`state=`, `generators=`, a scheduler, a "
-          "scaler), or one ran on other devices"),
 )
 
-_ORDER = ("rng.python", "rng.numpy", "rng.torch", "rng.cuda.<i>", "rng.<name>", "state.<name>", "lr.<g>",
-          "optimizer.step", "amp.scale", "amp.scaler", "scheduler", "undigested", "loss", "metric.<name>",
-          "m", "v", "weights", "companion", "step", "recorded")
+_ORDER = ("rng.python", "rng.numpy", "rng.torch", "rng.cuda.I", "rng.NAME", "state.NAME", "lr.G",
+          "optimizer.step", "amp.scale", "amp.scaler", "scheduler", "undigested", "loss", "metric.NAME",
+          "m", "v", "weights", "companion", "step")
 
 
-PLACES = ("<i>", "<g>", "<name>")
+PLACES = {"I": r"\d+", "G": r"\d+", "NAME": r".+"}
 
 
 def _pattern(component: str) -> "re.Pattern[str]":
-    return re.compile(re.escape(component).replace("<i>", r"(?P<x>\d+)").replace("<g>", r"(?P<x>\d+)")
-                      .replace("<name>", r"(?P<x>.+)") + r"\Z")
+    """A row's component as a regular expression: its last part, where it is a placeholder, as
+    the group ``x`` (``rng.NAME`` takes ``rng.generators.noise`` too)."""
+    prefix, _, last = component.rpartition(".")
+    if last not in PLACES:
+        return re.compile(re.escape(component) + r"\Z")
+    return re.compile(re.escape(prefix + ".") + f"(?P<x>{PLACES[last]})" + r"\Z")
 
 
 _ROWS = [(row, _pattern(row.component)) for row in TABLE]
@@ -142,11 +143,13 @@ def rank(component: str) -> tuple[int, str]:
 def described(component: str) -> tuple[str, str]:
     """(what it is, its likely causes) for one component, its name or index put in."""
     row, name = _match(component)
+    if row.component == "rng.NAME" and name is not None and name.startswith("generators."):
+        name = name[len("generators."):]          # a name that would hide a built-in RNG's (§3.9)
     put = lambda text: text if name is None else _put(text, name)  # noqa: E731
     return put(row.what), put(row.causes)
 
 
 def _put(text: str, name: str) -> str:
     for place in PLACES:
-        text = text.replace(place, name)
+        text = text.replace(f"`{place}`", f"`{name}`")
     return text

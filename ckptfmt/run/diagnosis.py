@@ -18,7 +18,7 @@ import numpy as np
 
 from ..generation import Generation
 from . import causes
-from .divergence import Comparison, Parting, compare
+from .divergence import Comparison, Parting, Records
 
 SHOWN = 6          # tensors named per region in a message (the JSON lists them all)
 MOMENTS_FIRST = ("m", "v", "weights")   # a step's update reads the moments: they name the cause first
@@ -64,18 +64,21 @@ def _companion_differs(fa: Any, fb: Any) -> list[str]:
 
 
 def diagnose(parted: Parting, gens: tuple[dict[int, Generation], dict[int, Generation]],
-             first_gen: int | None, resumes: tuple[list[int], list[int]], ignore: tuple[str, ...] = ()) -> dict[str, Any]:
+             first_gen: int | None, resumes: tuple[list[int], list[int]], records: Records) -> dict[str, Any]:
     """The diagnosis of ``bisect``: ``step`` (None: identical), ``component`` (the piece named),
     ``differ`` / ``equal`` / ``one_only`` (the components of that step's records), ``tensors``
     (region -> parameter names, where a generation at that step differs), ``before`` (the newest
-    common generation before the step, identical), ``what``, ``causes`` and ``message``."""
+    common generation before the step, identical), ``what``, ``causes`` and ``message``;
+    ``from_start``: the digests left out, as they differ from the runs' first record on."""
     steps = [s for s in (parted.step, first_gen) if s is not None]
+    from_start = records.from_start or []
     if not steps:
-        return {"step": None, "component": None, "message": "identical"}
+        return {"step": None, "component": None, "from_start": from_start, "message": "identical" + _from_start(from_start)}
     step = min(steps)
     common = sorted(set(gens[0]) & set(gens[1]))
     before = max((s for s in common if s < step), default=None)
-    out: dict[str, Any] = {"step": step, "before": before, "differ": [], "equal": [], "one_only": [], "tensors": {}}
+    out: dict[str, Any] = {"step": step, "before": before, "differ": [], "equal": [], "one_only": [], "tensors": {},
+                           "from_start": from_start}
     if first_gen == step:
         out["tensors"] = differing_tensors(gens[0][step], gens[1][step])
     if parted.step == step and (parted.a is None or parted.b is None):
@@ -83,7 +86,7 @@ def diagnose(parted: Parting, gens: tuple[dict[int, Generation], dict[int, Gener
         out["only_in"] = "a" if parted.b is None else "b"
     else:
         pair = (parted.a, parted.b) if parted.step == step else parted.watched
-        found = compare(*pair, ignore) if None not in pair else Comparison()
+        found = records.compare(*pair) if None not in pair else Comparison()
         out.update(differ=found.differ, equal=found.equal, one_only=found.one_only)
         out["component"] = _named(found, out["tensors"])
     out["what"], out["causes"] = causes.described(out["component"])
@@ -94,18 +97,16 @@ def diagnose(parted: Parting, gens: tuple[dict[int, Generation], dict[int, Gener
 
 def _named(found: Comparison, tensors: dict[str, list[str]]) -> str:
     """The piece a step's differences name first: a digest that differs (the earliest in the
-    order of ``causes.rank``), else one recorded by one run only, else what no digest covers
-    (the loss differs), else a metric, else the first region of a generation that differs."""
+    order of ``causes.rank``), else what no digest covers (the loss differs), else a metric,
+    else the first region of a generation that differs."""
     state = found.state_differs()
     if state:
         return state[0]
-    if found.one_only:
-        return "recorded"
     if "loss" in found.differ:
         return "undigested" if found.digested else "loss"
     if found.differ:
         return found.differ[0]
-    return next(r for r in (*MOMENTS_FIRST, "companion") if r in tensors)
+    return next((r for r in (*MOMENTS_FIRST, "companion") if r in tensors), "weights")
 
 
 def message(d: dict[str, Any]) -> str:
@@ -128,12 +129,20 @@ def message(d: dict[str, Any]) -> str:
                 else "no generation of both runs before it to compare")
     if d["one_only"]:
         said.append(f"recorded by one run only: {', '.join(d['one_only'])}")
+    said[-1] += _from_start(d["from_start"])
     if d["equal"]:
         said.append(f"identical: {', '.join(d['equal'])}")
     resumed = [f"{run.upper()} resumed at step {s[-1]}" for run, s in d["resumed"].items() if s]
     if resumed:
         said.append(", ".join(resumed))
     return "; ".join(said) + f" -> {d['what']}: {d['causes']}"
+
+
+def _from_start(names: list[str]) -> str:
+    if not names:
+        return ""
+    return (f" ({', '.join(names)} differ{'s' * (len(names) == 1)} from the first record on: a difference of the runs "
+            "(an RNG neither seeds), not of a resume: left out)")
 
 
 def _names(region: str, names: list[str]) -> str:

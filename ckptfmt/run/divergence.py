@@ -97,9 +97,10 @@ class Comparison:
 
 def compare(ra: Record, rb: Record, ignore: Iterable[str] = ()) -> Comparison:
     """What differs between two records of one step. An output (loss, metric) one of them lacks
-    differs; a digest one of them lacks is ``one_only``; where either recorded no digests at all,
-    the digests are not compared (a writer that records none, or records them off). The record
-    fields in ``ignore`` are left out."""
+    differs; a digest one of them lacks is ``one_only``, not recorded there, never a difference
+    (a state object digested every N steps, a piece added at a pivot: spec/RUN.md §3.9); where
+    either recorded no digests at all, the digests are not compared. The record fields and
+    components in ``ignore`` are left out."""
     out = Comparison()
     oa, ob = outputs(ra, ignore), outputs(rb, ignore)
     for name in set(oa) | set(ob):
@@ -107,7 +108,7 @@ def compare(ra: Record, rb: Record, ignore: Iterable[str] = ()) -> Comparison:
     sa, sb = states(ra), states(rb)
     if sa is not None and sb is not None:
         out.digested = True
-        for name in set(sa) | set(sb):
+        for name in (set(sa) | set(sb)) - set(ignore):
             if name not in sa or name not in sb:
                 out.one_only.append(name)
             else:
@@ -117,11 +118,26 @@ def compare(ra: Record, rb: Record, ignore: Iterable[str] = ()) -> Comparison:
     return out
 
 
-def same_records(ignore: Iterable[str] = ()) -> Callable[[Record, Record], bool]:
-    """Whether two records of a step agree in everything but their clock and ``ignore``."""
-    ignore = frozenset(ignore)
+class Records:
+    """How ``bisect`` compares two histories' records of a step: in everything but their clock
+    and the fields or components in ``ignore``, and but the digests that already differ in the
+    runs' first common record while its loss and metrics agree (``from_start``): an RNG neither
+    run seeds (NumPy's global one, seeded from the OS in each process) differs from the first
+    record on, a difference of the runs, not of a resume (spec/RUN.md §3.9, §6.5)."""
 
-    def same(ra: Record, rb: Record) -> bool:
-        found = compare(ra, rb, ignore)
-        return not found.differ and not found.one_only
-    return same
+    def __init__(self, ignore: Iterable[str] = ()):
+        self.ignore = frozenset(ignore)
+        self.from_start: list[str] | None = None        # decided at the first common record
+
+    def compare(self, ra: Record, rb: Record) -> Comparison:
+        """``compare`` of the two records, leaving out what this comparison leaves out."""
+        return compare(ra, rb, self.ignore | set(self.from_start or ()))
+
+    def same(self, ra: Record, rb: Record) -> bool:
+        """Whether two records of a step agree (the walk's ``same``)."""
+        found = self.compare(ra, rb)
+        if self.from_start is None:
+            outputs_differ = len(found.state_differs()) < len(found.differ)
+            self.from_start = [] if outputs_differ else found.state_differs()
+            found = self.compare(ra, rb)
+        return not found.differ

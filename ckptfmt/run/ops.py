@@ -288,8 +288,8 @@ def bisect(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]",
     companion; ``content.same``: a ``.bin`` and the same generation sharded are identical), the
     first step at which their histories' step records differ (loss, metrics, state digests), and
     ``diagnosis``: which piece of state differs first there and its likely causes
-    (``diagnosis.diagnose``, spec/RUN.md §6.5); the record fields in ``ignore`` (a metric that
-    measures time) are not compared. Either may be a URL (a run on object storage: its
+    (``diagnosis.diagnose``, spec/RUN.md §6.5); the record fields and digests in ``ignore`` (a
+    metric that measures time) are not compared. Either may be a URL (a run on object storage: its
     manifests read there, its history's segments joined)."""
     runs = [open_run(path) for path in (path_a, path_b)]
     found = [content.committed(run) for run in runs]
@@ -297,12 +297,12 @@ def bisect(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]",
     first_gen = next((s for s in common if not content.same(found[0][s], found[1][s])), None)
     last_same = max((s for s in common if first_gen is None or s < first_gen), default=None)
     plans = [timeline.plan(run.history.source, events=("resume",)) for run in runs]
-    parted = divergence.walk(plans[0].records(), plans[1].records(), divergence.same_records(ignore),
-                             watch=first_gen)
+    records = divergence.Records(ignore)
+    parted = divergence.walk(plans[0].records(), plans[1].records(), records.same, watch=first_gen)
     found_gens = ({s: r.gen for s, r in found[0].items()}, {s: r.gen for s, r in found[1].items()})
     resumes = tuple([s for _, s in p.events if s > 0] for p in plans)     # a fresh start resumes at 0
     return {"a": str(path_a), "b": str(path_b), "common_generations": common,
             "first_generation_difference": first_gen, "last_identical_generation": last_same,
             "first_history_difference": parted.step, "history_steps": parted.lengths,
             "identical": first_gen is None and parted.step is None,
-            "diagnosis": diagnosis.diagnose(parted, found_gens, first_gen, resumes, ignore)}
+            "diagnosis": diagnosis.diagnose(parted, found_gens, first_gen, resumes, records)}

@@ -107,17 +107,32 @@ def test_the_piece_that_feeds_the_others_is_named_first(tmp_path):
     assert d["differ"] == ["rng.torch", "state.data", "lr.0", "loss"] and d["equal"] == ["scheduler"]
 
 
-def test_a_step_one_run_lacks_a_piece_one_run_records_and_histories_without_digests(tmp_path):
+def test_a_step_one_run_lacks_and_histories_without_digests(tmp_path):
+    """A step only one run has parts them there; a digest only one run records is not recorded
+    there, never a difference (spec/RUN.md §3.9); without digests only the loss says where."""
     d = write_runs(tmp_path / "short", [rec(1), rec(2)], [rec(1)])
     assert (d["step"], d["component"], d["only_in"]) == (2, "step", "a")
     assert d["message"].startswith("step 2: recorded by run A only")
-    d = write_runs(tmp_path / "piece", [rec(1)], [rec(1, **{"rng.noise": "n"})])
-    assert (d["step"], d["component"], d["one_only"]) == (1, "recorded", ["rng.noise"])
+    d = write_runs(tmp_path / "piece", [rec(1), rec(2, loss=2.0)], [rec(1, **{"rng.noise": "n"}), rec(2, **{"rng.noise": "n"})])
+    assert (d["step"], d["component"], d["one_only"]) == (2, "undigested", ["rng.noise"])
     bare = [{"step": 1, "loss": 1.0}, {"step": 2, "loss": 2.0}]
     d = write_runs(tmp_path / "bare", bare, [bare[0], {"step": 2, "loss": 3.0}])
     assert (d["step"], d["component"]) == (2, "loss") and "record digests" in d["causes"]
     d = write_runs(tmp_path / "half", [rec(1), rec(2)], bare)    # one run without digests: not compared
     assert (d["step"], d["component"], d["equal"]) == (2, "loss", [])
+
+
+def test_a_digest_that_differs_from_the_first_record_on_is_the_runs_not_the_resume(tmp_path):
+    """NumPy's global RNG, seeded by neither run, differs in every record while the losses agree:
+    left out (and said), so the runs are identical, and a reseed after a resume is still named."""
+    unseeded = lambda run, recs: [{**r, "state": {**r["state"], "rng.numpy": f"{run}{r['step']}"}} for r in recs]  # noqa: E731
+    same = [rec(1), rec(2), rec(3)]
+    d = write_runs(tmp_path / "same", unseeded("a", same), unseeded("b", same))
+    assert d["step"] is None and d["from_start"] == ["rng.numpy"] and d["message"].startswith("identical (rng.numpy differs")
+    d = write_runs(tmp_path / "reseeded", unseeded("a", same), unseeded("b", [rec(1), rec(2), rec(3, **{"rng.torch": "x"})]))
+    assert (d["step"], d["component"], d["from_start"]) == (3, "rng.torch", ["rng.numpy"])
+    d = write_runs(tmp_path / "drawn", unseeded("a", same), unseeded("b", [rec(1, loss=5.0), rec(2), rec(3)]))
+    assert (d["step"], d["component"], d["from_start"]) == (1, "rng.numpy", [])    # the loop draws from it
 
 
 def test_a_metric_that_measures_time_can_be_left_out(tmp_path):
@@ -134,5 +149,6 @@ def test_the_spec_shows_the_table_the_messages_come_from():
     spec = (ROOT / "spec" / "RUN.md").read_text()
     rows = re.findall(r"^\| `([^`]+)` \| (.+) \| (.+) \|$", spec[spec.index("6.5. **Why two runs part"):], re.M)
     assert rows == [(c.component, c.what, c.causes) for c in causes.TABLE]
-    assert causes.row_of("rng.cuda.0").component == "rng.cuda.<i>" and causes.row_of("rng.noise").component == "rng.<name>"
+    assert causes.row_of("rng.cuda.0").component == "rng.cuda.I" and causes.row_of("rng.noise").component == "rng.NAME"
+    assert causes.described("rng.generators.numpy")[0] == "the registered generator `numpy`"
     assert causes.described("state.data")[0] == "the state object `data` (its `state_dict()`)"
