@@ -16,6 +16,7 @@ from typing import Any
 
 import numpy as np
 
+from ..errors import CheckpointError
 from ..generation import Generation
 from . import causes
 from .divergence import Comparison, Parting, Records
@@ -80,7 +81,10 @@ def diagnose(parted: Parting, gens: tuple[dict[int, Generation], dict[int, Gener
     out: dict[str, Any] = {"step": step, "before": before, "differ": [], "equal": [], "one_only": [], "tensors": {},
                            "from_start": from_start}
     if first_gen == step:
-        out["tensors"] = differing_tensors(gens[0][step], gens[1][step])
+        try:
+            out["tensors"] = differing_tensors(gens[0][step], gens[1][step])
+        except (CheckpointError, OSError) as exc:     # removed by a live run's retention since, damaged
+            out["tensors_problem"] = str(exc)
     if parted.step == step and (parted.a is None or parted.b is None):
         out["component"] = "step"
         out["only_in"] = "a" if parted.b is None else "b"
@@ -125,6 +129,8 @@ def message(d: dict[str, Any]) -> str:
         said[0] += f" (also: {', '.join(also)})"
     if d["tensors"]:
         said.append(f"generation {step} differs in " + "; ".join(_names(r, n) for r, n in d["tensors"].items()))
+    if d.get("tensors_problem"):
+        said.append(f"generation {step}'s tensors not read: {d['tensors_problem']}")
     said.append(f"weights, m and v at step {d['before']} identical" if d["before"] is not None
                 else "no generation of both runs before it to compare")
     if d["one_only"]:
