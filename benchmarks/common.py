@@ -2,10 +2,14 @@
 from __future__ import annotations
 
 import argparse
+import datetime
 import gc
+import json
 import os
 import statistics
+import sys
 import time
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -100,3 +104,17 @@ def size_arguments(doc: str, sizes: str, reps: int, out: str) -> argparse.Argume
     ap.add_argument("--out", default=out)
     ap.add_argument("--table", metavar="JSON", help="Only print the README table of a results file.")
     return ap
+
+
+def header(script: str) -> dict[str, Any]:
+    """What a results file records first: when, the machine's CPU count and the command line."""
+    return {"when": datetime.datetime.now().isoformat(timespec="seconds"), "cpus": os.cpu_count(),
+            "command": " ".join([f"benchmarks/{script}"] + sys.argv[1:])}
+
+
+def finish(result: dict[str, Any], started: float, out: str, table: Callable[[dict[str, Any]], str]) -> int:
+    """The seconds since ``started`` recorded, the results file written, its README table printed."""
+    result["seconds"] = round(time.time() - started, 1)
+    Path(out).write_text(json.dumps(result, indent=1) + "\n")
+    print(table(result))
+    return 0

@@ -9,12 +9,13 @@ One reference trainer (``ckptfmt train``'s loop: ``Trainer.train_step`` then the
 ``step``, which records the history; no saves) of the tiny config on the CPU, warmed up, then
 blocks of ``--block`` steps with the manager's digests on and off in turn (the order flips every
 repetition, so drift hits both alike). Each step is timed alone, whole and its manager part
-(``mgr.step``: the digests, the history's append, the save decision), whose spread is a
-fraction of the whole step's on a shared machine:
+(``mgr.step``: the digests, the history's append, the save decision), by the wall clock and by
+the thread's CPU clock (the tiny config trains on one thread; on a shared machine the CPU clock is
+what other processes leave alone):
 - ``step, digests on`` / ``off``: the whole step, min and median;
-- ``manager's step, digests on`` / ``off``: its manager part; the digests' cost is the
-  difference of the two medians (run right after the training step, with the caches as it leaves
-  them: about three times the time of a warm call);
+- ``manager's step, digests on`` / ``off``: its manager part, whose spread is a fraction of the
+  whole step's; the digests' cost is the difference of the two medians (run right after the
+  training step, with the caches as it leaves them: about three times a warm call);
 - the bytes the ``state`` field adds to a step's line (measured on this run's lines), and at
   200,000 steps (the optimizer's step then has up to 6 digits).
 The default of ``CheckpointManager(digests=...)`` follows: on if they cost at most 1 % of the
@@ -23,7 +24,6 @@ median step.
 from __future__ import annotations
 
 import argparse
-import datetime
 import json
 import os
 import statistics
@@ -35,12 +35,15 @@ from typing import Any
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
+sys.path.insert(0, str(HERE))
+from common import finish, header  # noqa: E402
 
 from ckptfmt.trainer import config as cfgmod  # noqa: E402
 from ckptfmt.trainer.loop import Trainer  # noqa: E402
 
 CONTENDERS = ("step, digests on", "step, digests off")
 MANAGER = tuple(name.replace("step", "manager's step") for name in CONTENDERS)
+CLOCKS = {"wall": time.perf_counter, "cpu": time.thread_time}   # cpu: this thread's, whatever else runs
 COST = "cost (manager's step, median on - off, / median step off)"
 LONG_RUN = 200_000
 
@@ -50,30 +53,33 @@ def stats(samples: list[float]) -> dict[str, float]:
 
 
 def timed_steps(t: Trainer, reps: int, block: int, warmup: int) -> dict[str, dict[str, list[float]]]:
-    """Per contender, seconds of each whole step and of its manager part (``mgr.step`` through
-    the trainer's ``_step``: the digests, the history's append, the save decision)."""
+    """Seconds of each step of each contender and of its manager part (``mgr.step`` through the
+    trainer's ``_step``: the digests, the history's append, the save decision), by the wall clock
+    and by this thread's CPU clock (the tiny config trains on one thread: the figure a shared
+    machine's other processes leave alone)."""
     step, target = 0, 10 ** 9
-    times: dict[str, dict[str, list[float]]] = {k: {"step": [], "manager": []} for k in CONTENDERS}
+    times: dict[str, dict[str, list[float]]] = {name: {clock: [] for clock in CLOCKS}
+                                                for name in (*CONTENDERS, *MANAGER)}
 
-    def one(name: str) -> None:
+    def one(contender: int | None) -> None:
         nonlocal step
         step += 1
-        t.mgr.digests = name == CONTENDERS[0]
-        start = time.perf_counter()
+        t.mgr.digests = contender == 0
+        start = {clock: now() for clock, now in CLOCKS.items()}
         record = t.train_step(step)
         record.pop("ids")
-        trained = time.perf_counter()
+        trained = {clock: now() for clock, now in CLOCKS.items()}
         t._step(step, target, record)
-        end = time.perf_counter()
-        if name in times:
-            times[name]["step"].append(end - start)
-            times[name]["manager"].append(end - trained)
+        end = {clock: now() for clock, now in CLOCKS.items()}
+        for clock in CLOCKS if contender is not None else ():
+            times[CONTENDERS[contender]][clock].append(end[clock] - start[clock])
+            times[MANAGER[contender]][clock].append(end[clock] - trained[clock])
     for _ in range(warmup):
-        one("warm-up")
+        one(None)
     for rep in range(reps):
-        for name in (CONTENDERS if rep % 2 == 0 else CONTENDERS[::-1]):
+        for contender in ((0, 1) if rep % 2 == 0 else (1, 0)):
             for _ in range(block):
-                one(name)
+                one(contender)
     return times
 
 
@@ -108,14 +114,12 @@ def measure(reps: int, block: int, warmup: int) -> dict[str, Any]:
         load_after = os.getloadavg()
         t.close()
         sizes = field_bytes(Path(tmp) / "run" / ".loss.json")
-    out: dict[str, Any] = {}
-    for name in CONTENDERS:
-        out[name] = stats(times[name]["step"])
-    for name, manager in zip(CONTENDERS, MANAGER):
-        out[manager] = stats(times[name]["manager"])
-    off = out[CONTENDERS[1]]["median_ms"]
-    out["cost (median step, on / off - 1)"] = out[CONTENDERS[0]]["median_ms"] / off - 1
-    out[COST] = (out[MANAGER[0]]["median_ms"] - out[MANAGER[1]]["median_ms"]) / off
+    out: dict[str, Any] = {name: {clock: stats(samples) for clock, samples in by_clock.items()}
+                           for name, by_clock in times.items()}
+    for clock in CLOCKS:
+        off = out[CONTENDERS[1]][clock]["median_ms"]
+        out[f"cost (median step, on / off - 1), {clock}"] = out[CONTENDERS[0]][clock]["median_ms"] / off - 1
+        out[f"{COST}, {clock}"] = (out[MANAGER[0]][clock]["median_ms"] - out[MANAGER[1]][clock]["median_ms"]) / off
     out["history"] = sizes
     out["load_before"], out["load_after"] = load_before, load_after
     return out
@@ -124,14 +128,17 @@ def measure(reps: int, block: int, warmup: int) -> dict[str, Any]:
 def table(result: dict[str, Any]) -> str:
     """The markdown table of benchmarks/README.md."""
     r = result["tiny"]
-    rows = ["| | min ms | median ms |", "|---|---|---|"]
+    rows = ["| | min ms, wall | median ms, wall | min ms, CPU | median ms, CPU |", "|---|---|---|---|---|"]
     for name in (*CONTENDERS, *MANAGER):
-        rows.append(f"| {name} | {r[name]['min_ms']:.3f} | {r[name]['median_ms']:.3f} |")
+        rows.append(f"| {name} | " + " | ".join(f"{r[name][clock]['min_ms']:.3f} | {r[name][clock]['median_ms']:.3f}"
+                                                for clock in CLOCKS) + " |")
     h = r["history"]
-    rows += ["", f"Cost: {r[COST] * 100:.2f} % "
-             f"of the median step by the manager's step ({r['cost (median step, on / off - 1)'] * 100:+.2f} % by "
-             f"the whole steps' medians). `state` adds {h['bytes_per_step']:.0f} bytes to a step's line "
-             f"({h['line_bytes_without_state']:.0f} without it), {h['bytes_at_200k_steps'] / 1e6:.1f} MB at 200,000 steps."]
+    rows += ["", "Cost of the digests (the manager's step, median on - off, over the median step off): "
+             + ", ".join(f"{r[f'{COST}, {clock}'] * 100:.2f} % by the {clock} clock" for clock in CLOCKS)
+             + " (" + ", ".join(f"{r[f'cost (median step, on / off - 1), {clock}'] * 100:+.2f} %"
+                                for clock in CLOCKS) + " by the whole steps' medians). "
+             f"`state` adds {h['bytes_per_step']:.0f} bytes to a step's line ({h['line_bytes_without_state']:.0f} "
+             f"without it), {h['bytes_at_200k_steps'] / 1e6:.1f} MB at 200,000 steps."]
     return "\n".join(rows)
 
 
@@ -147,13 +154,8 @@ def main() -> int:
         print(table(json.loads(Path(args.table).read_text())))
         return 0
     started = time.time()
-    result = {"when": datetime.datetime.now().isoformat(timespec="seconds"), "cpus": os.cpu_count(),
-              "command": " ".join(["benchmarks/digests_bench.py"] + sys.argv[1:]),
-              "tiny": measure(args.reps, args.block, args.warmup)}
-    result["seconds"] = round(time.time() - started, 1)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(table(result))
-    return 0
+    result = {**header("digests_bench.py"), "tiny": measure(args.reps, args.block, args.warmup)}
+    return finish(result, started, args.out, table)
 
 
 if __name__ == "__main__":

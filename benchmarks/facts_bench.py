@@ -20,7 +20,6 @@ benchmarks/results/facts.json; the table in benchmarks/README.md comes from it.
 """
 from __future__ import annotations
 
-import datetime
 import json
 import os
 import sys
@@ -30,7 +29,7 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE))
-from common import size_arguments, measure, summary  # noqa: E402
+from common import finish, header, size_arguments, measure, summary  # noqa: E402
 from run import CHUNK, SIZES, build_state, flat_bytes  # noqa: E402
 
 import numpy as np  # noqa: E402
@@ -156,16 +155,12 @@ def main() -> int:
         return 0
     if args.dir:
         os.makedirs(args.dir, exist_ok=True)
-    result = {"when": datetime.datetime.now().isoformat(timespec="seconds"), "cpus": os.cpu_count(),
-              "command": " ".join(["benchmarks/facts_bench.py"] + sys.argv[1:]), "sizes": {}}
+    result = {**header("facts_bench.py"), "sizes": {}}
     started = time.time()
     for label in args.sizes.split(","):
         result["sizes"][label] = row = measure_size(label, args.reps, args.dir)
         print(label, json.dumps(row, indent=1), flush=True)
-    result["seconds"] = round(time.time() - started, 1)
-    Path(args.out).write_text(json.dumps(result, indent=1) + "\n")
-    print(table(result))
-    return 0
+    return finish(result, started, args.out, table)
 
 
 if __name__ == "__main__":
