@@ -227,22 +227,27 @@ def fork(run: str, dest: str, step: int, as_json: bool) -> None:
 @main.command()
 @click.argument("run_a", type=click.Path())
 @click.argument("run_b", type=click.Path())
+@click.option("--ignore", "ignore", multiple=True, metavar="FIELD",
+              help="Leave this field of the step records (a metric that measures time) or this state digest "
+              "(rng.numpy) out of the comparison. Repeatable.")
 @json_option
 @guarded
-def bisect(run_a: str, run_b: str, as_json: bool) -> None:
-    """First step where two runs' generations or loss histories differ (exit 1 if any).
-    Generations are compared by content (step, weights, m, v, companion): a .bin and the same
-    generation sharded are identical. Either run may be a URL (a run written straight to object
-    storage)."""
+def bisect(run_a: str, run_b: str, ignore: tuple[str, ...], as_json: bool) -> None:
+    """First step where two runs' generations or histories differ (exit 1 if any), and why: the
+    first piece of state that differs there (the histories' state digests, then the generations'
+    tensors by parameter name), what is identical, and that piece's likely causes. Generations
+    are compared by content (step, weights, m, v, companion): a .bin and the same generation
+    sharded are identical. Either run may be a URL (a run written straight to object storage)."""
     from ..run.ops import bisect as run_bisect  # lazy: keeps `ckptfmt --help` fast
-    data = run_bisect(run_a, run_b)
+    data = run_bisect(run_a, run_b, ignore)
     emit(data, as_json, _print_bisect)
     if not data["identical"]:
         sys.exit(EXIT_DEFECT)
 
 
 def _print_bisect(d: dict) -> None:
-    """Steps in words: "identical" or "first differ at step N", never "step None"."""
+    """Steps in words: "identical" or "first differ at step N", never "step None"; then the
+    diagnosis in one line."""
     def at(step: int | None, what: str) -> str:
         return f"{what}: identical" if step is None else f"{what}: first differ at step {step}"
     gens = at(d["first_generation_difference"], "generations")
@@ -251,6 +256,7 @@ def _print_bisect(d: dict) -> None:
     elif d["last_identical_generation"] is not None and d["first_generation_difference"] is not None:
         gens += f" (last identical: step {d['last_identical_generation']})"
     click.echo(f"{gens}; {at(d['first_history_difference'], 'history')}")
+    click.echo(d["diagnosis"]["message"])
 
 
 # ---------------------------------------------------------------- plot

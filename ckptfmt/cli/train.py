@@ -73,7 +73,10 @@ def _print_verification(r: dict) -> None:
 
 def _why(check: dict) -> str:
     """What a deviation alone does not say: the first structural difference or non-finite value
-    (seed 001: the comparison reports them rather than accept an unusable output)."""
+    (seed 001: the comparison reports them rather than accept an unusable output), or the first
+    step at which a recorded digest differs (a loop's run compared by its history)."""
+    if check.get("first_difference") is not None:
+        return f"; first at step {check['first_difference']}"
     for kind in ("structural", "non_finite"):
         found = check.get(kind) or []
         if found:

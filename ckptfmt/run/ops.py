@@ -7,7 +7,7 @@ import shutil
 import time
 import warnings
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Any, Callable
 
 from .. import atomic, fsio, kinds
 from .. import format as fmt
@@ -15,7 +15,7 @@ from .. import manifest as mf
 from ..errors import (CheckpointError, DestinationExistsError, GenerationNotFoundError,
                       NoValidGenerationError, SidecarError)
 from . import history as hist
-from . import content, mirrors, ramdirs, roots, tiers, timeline
+from . import content, diagnosis, divergence, mirrors, ramdirs, roots, tiers, timeline
 from .directory import Run
 from .storefork import fork_to_store
 from .storerun import open_run
@@ -282,47 +282,27 @@ def _fork_into(run: Run, gen: Generation, dest: Path) -> dict[str, Any]:
     return {"dest": str(dest), "step": step, "blake3": doc["blake3"], "history_records": upto}
 
 
-def bisect(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]") -> dict[str, Any]:
+def bisect(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]",
+           ignore: tuple[str, ...] = ()) -> dict[str, Any]:
     """First step at which two runs' common generations differ in content (step, weights, m, v,
-    companion; ``content.same``: a ``.bin`` and the same generation sharded are identical), and
-    the first step at which their loss histories differ. Either may be a URL (a run on object
-    storage: its manifests read there, its history's segments joined)."""
+    companion; ``content.same``: a ``.bin`` and the same generation sharded are identical), the
+    first step at which their histories' step records differ (loss, metrics, state digests), and
+    ``diagnosis``: which piece of state differs first there and its likely causes
+    (``diagnosis.diagnose``, spec/RUN.md §6.5); the record fields and digests in ``ignore`` (a
+    metric that measures time) are not compared. Either may be a URL (a run on object storage: its
+    manifests read there, its history's segments joined)."""
     runs = [open_run(path) for path in (path_a, path_b)]
     found = [content.committed(run) for run in runs]
     common = sorted(set(found[0]) & set(found[1]))
     first_gen = next((s for s in common if not content.same(found[0][s], found[1][s])), None)
     last_same = max((s for s in common if first_gen is None or s < first_gen), default=None)
-    first_hist, lengths = first_loss_difference(*(timeline.canonical(run.history.source) for run in runs))
+    plans = [timeline.plan(run.history.source, events=("resume",)) for run in runs]
+    records = divergence.Records(ignore)
+    parted = divergence.walk(plans[0].records(), plans[1].records(), records.same, watch=first_gen)
+    found_gens = ({s: r.gen for s, r in found[0].items()}, {s: r.gen for s, r in found[1].items()})
+    resumes = tuple([s for _, s in p.events if s > 0] for p in plans)     # a fresh start resumes at 0
     return {"a": str(path_a), "b": str(path_b), "common_generations": common,
             "first_generation_difference": first_gen, "last_identical_generation": last_same,
-            "first_history_difference": first_hist, "history_steps": lengths,
-            "identical": first_gen is None and first_hist is None}
-
-
-def first_loss_difference(a: Iterable[dict[str, Any]], b: Iterable[dict[str, Any]]) -> tuple[int | None, list[int]]:
-    """The first step at which two canonical histories (records in step order) differ in their
-    loss, and the number of steps of each. A step that only one of them has differs; a record
-    without a loss has None, as ``record.get("loss")`` gives; a NaN differs from everything.
-    Both are walked to their end, holding one record of each."""
-    ia, ib = iter(a), iter(b)
-    ra, rb = next(ia, None), next(ib, None)
-    first, na, nb = None, 0, 0
-    while ra is not None and rb is not None:
-        sa, sb = ra["step"], rb["step"]
-        if sa == sb:                       # the usual case: both runs logged the step
-            if first is None and ra.get("loss") != rb.get("loss"):
-                first = sa
-            na, nb = na + 1, nb + 1
-            ra, rb = next(ia, None), next(ib, None)
-        elif sa < sb:
-            first = sa if first is None else first
-            na, ra = na + 1, next(ia, None)
-        else:
-            first = sb if first is None else first
-            nb, rb = nb + 1, next(ib, None)
-    rest = ra if ra is not None else rb
-    if rest is not None and first is None:
-        first = rest["step"]
-    na += 0 if ra is None else 1 + sum(1 for _ in ia)
-    nb += 0 if rb is None else 1 + sum(1 for _ in ib)
-    return first, [na, nb]
+            "first_history_difference": parted.step, "history_steps": parted.lengths,
+            "identical": first_gen is None and parted.step is None,
+            "diagnosis": diagnosis.diagnose(parted, found_gens, first_gen, resumes, records)}

@@ -14,24 +14,28 @@ write {output}/summary.json::
      "checkpoint": "file name of the checkpoint it saved, inside {output}",
      "final": {"step": ..., "parameters": ..., "optimizer": ..., "scheduler": ...,
                "progress": ..., "next_draws": {...}, "eval": {...}}}       # nested numbers
+
+A loop on ``CheckpointManager`` may write no summary.json: its run directory {output} is its
+record (``records``): the history's step records (loss, metrics, the state digests of spec/RUN.md
+§3.9) are compared component by component, and the newest generations' weights, m and v.
 """
 from __future__ import annotations
 
 import json
-import math
 import platform
 import shlex
 import signal
 import subprocess
 import sys
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from .. import fingerprint
 from ..errors import CheckpointError
 from ..run.ops import fork
+from . import records
+from .deviation import Deviation, compare
 
 MINI = f"{shlex.quote(sys.executable)} -B -m ckptfmt.trainer.mini --steps {{steps}} --output {{output}} {{resume}} {{omit_rng}}"
 TIMEOUT = 600
@@ -39,45 +43,6 @@ TIMEOUT = 600
 
 class VerifyIncomplete(Exception):
     """The protocol could not complete (exit 2)."""
-
-
-@dataclass
-class Deviation:
-    """How far a resumed run's values are from the continuous run's, and what differs in kind."""
-    max_abs: float = 0.0
-    structural: list[str] = field(default_factory=list)
-    non_finite: list[str] = field(default_factory=list)
-
-    def ok(self, atol: float, rtol_hit: bool) -> bool:
-        """Within tolerance and nothing differs in structure or finiteness."""
-        return not self.structural and not self.non_finite and not rtol_hit and self.max_abs <= atol
-
-
-def compare(a: Any, b: Any, path: str, dev: Deviation, atol: float, rtol: float) -> bool:
-    """Walk two JSON trees; numbers by |a-b| <= atol + rtol|b|; anything else must be equal.
-    Returns True when some element exceeds the tolerance."""
-    if isinstance(a, bool) or isinstance(b, bool) or isinstance(a, str) or a is None:
-        if a != b:
-            dev.structural.append(f"{path}: {a!r} != {b!r}")
-        return False
-    if isinstance(a, (int, float)) and isinstance(b, (int, float)):
-        if not (math.isfinite(a) and math.isfinite(b)):
-            dev.non_finite.append(path)
-            return True
-        d = abs(a - b)
-        dev.max_abs = max(dev.max_abs, d)
-        return d > atol + rtol * abs(b)
-    if isinstance(a, list) and isinstance(b, list):
-        if len(a) != len(b):
-            dev.structural.append(f"{path}: length {len(a)} != {len(b)}")
-            return False
-        return any([compare(x, y, f"{path}[{i}]", dev, atol, rtol) for i, (x, y) in enumerate(zip(a, b))])
-    if isinstance(a, dict) and isinstance(b, dict):
-        if set(a) != set(b):
-            dev.structural.append(f"{path}: keys differ: {sorted(set(a) ^ set(b))}")
-        return any([compare(a[k], b[k], f"{path}.{k}", dev, atol, rtol) for k in sorted(set(a) & set(b))])
-    dev.structural.append(f"{path}: {type(a).__name__} vs {type(b).__name__}")
-    return False
 
 
 def check_pair(reference: dict[str, Any], candidate: dict[str, Any], cut: int,
@@ -146,16 +111,29 @@ class Protocol:
             raise VerifyIncomplete(f"{name} run exited {proc.returncode}: {tail[0]}")
 
     def _summary(self, output: Path) -> dict[str, Any]:
+        """The run's summary.json; without one, the run directory a loop on the manager left
+        there (``records.summary_of_run``: its history and newest generation)."""
         path = output / "summary.json"
+        if not path.exists() and records.has_run(output):
+            summary = records.summary_of_run(output)
+            if summary["checkpoint"] is None:
+                raise VerifyIncomplete(f"{output}: the run committed no generation (the trainer contract: save one)")
+        else:
+            summary = self._summary_json(path)
+        ckpt = output / summary["checkpoint"]
+        summary["checkpoint_blake3"] = fingerprint.of_file(ckpt) if ckpt.is_file() else None
+        return summary
+
+    @staticmethod
+    def _summary_json(path: Path) -> dict[str, Any]:
         try:
             summary = json.loads(path.read_text())
         except (OSError, ValueError) as exc:
-            raise VerifyIncomplete(f"{path}: cannot read the run's summary: {exc}") from None
+            raise VerifyIncomplete(f"{path}: cannot read the run's summary: {exc} (a loop on the manager may write "
+                                   "none: then its run's history, .loss.json, is read)") from None
         for key in ("steps", "final", "checkpoint"):
             if key not in summary:
                 raise VerifyIncomplete(f"{path}: summary lacks '{key}' (see the trainer contract)")
-        ckpt = output / summary["checkpoint"]
-        summary["checkpoint_blake3"] = fingerprint.of_file(ckpt) if ckpt.is_file() else None
         return summary
 
     def run_template(self) -> dict[str, dict[str, Any]]:
@@ -224,12 +202,10 @@ class Protocol:
     def verdict(self, runs: dict[str, dict[str, Any]]) -> dict[str, Any]:
         """Positive (the resume matches) and negative (without RNG it diverges) checks of ``runs``."""
         cont = runs["continuous"]
-        prefix = {"steps": [s for s in cont["steps"] if s["step"] <= self.cut],
-                  "final": {}}
-        cut_check = check_pair({"steps": prefix["steps"], "final": {}},
-                               {"steps": runs["cut"]["steps"], "final": {}}, 0, self.atol, self.rtol)
-        positive = check_pair(cont, runs["resume"], self.cut, self.atol, self.rtol)
-        negative = check_pair(cont, runs["resume-without-rng"], self.cut, self.atol, self.rtol)
+        check = self._checker(runs)
+        cut_check = check(cont, runs["cut"], 0, final=False, upto=self.cut)
+        positive = check(cont, runs["resume"], self.cut)
+        negative = check(cont, runs["resume-without-rng"], self.cut)
         pos_ok = all(c["ok"] for c in positive.values()) and all(c["ok"] for c in cut_check.values())
         neg_structural = any(c["structural"] or c["non_finite"] for c in negative.values())
         neg_diverged = not neg_structural and any(not c["ok"] for c in negative.values())
@@ -250,6 +226,24 @@ class Protocol:
         }
         (self.out / "verification.json").write_text(json.dumps(result, indent=1))
         return result
+
+    def _checker(self, runs: dict[str, dict[str, Any]]):
+        """The checks of one run against the continuous one, from summaries (``check_pair``) or
+        from run directories (``records.check_records``) when every run left one and no summary."""
+        by_history = all("records" in r for r in runs.values())
+        if any("records" in r for r in runs.values()) and not by_history:
+            raise VerifyIncomplete("some runs wrote summary.json and some did not: the runs cannot be compared")
+
+        def check(reference: dict[str, Any], candidate: dict[str, Any], cut: int, *, final: bool = True,
+                  upto: int | None = None) -> dict[str, dict[str, Any]]:
+            if upto is not None:       # the cut run: the continuous run's first steps, nothing final
+                key = "records" if by_history else "steps"
+                reference = {**reference, key: [s for s in reference[key] if s["step"] <= upto], "final": {}}
+                candidate = {**candidate, "final": {}}
+            if by_history:
+                return records.check_records(reference, candidate, cut, self.atol, self.rtol, final=final)
+            return check_pair(reference, candidate, cut, self.atol, self.rtol)
+        return check
 
 
 def _environment() -> dict[str, str]:

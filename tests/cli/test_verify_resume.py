@@ -5,6 +5,7 @@ The protocol with the seed's defaults runs as a user runs it (the console entry 
 trainer run a cold interpreter); the other protocols run in this process with their trainer runs
 forked from the warm parent (tests/verify_runs.py), each still a process of its own."""
 import json
+import re
 import shlex
 import subprocess
 import sys
@@ -16,7 +17,7 @@ pytest.importorskip("torch")
 import warm  # noqa: E402
 from ckptfmt import manifest as mf  # noqa: E402
 from ckptfmt.verify.protocol import Deviation, check_pair, compare  # noqa: E402
-from conftest import cli  # noqa: E402
+from conftest import ROOT, cli  # noqa: E402
 from verify_runs import verify_resume  # noqa: E402
 
 
@@ -184,3 +185,36 @@ def test_the_console_says_why_a_check_with_no_deviation_failed(capsys):
     out = capsys.readouterr().out
     assert "resume FAIL (max dev 0; non-finite: losses[4])" in out
     assert "resume FAIL (max dev 0; structural: steps: length 5 != 6 (+1 more))" in out
+
+
+RESUME_BUGS = f"{shlex.quote(sys.executable)} {shlex.quote(str(ROOT / 'tests' / 'resume_bugs.py'))}"
+
+
+@pytest.mark.timeout(60)
+def test_a_loop_that_writes_no_summary_is_checked_piece_by_piece_from_its_run(tmp_path, capsys):
+    """A loop on the manager that writes no summary.json (tests/resume_bugs.py): its run's history
+    is the record, so the checks table has a row for every component the history records (each
+    RNG, the data position, the lr, the optimizer's step, the scheduler, the loss) and for the
+    final generation's weights, m and v; a broken piece fails its own row from the resume step on."""
+    command = RESUME_BUGS + " --updates {steps} --output {output} {resume} {omit_rng}"
+    proc = verify_resume("--output", tmp_path / "ok", "--trainer", "command", "--command", command,
+                         "--steps", "6", "--cut", "3", "--json")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+    v = json.loads(proc.stdout)
+    resume, negative = v["checks"]["resume"], v["checks"]["resume_without_rng"]
+    assert list(resume) == ["steps", "rng.python", "rng.numpy", "rng.torch", "rng.noise", "state.data", "lr.0",
+                            "optimizer.step", "scheduler", "loss", "weights", "m", "v"]
+    assert list(negative) == list(resume) and list(v["checks"]["cut"]) == list(resume)[:-3]
+    assert all(c["ok"] and c["max_deviation"] == 0 for c in resume.values())
+    assert (negative["rng.torch"]["ok"], negative["rng.torch"]["first_difference"]) == (False, 4)
+    assert negative["state.data"]["ok"] and not negative["weights"]["ok"]
+    proc = verify_resume("--output", tmp_path / "bug", "--trainer", "command", "--command",
+                         command.replace("--updates", "--bug cursor-off-by-one --updates"), "--steps", "6", "--cut", "3",
+                         "--json")
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
+    v = json.loads(proc.stdout)
+    assert v["failed_checks"] == ["resume.state.data", "resume.loss", "resume.weights", "resume.m", "resume.v"]
+    assert v["checks"]["resume"]["state.data"]["first_difference"] == 4
+    from ckptfmt.cli.train import _print_verification
+    _print_verification(v)
+    assert re.search(r"state\.data +resume FAIL \(max dev 0; first at step 4\)", capsys.readouterr().out)

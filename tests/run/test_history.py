@@ -22,7 +22,8 @@ from hypothesis import strategies as st
 from ckptfmt.errors import HistoryCorruptError
 from ckptfmt.run import history as hist
 from ckptfmt.run import timeline
-from ckptfmt.run.ops import bisect, first_loss_difference
+from ckptfmt.run.divergence import first_loss_difference
+from ckptfmt.run.ops import bisect
 from ckptfmt.tools.plot import Curve, series
 
 
