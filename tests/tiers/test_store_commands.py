@@ -39,7 +39,7 @@ def made(s3, tmp_path_factory):
     bucket, url = s3.bucket("cmds"), "s3://cmds/runs/x"
     model, opt = build()
     noise = np.random.default_rng(1)
-    with CheckpointManager(url, model, opt, generators={"noise": noise}, every=EVERY) as mgr:
+    with CheckpointManager(url, model, opt, generators={"noise": noise}, every=EVERY, digests=True) as mgr:
         train(mgr, model, opt, 0, STEPS, noise)
     local = tmp_path_factory.mktemp("imported") / "x"
     assert restore(url, local)["step"] == STEPS          # what import URL DEST does, in this process
@@ -148,13 +148,13 @@ def test_bisect_plot_and_inspect_of_the_url_say_what_they_say_of_its_import(made
 
 def test_bisect_of_the_url_finds_where_a_run_parted_from_it(s3, made, tmp_path):
     """A run that trained alike to step 8 and then on other data: the first differing step. Its
-    history parts at step 9, where the registered generator stops being the one drawn from (its
-    digest, spec/RUN.md §6.5), whatever step the loss parts at."""
+    history (both runs record state digests on the store, spec/RUN.md §3.9) parts at step 9, where
+    the registered generator stops being the one drawn from (§6.5), whatever step the loss parts at."""
     _, url, _ = made
     other = f"s3://{s3.bucket('parted')}/runs/y"
     model, opt = build()
     noise = np.random.default_rng(1)
-    with CheckpointManager(other, model, opt, generators={"noise": noise}, every=EVERY) as mgr:
+    with CheckpointManager(other, model, opt, generators={"noise": noise}, every=EVERY, digests=True) as mgr:
         train(mgr, model, opt, 0, 8, noise)
         train(mgr, model, opt, 8, STEPS, np.random.default_rng(5))
     losses = [[r["loss"] for r in open_run(u).history.read().canonical()] for u in (url, other)]
