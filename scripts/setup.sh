@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Create .venv and install ckptfmt with its torch, test, plot, remote, lightning, hf and data extras (the
+# Create .venv and install ckptfmt with its torch, test, plot, remote, lightning, hf, data and docs extras (the
 # tests start a local S3 server: moto[server], in the test extra). torch==2.13.0 goes
 # first: it is the CPU build that lies on this disk; a bare "torch" would pull a CUDA build
 # (pytorch-lightning asks only for torch>=2.1 and torchdata for torch>=2, so pip keeps the one installed).
@@ -23,7 +23,7 @@ if [ "$(cat "$stamp" 2>/dev/null)" != "$want" ]; then
   # it keeps the torch installed above. Byte-compiled at install: with PYTHONDONTWRITEBYTECODE
   # set (as on this project's machines) nothing else ever writes the .pyc files, and every test
   # process would compile transformers and Lightning again. pip when uv cannot be had.
-  extras=".[torch,test,plot,remote,lightning,hf,data]"
+  extras=".[torch,test,plot,remote,lightning,hf,data,docs]"
   if .venv/bin/pip install -q --disable-pip-version-check uv 2>/dev/null; then
     .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python -e "$extras"
   else

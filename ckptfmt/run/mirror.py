@@ -306,7 +306,7 @@ def watch(run_dir: "str | os.PathLike[str]", url: str, *, interval: float = 10.0
     new generations. A pass that fails on the network is reported and retried at the next
     interval (the trainer may restart, the endpoint may come back); the run directory is listed
     afresh each pass, so the watch survives the trainer's restarts; one started before the run
-    directory exists waits for it (the README starts it beside the trainer). ``report`` gets each
+    directory exists waits for it (the object-storage how-to starts it beside the trainer). ``report`` gets each
     pass's result, ``{"error": message}``, or once ``{"waiting": message}``."""
     done, failed, first_recheck, waiting = 0, 0, options.pop("recheck", True), False
     destination(run_dir, url)                # refused at once, not retried (nor waited on)

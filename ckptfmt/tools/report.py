@@ -17,6 +17,10 @@ INCOMPLETE = "EXPORT-INCOMPLETE"     # written first into an export or import de
 
 @dataclass
 class Finding:
+    """One thing a validation found (FORMAT §8.4), as data: its level says what it does to the
+    verdict (a defect fails it, exit 1; what could not be judged is exit 2; a warning or a fact
+    leaves it valid), its code is stable for machines, its message one line for people."""
+
     level: str       # 'defect' (exit 1), 'unsupported' (could not judge it: exit 2), 'warning'
                      # (reported, still valid) or 'info' (a fact)
     code: str        # stable machine name, e.g. 'truncated', 'fingerprint_mismatch'

@@ -4,8 +4,9 @@ is what is mapped; an accelerate loop resumes bit-exactly after SIGTERM, in one 
 two gloo processes (MULTI_CPU, a DDP-wrapped model with ``module.`` names), and passes
 verify-resume with a diverging negative control. A prepared shuffling loader in ``state=``
 resumes mid-epoch bit-exactly: a ``StatefulDataLoader`` in one process, the seedable sampler's
-recipe (the README's block) in one process and, SIGKILLed, in two; the loaders whose order a
-resume could not replay are refused naming that recipe.
+recipe (the Hugging Face tutorial's loop, docs/tutorials/hugging-face.md) in one process and,
+SIGKILLed, in two; the loaders whose order a resume could not replay are refused naming that
+recipe.
 
 This file is also the script the two-process loader test runs on each rank (``__main__``)."""
 from __future__ import annotations
@@ -213,13 +214,13 @@ def test_a_sharded_loader_without_a_seedable_sampler_is_refused_naming_the_recip
     manager(torch.utils.data.DataLoader(data, batch_size=2, shuffle=True), True).close()      # the recipe
 
 
-def readme_recipe(root: Path) -> None:
-    """The README's accelerate block with a prepared loader, run as it is (the data, the model and
+def tutorial_recipe(root: Path) -> None:
+    """The Hugging Face tutorial's accelerate loop with a prepared loader, run as it is (the data, the model and
     how long to train are the user's) in ``root``: straight to step 20, then to step 9 (mid-epoch;
     the generation ``close`` commits) and on to 20 from there, each a new Accelerator."""
     from accelerate.state import AcceleratorState
     from accelerate.utils import set_seed
-    text = (ROOT / "README.md").read_text()
+    text = (ROOT / "docs" / "tutorials" / "hugging-face.md").read_text()
     block = next(c.split("```")[0] for c in text.split("```python\n")[1:] if "use_seedable_sampler" in c)
     here = os.getcwd()
     for name, total in (("straight", 20), ("cut", 9), ("cut", 20)):
@@ -232,7 +233,7 @@ def readme_recipe(root: Path) -> None:
         opt = torch.optim.AdamW(model.parameters(), lr=1e-2)
         sched = torch.optim.lr_scheduler.StepLR(opt, step_size=4)
         try:
-            exec(compile(block, "README.md", "exec"), {"dataset": torch.utils.data.TensorDataset(
+            exec(compile(block, "hugging-face.md", "exec"), {"dataset": torch.utils.data.TensorDataset(
                 x, x.sum(1, keepdim=True)), "model": model, "opt": opt, "sched": sched, "total": total})
         finally:
             os.chdir(here)
@@ -240,9 +241,9 @@ def readme_recipe(root: Path) -> None:
 
 
 @pytest.mark.timeout(60)                    # ~2 s: three short legs in this process
-def test_the_readme_recipe_with_a_prepared_loader_resumes_mid_epoch_bit_identically(tmp_path):
+def test_the_tutorial_recipe_with_a_prepared_loader_resumes_mid_epoch_bit_identically(tmp_path):
     pytest.importorskip("torchdata")
-    readme_recipe(tmp_path)
+    tutorial_recipe(tmp_path)
     final = [(tmp_path / name / "runs" / "acc" / "step_000020.bin").read_bytes() for name in ("straight", "cut")]
     assert final[0] == final[1]
     saved = json.loads((tmp_path / "cut" / "runs" / "acc" / "step_000009.json").read_text())["state"]["data"]
@@ -274,13 +275,13 @@ def test_two_processes_sigkilled_mid_epoch_resume_a_prepared_sharded_loader_bit_
     assert "exitcode: -9" in killed.output() and last_step(straight) == 25 and last_step(cut) == 17, killed.tail()
     saved = json.loads((cut / "step_000015.json").read_text())["ranks"]      # 7 batches an epoch on each rank
     assert [r["state"]["data"]["seedable_sampler"] for r in saved] == [{"seed": 0, "epoch": 2}] * 2
-    readme = tmp_path / "readme"            # the README's block on two ranks, in the same job
-    succeeds(ranks_loop(25, cut), tmp_path / "resume.log", env={**env, "README_RUNS": str(readme)}, timeout=80)
+    recipe = tmp_path / "recipe"            # the tutorial's loop on two ranks, in the same job
+    succeeds(ranks_loop(25, cut), tmp_path / "resume.log", env={**env, "RECIPE_RUNS": str(recipe)}, timeout=80)
     for rank in (0, 1):
         assert drawn(cut, rank) == drawn(straight, rank)[15:], f"rank {rank}"
     shards = [sorted((run / "step_000025.shards").iterdir()) for run in (straight, cut)]
     assert [p.read_bytes() for p in shards[0]] == [p.read_bytes() for p in shards[1]]
-    shards = [sorted((readme / name / "runs" / "acc" / "step_000020.shards").iterdir()) for name in ("straight", "cut")]
+    shards = [sorted((recipe / name / "runs" / "acc" / "step_000020.shards").iterdir()) for name in ("straight", "cut")]
     assert [p.read_bytes() for p in shards[0]] == [p.read_bytes() for p in shards[1]]
 
 
@@ -338,7 +339,7 @@ if __name__ == "__main__":                  # the ranks of the two-process test:
         kill = int(os.environ["KILL_AT"]) if "KILL_AT" in os.environ and i == len(runs) - 1 else None
         _, ids = prepared_loop(Path(run), int(sys.argv[1]), given="DataLoader", seedable=True, kill_at=kill)
         Path(f"{run}.drawn{os.environ['RANK']}.json").write_text(json.dumps(ids))
-    if "README_RUNS" in os.environ:
-        readme_recipe(Path(os.environ["README_RUNS"]))
+    if "RECIPE_RUNS" in os.environ:
+        tutorial_recipe(Path(os.environ["RECIPE_RUNS"]))
     torch.distributed.destroy_process_group()
     exit_worker(0)

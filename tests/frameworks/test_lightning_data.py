@@ -1,5 +1,5 @@
-"""Where the data stands under Lightning (spec/RUN.md §11.4 "Mid-epoch", README "With
-Lightning"): a fit with torchdata's shuffling StatefulDataLoader, cut mid-epoch and resumed
+"""Where the data stands under Lightning (spec/RUN.md §11.4 "Mid-epoch", the Lightning tutorial,
+docs/tutorials/lightning.md): a fit with torchdata's shuffling StatefulDataLoader, cut mid-epoch and resumed
 through the plugin with fit(ckpt_path=...), ends bit-identical to a straight run, the same batches
 in the same order; so does a shuffling DataLoader cut at its epoch's last batch (its resume
 begins the next epoch, whose draws come after the RNG states); the resume without the RNG states

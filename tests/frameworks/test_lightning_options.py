@@ -151,68 +151,51 @@ def test_a_failed_background_save_is_raised_at_the_next_call(tmp_path):
     assert os.listdir(tmp_path) == []
 
 
-def test_the_readmes_lightning_block_runs_as_written_on_a_fresh_run_and_resumes(tmp_path, monkeypatch):
-    """The README's "With Lightning" block, pasted into an empty directory as it is (the model,
-    the loader and how long to train are the user's): the history is opened before Lightning
-    has made ModelCheckpoint's directory, so on a fresh run it must make it; a second fit
-    resumes from the checkpoint the first one left, and the directory validates."""
-    import functools
+def test_the_tutorials_lightning_script_runs_as_written_on_a_fresh_run_and_resumes(tmp_path, monkeypatch):
+    """docs/tutorials/lightning.md's script, pasted into an empty directory as it is: the history
+    is opened before Lightning has made ModelCheckpoint's directory, so on a fresh run it must
+    make it; run again with ``max_steps`` raised, as the page says, it resumes from the checkpoint
+    the first fit left, and the directory validates."""
     import re
     from pathlib import Path
-    from pytorch_lightning.callbacks import ModelCheckpoint
     from conftest import cli
-    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
-    block = re.search(r"## With Lightning\n.*?```python\n(.*?)```", text, re.S).group(1)
-
-    class Model(pl.LightningModule):
-        def __init__(self):
-            super().__init__()
-            self.layer = torch.nn.Linear(3, 1)
-
-        def training_step(self, batch, index):
-            loss = self.layer(batch[0]).square().mean()
-            self.log("loss", loss)
-            return loss
-
-        def configure_optimizers(self):
-            return torch.optim.AdamW(self.parameters(), lr=1e-2)
-
-    data = torch.utils.data.TensorDataset(torch.randn(64, 3, generator=torch.Generator().manual_seed(0)))
+    text = (Path(__file__).resolve().parents[2] / "docs" / "tutorials" / "lightning.md").read_text()
+    block = re.search(r"## 1\. .*?```python\n(.*?)```", text, re.S).group(1)
+    assert "max_steps=64," in block
     monkeypatch.chdir(tmp_path)
-    for steps in (100, 110):
-        quiet = functools.partial(pl.Trainer, max_steps=steps, logger=False, enable_progress_bar=False,
-                                  enable_model_summary=False)
-        exec(compile(block, "README.md", "exec"), {"Trainer": quiet, "ModelCheckpoint": ModelCheckpoint,
-                                                   "model": Model(), "loader": torch.utils.data.DataLoader(data, 4)})
+    for steps in (64, 74):
+        exec(compile(block.replace("max_steps=64,", f"max_steps={steps},"), "lightning.md", "exec"),
+             {"__name__": "__main__"})
     history = read_history(tmp_path / "ckpt" / ".loss.json")
-    assert [e["event"] for e in history.events()] == ["resume"] and history.canonical()[-1]["step"] == 110
+    assert [e["event"] for e in history.events()] == ["resume"] and history.canonical()[-1]["step"] == 74
     names = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.endswith(".ckpt"))
-    assert names[0] == "epoch=6-step=100.ckpt" and all(n.startswith("last") for n in names[1:]), names
-    proc = cli("validate", str(tmp_path / "ckpt" / "epoch=6-step=100.ckpt"))
+    # every 10 steps, Policy(keep_last=3): 50, 60, 70 and the link save_last="link" makes
+    assert names == ["epoch=3-step=50.ckpt", "epoch=3-step=60.ckpt", "epoch=4-step=70.ckpt", "last.ckpt"], names
+    proc = cli("validate", str(tmp_path / "ckpt" / "epoch=3-step=50.ckpt"))
     assert proc.returncode == 0, proc.stdout + proc.stderr
     # ModelCheckpoint's directory as a whole: each checkpoint judged as alone, the link listed as one
     assert cli("validate", "ckpt").returncode == 0
     listed = json.loads(cli("ls", "ckpt", "--json").stdout)["generations"]
     links = [r for r in listed if r["status"].startswith("link to ")]
-    assert [r["status"] for r in links] == ["link to epoch=6-step=100.ckpt"], listed     # save_last="link"
+    assert [r["status"] for r in links] == ["link to epoch=4-step=70.ckpt"], listed
     assert {r["status"].split(" ")[0] for r in listed if r not in links} == {"committed"}, listed
-    assert (listed[0]["step"], listed[-1]["step"]) == (100, 110)          # fit's end: last-v1 at step 110
+    assert (listed[0]["step"], listed[-1]["step"]) == (50, 70)
     inspected = cli("inspect", "ckpt")
     assert inspected.returncode == 0 and "latest valid generation:" in inspected.stdout
-    payload = tmp_path / "ckpt" / "epoch=6-step=100.ckpt" / "step_000100.bin"
+    payload = tmp_path / "ckpt" / "epoch=3-step=50.ckpt" / "step_000050.bin"
     data = bytearray(payload.read_bytes())
     data[-1] ^= 1
     payload.write_bytes(bytes(data))
     proc = cli("validate", "ckpt")
-    assert proc.returncode == 1 and "ckpt/epoch=6-step=100.ckpt/step_000100.bin: blake3 mismatch" in proc.stdout, proc.stdout
+    assert proc.returncode == 1 and "ckpt/epoch=3-step=50.ckpt/step_000050.bin: blake3 mismatch" in proc.stdout, proc.stdout
     data[-1] ^= 1
     payload.write_bytes(bytes(data))
-    last = next(p for p in (tmp_path / "ckpt").iterdir() if p.name.startswith("last") and not p.is_symlink())
-    manifest = next(last.glob("step_*.json"))
+    newest = tmp_path / "ckpt" / "epoch=4-step=70.ckpt"
+    manifest = next(newest.glob("step_*.json"))
     kept = manifest.read_bytes()
     manifest.write_text("garbage")                       # no longer reads as a Lightning checkpoint: still judged
     proc = cli("validate", "ckpt")
-    assert proc.returncode == 1 and f"{last.name}/{manifest.name}" in proc.stdout, proc.stdout
+    assert proc.returncode == 1 and f"{newest.name}/{manifest.name}" in proc.stdout, proc.stdout
     manifest.write_bytes(kept)
     (tmp_path / "ckpt" / "gone.ckpt").symlink_to(tmp_path / "nowhere")
     proc = cli("validate", "ckpt")

@@ -1,5 +1,6 @@
-"""Docs that run: every docstring example in the library, the public API's
-docstrings, and the README's library example."""
+"""Docs that run: every docstring example in the library, the public API's docstrings, the
+README's example, and the docs site: its strict build, and a nav that reaches every command and
+public name."""
 from __future__ import annotations
 
 import doctest
@@ -8,6 +9,9 @@ import inspect
 import os
 import pkgutil
 import re
+import subprocess
+import sys
+import zlib
 from pathlib import Path
 
 import pytest
@@ -57,17 +61,94 @@ def test_public_api_has_docstrings(name):
     assert not missing, f"{name}: no docstring on {missing}"
 
 
-def test_readme_library_example_runs(tmp_path, monkeypatch):
-    """The README's library section, as a user would paste it (into an empty directory)."""
+def test_the_readmes_example_runs_as_written_in_an_empty_directory_and_resumes(tmp_path, monkeypatch):
+    """The README's one example, pasted into an empty directory as it is: a run of 50 steps, the
+    last three generations kept and verified; run again, it resumes at its last step and leaves
+    every generation as it was."""
     text = (ROOT / "README.md").read_text()
-    block = re.search(r"## The library\n+```python\n(.*?)```", text, re.S)
-    assert block, "README has no library example"
+    block = re.search(r"## A first example\n.*?```python\n(.*?)```", text, re.S)
+    assert block, "README has no first example"
     monkeypatch.chdir(tmp_path)
-    os.makedirs("runs/x")
-    code = block.group(1)
-    setup = ("import numpy as np, torch\n"
-             "weights = m = v = np.arange(6, dtype='<f4')\n"
-             "layout = [{'name': 'blocks.0.qkv.weight', 'shape': [2, 3], 'offset': 0}]\n"
-             "model = torch.nn.Linear(2, 3, bias=False)\n"
-             "optimizer = torch.optim.AdamW(model.parameters())\n")
-    exec(compile(setup + code, "README.md", "exec"), {})
+    code = compile(block.group(1), "README.md", "exec")
+    exec(code, {"__name__": "__main__"})
+    run = tmp_path / "runs" / "demo"
+    assert sorted(p.name for p in run.glob("step_*.bin")) == [f"step_0000{s}.bin" for s in (30, 40, 50)]
+    assert ckptfmt.validate(run).ok
+    before = {p.name: p.read_bytes() for p in run.glob("step_*")}
+    exec(code, {"__name__": "__main__"})
+    assert {p.name: p.read_bytes() for p in run.glob("step_*")} == before
+
+
+def build_site(site: Path, config: Path = ROOT / "mkdocs.yml") -> subprocess.CompletedProcess:
+    """``mkdocs build --strict`` of ``config`` into ``site``, with this checkout's ckptfmt. Never
+    ``--quiet``: it drops the warnings before strict mode counts them, and a broken link passes."""
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+           "NO_MKDOCS_2_WARNING": "1"}
+    return subprocess.run([sys.executable, "-m", "mkdocs", "build", "--strict", "-f", str(config),
+                           "-d", str(site)], cwd=ROOT, env=env, capture_output=True, text=True, timeout=280)
+
+
+def inventory(site: Path) -> set[str]:
+    """The names the API pages document: mkdocstrings' ``objects.inv`` (Sphinx's format: four
+    header lines, then zlib)."""
+    body = (site / "objects.inv").read_bytes().split(b"\n", 4)[4]
+    return {line.split(" ")[0] for line in zlib.decompress(body).decode().splitlines()}
+
+
+def nav_pages(nav) -> list[str]:
+    if isinstance(nav, str):
+        return [nav]
+    items = nav.values() if isinstance(nav, dict) else nav
+    return [page for item in items for page in nav_pages(item)]
+
+
+@pytest.mark.timeout(300)               # one strict build: ~15 s alone, more beside the suite
+def test_the_site_builds_strictly_and_its_nav_reaches_every_command_and_public_name(tmp_path):
+    """The docs site builds with ``--strict`` (a broken link, a missing anchor, a section
+    reference that names no section, a page outside the nav, a docstring mkdocstrings cannot
+    read: each fails it); every CLI command has its page in the nav, and every public class and
+    function of the public modules is on an API page."""
+    import yaml
+    from ckptfmt.cli import main
+    proc = build_site(tmp_path / "site")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    nav = nav_pages(yaml.safe_load((ROOT / "mkdocs.yml").read_text())["nav"])
+    texts = "\n".join((ROOT / "docs" / page).read_text() for page in nav)
+    missing = [name for name in main.commands if f":prog_name: ckptfmt {name}\n" not in texts]
+    assert not missing, f"CLI commands without a page in the nav: {missing}"
+    documented = inventory(tmp_path / "site")
+    missing = []
+    for name in PUBLIC:
+        module = importlib.import_module(name)
+        for attr in getattr(module, "__all__", []):
+            obj = vars(module).get(attr)      # None: imported lazily (Lightning's, transformers' classes)
+            if obj is not None and not (inspect.isclass(obj) or inspect.isfunction(obj)):
+                continue
+            if f"{name}.{attr}" in documented or (obj is not None and f"{obj.__module__}.{attr}" in documented):
+                continue
+            if obj is None and any(d.startswith(f"{name}.") and d.endswith(f".{attr}") for d in documented):
+                continue
+            missing.append(f"{name}.{attr}")
+    assert not missing, f"public names on no API page: {missing}"
+
+
+def test_a_broken_link_fails_the_strict_build(tmp_path):
+    """Not vacuous: the site's own settings (its validation, its hook) turn a link to a page that
+    does not exist, an anchor that does not exist and a section reference to no section into
+    failures of the build, each named."""
+    import yaml
+    config = yaml.safe_load((ROOT / "mkdocs.yml").read_text())
+    docs = tmp_path / "docs"
+    (docs / "reference").mkdir(parents=True)
+    (docs / "index.md").write_text("# Home\n\n[a page](nowhere.md), [a heading](reference/run-directory.md#nothing), RUN §99.9\n")
+    (docs / "reference" / "run-directory.md").write_text("# The run directory\n\n<!-- spec: RUN -->\n")
+    config.update(docs_dir=str(docs), nav=["index.md", "reference/run-directory.md"],
+                  hooks=[str(ROOT / "scripts" / "docs_hooks.py")],
+                  plugins=["search"], markdown_extensions=[e for e in config["markdown_extensions"]
+                                                           if e != "mkdocs-click"])
+    (tmp_path / "mkdocs.yml").write_text(yaml.safe_dump(config))
+    proc = build_site(tmp_path / "site", tmp_path / "mkdocs.yml")
+    assert proc.returncode != 0
+    for problem in ("'nowhere.md', but the target is not found", "does not contain an anchor '#nothing'",
+                    "does not contain an anchor '#sec-99.9'"):
+        assert problem in proc.stderr, proc.stderr

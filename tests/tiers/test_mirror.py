@@ -152,7 +152,7 @@ def test_ls_reports_the_lag_from_local_records_only(s3, bucket, tmp_path):
 
 def test_what_the_destination_retention_keeps_out_is_not_lag(s3, bucket, tmp_path):
     """Generations the destination's retention would delete at once are never uploaded (RUN.md
-    §10.5); ls used to count them as behind for ever, so the README's mirror with --keep-last
+    §10.5); ls used to count them as behind for ever, so the how-to's mirror with --keep-last
     never said "up to date"."""
     run = make_run(tmp_path / "run", steps=(10, 20, 30))
     url = f"s3://{bucket}/keptout"
@@ -761,7 +761,7 @@ def test_keep_every_alone_is_retention_at_the_url_as_gc_applies_it(tmp_path):
 
 
 def test_watch_started_before_the_run_directory_waits_for_it(s3, bucket, tmp_path):
-    """`mirror RUN URL --watch &` started just before the trainer (as the README puts it beside
+    """`mirror RUN URL --watch &` started just before the trainer (as the object-storage how-to puts it beside
     one) exited 2 on the missing directory; it says once that it waits, and mirrors when it comes."""
     import select
     import signal
