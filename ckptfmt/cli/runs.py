@@ -237,7 +237,9 @@ def bisect(run_a: str, run_b: str, ignore: tuple[str, ...], as_json: bool) -> No
     first piece of state that differs there (the histories' state digests, then the generations'
     tensors by parameter name), what is identical, and that piece's likely causes. Generations
     are compared by content (step, weights, m, v, companion): a .bin and the same generation
-    sharded are identical. Either run may be a URL (a run written straight to object storage)."""
+    sharded are identical. Either run may be a URL (a run written straight to object storage), a
+    Lightning ModelCheckpoint directory (the generation in each checkpoint compared) or a Hugging
+    Face Trainer's output directory (its checkpoint-N not compared: the histories say where)."""
     from ..run.ops import bisect as run_bisect  # lazy: keeps `ckptfmt --help` fast
     data = run_bisect(run_a, run_b, ignore)
     emit(data, as_json, _print_bisect)
@@ -251,7 +253,9 @@ def _print_bisect(d: dict) -> None:
     def at(step: int | None, what: str) -> str:
         return f"{what}: identical" if step is None else f"{what}: first differ at step {step}"
     gens = at(d["first_generation_difference"], "generations")
-    if not d["common_generations"]:
+    if d.get("generations_not_compared"):
+        gens = f"generations: not compared ({d['generations_not_compared']})"
+    elif not d["common_generations"]:
         gens = "generations: none in common"
     elif d["last_identical_generation"] is not None and d["first_generation_difference"] is not None:
         gens += f" (last identical: step {d['last_identical_generation']})"

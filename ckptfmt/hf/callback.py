@@ -25,7 +25,8 @@ Which hook runs when, and what it touches (transformers 5.x):
   ``save_strategy="best"`` that overwrites it cannot drop it) and SIGTERM also
   ``control.should_training_stop``. The Trainer then logs, evaluates, saves ``checkpoint-N``
   itself and stops. The step's record waits for those logs: it is written at the next step's
-  ``on_step_begin``, before a checkpoint of the step is committed, or at ``on_train_end``.
+  ``on_step_begin``, before a checkpoint of the step is committed, or at ``on_train_end``; with
+  ``digests=True`` it holds the state digests taken here (``hf.digests``).
   Where a save follows and ``checkpoint-N`` is already there (a lost timeline's, committed or
   half-written: the run resumed from an earlier one), rank 0 removes it first, record first, so
   it is never committed while the Trainer rewrites it; a barrier. ``on_epoch_end`` the same, and
@@ -63,8 +64,10 @@ from ..run.session import Session
 from ..run.signals import Handlers
 from ..tools import hfdir, hfrun
 from ..torch import optim
+from ..torch.digests import DEFAULT as DIGESTS
 from ..torch.distributed import any_rank
 from ..torch.ranks import TorchCollective
+from .digests import step_digests
 
 __all__ = ["Checkpointing"]
 
@@ -128,14 +131,16 @@ class Checkpointing(TrainerCallback):
 
     ``retention=Policy(keep_last=3)`` (or ``keep_best`` with ``metric="eval_loss"``) deletes
     committed checkpoints the policy does not keep, never the newest valid one, the newest
-    finite one, nor ``state.best_model_checkpoint``; ``signals=()`` installs no handlers.
+    finite one, nor ``state.best_model_checkpoint``; ``signals=()`` installs no handlers;
+    ``digests=True``: each step's record holds the digests of what ``checkpoint-N`` restores, as
+    the next step finds it (spec/RUN.md §3.9; ``hf.digests``), for ``ckptfmt bisect``.
     """
 
     def __init__(self, *, retention: Policy | None = None,
-                 signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1)):
+                 signals: tuple[int, ...] = (signal.SIGTERM, signal.SIGUSR1), digests: bool = DIGESTS):
         if retention is not None and not isinstance(retention, Policy):
             raise TypeError(f"Checkpointing: retention must be a ckptfmt.run.Policy, got {type(retention).__name__}")
-        self.retention, self.signals = retention, tuple(signals)
+        self.retention, self.signals, self.digests = retention, tuple(signals), digests
         self.stopped_by_signal: str | None = None      # "SIGTERM" when train() returned because of it
         self.committed: list[str] = []                # checkpoint directories committed, in order
         self.deleted: list[int] = []                  # steps retention deleted
@@ -143,7 +148,7 @@ class Checkpointing(TrainerCallback):
         self.session: Session | None = None           # the running train()'s (one a train() that raised left)
         self._state: Any = None                       # the Trainer's state in it: what it logged
         self._stepped = 0                             # the newest step the session has (resumed at or given)
-        self._unrecorded: int | None = None           # a step given whose record waits for the Trainer's logs
+        self._unrecorded: tuple[int, Any] | None = None   # a step given (and its digests), its record waiting for the logs
         self._handlers = Handlers(self, Checkpointing._take, self.signals)
         self._loop: CodeType | None = None            # the Trainer's training loop while train() runs
 
@@ -246,7 +251,7 @@ class Checkpointing(TrainerCallback):
     def on_step_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """The decision every rank agrees on: save (held), and stop after SIGTERM."""
         hold(control)
-        stop, save = self._agreed(state.global_step)
+        stop, save = self._agreed(state, kwargs)
         if stop or save:
             control.__dict__[PENDING] = True
         if stop:
@@ -254,21 +259,23 @@ class Checkpointing(TrainerCallback):
             self.stopped_by_signal = self.session.flags.reason
         self._prepare(args, state, control.should_save)
 
-    def _agreed(self, step: int) -> tuple[bool, bool]:
-        """(stop, save) at the end of ``step``, as every rank sees them: the session's step (its
-        record waits for the Trainer's logs, which follow this hook), or, for a step the session
-        has already (resumed at, or the hook called again at it), the requests alone."""
+    def _agreed(self, state: Any, hooked: dict[str, Any]) -> tuple[bool, bool]:
+        """(stop, save) at the end of the step, as every rank sees them: the session's step (its
+        record, with the state digests taken now, waits for the Trainer's logs, which follow this
+        hook), or, for a step the session has already (resumed at, or the hook called again at
+        it), the requests alone."""
         self._record_pending()
+        step = state.global_step
         if step <= self._stepped:
             return self.session.requests()
-        self._stepped = self._unrecorded = step
+        self._stepped, self._unrecorded = step, (step, step_digests(state, hooked) if self.digests else None)
         return self.session.step(step, None)
 
     def _record_pending(self) -> None:
         """The record of the step given last, with what the Trainer logged at it; once."""
-        step, self._unrecorded = self._unrecorded, None
-        if step is not None and self.session is not None:
-            self.session.record(step, logged_at(self._state, step))
+        pending, self._unrecorded = self._unrecorded, None
+        if pending is not None and self.session is not None:
+            self.session.record(pending[0], logged_at(self._state, pending[0]), state=pending[1])
 
     def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         """A save the flow callback asks for at the epoch's end: prepared as at a step's end."""

@@ -29,7 +29,8 @@ The pair's contract, in the order Lightning calls it (every rank under DDP):
 6. ``Checkpointing.on_train_batch_end`` (before ModelCheckpoint's, every batch): the
    checkpoints committed since the last batch through the session's ``after_commit``
    (retention, the mirror woken); the step to the session's ``step`` when ``global_step``
-   advanced (its metrics to the history; the ranks agree on the signal flags), else the flags
+   advanced (its metrics to the history, with ``digests=True`` the state digests of what a
+   checkpoint restores; the ranks agree on the signal flags), else the flags
    alone (``requests``); if one was raised, ``last.ckpt`` is saved.
 7. ``Checkpointing.on_save_checkpoint`` (inside Lightning's ``dump_checkpoint``, every rank; a
    collective under DDP): adds ``checkpoint["ckptfmt"]``: the RNG states Lightning does not save

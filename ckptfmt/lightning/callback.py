@@ -18,6 +18,7 @@ from ..run.metrics import manifest_value
 from ..run.session import Session
 from ..run.signals import Flags, Handlers
 from ..torch import adapter, optim, ranks, rng
+from ..torch import digests as digesting
 from ..torch.state import split
 from . import files, keeping
 from .plugin import NAMESPACES, CheckpointIO, PlainCheckpointWarning
@@ -37,20 +38,25 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
     of the batch, then every rank stops as Lightning stops on SIGTERM; both write ``last.ckpt``
     in ModelCheckpoint's directory, so ``fit(ckpt_path="last")`` resumes there.
     ``retention=Policy(...)``: the run layer's retention over the checkpoint directories there.
-    ``history=True``: ``.loss.json`` there, one record per training step of the metrics logged.
+    ``history=True``: ``.loss.json`` there, one record per training step of the metrics logged;
+    with ``digests=True`` each record holds the digests of what a checkpoint restores, as the
+    next step finds it (spec/RUN.md §3.9; ``_state_digests``), for ``ckptfmt bisect``.
     ``mirror=URL``: each checkpoint directory there to ``URL/NAME``, verified, on a background
     thread (rank 0; ``run.mirror_thread.Mirroring``, the session's mirror); removed there once
     removed here; caught up at teardown; ``mirroring.report``: what it did."""
 
     def __init__(self, *, restore_rng: bool = True, signals: bool = False, retention: Policy | None = None,
-                 history: bool = False, mirror: str | None = None) -> None:
+                 history: bool = False, mirror: str | None = None, digests: bool = digesting.DEFAULT) -> None:
         super().__init__()
         if retention is not None and not isinstance(retention, Policy):
             raise TypeError(f"Checkpointing: retention must be a ckptfmt.run.Policy, got {type(retention).__name__}")
+        if digests and not history:
+            raise UnsupportedSetupError(None, "Checkpointing(digests=True) records the state digests in the "
+                                              "history: give history=True too")
         if mirror is not None:
             mirroring.check_url(mirror)
-        self.restore_rng, self.signals, self.retention, self.history, self.mirror = \
-            restore_rng, signals, retention, history, mirror
+        self.restore_rng, self.signals, self.retention, self.history, self.mirror, self.digests = \
+            restore_rng, signals, retention, history, mirror, digests
         self.mirroring: mirroring.Mirroring | None = None
         self.session: Session | None = None        # the fit's (on_train_start); the plugin closes it
         self._handlers: Handlers | None = None     # ours, setting the session's flags
@@ -151,7 +157,8 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
         step = trainer.global_step
         if self.history and step > self._recorded:
             self._recorded = step
-            return self.session.step(step, _numbers(trainer.callback_metrics))
+            state = _state_digests(trainer) if self.digests else None     # every rank: a state_dict may be a collective
+            return self.session.step(step, _numbers(trainer.callback_metrics), state=state)
         return self.session.requests() if self.signals else (False, False)
 
     def _after_saves(self, trainer: Any) -> None:
@@ -259,6 +266,30 @@ def _rank_rng(ours: dict[str, Any], rank: int, world: int) -> dict[str, Any]:
                                          + ("rng (saved without the Checkpointing callback)" if ours.get("rng") is None
                                             else f"rank {rank}'s rng (saved by {saved} process(es), resumed by {world})"))
     return ours["rng"]
+
+
+def _state_digests(trainer: Any) -> dict[str, Any]:
+    """The history's state digests (spec/RUN.md §3.9) of what a Lightning checkpoint restores, as
+    the next step finds it (``on_train_batch_end`` runs after the optimizer's and the step-interval
+    schedulers' steps): the RNGs the callback saves (every CUDA device's), each param group's lr
+    and the optimizer's step, the schedulers' states (``scheduler``: one's ``state_dict()``, or
+    the list of several, as the checkpoint's ``lr_schedulers``), the precision plugin's
+    GradScaler (``amp.scaler``, ``amp.scale``) and each stateful training loader's state
+    (``state.train_loader``, ``.I`` of several: what ``fit_loop`` saves, its ``digest_every`` kept)."""
+    schedulers = [config.scheduler for config in trainer.lr_scheduler_configs]
+    pieces: list[tuple[str, Any]] = []
+    if schedulers:
+        pieces.append(("scheduler", schedulers[0] if len(schedulers) == 1
+                       else digesting.Held([s.state_dict() for s in schedulers])))
+    scaler = getattr(trainer.precision_plugin, "scaler", None)
+    if scaler is not None:
+        pieces.append(("amp.scaler", scaler))
+    combined = getattr(trainer.fit_loop, "_combined_loader", None)
+    loaders = [dl for dl in getattr(combined, "flattened", None) or []
+               if callable(getattr(dl, "state_dict", None)) and callable(getattr(dl, "load_state_dict", None))]
+    pieces += [("state.train_loader" + (f".{i}" if len(loaders) > 1 else ""), dl) for i, dl in enumerate(loaders)]
+    return digesting.state_digests(optimizer=trainer.optimizers[0] if trainer.optimizers else None, pieces=pieces,
+                                   generators={}, scaler=scaler, step=trainer.global_step)
 
 
 def _numbers(metrics: dict[str, Any]) -> dict[str, Any]:

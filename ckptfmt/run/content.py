@@ -9,13 +9,17 @@ reading nothing; two of different shapes by the digest of the ``.bin`` each woul
 recorded one, a sharded generation's computed from its shards (``shards.bin_digest``, read once
 and checked against their rows). The manifest's other fields (config, code, RNG and bandit state,
 scheduler, metrics, provenance, times) are not content: a fork or a conversion changes them.
+
+A framework's directory of checkpoints is compared as far as its checkpoints are generations: a
+Lightning ModelCheckpoint directory by the generation in each checkpoint directory, a Trainer's
+output directory not at all (``of_run``).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Any
 
-from .. import companion, shards
+from .. import companion, hfdirs, kinds, shards
 from ..errors import CheckpointError
 from ..generation import Generation
 from .directory import Run
@@ -62,6 +66,35 @@ def committed(run: Run) -> dict[int, Recorded]:
             except CheckpointError:
                 continue
     return out
+
+
+HF_OUTPUT = ("a Hugging Face Trainer's output directory: its checkpoint-N hold the Trainer's own files "
+             "(weights, a torch.save of the optimizer and of the RNG states), not generations whose content "
+             "ckptfmt compares")
+
+
+def of_run(run: Run) -> tuple[dict[int, Recorded], str | None]:
+    """What ``bisect`` compares of a run's generations: step -> committed generation, and why
+    none is compared (None: they are). A Lightning ModelCheckpoint directory (spec/RUN.md §11.1)
+    holds a generation in each checkpoint directory: those, one per step (``last*``, a copy or a
+    link of a step another name holds, the other name's); a Trainer's output directory
+    (§12) none comparable (``HF_OUTPUT``), so the histories alone say where two runs part."""
+    if run.path is None:                       # a run on a store: its own generations
+        return committed(run), None
+    if hfdirs.is_output(str(run.path)):
+        return {}, HF_OUTPUT
+    try:
+        lightning = kinds.sniff(run.path).name == "lightning-dir"
+    except (CheckpointError, OSError):
+        lightning = False
+    if not lightning:
+        return committed(run), None
+    out: dict[int, Recorded] = {}
+    for entry in sorted(run.path.iterdir(), key=lambda e: (e.name.startswith("last"), e.name)):
+        if not entry.name.startswith(".") and kinds.generation_in(entry) is not None:
+            for step, found in committed(Run(entry)).items():
+                out.setdefault(step, found)
+    return out, None
 
 
 def same(a: Recorded, b: Recorded) -> bool:

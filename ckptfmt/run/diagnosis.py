@@ -65,12 +65,15 @@ def _companion_differs(fa: Any, fb: Any) -> list[str]:
 
 
 def diagnose(parted: Parting, gens: tuple[dict[int, Generation], dict[int, Generation]],
-             first_gen: int | None, resumes: tuple[list[int], list[int]], records: Records) -> dict[str, Any]:
+             first_gen: int | None, resumes: tuple[list[int], list[int]], records: Records,
+             compared: bool = True) -> dict[str, Any]:
     """The diagnosis of ``bisect``: ``step`` (None: identical), ``component`` (the piece named),
     ``differ`` / ``equal`` / ``one_only`` (the components of that step's records), ``tensors``
     (region -> parameter names, where a generation at that step differs), ``before`` (the newest
     common generation before the step, identical), ``what``, ``causes`` and ``message``;
-    ``from_start``: the digests left out, as they differ from the runs' first record on."""
+    ``from_start``: the digests left out, as they differ from the runs' first record on;
+    ``compared``: False where a run's generations are not compared (a Trainer's output directory:
+    the histories alone say where)."""
     steps = [s for s in (parted.step, first_gen) if s is not None]
     from_start = records.from_start or []
     if not steps:
@@ -79,7 +82,7 @@ def diagnose(parted: Parting, gens: tuple[dict[int, Generation], dict[int, Gener
     common = sorted(set(gens[0]) & set(gens[1]))
     before = max((s for s in common if s < step), default=None)
     out: dict[str, Any] = {"step": step, "before": before, "differ": [], "equal": [], "one_only": [], "tensors": {},
-                           "from_start": from_start}
+                           "from_start": from_start, "compared": compared}
     if first_gen == step:
         try:
             out["tensors"] = differing_tensors(gens[0][step], gens[1][step])
@@ -132,7 +135,8 @@ def message(d: dict[str, Any]) -> str:
     if d.get("tensors_problem"):
         said.append(f"generation {step}'s tensors not read: {d['tensors_problem']}")
     said.append(f"weights, m and v at step {d['before']} identical" if d["before"] is not None
-                else "no generation of both runs before it to compare")
+                else "no generation of both runs before it to compare" if d.get("compared", True)
+                else "generations not compared: from the histories alone")
     if d["one_only"]:
         said.append(f"recorded by one run only: {', '.join(d['one_only'])}")
     said[-1] += _from_start(d["from_start"])

@@ -290,9 +290,11 @@ def bisect(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]",
     ``diagnosis``: which piece of state differs first there and its likely causes
     (``diagnosis.diagnose``, spec/RUN.md §6.5); the record fields and digests in ``ignore`` (a
     metric that measures time) are not compared. Either may be a URL (a run on object storage: its
-    manifests read there, its history's segments joined)."""
+    manifests read there, its history's segments joined), a Lightning ModelCheckpoint directory (the
+    generation of each checkpoint directory in it) or a Trainer's output directory (no generation
+    compared, ``generations_not_compared`` says why: the histories alone say where; ``content.of_run``)."""
     runs = [open_run(path) for path in (path_a, path_b)]
-    found = [content.committed(run) for run in runs]
+    found, unlike = zip(*(content.of_run(run) for run in runs))
     common = sorted(set(found[0]) & set(found[1]))
     first_gen = next((s for s in common if not content.same(found[0][s], found[1][s])), None)
     last_same = max((s for s in common if first_gen is None or s < first_gen), default=None)
@@ -302,7 +304,14 @@ def bisect(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]",
     found_gens = ({s: r.gen for s, r in found[0].items()}, {s: r.gen for s, r in found[1].items()})
     resumes = tuple([s for _, s in p.events if s > 0] for p in plans)     # a fresh start resumes at 0
     return {"a": str(path_a), "b": str(path_b), "common_generations": common,
+            "generations_not_compared": _not_compared(unlike),
             "first_generation_difference": first_gen, "last_identical_generation": last_same,
             "first_history_difference": parted.step, "history_steps": parted.lengths,
             "identical": first_gen is None and parted.step is None,
-            "diagnosis": diagnosis.diagnose(parted, found_gens, first_gen, resumes, records)}
+            "diagnosis": diagnosis.diagnose(parted, found_gens, first_gen, resumes, records, compared=not any(unlike))}
+
+
+def _not_compared(why: tuple[str | None, str | None]) -> str | None:
+    """``A: WHY`` (or ``A and B: WHY``) where a run's generations are not compared, else None."""
+    named = [run for run, said in zip("AB", why) if said]
+    return f"{' and '.join(named)}: {next(s for s in why if s)}" if named else None

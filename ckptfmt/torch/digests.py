@@ -5,7 +5,9 @@ manager saves, as it stands when the loop hands step k over: after step k's upda
 anything of step k+1. Two runs that should be one (a straight run and a resumed one) then
 write the same digests step by step, and the first step where they part names the piece that
 parted (an RNG a restore did not put back, a scheduler restored one step off), long before
-the losses drift apart.
+the losses drift apart. The Lightning and Hugging Face callbacks record the same components of
+what their frameworks' checkpoints restore (``lightning.callback``, ``hf.digests``), a state that
+is a value there rather than one object's as a ``Held`` piece.
 
 A digest is the first 16 hex digits of blake3 over a canonical encoding: the value's JSON text
 (Python's ``json.dumps`` with sorted keys, no whitespace; NaN and infinities as ``NaN``,
@@ -25,10 +27,11 @@ import numpy as np
 import torch
 
 from .. import fingerprint
+from ..errors import UnsupportedOptimizerError
 from . import loaders, optim, rng
 from .state import dtype_name
 
-__all__ = ["digest", "state_digests"]
+__all__ = ["Held", "digest", "state_digests"]
 
 HEX = 16                                  # hex digits kept: 64 bits, collisions out of reach
 # The manager's ``digests=``: off, for they cost about 3 % of a tiny-config step (0.45 ms, most of
@@ -94,12 +97,24 @@ def _array(t: torch.Tensor) -> np.ndarray:
     return (t.view(torch.int16) if t.dtype == torch.bfloat16 else t).numpy()
 
 
-def state_digests(*, optimizer: torch.optim.Optimizer, pieces: Iterable[tuple[str, Any]],
+class Held:
+    """A piece of state a framework's checkpoint holds as a value rather than as one object's
+    ``state_dict()`` (Lightning's list of several schedulers' states, the Trainer's epoch),
+    given to ``state_digests`` as a piece like any other."""
+
+    def __init__(self, state: Any) -> None:
+        self.state = state
+
+    def state_dict(self) -> Any:
+        return self.state
+
+
+def state_digests(*, optimizer: torch.optim.Optimizer | None, pieces: Iterable[tuple[str, Any]],
                   generators: Mapping[str, Any], scaler: Any, step: int) -> dict[str, Any]:
     """Every component of a step record's ``state`` (spec/RUN.md §3.9), as the state stands now:
     the RNGs, each piece's ``state_dict()`` as saved (``scheduler``, ``amp.scaler``, ``state.NAME``; one
     with a ``digest_every`` of N only at steps that are multiples of N), each param group's lr,
-    the optimizer's step and the GradScaler's scale."""
+    the optimizer's step (no optimizer: neither) and the GradScaler's scale."""
     out = rng_digests(generators)
     scaler_state = None
     for piece, obj in pieces:
@@ -109,9 +124,10 @@ def state_digests(*, optimizer: torch.optim.Optimizer, pieces: Iterable[tuple[st
         out[piece] = digest(state)
         if obj is scaler:
             scaler_state = state
-    for g, group in enumerate(optimizer.param_groups):
-        out[f"lr.{g}"] = float(group["lr"])
-    out["optimizer.step"] = optimizer_step(optimizer, step)
+    if optimizer is not None:
+        for g, group in enumerate(optimizer.param_groups):
+            out[f"lr.{g}"] = float(group["lr"])
+        out["optimizer.step"] = optimizer_step(optimizer, step)
     if scaler is not None:       # its state_dict holds the scale (a disabled one's is empty)
         out["amp.scale"] = float((scaler_state or {}).get("scale", scaler.get_scale()))
     return out
@@ -159,9 +175,15 @@ def generator_key(name: str) -> str:
 def optimizer_step(optimizer: torch.optim.Optimizer, step: int) -> int:
     """The optimizer's step as the manifest records it (``optim.step_of``: the most any parameter
     has taken; the loop's ``step`` for SGD), with one device sync per device, not one per
-    parameter (fused and capturable Adam keep each step on the parameter's device)."""
-    if optim.OPTIMIZERS[optim.kind(optimizer)][1] is None:
-        return step
+    parameter (fused and capturable Adam keep each step on the parameter's device). An optimizer
+    the seed layout cannot hold (a Trainer's Adafactor: its checkpoint is the Trainer's own
+    ``optimizer.pt``) gives the most steps its state counts, the loop's ``step`` where it counts none."""
+    try:
+        if optim.OPTIMIZERS[optim.kind(optimizer)][1] is None:
+            return step
+    except UnsupportedOptimizerError:
+        if not any("step" in state for state in optimizer.state.values()):
+            return step
     steps = [state["step"] for state in optimizer.state.values() if "step" in state]
     here = [s for s in steps if getattr(s, "is_cpu", True)]     # a number, or a tensor on the CPU
     counted = [max(map(float, here))] if here else []

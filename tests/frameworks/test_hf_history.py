@@ -5,7 +5,9 @@ waits for it), a ``checkpoint`` event per commit with its reason and directory, 
 resume from a checkpoint earlier than the history's last step, a ``resume`` event that leaves
 the lost timeline's records out of the canonical history, the steps going on from there. With
 the history there, ``validate``, ``ls`` and ``resume_path`` of the output directory say what
-they said without it."""
+they said without it. With ``Checkpointing(digests=True)`` a resumed ``train()`` records the
+straight run's state digests step for step, and ``bisect`` of two output directories, which
+compares no checkpoint-N, names from the histories alone a reseed after the restore."""
 from __future__ import annotations
 
 import json
@@ -17,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-pytest.importorskip("torch")
+torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 from click.testing import CliRunner  # noqa: E402
+from conftest import cli  # noqa: E402
 
 from ckptfmt.cli import main  # noqa: E402
 from ckptfmt.hf import Checkpointing, resume_path  # noqa: E402
@@ -83,3 +86,40 @@ def test_the_history_records_each_logged_step_its_checkpoints_and_a_resume_from_
     assert CliRunner().invoke(main, ["validate", str(out)]).exit_code == 0
     assert resume_path(out) == str(out / "checkpoint-4") and resume_path(bare) == str(bare / "checkpoint-4")
 
+
+
+class Reseed(transformers.TrainerCallback):
+    """``torch.manual_seed`` as the first step of this ``train()`` begins: after the Trainer put
+    the checkpoint's RNG states back (a user's ``set_seed`` in the wrong place)."""
+
+    def __init__(self):
+        self.seeded = False
+
+    def on_step_begin(self, args, state, control, **kwargs):
+        if not self.seeded:
+            torch.manual_seed(1)
+            self.seeded = True
+
+
+def test_a_resumed_train_records_the_straight_runs_digests_and_bisect_names_a_reseed_after_restore(tmp_path):
+    straight, resumed, reseeded = tmp_path / "straight", tmp_path / "resumed", tmp_path / "reseeded"
+    trainer(straight, [Checkpointing(digests=True)]).train()
+    trainer(resumed, [TermAt(3), Checkpointing(digests=True)]).train()
+    shutil.copytree(resumed, reseeded)
+    for run, more in ((resumed, []), (reseeded, [Reseed()])):
+        trainer(run, [*more, Checkpointing(digests=True)]).train(resume_from_checkpoint=resume_path(run))
+    digests = lambda run: {r["step"]: r["state"] for r in timeline.plan(run / history.NAME).records()}  # noqa: E731
+    want = digests(straight)
+    assert sorted(want) == [1, 2, 3, 4]
+    assert {"rng.python", "rng.numpy", "rng.torch", "scheduler", "state.trainer_state", "lr.0", "optimizer.step"} \
+        <= set(want[1]) and [want[s]["optimizer.step"] for s in want] == [1, 2, 3, 4]
+    assert digests(resumed) == want                      # step 4: the resumed train()'s, after checkpoint-3
+    done = cli("bisect", str(straight), str(resumed))
+    assert done.returncode == 0 and done.stdout.splitlines() == [
+        "generations: not compared (A and B: a Hugging Face Trainer's output directory: its checkpoint-N hold "
+        "the Trainer's own files (weights, a torch.save of the optimizer and of the RNG states), not generations "
+        "whose content ckptfmt compares); history: identical", "identical"], done.stdout
+    done = cli("bisect", str(straight), str(reseeded))
+    assert done.returncode == 1
+    assert done.stdout.splitlines()[1].startswith("step 4: rng.torch differs (also: loss"), done.stdout
+    assert "generations not compared: from the histories alone" in done.stdout and "B resumed at step 3" in done.stdout

@@ -1,12 +1,15 @@
 """The Checkpointing callback on the run layer's Session (spec/RUN.md §11.8), with real Lightning:
 under gradient accumulation the history holds each optimizer step once and a signal at a batch
 that ends no step still commits last.ckpt; the session writes nothing of a run directory's own
-in ModelCheckpoint's directory (no policy record); and it stays open until the plugin's
-teardown, so a checkpoint ModelCheckpoint saves as training ends reaches the mirror."""
+in ModelCheckpoint's directory (no policy record); it stays open until the plugin's teardown,
+so a checkpoint ModelCheckpoint saves as training ends reaches the mirror; and with
+``digests=True`` a resumed fit records the straight fit's state digests step for step, so
+``bisect`` of the two ModelCheckpoint directories names an RNG a resume did not put back."""
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 
 import pytest
@@ -15,10 +18,15 @@ pl = pytest.importorskip("pytorch_lightning")
 
 from test_lightning_options import example, kill                              # noqa: E402
 
+from conftest import cli                                                      # noqa: E402
+
+from ckptfmt.errors import UnsupportedSetupError                              # noqa: E402
 from ckptfmt.lightning import CheckpointIO, Checkpointing, generation_in      # noqa: E402
+from ckptfmt.run import timeline                                            # noqa: E402
 from ckptfmt.run.history import read as read_history                        # noqa: E402
 
 STEPS = 6
+CUT = 3                    # the interrupted fit's last step, mid-epoch (8 steps an epoch)
 
 
 class AtBatch(pl.Callback):
@@ -33,17 +41,17 @@ class AtBatch(pl.Callback):
             self.act(pl_module)
 
 
-def train(root, ours, *, checkpoint, at=None, accumulate: int = 1):
-    """The example's module and resumable loader to STEPS optimizer steps, ModelCheckpoint in ``root``."""
+def train(root, ours, *, checkpoint, at=None, accumulate: int = 1, steps: int = STEPS, ckpt_path=None):
+    """The example's module and resumable loader to ``steps`` optimizer steps, ModelCheckpoint in ``root``."""
     pl.seed_everything(0, verbose=False)
     loader = example.ResumableLoader(example.data(), 12, example.ShuffleSampler(len(example.data())))
     saver = pl.callbacks.ModelCheckpoint(dirpath=root, filename="step={step}", auto_insert_metric_name=False,
                                          **checkpoint)
-    trainer = pl.Trainer(max_steps=STEPS, accumulate_grad_batches=accumulate, deterministic=True, logger=False,
+    trainer = pl.Trainer(max_steps=steps, accumulate_grad_batches=accumulate, deterministic=True, logger=False,
                          enable_progress_bar=False, enable_model_summary=False, accelerator="cpu",
                          default_root_dir=str(root), plugins=[CheckpointIO()],
                          callbacks=[*([at] if at else []), ours, saver])
-    trainer.fit(example.Net(), loader)
+    trainer.fit(example.Net(), loader, ckpt_path=ckpt_path)
     return trainer
 
 
@@ -74,3 +82,42 @@ def test_a_checkpoint_modelcheckpoint_saves_as_training_ends_reaches_the_mirror(
     assert sorted(os.listdir(root)) == ["last.ckpt"] and sorted(os.listdir(there)) == ["last.ckpt"]
     assert ours.mirroring.report["errors"] == [] and ours.session.closed
     assert generation_in(there / "last.ckpt").endswith(f"step_{STEPS:06d}.bin")
+
+
+def digests(run) -> dict[int, dict]:
+    """step -> the state digests of the canonical history's record of it."""
+    return {r["step"]: r["state"] for r in timeline.plan(run / ".loss.json").records()}
+
+
+def test_a_resumed_fit_records_the_straight_fits_digests_and_bisect_names_an_rng_not_put_back(tmp_path):
+    """A fit cut at step 3 and resumed from step=3.ckpt records, step for step, the digests the
+    straight fit records (both directories' generations compared too); resumed with
+    ``restore_rng=False`` instead, bisect of the two ModelCheckpoint directories names torch's
+    RNG at the resumed fit's first step, every other piece identical."""
+    straight, resumed, unrestored = tmp_path / "straight", tmp_path / "resumed", tmp_path / "unrestored"
+    every = {"every_n_train_steps": CUT, "save_top_k": -1}
+    train(straight, Checkpointing(history=True, digests=True), checkpoint=every)
+    train(resumed, Checkpointing(history=True, digests=True), checkpoint=every, steps=CUT)
+    shutil.copytree(resumed, unrestored)
+    for run, restore_rng in ((resumed, True), (unrestored, False)):
+        train(run, Checkpointing(history=True, digests=True, restore_rng=restore_rng), checkpoint=every,
+              ckpt_path=str(run / f"step={CUT}.ckpt"))
+    want = digests(straight)
+    assert sorted(want) == list(range(1, STEPS + 1))
+    assert {"rng.torch", "scheduler", "state.train_loader", "lr.0", "optimizer.step"} <= set(want[1])
+    assert len({d["state.train_loader"] for d in want.values()}) == STEPS      # the loader moves every step
+    assert digests(resumed) == want
+    done = cli("bisect", str(straight), str(resumed))
+    assert done.returncode == 0 and done.stdout.splitlines() == ["generations: identical; history: identical",
+                                                                 "identical"], done.stdout
+    found = json.loads(cli("bisect", str(straight), str(unrestored), "--json").stdout)
+    d = found["diagnosis"]
+    assert found["common_generations"] == [CUT, STEPS] and found["first_generation_difference"] == STEPS
+    assert (d["step"], d["component"], d["before"]) == (CUT + 1, "rng.torch", CUT), d["message"]
+    assert {"state.train_loader", "scheduler", "lr.0", "optimizer.step"} <= set(d["equal"]), d["message"]
+
+
+def test_digests_without_the_history_are_refused_in_one_line():
+    with pytest.raises(UnsupportedSetupError, match=r"^Checkpointing\(digests=True\) records the state digests in "
+                                                    r"the history: give history=True too$"):
+        Checkpointing(digests=True)

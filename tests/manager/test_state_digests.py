@@ -21,7 +21,7 @@ import warm  # noqa: E402
 from ckptfmt.run import SavePolicy, history, timeline  # noqa: E402
 from ckptfmt.run.statemanager import StateManager  # noqa: E402
 from ckptfmt.torch import CheckpointManager  # noqa: E402
-from ckptfmt.torch.digests import digest  # noqa: E402
+from ckptfmt.torch.digests import Held, digest, state_digests  # noqa: E402
 from conftest import cli  # noqa: E402
 
 STEPS, CUT = 6, 3
@@ -237,3 +237,20 @@ def test_a_digest_is_of_the_value_not_of_its_spelling():
     assert digest({"t": torch.arange(6).reshape(2, 3)}) != digest({"t": torch.arange(6).reshape(3, 2)})
     assert digest(np.arange(6)[::2]) == digest(np.array([0, 2, 4]))      # the values, not the strides
     assert digest(float("nan")) == digest(float("nan")) != digest(float("inf"))
+
+
+def test_a_frameworks_pieces_held_as_values_and_an_optimizer_the_layout_cannot_hold():
+    """What the Lightning and Hugging Face callbacks give: a state held as a value digests as that
+    value; no optimizer records no lr and no step; an optimizer the seed layout cannot hold (a
+    Trainer's checkpoint holds any) records the steps its state counts, the loop's before it has any."""
+    params = [torch.nn.Parameter(torch.ones(2))]
+    rprop = torch.optim.Rprop(params, lr=0.5)
+    found = state_digests(optimizer=None, pieces=[("state.trainer_state", Held({"epoch": 0.25}))], generators={},
+                          scaler=None, step=4)
+    assert found["state.trainer_state"] == digest({"epoch": 0.25}) and not {"lr.0", "optimizer.step"} & set(found)
+    assert state_digests(optimizer=rprop, pieces=[], generators={}, scaler=None, step=7)["optimizer.step"] == 7
+    for _ in range(2):
+        params[0].sum().backward()
+        rprop.step()
+    found = state_digests(optimizer=rprop, pieces=[], generators={}, scaler=None, step=7)
+    assert (found["lr.0"], found["optimizer.step"]) == (0.5, 2)
