@@ -65,7 +65,6 @@ from ..run.signals import Handlers
 from ..tools import hfdir, hfrun
 from ..torch import optim
 from ..torch.digests import DEFAULT as DIGESTS
-from ..torch.distributed import any_rank
 from ..torch.ranks import TorchCollective
 from .digests import step_digests
 
@@ -113,14 +112,6 @@ def hold(control: Any) -> Any:
             _HELD[cls] = type(cls.__name__, (_Held, cls), {"__module__": cls.__module__})
         control.__class__ = _HELD[cls]
     return control
-
-
-class Ranks(TorchCollective):
-    """The ranks of the Trainer's job as its session sees them: torch.distributed's (one process
-    outside a process group), agreeing through ``any_rank`` (one MAX all-reduce per step)."""
-
-    def agree(self, *flags: bool) -> tuple[bool, ...]:
-        return any_rank(*flags)
 
 
 class Checkpointing(TrainerCallback):
@@ -229,7 +220,7 @@ class Checkpointing(TrainerCallback):
         resumed at the Trainer's ``global_step`` (its metrics the newest known; ``durable``
         where that step's checkpoint is this directory's, committed)."""
         session = Session(output_dir, write=None, writer=None, saving=SavePolicy(), retention=self.retention,
-                          collective=Ranks(), lock=False, handle_signals=False,
+                          collective=TorchCollective(), lock=False, handle_signals=False,
                           retain=lambda: self._retain(output_dir, getattr(state, "best_model_checkpoint", None)))
         self._state, self._stepped, self._unrecorded = state, state.global_step, None
         if state.global_step > 0:

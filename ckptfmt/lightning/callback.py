@@ -130,6 +130,8 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
             session.resumed(self._resumed_at, {}, durable=False)
             if self.history:
                 session.event("resume", self._resumed_at)
+        elif self.history:
+            session.event("start", 0, world_size=trainer.world_size)   # a fit from scratch: an earlier one's records are a lost timeline
         return session
 
     def on_train_batch_end(self, trainer: Any, pl_module: Any, outputs: Any, batch: Any, batch_idx: int) -> None:

@@ -27,6 +27,10 @@ from ..errors import HistoryCorruptError, HistoryWriteError
 NAME = ".loss.json"
 
 
+# events that begin a timeline at their step: the records of later steps before them are a lost
+# timeline's (spec/RUN.md §3.4); a start is at step 0, a fresh start over a run's old records
+CUTS = ("resume", "fork", "start")
+
 def encode_float(x: float) -> float | str:
     """NaN and infinities are written as the strings 'nan', 'inf', '-inf' (JSON has no NaN)."""
     return x if math.isfinite(x) else ("nan" if math.isnan(x) else ("inf" if x > 0 else "-inf"))
@@ -63,10 +67,10 @@ class HistoryRead:
     problems: list[str] = field(default_factory=list)             # corruption in the middle
 
     def canonical(self) -> list[dict[str, Any]]:
-        """Exactly one record per step: resume events cut lost timelines, last writer wins."""
+        """Exactly one record per step: resume, fork and start events cut lost timelines, last writer wins."""
         by_step: dict[int, dict[str, Any]] = {}
         for rec in self.records:
-            if rec.get("event") in ("resume", "fork"):
+            if rec.get("event") in CUTS:
                 cut = rec["step"]
                 by_step = {s: r for s, r in by_step.items() if s <= cut}
             elif "event" not in rec:
@@ -352,7 +356,7 @@ def index(path: "str | os.PathLike[str]", length: int | None = None, *,
         kind = rec["event"]
         if kind in events:
             found.events.append((kind, rec["step"]))
-        if kind in ("resume", "fork"):
+        if kind in CUTS:
             found.cut(rec["step"])
     return found
 

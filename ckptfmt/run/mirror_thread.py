@@ -100,6 +100,11 @@ class BackgroundMirror:
         rows = [r for r in mirrors.lag(self.run_dir, committed) if r["url"] == redact(self.url)]
         return rows[0]["behind"] if rows else committed
 
+    def stop(self) -> None:
+        """End the thread after a last pass, without waiting for it (its owner is gone)."""
+        self._closing.set()
+        self._wake.set()
+
     def close(self, timeout: float | None = None, *, retries: int = 0, backoff: float = 1.0) -> dict[str, Any]:
         """A last pass that catches up (a failed one tried again ``retries`` times, after
         ``backoff`` seconds, doubling), then the thread ends; what the mirror did."""

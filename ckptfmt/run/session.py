@@ -118,8 +118,14 @@ class Session:
         self._resumed_at: int | None = None
         self._checked = False                 # the run's generations looked at (restore, first step)
         self.due: str | None = None           # why a save is due that the framework makes (no writer)
-        self.writer = writer(self) if writer is not None else None
-        self.mirror = mirror(self) if mirror is not None and self.rank == 0 else None
+        self.writer = self.mirror = None
+        try:                                  # what fails to start leaves no lock and no handler behind
+            self.writer = writer(self) if writer is not None else None
+            self.mirror = mirror(self) if mirror is not None and self.rank == 0 else None
+        except BaseException:
+            self.closed = True
+            self._release()
+            raise
 
     # ------------------------------------------------------------ the flags signals set
     def request_save(self) -> None:

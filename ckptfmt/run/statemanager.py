@@ -12,11 +12,12 @@ into the policies.
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Callable, Mapping, TypeVar
 
 from . import resuming, tiers
 from .hooks import Hooks
-from .mirror_thread import BackgroundMirror
+from .mirror_thread import BackgroundMirror, check_url
 from .retention import Policy
 from .saving import SavePolicy
 from .session import Mirror, Session
@@ -70,6 +71,8 @@ class StateManager:
             raise TypeError(f"{type(side).__name__} computes no state digests: digests=True needs its digests(step)")
         side.refuse()
         strict_json({"config": config})               # a config JSON cannot hold: refused now
+        if mirror is not None:
+            check_url(mirror)                         # a plain path, a scheme no filesystem serves: now
         self.side, self.config, self.digests = side, config, digests
         self.session = Session(
             directory, write=self._write, writer=side.writer, saving=saving, retention=retention,
@@ -187,5 +190,19 @@ class StateManager:
 
 
 def _start_mirror(session: Session, url: str) -> Mirror:
-    """The background mirror of ``mirror=URL``, with the run's own retention."""
-    return BackgroundMirror(session.run.path, url, retention=session.retention, log=session.log)
+    """The background mirror of ``mirror=URL``, with the run's own retention. Its thread holds the
+    session weakly and ends once the session is collected: a manager a notebook cell left
+    unclosed gives its run lock up when nothing refers to it, its mirror or not."""
+    mirror = BackgroundMirror(session.run.path, url, retention=session.retention, log=weakly(session.log))
+    weakref.finalize(session, mirror.stop)
+    return mirror
+
+
+def weakly(method: Callable[..., Any]) -> Callable[..., Any]:
+    """``method`` of an object, held weakly: once the object is collected a call does nothing."""
+    ref = weakref.WeakMethod(method)    # type: ignore[arg-type]
+
+    def call(*args: Any, **kwargs: Any) -> Any:
+        bound = ref()
+        return None if bound is None else bound(*args, **kwargs)
+    return call

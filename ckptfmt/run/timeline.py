@@ -154,7 +154,7 @@ def plan(path: "str | os.PathLike[str]", length: int | None = None, *,
                     continue
                 if "event" in rec:
                     _event(timeline, segments, rec, events)
-                    open_seg = None if rec["event"] in ("resume", "fork") else open_seg
+                    open_seg = None if rec["event"] in hist.CUTS else open_seg
                     continue
                 step = rec["step"]
             if segments and step <= segments[-1].last:
@@ -195,12 +195,12 @@ def _last_is_exact(f: BinaryIO, seg: Segment, parsed: bool) -> bool:
 
 
 def _event(timeline: Timeline, segments: list[Segment], rec: dict[str, Any], events: tuple[str, ...]) -> None:
-    """An event line: noted if asked for; a resume or fork at S cuts the segments at S (those
+    """An event line: noted if asked for; a resume, fork or start at S cuts the segments at S (those
     that start after S are lost, the one it cuts into ends at S; their lines stay in the file)."""
     kind, step = rec["event"], rec["step"]
     if kind in events:
         timeline.events.append((kind, step))
-    if kind not in ("resume", "fork"):
+    if kind not in hist.CUTS:
         return
     while segments and segments[-1].first > step:
         segments.pop()

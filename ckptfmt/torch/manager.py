@@ -30,7 +30,7 @@ import torch
 from ..run import SavePolicy
 from ..run.hooks import Hooks
 from ..run.statemanager import UNSET, StateManager, policies
-from . import optim, refusals
+from . import memtier, optim, refusals
 from .digests import DEFAULT as DIGESTS
 from .memtier import MemoryTier, at_close, forget_after
 from .stateside import TorchState
@@ -83,6 +83,7 @@ class CheckpointManager(StateManager):
         find it (the history's ``state``, §3.9: where a resume that went wrong parted)."""
         optim.kind(optimizer)
         given = Hooks.given("CheckpointManager", hooks)
+        memtier.check_every(memory_every)          # before the run lock is taken
         retention, saving = policies("CheckpointManager", every, keep_last, keep_every, retention, saving)
         side = TorchState(model, optimizer, scheduler, scaler, state=state, generators=generators,
                           async_save=async_save)
@@ -142,4 +143,4 @@ class CheckpointManager(StateManager):
         model was trained in memory said."""
         self._ram_tier = forget_after(self.run, step or 0, self.log) or self._memory is not None
         if step is None:
-            refusals.trained_before_restore(self.model, self.side.built, self.run.where, self.log)
+            refusals.trained_before_restore(self.model, self.optimizer, self.side.built, self.run.where, self.log)

@@ -32,13 +32,18 @@ from .distributed import decided_by_rank0, reshard
 from .saver import Saver
 
 
+def check_every(every: int | None) -> None:
+    """``memory_every``: None (no RAM tier) or a whole number of at least 1."""
+    if every is not None and (isinstance(every, bool) or not isinstance(every, int) or every < 1):
+        raise ValueError(f"memory_every must be a whole number of at least 1, got {every!r}")
+
+
 class MemoryTier:
     """The RAM tier of one manager: ``due(step)``, then ``save``."""
 
     def __init__(self, run: Run, every: int, *, rank: int, world: int, log: Callable[..., None],
                  event: Callable[..., None], asynchronous: bool = False):
-        if isinstance(every, bool) or not isinstance(every, int) or every < 1:
-            raise ValueError(f"memory_every must be a whole number of at least 1, got {every!r}")
+        check_every(every)
         self.topology = peers.checked() if world > 1 else peers.topology()   # equal nodes, or refused
         self.run, self.path = run, None     # the tier's directory, known at the first RAM save
         self.rank, self.world, self.log, self.event = rank, world, log, event

@@ -35,11 +35,17 @@ def versions(model: torch.nn.Module) -> tuple[int, ...]:
     return tuple(p._version for p in model.parameters())
 
 
-def trained_before_restore(model: torch.nn.Module, built: tuple[int, ...], run: Any, log: Any) -> None:
+def trained_before_restore(model: torch.nn.Module, optimizer: Any, built: tuple[int, ...], run: Any,
+                           log: Any) -> None:
     """``restore()`` found no generation: say so when the parameters changed since the manager
-    was built (trained before ``restore()``, or by a notebook cell run before it), because the
-    loop then goes on from the weights in memory, not from a fresh start."""
+    was built (trained before ``restore()``), or the optimizer already took steps (a model trained
+    by a notebook cell run before the manager was built), because the loop then goes on from the
+    weights in memory, not from a fresh start."""
     if versions(model) != built:
-        log(f"{run}: restore() found no generation, but the model's parameters changed since this manager was "
-            "built (trained before restore()?): training goes on from the weights in memory, not from a fresh "
-            "start, and the next save commits them as the run's first generation")
+        why = "the model's parameters changed since this manager was built (trained before restore()?)"
+    elif any(optimizer.state.get(p) for group in optimizer.param_groups for p in group["params"]):
+        why = "the optimizer already holds state (trained before this manager was built, in an earlier cell?)"
+    else:
+        return
+    log(f"{run}: restore() found no generation, but {why}: training goes on from the weights in memory, not "
+        "from a fresh start, and the next save commits them as the run's first generation")

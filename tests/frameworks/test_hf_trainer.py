@@ -298,15 +298,15 @@ def test_a_sigterm_after_the_last_step_is_reported_and_a_handler_from_outside_py
 
 
 def test_a_signal_during_the_all_reduce_counts_at_the_next_step(monkeypatch, tmp_path):
-    from ckptfmt.hf import callback
+    from ckptfmt.torch import ranks
     ckpt, (args, state, control) = Checkpointing(signals=()), hooks(tmp_path)
     ckpt.on_train_begin(args, state, control)
 
     def during(*flags):
         ckpt.request_save()                                 # arrives while the ranks agree
-        monkeypatch.setattr(callback, "any_rank", lambda *f: f)
+        monkeypatch.setattr(ranks, "any_rank", lambda *f: f)
         return flags
-    monkeypatch.setattr(callback, "any_rank", during)
+    monkeypatch.setattr(ranks, "any_rank", during)
     ckpt.on_step_begin(args, state, control)
     ckpt.on_step_end(args, state, control)
     assert not control.should_save

@@ -90,7 +90,7 @@ def test_sigterm_commits_last_and_stops_and_last_resumes_bit_exactly_mid_epoch(s
     assert differing(state_bytes(model, trainer), straight) == []
     history = read_history(tmp_path / ".loss.json")
     assert [r["step"] for r in history.canonical()] == list(range(1, STEPS + 1))
-    assert [(e["event"], e["step"]) for e in history.events()] == [("resume", 11)]
+    assert [(e["event"], e["step"]) for e in history.events()] == [("start", 0), ("resume", 11)]
     assert all(isinstance(r["loss"], float) for r in history.canonical())
 
 
@@ -167,7 +167,7 @@ def test_the_tutorials_lightning_script_runs_as_written_on_a_fresh_run_and_resum
         exec(compile(block.replace("max_steps=64,", f"max_steps={steps},"), "lightning.md", "exec"),
              {"__name__": "__main__"})
     history = read_history(tmp_path / "ckpt" / ".loss.json")
-    assert [e["event"] for e in history.events()] == ["resume"] and history.canonical()[-1]["step"] == 74
+    assert [e["event"] for e in history.events()] == ["start", "resume"] and history.canonical()[-1]["step"] == 74
     names = sorted(p.name for p in (tmp_path / "ckpt").iterdir() if p.name.endswith(".ckpt"))
     # every 10 steps, Policy(keep_last=3): 50, 60, 70 and the link save_last="link" makes
     assert names == ["epoch=3-step=50.ckpt", "epoch=3-step=60.ckpt", "epoch=4-step=70.ckpt", "last.ckpt"], names

@@ -67,7 +67,7 @@ def test_under_gradient_accumulation_each_step_is_recorded_once_and_a_signal_bet
     assert trainer.global_step == STEPS and calls == [1]
     history = read_history(tmp_path / ".loss.json")
     assert [r["step"] for r in history.records if "event" not in r] == list(range(1, STEPS + 1))
-    assert history.events() == []
+    assert [(e["event"], e["step"]) for e in history.events()] == [("start", 0)]
     doc = json.loads(open(generation_in(tmp_path / "last.ckpt")[:-4] + ".json").read())
     assert doc["lightning"]["global_step"] == 2
     assert sorted(os.listdir(tmp_path)) == [".loss.json", "last.ckpt"]       # no policy record
@@ -121,3 +121,17 @@ def test_digests_without_the_history_are_refused_in_one_line():
     with pytest.raises(UnsupportedSetupError, match=r"^Checkpointing\(digests=True\) records the state digests in "
                                                     r"the history: give history=True too$"):
         Checkpointing(digests=True)
+
+
+def test_a_second_fit_from_scratch_in_the_same_directory_begins_a_new_timeline(tmp_path):
+    """Two fits without ckpt_path, one after the other, in one ModelCheckpoint directory: the
+    second's ``start`` event makes the first's records a lost timeline, so the canonical history
+    is the second fit's alone (never the first's steps beyond the second's end)."""
+    train(tmp_path, Checkpointing(history=True), checkpoint={"every_n_train_steps": 1000})
+    first = read_history(tmp_path / ".loss.json").canonical()
+    assert [r["step"] for r in first] == list(range(1, STEPS + 1))
+    train(tmp_path, Checkpointing(history=True), checkpoint={"every_n_train_steps": 1000}, steps=STEPS - 2)
+    history = read_history(tmp_path / ".loss.json")
+    assert [r["step"] for r in history.canonical()] == list(range(1, STEPS - 1))
+    assert [r["loss"] for r in history.canonical()] == [r["loss"] for r in first][:STEPS - 2]
+    assert [(e["event"], e["step"]) for e in history.events()] == [("start", 0), ("start", 0)]

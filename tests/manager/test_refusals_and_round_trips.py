@@ -598,8 +598,9 @@ def test_a_state_object_whose_own_state_cannot_be_kept_is_refused_and_the_others
 
 def test_a_restore_that_finds_nothing_after_training_in_memory_says_it_is_no_fresh_start(tmp_path):
     """A notebook: the manager built, a cell trains, then restore() finds no generation. The
-    loop would go on from the trained weights as if from step 0: the log says so. A model left
-    as it was built restores silently to a fresh start."""
+    loop would go on from the trained weights as if from step 0: the log says so, as it does for a
+    model an earlier cell trained before the manager was built (its optimizer holds state). A
+    model left as it was built restores silently to a fresh start."""
     model, opt = tiny_adamw()
     said = []
     with CheckpointManager(tmp_path / "run", model, opt, handle_signals=False, log=said.append) as mgr:
@@ -611,6 +612,10 @@ def test_a_restore_that_finds_nothing_after_training_in_memory_says_it_is_no_fre
     with CheckpointManager(tmp_path / "other", model, opt, handle_signals=False, log=said.append) as mgr:
         assert mgr.restore() == 0
     assert said == []
+    train_steps(model, opt, 2)                  # an earlier cell trained, then the manager was built
+    with CheckpointManager(tmp_path / "third", model, opt, handle_signals=False, log=said.append) as mgr:
+        assert mgr.restore() == 0
+    assert len(said) == 1 and "restore() found no generation, but the optimizer already holds state" in said[0]
 
 
 def test_a_manager_left_unclosed_gives_its_lock_to_the_next_one_once_nothing_refers_to_it(tmp_path):
@@ -632,8 +637,28 @@ def test_a_manager_left_unclosed_gives_its_lock_to_the_next_one_once_nothing_ref
             assert again.restore() == 0 and orphan() is None
     finally:
         gc.enable()
+    orphaned = CheckpointManager(tmp_path / "mirrored", model, opt, handle_signals=False, every=1,
+                                 mirror=(tmp_path / "there").as_uri())       # its thread lives on
+    orphaned.restore()
+    orphaned.step(1, loss=1.0)
+    del orphaned
+    with CheckpointManager(tmp_path / "mirrored", model, opt, handle_signals=False) as again:
+        assert again.restore() == 1
+    with pytest.raises(ValueError, match="memory_every"):          # refused before the lock is taken
+        CheckpointManager(tmp_path / "tier", model, opt, memory_every=0)
+    CheckpointManager(tmp_path / "tier", model, opt, handle_signals=False).close()
     kept = CheckpointManager(tmp_path / "held", model, opt, handle_signals=False)
     with pytest.raises(RunLockedError, match=r"never closed, e\.g\. a CheckpointManager of a notebook cell that "
                                              r"failed: call its close\(\), or drop every reference to it"):
         CheckpointManager(tmp_path / "held", model, opt, handle_signals=False)
     kept.close()
+
+
+@pytest.mark.parametrize("url, error", [("plain/path", "mirror= needs a URL"),
+                                        ("nosuch://bucket/run", "Protocol not known: nosuch")])
+def test_a_mirror_that_is_no_url_is_refused_before_the_run_is_opened(tmp_path, url, error):
+    model, opt = tiny_adamw()
+    from ckptfmt import errors
+    with pytest.raises(errors.CheckpointError, match=error):
+        CheckpointManager(tmp_path / "run", model, opt, handle_signals=False, mirror=url)
+    assert not (tmp_path / "run").exists() and not (tmp_path / "plain").exists()

@@ -64,7 +64,7 @@ def old_parse(line: bytes) -> dict[str, Any] | None:
 def old_canonical(records: list[dict[str, Any]]) -> list[dict[str, Any]]:
     by_step: dict[int, dict[str, Any]] = {}
     for rec in records:
-        if rec.get("event") in ("resume", "fork"):
+        if rec.get("event") in ("resume", "fork", "start"):
             cut = rec["step"]
             by_step = {s: r for s, r in by_step.items() if s <= cut}
         elif "event" not in rec:
