@@ -7,7 +7,7 @@ In process: ``train(run, until, bug=..., stop_at=C)`` trains steps 1..C and clos
 goes on; every call seeds every RNG first, as a fresh process would. As a command (verify-resume's
 trainer contract, without summary.json: the run's history is what is compared)::
 
-    python tests/resume_bugs.py [--bug BUG] --updates N --output DIR [--resume PATH] [--omit-rng-restore]
+    python tests/resume_bugs.py [--bug BUG] [--unseeded] --updates N --output DIR [--resume PATH] [--omit-rng-restore]
 
 The loop: a ``two_layer()`` model (tests/models.py) under AdamW and an ExponentialLR, every step a
 batch of 4 of 24 rows chosen by a sampler whose position is ``state.data``, input noise from
@@ -20,6 +20,7 @@ import argparse
 import copy
 import random
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -73,10 +74,14 @@ class Loader:
 
 
 def train(run, until: int, *, bug: str | None = None, stop_at: int | None = None, resume: str | None = None,
-          restore_rng: bool = True) -> int:
+          restore_rng: bool = True, unseeded: bool = False) -> int:
     """Train ``run`` up to step ``until`` (or ``stop_at``, then close: an interruption), resuming
-    from its newest generation (or ``resume``) as a fresh process would; the last step."""
-    random.seed(0), np.random.seed(0), torch.manual_seed(0)
+    from its newest generation (or ``resume``) as a fresh process would; the last step.
+    ``unseeded``: a correct loop that never seeds Python's and NumPy's global RNGs (it never draws
+    from them) and reports a metric that measures time, ``step_s``."""
+    if not unseeded:
+        random.seed(0), np.random.seed(0)
+    torch.manual_seed(0)
     x = torch.randn(ROWS, 3)
     y = x.sum(1, keepdim=True)
     model = two_layer()
@@ -95,6 +100,7 @@ def train(run, until: int, *, bug: str | None = None, stop_at: int | None = None
         sched = torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / 10))
     step = start
     for step in range(start + 1, (stop_at or until) + 1):
+        began = time.perf_counter()
         ids = data.next()
         target = y[ids] + torch.from_numpy(noise.normal(0, 0.01, (len(ids), 1)).astype(np.float32))
         loss = (model(x[ids] + 0.01 * torch.randn(len(ids), 3)) - target).square().mean()
@@ -107,7 +113,7 @@ def train(run, until: int, *, bug: str | None = None, stop_at: int | None = None
             scaler.step(opt)
             scaler.update()
         sched.step()
-        metrics = {}
+        metrics = {"step_s": time.perf_counter() - began} if unseeded else {}
         if ema is not None:
             ema = [0.9 * e + 0.1 * p.detach() for e, p in zip(ema, model.parameters())]
             metrics["ema_loss"] = _loss_of(model, ema, x, y)
@@ -144,9 +150,11 @@ def main() -> None:
     ap.add_argument("--output", required=True)
     ap.add_argument("--resume")
     ap.add_argument("--omit-rng-restore", action="store_true")
+    ap.add_argument("--unseeded", action="store_true", help="no global Python/NumPy seed; a step_s metric")
     args = ap.parse_args()
     start = 0 if args.resume is None else int(Path(args.resume).name[5:11])
-    train(args.output, start + args.updates, bug=args.bug, resume=args.resume, restore_rng=not args.omit_rng_restore)
+    train(args.output, start + args.updates, bug=args.bug, resume=args.resume, restore_rng=not args.omit_rng_restore,
+          unseeded=args.unseeded)
 
 
 if __name__ == "__main__":

@@ -98,6 +98,21 @@ TABLE: tuple[Cause, ...] = (
           "restored step, or one after the next)"),
 )
 
+BEFORE_ANY_RESUME = ("neither run resumed before this step, so this is a difference of the runs, not of a resume: "
+                     "a seed, the data, the config or the code differ, an RNG seeded in one run only (or in "
+                     "neither, and drawn from), or a metric that measures time (leave it out: `--ignore NAME`)")
+KEPT_BEFORE_RESUME = ("step", "loss")      # rows whose causes hold without a resume
+
+
+def for_step(component: str, resumed: bool) -> tuple[str, str]:
+    """``described(component)``, but for a step before which neither run resumed: the causes
+    ``BEFORE_ANY_RESUME`` (a row's causes are what goes wrong after restore)."""
+    what, said = described(component)
+    if resumed or row_of(component).component in KEPT_BEFORE_RESUME:
+        return what, said
+    return what, BEFORE_ANY_RESUME
+
+
 _ORDER = ("rng.python", "rng.numpy", "rng.torch", "rng.cuda.I", "rng.NAME", "state.NAME", "lr.G",
           "optimizer.step", "amp.scale", "amp.scaler", "scheduler", "undigested", "loss", "metric.NAME",
           "m", "v", "weights", "companion", "step")

@@ -96,8 +96,8 @@ def diagnose(parted: Parting, gens: tuple[dict[int, Generation], dict[int, Gener
         found = records.compare(*pair) if None not in pair else Comparison()
         out.update(differ=found.differ, equal=found.equal, one_only=found.one_only)
         out["component"] = _named(found, out["tensors"])
-    out["what"], out["causes"] = causes.described(out["component"])
     out["resumed"] = {"a": [s for s in resumes[0] if s < step], "b": [s for s in resumes[1] if s < step]}
+    out["what"], out["causes"] = causes.for_step(out["component"], any(out["resumed"].values()))
     out["message"] = message(out)
     return out
 
