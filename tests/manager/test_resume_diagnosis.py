@@ -165,3 +165,16 @@ def test_a_timing_metric_does_not_hide_an_unseeded_rng_nor_blame_a_resume(tmp_pa
     assert d["causes"] == causes.BEFORE_ANY_RESUME and "after restore" not in d["message"]
     done = cli("bisect", str(tmp_path / "a"), str(tmp_path / "b"), "--ignore", "step_s")
     assert done.returncode == 0 and done.stdout.splitlines()[-1].startswith("identical (rng.numpy"), done.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_numeric_piece_is_shown_with_both_values(tmp_path):
+    """A step count and an lr are numbers: the message and --json give A's and B's, and a step
+    count one behind says the update was skipped."""
+    d = bisect(*straight_and_resumed(tmp_path / "scaler", "scaler-not-given"))["diagnosis"]
+    assert d["values"] == {"optimizer.step": [2, 1]}, d["message"]
+    assert d["message"].startswith("step 4: optimizer.step differs (A 2, B 1: B's step count did not advance: "
+                                   "a skipped update)"), d["message"]
+    doc = json.loads(cli("bisect", *map(str, straight_and_resumed(tmp_path / "lr", "lr-overwritten")), "--json").stdout)
+    (a, b), = doc["diagnosis"]["values"].values()
+    assert a != b and doc["diagnosis"]["message"].startswith(f"step 4: lr.0 differs (A {a:g}, B {b:g})")
