@@ -148,7 +148,9 @@ def message(d: dict[str, Any]) -> str:
     if component == "step":
         said = [f"step {step}: recorded by run {d['only_in'].upper()} only"]
     elif component == "undigested":
-        said = [f"step {step}: the loss differs and every digest is identical"]
+        said = [f"step {step}: the loss differs and every digest is identical: the weights step {step} began "
+                f"from differ (step {step - 1}'s update differed, or the weights or moments were changed after "
+                "its record)"]
         also = [c for c in also if c != "loss"]
     else:
         valued = _valued(component, d.get("values", {}))
