@@ -35,10 +35,13 @@ def require_torch(command: str) -> None:
 @click.option("--command", "command", help="With --trainer command: template with {steps} {output} {resume} {omit_rng}.")
 @click.option("--fault", type=click.Choice(["optimizer", "scheduler", "cursor", "rng-python", "rng-numpy", "rng-torch"]),
               hidden=True, help="mini only: break one piece of the resume (to test the verifier).")
+@click.option("--ignore", "ignore", multiple=True, metavar="NAME",
+              help="A loop that writes no summary.json: leave this component of its run's history out of the "
+              "checks (a metric that measures time, step_s; a digest, rng.numpy). Repeatable.")
 @json_option
 @guarded
 def verify_resume_cmd(output: str, trainer: str, steps: int, cut: int, atol: float, rtol: float,
-                      command: str | None, fault: str | None, as_json: bool) -> None:
+                      command: str | None, fault: str | None, ignore: tuple[str, ...], as_json: bool) -> None:
     """Prove a resume is complete: continuous, cut, resumed and resumed-without-RNG runs in
     fresh processes. Exit 0 when the resume matches and the negative control diverges."""
     require_torch("verify-resume")
@@ -50,7 +53,7 @@ def verify_resume_cmd(output: str, trainer: str, steps: int, cut: int, atol: flo
     log = None if as_json else (lambda m: click.echo(f"  {m}", err=True))
     try:
         result = verify_resume(output, trainer=trainer, steps=steps, cut=cut, atol=atol, rtol=rtol,
-                               command=command, fault=fault, log=log)
+                               command=command, fault=fault, ignore=ignore, log=log)
     except VerifyIncomplete as exc:
         raise Fail(f"verify-resume could not complete: {exc}", EXIT_CANNOT) from None
     emit(result, as_json, _print_verification)
@@ -69,6 +72,12 @@ def _print_verification(r: dict) -> None:
                f"  all_checks_passed: {r['all_checks_passed']}")
     for f in r["failed_checks"]:
         click.echo(f"  failed: {f}")
+    left = r.get("left_out", {})
+    if left.get("from_start"):
+        click.echo(f"left out: {', '.join(left['from_start'])} (differ from the first record on while the loss "
+                   "agrees: an RNG the loop neither seeds nor draws from, a difference of the runs, not of the resume)")
+    if left.get("ignored"):
+        click.echo(f"ignored: {', '.join(left['ignored'])}")
 
 
 def _why(check: dict) -> str:

@@ -66,9 +66,13 @@ TABLE: tuple[Cause, ...] = (
           "the scheduler was built again after restore or stepped once more at resume (a `sched.step()` to "
           "catch up), or is another object than the one given to the manager"),
     Cause("undigested", "what the step reads that no digest covers",
-          "the loss differs while every digested piece is identical: the weights as the step found them "
-          "(changed after restore), a generator the loop draws from but did not register (`generators=`), a "
-          "state object not given (`state=`), an EMA or other copy of the model kept outside the state"),
+          "the loss differs while every digest at this step and the one before is identical, so the weights "
+          "the step began from differ: the update before it differed, or the weights or moments were changed "
+          "after that record: the optimizer's moments reset (`exp_avg`/`exp_avg_sq` zeroed, or not restored), "
+          "a scheduler built or loaded after restore (its constructor writes its first lr into `param_groups`, "
+          "`load_state_dict` does not write it back: the update used another lr than the one recorded), the "
+          "weights changed after restore, a generator the loop draws from but did not register (`generators=`), "
+          "a state object not given (`state=`), an EMA or other copy of the model kept outside the state"),
     Cause("metric.NAME", "the metric `NAME`",
           "it differs while the loss and every digested piece are identical: it is computed from something "
           "outside the checkpoint: an EMA or averaged copy of the model kept outside the state (give it as "
@@ -88,8 +92,9 @@ TABLE: tuple[Cause, ...] = (
           "the step's loss, moments and digested inputs are identical, so the update itself differed: an "
           "optimizer setting no digest covers (weight decay, `maximize`), gradient clipping, the weights "
           "written after the step (an EMA copied back), or an lr written into `param_groups` after restore "
-          "that the scheduler's next step wrote over (the step used it; the record after it shows the "
-          "scheduler's)"),
+          "that the scheduler's next step wrote over, or a scheduler built or loaded after restore (its "
+          "constructor writes its first lr into `param_groups`, `load_state_dict` does not write it back): the "
+          "update used that lr, the record after it shows the scheduler's"),
     Cause("companion", "a buffer or state tensor (the generation's companion file)",
           "a buffer (BatchNorm running statistics) or a state object's tensor updated differently: a module "
           "left in eval or train mode after restore, a buffer reset"),
@@ -97,6 +102,21 @@ TABLE: tuple[Cause, ...] = (
           "one run stopped earlier, or a resume skipped or repeated a step (a loop that starts again at the "
           "restored step, or one after the next)"),
 )
+
+BEFORE_ANY_RESUME = ("neither run resumed before this step, so this is a difference of the runs, not of a resume: "
+                     "a seed, the data, the config or the code differ, an RNG seeded in one run only (or in "
+                     "neither, and drawn from), or a metric that measures time (leave it out: `--ignore NAME`)")
+KEPT_BEFORE_RESUME = ("step", "loss")      # rows whose causes hold without a resume
+
+
+def for_step(component: str, resumed: bool) -> tuple[str, str]:
+    """``described(component)``, but for a step before which neither run resumed: the causes
+    ``BEFORE_ANY_RESUME`` (a row's causes are what goes wrong after restore)."""
+    what, said = described(component)
+    if resumed or row_of(component).component in KEPT_BEFORE_RESUME:
+        return what, said
+    return what, BEFORE_ANY_RESUME
+
 
 _ORDER = ("rng.python", "rng.numpy", "rng.torch", "rng.cuda.I", "rng.NAME", "state.NAME", "lr.G",
           "optimizer.step", "amp.scale", "amp.scaler", "scheduler", "undigested", "loss", "metric.NAME",

@@ -19,7 +19,7 @@ import numpy as np
 from ..errors import CheckpointError
 from ..generation import Generation
 from . import causes
-from .divergence import Comparison, Parting, Records
+from .divergence import Comparison, Parting, Records, states
 
 SHOWN = 6          # tensors named per region in a message (the JSON lists them all)
 MOMENTS_FIRST = ("m", "v", "weights")   # a step's update reads the moments: they name the cause first
@@ -95,11 +95,35 @@ def diagnose(parted: Parting, gens: tuple[dict[int, Generation], dict[int, Gener
         pair = (parted.a, parted.b) if parted.step == step else parted.watched
         found = records.compare(*pair) if None not in pair else Comparison()
         out.update(differ=found.differ, equal=found.equal, one_only=found.one_only)
+        out["values"] = numeric_values(found, *pair) if None not in pair else {}
         out["component"] = _named(found, out["tensors"])
-    out["what"], out["causes"] = causes.described(out["component"])
     out["resumed"] = {"a": [s for s in resumes[0] if s < step], "b": [s for s in resumes[1] if s < step]}
+    out["what"], out["causes"] = causes.for_step(out["component"], any(out["resumed"].values()))
     out["message"] = message(out)
     return out
+
+
+def numeric_values(found: Comparison, ra: dict[str, Any], rb: dict[str, Any]) -> dict[str, list[Any]]:
+    """component -> [A's, B's] for the digests that differ and are held as numbers (``lr.G``,
+    ``optimizer.step``, ``amp.scale``: spec/RUN.md §3.9): the values say more than "differs"
+    (an lr a new scheduler wrote, a step count one behind)."""
+    sa, sb = states(ra) or {}, states(rb) or {}
+    number = lambda x: isinstance(x, (int, float)) and not isinstance(x, bool)  # noqa: E731
+    return {c: [sa[c], sb[c]] for c in found.state_differs() if number(sa.get(c)) and number(sb.get(c))}
+
+
+def _valued(name: str, values: dict[str, list[Any]]) -> str:
+    """``optimizer.step (A 2, B 1: B's step count did not advance: a skipped update)``, or the
+    name alone where the component is not a number (the message puts the values after "differs")."""
+    if name not in values:
+        return name
+    a, b = values[name]
+    said = f"{name} (A {a:g}, B {b:g}"
+    if name == "optimizer.step":
+        behind, by = ("B", a - b) if a > b else ("A", b - a)
+        said += (f": {behind}'s step count did not advance: a skipped update" if by == 1 else
+                 f": {behind}'s step count is {by:g} behind: skipped updates or an optimizer reset")
+    return said + ")"
 
 
 def _named(found: Comparison, tensors: dict[str, list[str]]) -> str:
@@ -124,12 +148,15 @@ def message(d: dict[str, Any]) -> str:
     if component == "step":
         said = [f"step {step}: recorded by run {d['only_in'].upper()} only"]
     elif component == "undigested":
-        said = [f"step {step}: the loss differs and every digest is identical"]
+        said = [f"step {step}: the loss differs and every digest is identical: the weights step {step} began "
+                f"from differ (step {step - 1}'s update differed, or the weights or moments were changed after "
+                "its record)"]
         also = [c for c in also if c != "loss"]
     else:
-        said = [f"step {step}: {component} differs"]
+        valued = _valued(component, d.get("values", {}))
+        said = [f"step {step}: {component} differs{valued[len(component):]}"]
     if also:
-        said[0] += f" (also: {', '.join(also)})"
+        said[0] += f" (also: {', '.join(_valued(c, d.get('values', {})) for c in also)})"
     if d["tensors"]:
         said.append(f"generation {step} differs in " + "; ".join(_names(r, n) for r, n in d["tensors"].items()))
     if d.get("tensors_problem"):

@@ -118,12 +118,19 @@ def compare(ra: Record, rb: Record, ignore: Iterable[str] = ()) -> Comparison:
     return out
 
 
+def from_start(ra: Record, rb: Record, ignore: Iterable[str] = ()) -> list[str]:
+    """The digests that differ in two runs' first common record while its loss agrees: an RNG
+    neither run seeds nor draws from (NumPy's or Python's global one, seeded from the OS in each
+    process) differs from the first record on, a difference of the runs, not of a resume
+    (spec/RUN.md §3.9, §6.5). Decided on the loss alone: a metric that measures time differs in
+    any two runs and says nothing of the state. One rule for ``bisect`` and ``verify-resume``."""
+    return compare(ra, rb, ignore).state_differs() if same_loss(ra, rb) else []
+
+
 class Records:
     """How ``bisect`` compares two histories' records of a step: in everything but their clock
-    and the fields or components in ``ignore``, and but the digests that already differ in the
-    runs' first common record while its loss and metrics agree (``from_start``): an RNG neither
-    run seeds (NumPy's global one, seeded from the OS in each process) differs from the first
-    record on, a difference of the runs, not of a resume (spec/RUN.md §3.9, §6.5)."""
+    and the fields or components in ``ignore``, and but the digests ``from_start`` finds in the
+    runs' first common record (left out from there on)."""
 
     def __init__(self, ignore: Iterable[str] = ()):
         self.ignore = frozenset(ignore)
@@ -137,7 +144,6 @@ class Records:
         """Whether two records of a step agree (the walk's ``same``)."""
         found = self.compare(ra, rb)
         if self.from_start is None:
-            outputs_differ = len(found.state_differs()) < len(found.differ)
-            self.from_start = [] if outputs_differ else found.state_differs()
+            self.from_start = from_start(ra, rb, self.ignore)
             found = self.compare(ra, rb)
         return not found.differ

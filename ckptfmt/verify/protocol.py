@@ -74,7 +74,7 @@ class Protocol:
     """The four runs of seed 001 for one trainer (mini, andrea, or a command), and their verdict."""
     def __init__(self, output: str, *, trainer: str = "mini", steps: int = 10, cut: int = 5,
                  atol: float = 1e-12, rtol: float = 0.0, command: str | None = None,
-                 fault: str | None = None, log=None):
+                 fault: str | None = None, ignore: tuple[str, ...] = (), log=None):
         if not 0 < cut < steps:
             raise ValueError(f"--cut must be between 1 and --steps - 1, got cut {cut}, steps {steps}")
         self.out = Path(output)
@@ -82,6 +82,8 @@ class Protocol:
         self.command = command or (MINI + (f" --fault {fault}" if fault else "")
                                    if trainer == "mini" else None)
         self.fault = fault
+        self.ignore = tuple(ignore)
+        self.left_out: list[str] = []       # the digests that differ from the first record on (records.left_out)
         self.log = log or (lambda m: None)
 
     # ------------------------------------------------------------ template runs
@@ -219,6 +221,7 @@ class Protocol:
             "positive": pos_ok, "negative_divergence_detected": neg_diverged,
             "all_checks_passed": pos_ok and neg_diverged, "failed_checks": failed,
             "checks": {"cut": cut_check, "resume": positive, "resume_without_rng": negative},
+            "left_out": {"ignored": list(self.ignore), "from_start": self.left_out},
             "checkpoints": {name: {"file": r.get("checkpoint"), "blake3": r.get("checkpoint_blake3")}
                             for name, r in runs.items()},
             "final_eval": {name: r["final"].get("eval") for name, r in runs.items()},
@@ -233,6 +236,9 @@ class Protocol:
         by_history = all("records" in r for r in runs.values())
         if any("records" in r for r in runs.values()) and not by_history:
             raise VerifyIncomplete("some runs wrote summary.json and some did not: the runs cannot be compared")
+        if by_history:
+            self.left_out = records.left_out(runs["continuous"], runs["cut"], self.ignore)
+        skip = (*self.ignore, *self.left_out)
 
         def check(reference: dict[str, Any], candidate: dict[str, Any], cut: int, *, final: bool = True,
                   upto: int | None = None) -> dict[str, dict[str, Any]]:
@@ -241,7 +247,7 @@ class Protocol:
                 reference = {**reference, key: [s for s in reference[key] if s["step"] <= upto], "final": {}}
                 candidate = {**candidate, "final": {}}
             if by_history:
-                return records.check_records(reference, candidate, cut, self.atol, self.rtol, final=final)
+                return records.check_records(reference, candidate, cut, self.atol, self.rtol, final=final, ignore=skip)
             return check_pair(reference, candidate, cut, self.atol, self.rtol)
         return check
 

@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterable
 
 import numpy as np
 
 from ..run import timeline
 from ..run.directory import Run
 from ..run.causes import rank
+from ..run import divergence
 from ..run.divergence import outputs, states
 from .deviation import Deviation, compare
 
@@ -57,16 +58,30 @@ def components(records: list[dict[str, Any]]) -> list[str]:
     return sorted(names, key=rank)
 
 
+def left_out(continuous: dict[str, Any], cut: dict[str, Any], ignore: Iterable[str] = ()) -> list[str]:
+    """The digests left out of every check: those that differ in the first record of the
+    continuous run and the cut run (both from scratch) while its loss agrees, by the rule
+    ``bisect`` applies (``divergence.from_start``): an RNG the loop neither seeds nor draws from."""
+    ra, rb = (next(iter(run["records"]), None) for run in (continuous, cut))
+    if ra is None or rb is None or ra["step"] != rb["step"]:
+        return []
+    return divergence.from_start(ra, rb, ignore)
+
+
 def check_records(reference: dict[str, Any], candidate: dict[str, Any], cut: int, atol: float, rtol: float,
-                  *, final: bool = True) -> dict[str, dict[str, Any]]:
+                  *, final: bool = True, ignore: Iterable[str] = ()) -> dict[str, dict[str, Any]]:
     """Per-check verdicts of ``candidate`` against ``reference`` (the continuous run) over the
     steps after ``cut``: ``steps``, each recorded component, and (``final``) the last
-    generations' regions. A digest that differs fails its check and says at which step first."""
+    generations' regions. A digest that differs fails its check and says at which step first.
+    The components in ``ignore`` (``rng.numpy``, or ``step_s`` for ``metric.step_s``: a metric
+    that measures time) are not checked."""
     ref = [r for r in reference["records"] if r["step"] > cut]
     cand = candidate["records"]
     out = {"steps": _check([r["step"] for r in ref], [r["step"] for r in cand], atol, rtol)}
+    skip = set(ignore)
     for name in components(ref + cand):
-        out[name] = _component(name, ref, cand, atol, rtol)
+        if name not in skip and name.removeprefix("metric.") not in skip:
+            out[name] = _component(name, ref, cand, atol, rtol)
     for region in REGIONS if final else ():
         out[region] = _region(reference["final"].get(region), candidate["final"].get(region), atol, rtol)
     return out

@@ -218,3 +218,24 @@ def test_a_loop_that_writes_no_summary_is_checked_piece_by_piece_from_its_run(tm
     from ckptfmt.cli.train import _print_verification
     _print_verification(v)
     assert re.search(r"state\.data +resume FAIL \(max dev 0; first at step 4\)", capsys.readouterr().out)
+
+
+@pytest.mark.timeout(60)
+def test_a_correct_loop_that_never_seeds_numpy_and_times_its_steps_passes(tmp_path, capsys):
+    """A loop that never seeds (nor draws from) NumPy's and Python's global RNGs: their digests
+    differ from the first record on while the loss agrees, a difference of the runs, left out by
+    bisect's rule and said; its timing metric fails until ``--ignore step_s`` leaves it out."""
+    command = RESUME_BUGS + " --unseeded --updates {steps} --output {output} {resume} {omit_rng}"
+    args = ("--trainer", "command", "--command", command, "--steps", "6", "--cut", "3", "--json")
+    proc = verify_resume("--output", tmp_path / "timed", *args)
+    assert proc.returncode == 1, proc.stdout[-2000:] + proc.stderr
+    assert json.loads(proc.stdout)["failed_checks"] == ["resume.metric.step_s", "cut.metric.step_s"]
+    proc = verify_resume("--output", tmp_path / "ok", *args, "--ignore", "step_s")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr
+    v = json.loads(proc.stdout)
+    assert v["left_out"] == {"ignored": ["step_s"], "from_start": ["rng.python", "rng.numpy"]}
+    assert "rng.numpy" not in v["checks"]["resume"] and "metric.step_s" not in v["checks"]["resume"]
+    assert not v["checks"]["resume_without_rng"]["rng.torch"]["ok"]
+    from ckptfmt.cli.train import _print_verification
+    _print_verification(v)
+    assert "left out: rng.python, rng.numpy (differ from the first record on" in capsys.readouterr().out

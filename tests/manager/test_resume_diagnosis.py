@@ -152,3 +152,61 @@ def test_the_spec_shows_the_table_the_messages_come_from():
     assert causes.row_of("rng.cuda.0").component == "rng.cuda.I" and causes.row_of("rng.noise").component == "rng.NAME"
     assert causes.described("rng.generators.numpy")[0] == "the registered generator `numpy`"
     assert causes.described("state.data")[0] == "the state object `data` (its `state_dict()`)"
+
+
+def test_a_timing_metric_does_not_hide_an_unseeded_rng_nor_blame_a_resume(tmp_path):
+    """An unseeded NumPy RNG and a timing metric: the first record's loss agrees, so rng.numpy is
+    left out from the start (the metric does not decide); the metric is named at step 1 with the
+    causes of a difference of the runs, never "after restore" (neither run resumed before it)."""
+    a = [{**rec(1, **{"rng.numpy": "a1"}), "step_s": 0.5}, {**rec(2, **{"rng.numpy": "a2"}), "step_s": 0.4}]
+    b = [{**rec(1, **{"rng.numpy": "b1"}), "step_s": 0.6}, {**rec(2, **{"rng.numpy": "b2"}), "step_s": 0.3}]
+    d = write_runs(tmp_path, a, b)
+    assert (d["step"], d["component"], d["from_start"]) == (1, "metric.step_s", ["rng.numpy"]), d["message"]
+    assert d["causes"] == causes.BEFORE_ANY_RESUME and "after restore" not in d["message"]
+    done = cli("bisect", str(tmp_path / "a"), str(tmp_path / "b"), "--ignore", "step_s")
+    assert done.returncode == 0 and done.stdout.splitlines()[-1].startswith("identical (rng.numpy"), done.stdout
+
+
+@pytest.mark.timeout(60)
+def test_a_numeric_piece_is_shown_with_both_values(tmp_path):
+    """A step count and an lr are numbers: the message and --json give A's and B's, and a step
+    count one behind says the update was skipped."""
+    d = bisect(*straight_and_resumed(tmp_path / "scaler", "scaler-not-given"))["diagnosis"]
+    assert d["values"] == {"optimizer.step": [2, 1]}, d["message"]
+    assert d["message"].startswith("step 4: optimizer.step differs (A 2, B 1: B's step count did not advance: "
+                                   "a skipped update)"), d["message"]
+    doc = json.loads(cli("bisect", *map(str, straight_and_resumed(tmp_path / "lr", "lr-overwritten")), "--json").stdout)
+    (a, b), = doc["diagnosis"]["values"].values()
+    assert a != b and doc["diagnosis"]["message"].startswith(f"step 4: lr.0 differs (A {a:g}, B {b:g})")
+
+
+def resumed_by_hand(tmp_path, bug, every):
+    straight, resumed = tmp_path / "straight", tmp_path / "resumed"
+    train(straight, STEPS, bug=bug, every=every)
+    train(resumed, STEPS, bug=bug, stop_at=CUT, every=every)
+    train(resumed, STEPS, bug=bug, every=every)
+    return bisect(straight, resumed)["diagnosis"]
+
+
+@pytest.mark.timeout(60)
+def test_moments_reset_without_a_generation_at_the_resume_step_is_named_by_its_loss(tmp_path):
+    """Moments zeroed after restore, generations every 3 steps: no generation at step 4 shows
+    them; step 4's record agrees (its loss came before the update), step 5's loss differs with
+    every digest equal: the weights step 5 began from differ, and the moments are among the causes."""
+    d = resumed_by_hand(tmp_path, "moments-reset", every=3)
+    assert (d["step"], d["component"]) == (RESUMED + 1, "undigested"), d["message"]
+    assert "the weights step 5 began from differ (step 4's update differed" in d["message"]
+    assert "moments reset" in d["causes"] and "optimizer.step" in d["equal"], d["message"]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("every", [1, 3])
+def test_a_scheduler_built_then_loaded_by_hand_after_restore_is_named(tmp_path, every):
+    """``mgr.restore()``, then ``LambdaLR(opt, ...)`` built (it writes its first lr into the
+    optimizer), then ``sched.load_state_dict(saved)`` (which does not write the lr back): step 4's
+    update used the warm-up's first lr while its record shows the scheduler's; named at step 4
+    (its generation's weights) or 5 (the loss), a scheduler built or loaded after restore among
+    the causes."""
+    d = resumed_by_hand(tmp_path, "scheduler-loaded-after-restore", every)
+    assert (d["step"], d["component"]) == ((RESUMED, "weights") if every == 1 else (RESUMED + 1, "undigested")), d["message"]
+    assert "scheduler built or loaded after restore" in d["causes"] and "lr.0" in d["equal"], d["message"]
