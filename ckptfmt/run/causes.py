@@ -48,6 +48,11 @@ TABLE: tuple[Cause, ...] = (
           "its `load_state_dict` does not put back what its `state_dict` gave (a data cursor off by one: "
           "the saved step's batch skipped or read again), the loop moves or resets it after restore, or the "
           "object given to the manager is not the one the loop uses"),
+    Cause("update.lr.G", "the learning rate param group `G`'s update used at this step",
+          "the lr in `param_groups` when `optimizer.step()` ran differs although the record before agreed: a "
+          "scheduler built or loaded after restore (its constructor writes its first lr into `param_groups`, "
+          "`load_state_dict` does not write it back), an lr written by hand after restore that the "
+          "scheduler's next step then wrote over"),
     Cause("lr.G", "the learning rate of param group `G`",
           "the scheduler was built after `optimizer.load_state_dict` or after `mgr.restore()` (a new scheduler "
           "starts its schedule again and writes its first lr), or is not given to the manager; the lr was set "
@@ -118,7 +123,7 @@ def for_step(component: str, resumed: bool) -> tuple[str, str]:
     return what, BEFORE_ANY_RESUME
 
 
-_ORDER = ("rng.python", "rng.numpy", "rng.torch", "rng.cuda.I", "rng.NAME", "state.NAME", "lr.G",
+_ORDER = ("rng.python", "rng.numpy", "rng.torch", "rng.cuda.I", "rng.NAME", "state.NAME", "lr.G", "update.lr.G",
           "optimizer.step", "amp.scale", "amp.scaler", "scheduler", "undigested", "loss", "metric.NAME",
           "m", "v", "weights", "companion", "step")
 

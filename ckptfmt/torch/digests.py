@@ -31,7 +31,7 @@ from ..errors import UnsupportedOptimizerError
 from . import loaders, optim, rng
 from .state import dtype_name
 
-__all__ = ["Held", "digest", "state_digests"]
+__all__ = ["Held", "UpdateLrs", "digest", "state_digests"]
 
 HEX = 16                                  # hex digits kept: 64 bits, collisions out of reach
 # The manager's ``digests=``: off, for they cost about 3 % of a tiny-config step (0.45 ms, most of
@@ -193,3 +193,21 @@ def optimizer_step(optimizer: torch.optim.Optimizer, step: int) -> int:
             on_device.setdefault(s.device, []).append(s.reshape(()))
     counted += [torch.stack(group).max().item() for group in on_device.values()]
     return int(max(counted, default=0))
+
+
+class UpdateLrs:
+    """The learning rate each param group's update used, seen by a step pre-hook on the optimizer
+    (``update.lr.G`` in the record of the step: spec/RUN.md §3.9). The record's ``lr.G`` is the lr
+    the next step will find; an lr written into ``param_groups`` after restore that the
+    scheduler's next step writes over (a scheduler built or loaded after restore) shows only here."""
+
+    def __init__(self, optimizer: torch.optim.Optimizer):
+        self.used: list[float] | None = None
+        self.handle = optimizer.register_step_pre_hook(self._seen)
+
+    def _seen(self, optimizer: torch.optim.Optimizer, args: Any, kwargs: Any) -> None:
+        self.used = [float(group["lr"]) for group in optimizer.param_groups]
+
+    def fields(self) -> dict[str, float]:
+        """``update.lr.G`` of the newest update, none before the first."""
+        return {} if self.used is None else {f"update.lr.{g}": lr for g, lr in enumerate(self.used)}

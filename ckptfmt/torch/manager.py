@@ -86,7 +86,7 @@ class CheckpointManager(StateManager):
         memtier.check_every(memory_every)          # before the run lock is taken
         retention, saving = policies("CheckpointManager", every, keep_last, keep_every, retention, saving)
         side = TorchState(model, optimizer, scheduler, scaler, state=state, generators=generators,
-                          async_save=async_save)
+                          async_save=async_save, digests=digests)
         self._memory: MemoryTier | None = None       # at_close reads it
         super().__init__(directory, side, saving=saving, retention=retention, hooks=given, config=config,
                          mirror=mirror, lock=lock, handle_signals=handle_signals, digests=digests,

@@ -10,6 +10,7 @@ companion file) and, under torchrun, every rank's RNGs and loop state (``ranks.a
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Mapping
 
 import torch
@@ -33,8 +34,13 @@ class TorchState(Restoring):
 
     def __init__(self, model: torch.nn.Module, optimizer: torch.optim.Optimizer, scheduler: Any = None,
                  scaler: Any = None, *, state: Mapping[str, Any] | None = None,
-                 generators: Mapping[str, Any] | None = None, async_save: bool = False):
+                 generators: Mapping[str, Any] | None = None, async_save: bool = False, digests: bool = False):
+        """``digests``: the history's state digests are recorded, and with them the lr each update
+        used (a hook on the optimizer from now on, removed once this state side is collected)."""
         self.model, self.optimizer, self.scheduler, self.scaler = model, optimizer, scheduler, scaler
+        self.updates = digesting.UpdateLrs(optimizer) if digests else None
+        if self.updates is not None:
+            weakref.finalize(self, self.updates.handle.remove)
         self.state, self.generators = dict(state or {}), dict(generators or {})
         self.async_save = async_save
         self.collective = ranks.TorchCollective()
@@ -83,8 +89,9 @@ class TorchState(Restoring):
 
     def digests(self, step: int) -> dict[str, Any]:
         """The history's state digests at ``step`` (spec/RUN.md §3.9; ``ckptfmt.torch.digests``)."""
-        return digesting.state_digests(optimizer=self.optimizer, pieces=self.pieces(), generators=self.generators,
-                                       scaler=self.scaler, step=step)
+        out = digesting.state_digests(optimizer=self.optimizer, pieces=self.pieces(), generators=self.generators,
+                                      scaler=self.scaler, step=step)
+        return out if self.updates is None else {**self.updates.fields(), **out}
 
     def pieces(self) -> list[tuple[str, Any]]:
         """(name in the manifest, object) of every ``state_dict`` piece the loop gave."""

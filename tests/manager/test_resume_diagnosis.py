@@ -176,7 +176,7 @@ def test_a_numeric_piece_is_shown_with_both_values(tmp_path):
     assert d["message"].startswith("step 4: optimizer.step differs (A 2, B 1: B's step count did not advance: "
                                    "a skipped update)"), d["message"]
     doc = json.loads(cli("bisect", *map(str, straight_and_resumed(tmp_path / "lr", "lr-overwritten")), "--json").stdout)
-    (a, b), = doc["diagnosis"]["values"].values()
+    a, b = doc["diagnosis"]["values"]["lr.0"]
     assert a != b and doc["diagnosis"]["message"].startswith(f"step 4: lr.0 differs (A {a:g}, B {b:g})")
 
 
@@ -204,9 +204,11 @@ def test_moments_reset_without_a_generation_at_the_resume_step_is_named_by_its_l
 def test_a_scheduler_built_then_loaded_by_hand_after_restore_is_named(tmp_path, every):
     """``mgr.restore()``, then ``LambdaLR(opt, ...)`` built (it writes its first lr into the
     optimizer), then ``sched.load_state_dict(saved)`` (which does not write the lr back): step 4's
-    update used the warm-up's first lr while its record shows the scheduler's; named at step 4
-    (its generation's weights) or 5 (the loss), a scheduler built or loaded after restore among
-    the causes."""
+    update used the warm-up's first lr while its record's ``lr.0`` shows the scheduler's. The lr
+    the update used (``update.lr.0``, seen as ``optimizer.step()`` runs) names it at step 4,
+    whether or not a generation was saved there, with both values."""
     d = resumed_by_hand(tmp_path, "scheduler-loaded-after-restore", every)
-    assert (d["step"], d["component"]) == ((RESUMED, "weights") if every == 1 else (RESUMED + 1, "undigested")), d["message"]
+    assert (d["step"], d["component"]) == (RESUMED, "update.lr.0"), d["message"]
+    a, b = d["values"]["update.lr.0"]
+    assert a != b and "update.lr.0 differs (A " in d["message"], d["message"]
     assert "scheduler built or loaded after restore" in d["causes"] and "lr.0" in d["equal"], d["message"]

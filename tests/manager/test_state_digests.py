@@ -136,8 +136,10 @@ def test_each_component_is_recorded(tmp_path):
             mgr.step(step, loss=loss.item())
     got = states(tmp_path)[2]
     assert set(got) == {"rng.python", "rng.numpy", "rng.torch", "rng.noise", "rng.drop", "rng.generators.numpy",
-                        "scheduler", "amp.scaler", "state.data", "lr.0", "lr.1", "optimizer.step", "amp.scale"}
+                        "scheduler", "amp.scaler", "state.data", "lr.0", "lr.1", "optimizer.step", "amp.scale",
+                        "update.lr.0", "update.lr.1"}
     assert (got["lr.0"], got["lr.1"], got["optimizer.step"]) == (0.001 * 0.25, 0.25 * 0.25, 2)
+    assert (got["update.lr.0"], got["update.lr.1"]) == (0.001 * 0.5, 0.25 * 0.5)    # what step 2's update used
     assert got["amp.scale"] == scaler.get_scale() == 256.0
     assert got["scheduler"] == digest(sched.state_dict()) and got["amp.scaler"] == digest(scaler.state_dict())
     assert got["rng.numpy"] == digest(np.random.get_state()) != got["rng.generators.numpy"]
@@ -225,7 +227,7 @@ def test_the_reference_trainer_records_them_with_state_digests(tmp_path):
     train(tmp_path / "resumed", STEPS, "--state-digests")
     straight = states(tmp_path / "straight")
     assert set(straight[1]) == {"rng.python", "rng.numpy", "rng.torch", "rng.bandit", "scheduler",
-                                "state.data", "state.bandit", "lr.0", "optimizer.step"}
+                                "state.data", "state.bandit", "lr.0", "update.lr.0", "optimizer.step"}
     assert states(tmp_path / "resumed") == straight
 
 
