@@ -203,7 +203,7 @@ def test_a_loop_that_writes_no_summary_is_checked_piece_by_piece_from_its_run(tm
     v = json.loads(proc.stdout)
     resume, negative = v["checks"]["resume"], v["checks"]["resume_without_rng"]
     assert list(resume) == ["steps", "rng.python", "rng.numpy", "rng.torch", "rng.noise", "state.data", "lr.0",
-                            "optimizer.step", "scheduler", "loss", "weights", "m", "v"]
+                            "update.lr.0", "optimizer.step", "scheduler", "loss", "weights", "m", "v"]
     assert list(negative) == list(resume) and list(v["checks"]["cut"]) == list(resume)[:-3]
     assert all(c["ok"] and c["max_deviation"] == 0 for c in resume.values())
     assert (negative["rng.torch"]["ok"], negative["rng.torch"]["first_difference"]) == (False, 4)
