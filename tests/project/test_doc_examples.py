@@ -14,8 +14,9 @@ What a page says about a block, in an HTML comment on the line above it (unseen 
 
 A Python block the paragraph above it tells the reader to save (Save this as `loop.py`) is
 written to that file, not run: a later shell block runs it. A page whose blocks run the
-checkout's ``examples/`` finds a copy of them in its directory, as in a checkout. A page that points ``s3://`` at
-the endpoint ``http://localhost:9000`` gets the local S3 server (tests/s3server.py) there."""
+checkout's ``examples/`` finds a copy of them in its directory, as in a checkout. A page that
+points ``s3://`` at the endpoint ``http://localhost:9000`` gets the local S3 server
+(tests/s3server.py) there."""
 from __future__ import annotations
 
 import os
@@ -41,8 +42,8 @@ SAVE_AS = re.compile(r"[Ss]ave (?:this|it) as `(?P<name>[^`]+)`")
 
 @dataclass
 class Block:
-    """One fenced block of a page: its language, code, first line, the comment right above it
-    and the file the paragraph above it says to save it as."""
+    """One fenced block of a page: its language, code, the page's line its code starts on, the
+    comment right above it and the file the paragraph above it says to save it as."""
     lang: str
     code: str
     line: int
@@ -115,8 +116,10 @@ def run_shell(block: Block, where: Path, state: Path, page_env: dict[str, str], 
             os.killpg(proc.pid, signal.SIGKILL)     # whatever the block left in the background
         except ProcessLookupError:
             pass
-    print(f"--- {name}:{block.line} exit {proc.returncode} in {time.monotonic() - started:.1f} s\n{out}")   # shown when it fails
-    expected = int(EXITS.fullmatch(block.note).group("code")) if EXITS.fullmatch(block.note) else 0
+    seconds = time.monotonic() - started
+    print(f"--- {name}:{block.line} exit {proc.returncode} in {seconds:.1f} s\n{out}")   # shown when the page fails
+    said = EXITS.fullmatch(block.note)
+    expected = int(said.group("code")) if said else 0
     assert proc.returncode == expected, f"{name}:{block.line}: exit {proc.returncode}, not {expected}\n{block.code}\n{out}"
     pairs = dict(item.split("=", 1) for item in state.read_text().split("\0") if "=" in item)
     base = shell_env({})
@@ -142,7 +145,9 @@ def run_page(page: Path, where: Path, state: Path, monkeypatch, endpoint: str = 
             for key, value in page_env.items():
                 monkeypatch.setenv(key, value)
             code = "\n" * (block.line - 1) + block.code        # a traceback names the page's line
+            started = time.monotonic()
             exec(compile(code, name, "exec"), namespace)
+            print(f"--- {name}:{block.line} (Python) in {time.monotonic() - started:.1f} s")
         else:
             page_env = run_shell(block, where, state, page_env, name)
 
