@@ -1,10 +1,11 @@
 """ckptfmt: durable, fingerprinted training checkpoints in the seed's step_NNNNNN.bin layout.
 
->>> import ckptfmt, numpy as np, tempfile, os
->>> d = tempfile.mkdtemp(); w = np.arange(4, dtype="<f4")
->>> r = ckptfmt.save(os.path.join(d, "step_000003.bin"), 3, w, w, w)
->>> ckptfmt.open(r.path).step
-3
+Examples:
+    >>> import ckptfmt, numpy as np, tempfile, os
+    >>> d = tempfile.mkdtemp(); w = np.arange(4, dtype="<f4")
+    >>> r = ckptfmt.save(os.path.join(d, "step_000003.bin"), 3, w, w, w)
+    >>> ckptfmt.open(r.path).step
+    3
 """
 from .errors import *  # noqa: F401,F403  (the hierarchy is part of the public API)
 from .errors import CheckpointError
@@ -18,6 +19,15 @@ def validate(path, *, deep: bool = True):
 
     The one declared upward reference of the core (spec/FORMAT.md "Architecture"): the tools
     layer is imported here, lazily, so ``import ckptfmt`` and ``open`` stay cheap.
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> os.makedirs("checked", exist_ok=True)
+        >>> z = np.zeros(4, np.float32)
+        >>> _ = ckptfmt.save_generation("checked", 10, z, z, z)
+        >>> report = ckptfmt.validate("checked")
+        >>> report.ok, report.status, report.details["generations"]
+        (True, 'verified', [{'step': 10, 'status': 'verified'}])
     """
     from .tools.validate import validate_path  # upward, lazy: the declared exception
     return validate_path(path, deep=deep)

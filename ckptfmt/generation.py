@@ -81,8 +81,27 @@ def recorded_parts(doc: dict[str, Any], step: int) -> list[Part]:
 @dataclass
 class Generation:
     """One step's files in a store: each part its local path (a local directory's) or its name
-    (another store's), None where the part is not there; ``store``: where it lives (None: a
-    local directory, the parts' own); ``sizes``: each file's size as another store listed it."""
+    (another store's), None where the part is not there.
+
+    Attributes:
+        step: the step its names carry.
+        bin: the ``step_NNNNNN.bin`` of an unsharded generation.
+        manifest: ``step_NNNNNN.json``, the commit marker: without it the generation is not committed.
+        shards: the ``step_NNNNNN.shards/`` directory of a sharded generation.
+        companion: ``step_NNNNNN.extra.safetensors`` (buffers, state tensors), where there is one.
+        store: where it lives (None: a local directory, the parts' own paths).
+        sizes: each file's size as another store listed it (empty for a local directory).
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> from ckptfmt.run import list_dir
+        >>> os.makedirs("gen", exist_ok=True)
+        >>> z = np.zeros(2, np.float32)
+        >>> _ = ckptfmt.save_generation("gen", 10, z, z, z)
+        >>> g = list_dir("gen").generations[0]
+        >>> g.step, str(g.bin), str(g.manifest), g.committed, g.sharded
+        (10, 'gen/step_000010.bin', 'gen/step_000010.json', True, False)
+    """
     step: int
     bin: PurePath | None = None
     manifest: PurePath | None = None
@@ -333,6 +352,29 @@ def opens(path: Path, **how: object) -> str | None:
 
 @dataclass
 class Listing:
+    """What a run directory holds, classified by name alone (RUN §2.3): nothing is opened.
+
+    Attributes:
+        generations: every step with a file of its own, in step order, committed or not.
+        temps: the write protocol's temp files (``.ckptfmt-tmp.*``): a save in progress, or a
+            killed one's leftover.
+        foreign: each other entry that looks like a generation's and is not one, with why
+            (a look-alike name, a directory or symlink where a file belongs).
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> from ckptfmt.run import list_dir
+        >>> os.makedirs("listed", exist_ok=True)
+        >>> z = np.zeros(2, np.float32)
+        >>> _ = ckptfmt.save_generation("listed", 10, z, z, z)
+        >>> _ = open("listed/step_12.bin", "w").write("")               # a look-alike name
+        >>> _ = open("listed/.ckptfmt-tmp.step_000020.bin.1.ab", "w").write("")   # a killed save's temp
+        >>> listing = list_dir("listed")
+        >>> [g.step for g in listing.generations], [p.name for p in listing.temps]
+        ([10], ['.ckptfmt-tmp.step_000020.bin.1.ab'])
+        >>> [(p.name, why) for p, why in listing.foreign]
+        [('step_12.bin', 'look-alike name, not a canonical step_NNNNNN')]
+    """
     generations: list[Generation] = field(default_factory=list)
     temps: list[PurePath] = field(default_factory=list)
     foreign: list[tuple[PurePath, str]] = field(default_factory=list)   # (entry, why skipped)
@@ -343,7 +385,18 @@ _ROLE = {"bin": "bin", "json": "manifest", "shards": "shards", "companion": "com
 
 def list_dir(path: "str | os.PathLike[str]") -> Listing:
     """Every generation of a local directory, classified without following symlinks or opening
-    anything; temp files and look-alike or non-regular entries listed apart."""
+    anything; temp files and look-alike or non-regular entries listed apart.
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> from ckptfmt.generation import list_dir
+        >>> os.makedirs("several", exist_ok=True)
+        >>> z = np.zeros(2, np.float32)
+        >>> for step in (20, 10):
+        ...     _ = ckptfmt.save_generation("several", step, z, z, z)
+        >>> [g.step for g in list_dir("several").generations]        # in step order
+        [10, 20]
+    """
     return list_store(LocalStore(path))
 
 

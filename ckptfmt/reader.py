@@ -57,7 +57,15 @@ def plausibly_torn(size: int, expected: int) -> bool:
 
 
 def read_header(path: "str | os.PathLike[str]", fd: int | None = None) -> tuple[int, int, int]:
-    """(step, n_params, size) of a file whose header agrees with its size."""
+    """(step, n_params, size) of a file whose header agrees with its size.
+
+    Examples:
+        >>> import numpy as np, ckptfmt
+        >>> z = np.zeros(3, np.float32)
+        >>> _ = ckptfmt.save("step_000009.bin", 9, z, z, z)
+        >>> ckptfmt.read_header("step_000009.bin")            # 8 + 12 * 3 bytes
+        (9, 3, 44)
+    """
     path = os.fspath(path)
     own = fd is None
     if own:
@@ -97,19 +105,20 @@ class Checkpoint:
     The views are read-only and zero-copy (one mmap), so opening costs the same for 1 KB and
     12 GB; ``copy_on_write=True`` gives writable views that never touch the file.
 
-    >>> import ckptfmt, numpy as np, os, tempfile
-    >>> path = os.path.join(tempfile.mkdtemp(), "step_000003.bin")
-    >>> w = np.arange(4, dtype="<f4")
-    >>> layout = [{"name": "a", "shape": [2, 2], "offset": 0}]
-    >>> _ = ckptfmt.save(path, 3, w, w / 10, w / 100, manifest={"layout": layout})
-    >>> ck = ckptfmt.open(path)
-    >>> ck.step, ck.n_params, ck.weights.flags.writeable, ck.verified_status
-    (3, 4, False, 'committed')
-    >>> [name for name, _ in ck.tensors()], ck.names()
-    (['a'], ['a'])
-    >>> ck.tensor("a", region="m").tolist()
-    [[0.0, 0.10000000149011612], [0.20000000298023224, 0.30000001192092896]]
-    >>> ck.verify(); ck.close()
+    Examples:
+        >>> import ckptfmt, numpy as np, os, tempfile
+        >>> path = os.path.join(tempfile.mkdtemp(), "step_000003.bin")
+        >>> w = np.arange(4, dtype="<f4")
+        >>> layout = [{"name": "a", "shape": [2, 2], "offset": 0}]
+        >>> _ = ckptfmt.save(path, 3, w, w / 10, w / 100, manifest={"layout": layout})
+        >>> ck = ckptfmt.open(path)
+        >>> ck.step, ck.n_params, ck.weights.flags.writeable, ck.verified_status
+        (3, 4, False, 'committed')
+        >>> [name for name, _ in ck.tensors()], ck.names()
+        (['a'], ['a'])
+        >>> ck.tensor("a", region="m").tolist()
+        [[0.0, 0.10000000149011612], [0.20000000298023224, 0.30000001192092896]]
+        >>> ck.verify(); ck.close()
     """
 
     def __init__(self, path: str, step: int, n_params: int, size: int, buffer: Any,
@@ -281,6 +290,15 @@ def open(path: "str | os.PathLike[str]", *, manifest: str = "auto", verify: bool
     match), 'require' refuses a bare file, 'ignore' never looks. verify: hash the file and compare
     with the manifest (reads every byte). copy_on_write: map privately so the views are writable
     without touching the file (what ``torch.from_numpy`` needs to stay silent).
+
+    Examples:
+        >>> import numpy as np, ckptfmt
+        >>> w = np.arange(3, dtype=np.float32)
+        >>> _ = ckptfmt.save("step_000005.bin", 5, w, w, w)
+        >>> ck = ckptfmt.open("step_000005.bin", verify=True)    # every byte hashed against the manifest
+        >>> ck.step, ck.n_params, ck.weights.tolist()
+        (5, 3, [0.0, 1.0, 2.0])
+        >>> ck.close()
     """
     path = os.fspath(path)
     fd = _open_regular(path)

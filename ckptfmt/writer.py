@@ -30,6 +30,27 @@ Region = Any         # np.ndarray | buffer | Iterable of those
 
 @dataclass(frozen=True)
 class SaveResult:
+    """What a save wrote, as ``save`` returns it once the generation is committed.
+
+    Attributes:
+        path: the ``.bin`` written.
+        manifest_path: its manifest, the commit marker (None: saved with ``write_manifest=False``).
+        step: the step in the header.
+        n_params: the parameter count in the header (each region's length).
+        size: the file's size in bytes, ``8 + 12 * n_params``.
+        blake3: the blake3 of every byte of the file (what ``b3sum`` prints), as the manifest records it.
+        seconds: how long the call took, from its start to the commit.
+        facts: the value facts the manifest records (each region finite, v non-negative;
+            spec §5.9); None when ``value_facts=False``.
+
+    Examples:
+        >>> import numpy as np, ckptfmt
+        >>> z = np.zeros(2, np.float32)
+        >>> r = ckptfmt.save("step_000001.bin", 1, z, z, z)
+        >>> r.step, r.n_params, r.size, len(r.blake3)
+        (1, 2, 32, 64)
+    """
+
     path: str
     manifest_path: str | None
     step: int
@@ -143,6 +164,16 @@ def save(path: "str | os.PathLike[str]", step: int, weights: Region, m: Region, 
     ``before_commit(doc)`` is called with the sealed manifest after every other part is durable
     and before the manifest is written (a run records the root it is about to commit); what it
     raises fails the save, uncommitted.
+
+    Examples:
+        >>> import numpy as np, ckptfmt
+        >>> w = np.arange(4, dtype=np.float32)
+        >>> r = ckptfmt.save("step_000007.bin", 7, w, w / 10, w / 100)
+        >>> r.path, r.manifest_path, r.size, r.facts["weights"]["finite"]
+        ('step_000007.bin', 'step_000007.json', 56, True)
+        >>> ckptfmt.save("step_000007.bin", 7, w, w, w)
+        Traceback (most recent call last):
+        ckptfmt.errors.SaveError: step_000007.bin: exists already; refusing to overwrite a checkpoint
     """
     started = time.perf_counter()
     path = os.fspath(path)
@@ -343,5 +374,13 @@ def _pulled(views: Iterable[memoryview], drain: Callable[[], None]) -> Iterator[
 
 def save_generation(directory: "str | os.PathLike[str]", step: int, weights: Region, m: Region,
                     v: Region, **kwargs: Any) -> SaveResult:
-    """``save`` under the canonical name ``step_NNNNNN.bin`` in ``directory``."""
+    """``save`` under the canonical name ``step_NNNNNN.bin`` in ``directory``.
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> os.makedirs("runs/a", exist_ok=True)
+        >>> z = np.zeros(4, np.float32)
+        >>> ckptfmt.save_generation("runs/a", 100, z, z, z).path
+        'runs/a/step_000100.bin'
+    """
     return save(Path(directory) / fmt.checkpoint_name(step), step, weights, m, v, **kwargs)

@@ -125,6 +125,22 @@ class Checkpointing(TrainerCallback):
     finite one, nor ``state.best_model_checkpoint``; ``signals=()`` installs no handlers;
     ``digests=True``: each step's record holds the digests of what ``checkpoint-N`` restores, as
     the next step finds it (spec/RUN.md §3.9; ``hf.digests``), for ``ckptfmt bisect``.
+
+    Examples:
+        One callback in a ``transformers.Trainer`` (the tutorial's ``train.py``):
+
+        ```python
+        from transformers import Trainer, TrainingArguments
+        from ckptfmt.hf import Checkpointing, resume_path
+        from ckptfmt.run import Policy
+
+        args = TrainingArguments(output_dir="out", max_steps=20, save_steps=5, report_to=[])
+        ckpt = Checkpointing(retention=Policy(keep_last=3))
+        trainer = Trainer(model=model, args=args, train_dataset=data, callbacks=[ckpt])
+        trainer.train(resume_from_checkpoint=resume_path(args.output_dir))
+        if ckpt.stopped_by_signal:            # SIGTERM: checkpoint-N saved and committed
+            raise SystemExit(0)
+        ```
     """
 
     def __init__(self, *, retention: Policy | None = None,

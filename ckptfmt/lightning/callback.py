@@ -43,7 +43,24 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
     next step finds it (spec/RUN.md §3.9; ``_state_digests``), for ``ckptfmt bisect``.
     ``mirror=URL``: each checkpoint directory there to ``URL/NAME``, verified, on a background
     thread (rank 0; ``run.mirror_thread.Mirroring``, the session's mirror); removed there once
-    removed here; caught up at teardown; ``mirroring.report``: what it did."""
+    removed here; caught up at teardown; ``mirroring.report``: what it did.
+
+    Examples:
+        Signals, retention, a history with state digests, and a mirror, beside the plugin:
+
+        ```python
+        import pytorch_lightning as pl
+        from pytorch_lightning.callbacks import ModelCheckpoint
+        from ckptfmt.lightning import CheckpointIO, Checkpointing
+        from ckptfmt.run import Policy
+
+        callback = Checkpointing(signals=True, retention=Policy(keep_last=3), history=True, digests=True)
+        trainer = pl.Trainer(max_steps=64, plugins=[CheckpointIO()],
+                             callbacks=[callback, ModelCheckpoint(dirpath="ckpt", every_n_train_steps=10,
+                                                                  save_top_k=-1, save_last="link")])
+        trainer.fit(model, loader, ckpt_path="last")       # resumes from ckpt/last.ckpt when there is one
+        ```
+    """
 
     def __init__(self, *, restore_rng: bool = True, signals: bool = False, retention: Policy | None = None,
                  history: bool = False, mirror: str | None = None, digests: bool = digesting.DEFAULT) -> None:

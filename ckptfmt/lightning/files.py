@@ -50,7 +50,15 @@ AT_FDCWD = -100
 def generation_in(path: "str | os.PathLike[str]") -> str:
     """The ``step_N.bin`` of the Lightning checkpoint directory ``path`` (a symlink to one
     too: ``save_last="link"``); refused in one line for anything else (a plain ``.ckpt`` file
-    is read by ``read``, but has no generation)."""
+    is read by ``read``, but has no generation).
+
+    Examples:
+        >>> import torch
+        >>> from ckptfmt.lightning import generation_in, write
+        >>> _ = write({"state_dict": {"w": torch.ones(2)}, "global_step": 5, "epoch": 0}, "epoch=0-step=5.ckpt")
+        >>> generation_in("epoch=0-step=5.ckpt")
+        'epoch=0-step=5.ckpt/step_000005.bin'
+    """
     found = kinds.generation_in(path) if os.path.isdir(path) else None
     if found is not None:
         return found
@@ -68,7 +76,18 @@ def write(checkpoint: dict[str, Any], path: "str | os.PathLike[str]") -> str:
     """Write Lightning's ``checkpoint`` at ``path`` as a directory of one generation, replacing
     what is there in one step; returns the generation's ``.bin`` there. A full checkpoint (it
     has ``optimizer_states``) needs the callback's entry (``KEY``); a weights-only one is
-    written without RNG states."""
+    written without RNG states.
+
+    Examples:
+        A weights-only checkpoint (a full one, with ``optimizer_states``, comes through the callback):
+
+        >>> import os, torch
+        >>> from ckptfmt.lightning import write
+        >>> write({"state_dict": {"w": torch.ones(2)}, "global_step": 8, "epoch": 1}, "epoch=1-step=8.ckpt")
+        'epoch=1-step=8.ckpt/step_000008.bin'
+        >>> sorted(os.listdir("epoch=1-step=8.ckpt"))
+        ['step_000008.bin', 'step_000008.json']
+    """
     path = os.fspath(path)
     state, step, fields = prepare(checkpoint, path)
     atomic.make_durable_dir(Path(path).parent)       # Lightning's dirpath may not exist yet
@@ -126,7 +145,16 @@ def read(path: "str | os.PathLike[str]") -> dict[str, Any]:
     ``.bin`` and the companion, before any value is returned); ``KEY`` holds the RNG states
     (``rng``, None when not recorded) and the generation's path, for the callback. A file there
     is a plain Lightning ``.ckpt`` (``TorchCheckpointIO``), read with
-    ``torch.load(weights_only=True)`` (``plain`` in ``KEY``; no RNG states)."""
+    ``torch.load(weights_only=True)`` (``plain`` in ``KEY``; no RNG states).
+
+    Examples:
+        >>> import torch
+        >>> from ckptfmt.lightning import read, write
+        >>> _ = write({"state_dict": {"w": torch.ones(2)}, "global_step": 6, "epoch": 1}, "epoch=1-step=6.ckpt")
+        >>> checkpoint = read("epoch=1-step=6.ckpt")                # blake3-verified before any value
+        >>> checkpoint["global_step"], checkpoint["state_dict"]["w"].tolist()
+        (6, [1.0, 1.0])
+    """
     if os.path.isfile(path):
         return _plain(os.fspath(path))
     bin_path = generation_in(path)
@@ -190,7 +218,16 @@ def _exchange(a: str, b: str) -> bool:
 def remove(path: "str | os.PathLike[str]") -> None:
     """Remove the checkpoint at ``path`` durably: its name goes in one rename (then the
     directory's entry is fsynced), its files after. A link (``save_last="link"``) or a file is
-    unlinked; a directory that is not a ckptfmt Lightning checkpoint is refused, never deleted."""
+    unlinked; a directory that is not a ckptfmt Lightning checkpoint is refused, never deleted.
+
+    Examples:
+        >>> import os, torch
+        >>> from ckptfmt.lightning import remove, write
+        >>> _ = write({"state_dict": {"w": torch.ones(2)}, "global_step": 7, "epoch": 1}, "epoch=1-step=7.ckpt")
+        >>> remove("epoch=1-step=7.ckpt")
+        >>> os.path.exists("epoch=1-step=7.ckpt")
+        False
+    """
     path = os.fspath(path)
     if not os.path.lexists(path):
         return

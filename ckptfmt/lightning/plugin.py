@@ -34,7 +34,20 @@ if not NAMESPACES:
 
 
 class PlainCheckpointWarning(UserWarning):
-    """A plain ``.ckpt`` was resumed: weights, optimizer and loops, but no RNG states."""
+    """A plain ``.ckpt`` was resumed: weights, optimizer and loops, but no RNG states.
+
+    Examples:
+        A plain ``.ckpt`` of Lightning's own ``TorchCheckpointIO``, resumed through the plugin:
+
+        ```python
+        import warnings
+        from ckptfmt.lightning import PlainCheckpointWarning
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", PlainCheckpointWarning)      # refuse a resume without RNG states
+            trainer.fit(model, loader, ckpt_path="old/epoch=3-step=400.ckpt")
+        ```
+    """
 
 
 class CheckpointIO(*(ns.plugins.io.CheckpointIO for ns in NAMESPACES)):   # type: ignore[misc]
@@ -55,7 +68,21 @@ class CheckpointIO(*(ns.plugins.io.CheckpointIO for ns in NAMESPACES)):   # type
     woken after each commit and removal; it is closed at ``teardown``, after the last save of the
     fit (ModelCheckpoint's at the end of training or on an exception too), so the mirror's last
     pass and the history's close come after it. ``lock`` is held while a directory is written,
-    so the mirror never links one halfway through its replacement."""
+    so the mirror never links one halfway through its replacement.
+
+    Examples:
+        With the callback, in any ``Trainer`` (the tutorial's ``fit.py``):
+
+        ```python
+        import pytorch_lightning as pl
+        from pytorch_lightning.callbacks import ModelCheckpoint
+        from ckptfmt.lightning import CheckpointIO, Checkpointing
+
+        trainer = pl.Trainer(max_steps=64, plugins=[CheckpointIO()],
+                             callbacks=[Checkpointing(), ModelCheckpoint(dirpath="ckpt", every_n_train_steps=10)])
+        trainer.fit(model, loader)
+        ```
+    """
 
     def __init__(self, *, async_save: bool = False) -> None:
         super().__init__()

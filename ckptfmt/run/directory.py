@@ -61,7 +61,19 @@ class Choice:
 
 class Run:
     """A run directory. ``Run(path).latest()`` is the newest committed, valid generation.
-    (A run on a store, object storage, is ``storerun.StoreRun``: the same calls.)"""
+    (A run on a store, object storage, is ``storerun.StoreRun``: the same calls.)
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> from ckptfmt.run import Run
+        >>> os.makedirs("run-dir", exist_ok=True)
+        >>> z = np.zeros(2, np.float32)
+        >>> for step in (10, 20):
+        ...     _ = ckptfmt.save_generation("run-dir", step, z, z, z)
+        >>> run = Run("run-dir")
+        >>> run.latest().step, [g.step for g in run.generations()]
+        (20, [10, 20])
+    """
 
     retention_deep = True      # retention verifies the newest by its blake3 before deleting
 

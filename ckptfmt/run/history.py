@@ -87,6 +87,15 @@ class History:
     A torn last line (a crash mid-append) is terminated before the next record, so readers
     can skip it; ``read`` gives the canonical one-record-per-step view (spec/RUN.md §4). Appends
     are whole lines from any thread (a background save records what it is about to commit).
+
+    Examples:
+        >>> from ckptfmt.run import History
+        >>> history = History(".loss.json")
+        >>> history.append({"step": 1, "loss": 0.9})
+        >>> history.append({"step": 2, "loss": 0.7})
+        >>> history.close()
+        >>> History(".loss.json").read().records
+        [{'step': 1, 'loss': 0.9}, {'step': 2, 'loss': 0.7}]
     """
     def __init__(self, path: "str | os.PathLike[str]"):
         self.path = os.fspath(path)

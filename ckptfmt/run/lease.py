@@ -61,10 +61,11 @@ def _excluding(run: Path, *, exclusive: bool) -> Iterator[None]:
 class ReadLease:
     """A reader's lease on the committed generations of a run, from ``acquire`` to ``release``.
 
-    >>> import tempfile; d = tempfile.mkdtemp()
-    >>> with ReadLease(d, purpose="doctest") as lease:
-    ...     (lease.held, lease.steps, lease.listing.generations)
-    (True, [], [])
+    Examples:
+        >>> import tempfile; d = tempfile.mkdtemp()
+        >>> with ReadLease(d, purpose="doctest") as lease:
+        ...     (lease.held, lease.steps, lease.listing.generations)
+        (True, [], [])
     """
 
     def __init__(self, run: "str | os.PathLike[str]", purpose: str = "reader"):
@@ -210,6 +211,17 @@ def _remove_if_empty(leases: Path) -> None:
 
 
 def active_leases(run: "str | os.PathLike[str]", *, own: "ReadLease | None" = None) -> list[dict[str, Any]]:
-    """Live leases (pid, host, purpose, since, steps) for ``ls``, less the caller's ``own``."""
+    """Live leases (pid, host, purpose, since, steps) for ``ls``, less the caller's ``own``.
+
+    Examples:
+        >>> import os
+        >>> from ckptfmt.run import ReadLease, active_leases
+        >>> os.makedirs("leased", exist_ok=True)
+        >>> with ReadLease("leased", purpose="export"):
+        ...     [lease["purpose"] for lease in active_leases("leased")]
+        ['export']
+        >>> active_leases("leased")
+        []
+    """
     mine = own.path.name if own is not None and own.path is not None else None
     return [record for name, record in _scan(Path(run), sweep=False) if name != mine]

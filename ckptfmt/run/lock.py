@@ -24,7 +24,16 @@ _FIRST: dict[str, "RunLock"] = {}     # run directory -> the lock this process h
 
 class RunLock:
     """An flock on ``RUN/.lock`` for the life of a writer; it dies with its process, so a lock
-    left by a dead process is stale by construction and is taken over (and reported)."""
+    left by a dead process is stale by construction and is taken over (and reported).
+
+    Examples:
+        >>> import os
+        >>> from ckptfmt.run import RunLock, lock_holder
+        >>> os.makedirs("locked", exist_ok=True)
+        >>> with RunLock("locked", purpose="writer"):
+        ...     lock_holder("locked")["purpose"]
+        'writer'
+    """
 
     def __init__(self, run: "str | os.PathLike[str]", purpose: str = "writer", *, writes_generations: bool = True,
                  transient: bool = False):
@@ -182,7 +191,18 @@ def writing_into(directory: "str | os.PathLike[str]", purpose: str) -> Iterator[
     writer holds it, and taken before the first byte, so a trainer starting meanwhile is refused
     instead (spec/RUN.md §4). The written generation is not a save of a first writer: a later
     trainer still finds the run unwritten when it was, and a ``.lock`` this created is removed
-    at the end, so a directory gets no file but what was written into it."""
+    at the end, so a directory gets no file but what was written into it.
+
+    Examples:
+        >>> import os
+        >>> from ckptfmt.run import lock_holder, writing_into
+        >>> os.makedirs("dest", exist_ok=True)
+        >>> with writing_into("dest", "convert"):
+        ...     lock_holder("dest")["purpose"]                      # a trainer starting now is refused
+        'convert'
+        >>> os.listdir("dest")                                      # nothing left behind
+        []
+    """
     key, held = os.path.realpath(directory), _writing()
     if key in held:                       # nested in this thread's own write (export's convert)
         yield held[key]
@@ -272,7 +292,18 @@ def _read_holder(fd: int) -> dict[str, Any]:
 
 
 def lock_holder(run: "str | os.PathLike[str]") -> dict[str, Any] | None:
-    """Who holds the writer lock now, or None (used by ls and pivot)."""
+    """Who holds the writer lock now, or None (used by ls and pivot).
+
+    Examples:
+        >>> import os
+        >>> from ckptfmt.run import RunLock, lock_holder
+        >>> os.makedirs("free", exist_ok=True)
+        >>> lock_holder("free") is None
+        True
+        >>> with RunLock("free", purpose="gc"):
+        ...     sorted(lock_holder("free"))
+        ['host', 'pid', 'purpose', 'since']
+    """
     path = Path(run) / LOCK
     if not path.exists():
         return None
@@ -290,7 +321,23 @@ def save_in_progress(entry: Path, holder: dict[str, Any] | None) -> bool:
     """True when ``entry`` (a temp file, or part of a generation without its manifest) is the
     live writer's unfinished save rather than a crash leftover: the run lock is held (``holder``,
     from ``lock_holder``) and the entry is a temp file named with the holder's pid
-    (``atomic.temp_path_for``), or another entry written since the holder took the lock."""
+    (``atomic.temp_path_for``), or another entry written since the holder took the lock.
+
+    Examples:
+        A temp file named with the pid of the live writer is its save, not a crash's leftover:
+
+        >>> import os
+        >>> from pathlib import Path
+        >>> from ckptfmt.run import RunLock, lock_holder, save_in_progress
+        >>> os.makedirs("busy", exist_ok=True)
+        >>> temp = Path(f"busy/.ckptfmt-tmp.step_000010.bin.{os.getpid()}.ab12")
+        >>> _ = temp.write_bytes(b"")
+        >>> with RunLock("busy"):
+        ...     save_in_progress(temp, lock_holder("busy"))
+        True
+        >>> save_in_progress(temp, lock_holder("busy"))             # no writer: a killed save's leftover
+        False
+    """
     if holder is None:
         return False
     pid = temp_pid(entry.name)

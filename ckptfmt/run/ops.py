@@ -35,7 +35,18 @@ def ls_run(path: "str | os.PathLike[str]", *, deep: bool = False, keep_every: in
     count NaN or inf values has status ``diverged`` and says where (``non_finite``: region -> count).
 
     The listing is leased (spec/RUN.md §5.3), so a trainer's retention cannot delete a listed
-    generation while it is checked; the live writer's unfinished save is "save in progress"."""
+    generation while it is checked; the live writer's unfinished save is "save in progress".
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> from ckptfmt.run import ls_run
+        >>> os.makedirs("listed-run", exist_ok=True)
+        >>> z = np.zeros(2, np.float32)
+        >>> for step in (10, 20):
+        ...     _ = ckptfmt.save_generation("listed-run", step, z, z, z, manifest={"metrics": {"loss": 1.0 / step}})
+        >>> [(g["step"], g["status"], g["metrics"]) for g in ls_run("listed-run")["generations"]]
+        [(10, 'committed', {'loss': 0.1}), (20, 'committed', {'loss': 0.05})]
+    """
     run = Run(path)
     holder = lock_holder(path)
     policy, shown = _ls_policy(path, policy or (Policy(keep_every=keep_every) if keep_every else None))
@@ -171,7 +182,19 @@ def gc(path: "str | os.PathLike[str]", policy: Policy | None = None, *, keep_las
     what the retention policy allows (``policy``, or ``keep_last``/``keep_every``; verify-before-
     delete of the newest, spec/RUN.md §5); ``kept``: each generation left and why it is kept.
     The run's RAM tier loses what the newest valid finite durable generation covers (spec/RUN.md
-    §13.10): ``memory``, where the run has a tier."""
+    §13.10): ``memory``, where the run has a tier.
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> from ckptfmt.run import gc
+        >>> os.makedirs("to-clean", exist_ok=True)
+        >>> z = np.zeros(2, np.float32)
+        >>> for step in (10, 20, 30):
+        ...     _ = ckptfmt.save_generation("to-clean", step, z, z, z)
+        >>> done = gc("to-clean", keep_last=2)
+        >>> done["deleted"], done["kept"]
+        ([10], [{'step': 20, 'kept_by': ['last']}, {'step': 30, 'kept_by': ['last', 'newest valid']}])
+    """
     run = open_run(path)           # a URL: a run on object storage (spec/RUN.md §2.0.2), its writer lease
     policy = policy or Policy.by_count(keep_last, keep_every)
     lock = run.writer_lock("gc", writes_generations=False)
@@ -190,7 +213,18 @@ def pivot(path: "str | os.PathLike[str]", *, note: str | None = None) -> dict[st
     """Polish pivot: archive samples and bandit state by step, keep weights, m, v and the loss
     history, record the pivot. Refused while a writer holds the run (a URL: its writer lease).
     The step is the one the trainer resumes from (deep: a newest generation damaged after its
-    commit is skipped)."""
+    commit is skipped).
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> from ckptfmt.run import pivot
+        >>> os.makedirs("pivoted", exist_ok=True)
+        >>> z = np.zeros(2, np.float32)
+        >>> _ = ckptfmt.save_generation("pivoted", 30, z, z, z)
+        >>> done = pivot("pivoted", note="new caps")
+        >>> done["step"], done["note"], done["archive"]
+        (30, 'new caps', 'archive/step_000030')
+    """
     run = open_run(path)
     lock = run.writer_lock("pivot", writes_generations=False)
     try:
@@ -213,7 +247,20 @@ def fork(path: "str | os.PathLike[str]", step: int, dest: "str | os.PathLike[str
     history up to ``step``, and provenance (parent run, step, fingerprint) in the new manifest.
     The generation is leased while it is copied, so a live trainer's retention keeps it. Either
     may be a URL: a run on object storage is read through its store, and a new run there is
-    written through it (``storefork``)."""
+    written through it (``storefork``).
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> from ckptfmt.run import fork
+        >>> os.makedirs("main-run", exist_ok=True)
+        >>> z = np.zeros(2, np.float32)
+        >>> for step in (10, 20):
+        ...     _ = ckptfmt.save_generation("main-run", step, z, z, z)
+        >>> fork("main-run", 10, "audit")["step"]
+        10
+        >>> sorted(os.listdir("audit"))                  # the history records the fork and its parent
+        ['.loss.json', 'step_000010.bin', 'step_000010.json']
+    """
     run = open_run(path)
     with run.reading("fork") as lease:
         gen = next((g for g in lease.listing.generations if g.step == step), None)
@@ -292,7 +339,24 @@ def bisect(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]",
     metric that measures time) are not compared. Either may be a URL (a run on object storage: its
     manifests read there, its history's segments joined), a Lightning ModelCheckpoint directory (the
     generation of each checkpoint directory in it) or a Trainer's output directory (no generation
-    compared, ``generations_not_compared`` says why: the histories alone say where; ``content.of_run``)."""
+    compared, ``generations_not_compared`` says why: the histories alone say where; ``content.of_run``).
+
+    Examples:
+        Two runs whose generation 20 differs:
+
+        >>> import os, numpy as np, ckptfmt
+        >>> from ckptfmt.run import bisect
+        >>> z = np.zeros(2, np.float32)
+        >>> for run, moved in (("straight", 0.0), ("resumed", 0.5)):
+        ...     os.makedirs(run, exist_ok=True)
+        ...     _ = ckptfmt.save_generation(run, 10, z, z, z)
+        ...     _ = ckptfmt.save_generation(run, 20, z + moved, z, z)
+        >>> found = bisect("straight", "resumed")
+        >>> found["identical"], found["last_identical_generation"], found["first_generation_difference"]
+        (False, 10, 20)
+        >>> found["diagnosis"]["component"]
+        'weights'
+    """
     runs = [open_run(path) for path in (path_a, path_b)]
     found, unlike = zip(*(content.of_run(run) for run in runs))
     common = sorted(set(found[0]) & set(found[1]))

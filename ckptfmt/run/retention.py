@@ -29,8 +29,9 @@ NO_RULE = ("a retention policy needs a keep rule (keep_last, keep_every, keep_be
 def parse_duration(text: str) -> int:
     """Seconds of a duration: a positive whole number and one unit, ``s``, ``m``, ``h`` or ``d``.
 
-    >>> parse_duration("90s"), parse_duration("30m"), parse_duration("6h"), parse_duration("2d")
-    (90, 1800, 21600, 172800)
+    Examples:
+        >>> parse_duration("90s"), parse_duration("30m"), parse_duration("6h"), parse_duration("2d")
+        (90, 1800, 21600, 172800)
     """
     match = DURATION.fullmatch(text.strip()) if isinstance(text, str) else None
     if match is None:
@@ -48,10 +49,11 @@ class Policy:
     ``ValueError``, and ``Policy.KEEP_ALL`` (``keep_all=True``, no other rule) is the explicit
     value that keeps every generation.
 
-    >>> Policy(keep_last=2, keep_interval="1h").keep_interval
-    3600
-    >>> plan(Policy.KEEP_ALL, [Candidate(1), Candidate(2)]).doomed
-    []
+    Examples:
+        >>> Policy(keep_last=2, keep_interval="1h").keep_interval
+        3600
+        >>> plan(Policy.KEEP_ALL, [Candidate(1), Candidate(2)]).doomed
+        []
     """
 
     KEEP_ALL: ClassVar["Policy"]
@@ -119,7 +121,14 @@ Policy.KEEP_ALL = Policy(keep_all=True)
 @dataclass(frozen=True)
 class Candidate:
     """What retention knows of one committed generation: its step, the metrics its manifest
-    recorded (name -> float; NaN and inf included) and its commit time (``None``: not recorded)."""
+    recorded (name -> float; NaN and inf included) and its commit time (``None``: not recorded).
+
+    Examples:
+        >>> from ckptfmt.run import Candidate, Policy, plan
+        >>> seen = [Candidate(10, {"val_loss": 0.5}), Candidate(20, {"val_loss": 0.3}), Candidate(30, {"val_loss": 0.4})]
+        >>> plan(Policy(keep_best=1, metric="val_loss"), seen).kept
+        {20: ['best val_loss']}
+    """
 
     step: int
     metrics: Mapping[str, float] = field(default_factory=dict)
@@ -137,7 +146,14 @@ class Plan:
 def plan(policy: Policy, generations: Iterable[Candidate], *, pinned: Iterable[int] = (),
          protect: Mapping[int, str] | None = None) -> Plan:
     """The pure policy: each generation kept by any rule, by a pin or by a guard (``protect``:
-    step -> why, e.g. the newest valid), with the reasons; the rest doomed."""
+    step -> why, e.g. the newest valid), with the reasons; the rest doomed.
+
+    Examples:
+        >>> from ckptfmt.run import Candidate, Policy, plan
+        >>> seen = [Candidate(10, {"loss": 0.5}), Candidate(20, {"loss": 0.3}), Candidate(30, {"loss": 0.4})]
+        >>> plan(Policy(keep_last=1, keep_best=1, metric="loss"), seen, pinned=[10])
+        Plan(kept={10: ['pinned'], 20: ['best loss'], 30: ['last']}, doomed=[])
+    """
     gens = sorted({g.step: g for g in generations}.values(), key=lambda g: g.step)
     kept: dict[int, list[str]] = {g.step: [] for g in gens}
     pins = set(pinned)
@@ -312,8 +328,9 @@ def plan_retention(steps: Iterable[int], *, keep_last: int, keep_every: int | No
     """Steps to delete under the last ``keep_last`` and every ``keep_every``-th step, pins and
     protected steps: ``plan`` of that ``Policy`` (kept for callers of the step-only form).
 
-    >>> plan_retention([100, 200, 300, 400, 500], keep_last=2, keep_every=200)
-    [100, 300]
+    Examples:
+        >>> plan_retention([100, 200, 300, 400, 500], keep_last=2, keep_every=200)
+        [100, 300]
     """
     if keep_last < 1:
         raise ValueError(f"keep_last must be at least 1, got {keep_last}")

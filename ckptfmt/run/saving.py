@@ -30,7 +30,14 @@ class SavePolicy:
     newest save or the first step (seconds or a duration such as ``"30m"``; ``interval``), and
     on a new best value of the metric ``on_best`` (``mode`` min or max; better by more than
     ``min_delta``; NaN and inf are never best; ``best NAME``). ``None`` turns a rule off; the
-    signals (SIGUSR1, SIGTERM) save whatever it says."""
+    signals (SIGUSR1, SIGTERM) save whatever it says.
+
+    Examples:
+        >>> from ckptfmt.run import SavePolicy
+        >>> policy = SavePolicy(every=1000, every_seconds="30m", on_best="val_loss")
+        >>> policy.every_seconds
+        1800
+    """
 
     every: int | None = None
     every_seconds: int | str | None = None      # seconds once made
@@ -93,7 +100,14 @@ def _finite(value: Any) -> float | None:
 class SaveClock:
     """What the rules of a ``SavePolicy`` remember between steps: the time of the newest save
     (on a monotonic clock; the first step's until there is one) and the best value of
-    ``on_best`` so far (``best``: e.g. from the history of a resumed run)."""
+    ``on_best`` so far (``best``: e.g. from the history of a resumed run).
+
+    Examples:
+        >>> from ckptfmt.run import SaveClock, SavePolicy
+        >>> clock = SaveClock(SavePolicy(every=10, on_best="loss"))
+        >>> clock.due(1, {"loss": 0.9}, now=0.0), clock.due(2, {"loss": 0.95}, now=1.0), clock.due(10, {"loss": 0.8}, now=2.0)
+        (['best loss'], [], ['cadence', 'best loss'])
+    """
 
     def __init__(self, policy: SavePolicy, *, best: float | None = None):
         self.policy, self.best = policy, best

@@ -26,7 +26,17 @@ ARCHIVE = "archive"
 
 def read_json(path: "str | os.PathLike[str]", default: Any = None) -> Any:
     """A sidecar's JSON, ``default`` when the file does not exist, ``SidecarError`` when it is
-    not valid JSON (a damaged sidecar is reported, never silently replaced)."""
+    not valid JSON (a damaged sidecar is reported, never silently replaced).
+
+    Examples:
+        >>> import json
+        >>> from ckptfmt.run import read_json
+        >>> read_json("absent.json", default={})
+        {}
+        >>> _ = open("pins.json", "w").write(json.dumps([4000]))
+        >>> read_json("pins.json")
+        [4000]
+    """
     try:
         with open(path, "rb") as f:
             data = f.read()
@@ -71,7 +81,16 @@ def record_policy(run: Any, retention: Policy | None, saving: Any = None,
                   by: str = "checkpoint manager") -> None:
     """Write the policy a writer runs the run with (spec/RUN.md §5.6): ``retention`` (None: it
     keeps every generation) and ``saving`` (a ``SavePolicy``), so ``ls`` shows what keeps each
-    generation without being told. ``run``: a ``Run`` (its sidecar calls: a run on a store too)."""
+    generation without being told. ``run``: a ``Run`` (its sidecar calls: a run on a store too).
+
+    Examples:
+        >>> import os
+        >>> from ckptfmt.run import Policy, Run, SavePolicy, record_policy, recorded_policy
+        >>> os.makedirs("recorded", exist_ok=True)
+        >>> record_policy(Run("recorded"), Policy(keep_last=2), SavePolicy(every=10))
+        >>> recorded_policy("recorded")[1].keep_last
+        2
+    """
     doc = {"by": by, "retention": retention.to_json() if retention is not None else None,
            "saving": saving.to_json() if saving is not None else None}
     try:
@@ -85,7 +104,18 @@ def record_policy(run: Any, retention: Policy | None, saving: Any = None,
 def recorded_policy(directory: "str | os.PathLike[str]") -> tuple[bool, Policy | None]:
     """(whether the run's writer recorded a policy, the retention policy it recorded: None when
     it keeps every generation); a sidecar that holds no policy record is a ``SidecarError``
-    naming it."""
+    naming it.
+
+    Examples:
+        >>> import os
+        >>> from ckptfmt.run import Policy, Run, record_policy, recorded_policy
+        >>> os.makedirs("policy-run", exist_ok=True)
+        >>> recorded_policy("policy-run")                           # no writer recorded one
+        (False, None)
+        >>> record_policy(Run("policy-run"), None)                   # keeps every generation
+        >>> recorded_policy("policy-run")
+        (True, None)
+    """
     path = Path(directory) / POLICY
     doc = read_json(path, default=None)
     if doc is None:
@@ -100,7 +130,20 @@ def recorded_policy(directory: "str | os.PathLike[str]") -> tuple[bool, Policy |
 def zombie_arms(directory: "str | os.PathLike[str]") -> list[str]:
     """Bandit arms in .state.json whose data source the run's config no longer has (seed: the
     step-112,619 lesson). Empty when there is no state or no config to compare with.
-    ``directory``: the run directory's path, or its ``Run`` (a path-like)."""
+    ``directory``: the run directory's path, or its ``Run`` (a path-like).
+
+    Examples:
+        A bandit arm whose source a pivot took out of the config:
+
+        >>> import json, os, numpy as np, ckptfmt
+        >>> from ckptfmt.run import zombie_arms
+        >>> os.makedirs("bandit", exist_ok=True)
+        >>> z = np.zeros(2, np.float32)
+        >>> _ = ckptfmt.save_generation("bandit", 10, z, z, z, manifest={"config": {"sources": ["code", "topics"]}})
+        >>> _ = open("bandit/.state.json", "w").write(json.dumps({"arms": {"code": {}, "topics": {}, "docstrings": {}}}))
+        >>> zombie_arms("bandit")
+        ['docstrings']
+    """
     path = Path(directory)
     state = read_json(path / STATE, default=None)
     if not isinstance(state, dict) or not isinstance(state.get("arms"), dict):

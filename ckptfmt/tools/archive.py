@@ -32,7 +32,17 @@ ZSTD_MAGIC = b"\x28\xb5\x2f\xfd"     # RFC 8878: every zstd frame starts with th
 
 def archive(run_dir: str, archive_path: str, **options: Any) -> dict[str, Any]:
     """Export into a temp dir, then pack it into one .tar.zst with an embedded manifest,
-    verified by reading the archive back."""
+    verified by reading the archive back.
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> from ckptfmt.tools.archive import archive
+        >>> os.makedirs("to-pack", exist_ok=True)
+        >>> z = np.zeros(2, np.float32)
+        >>> _ = ckptfmt.save_generation("to-pack", 10, z, z, z)
+        >>> archive("to-pack", "to-pack.tar.zst")["steps"]
+        [10]
+    """
     fsio.refuse_url(archive_path, "the archive", "an archive is written as a local file (its RUN may be a URL)")
     target = Path(archive_path)
     if target.exists():
@@ -63,6 +73,16 @@ def import_archive(archive_path: str, dest: str) -> dict[str, Any]:
     The archive is unpacked into a sibling staging directory (``.ckptfmt-tmp.`` + DEST's name,
     carrying the ``EXPORT-INCOMPLETE`` marker until every check passed) that is then renamed
     to DEST: a failed import leaves nothing at DEST, and DEST never holds a partial import.
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> from ckptfmt.tools.archive import archive, import_archive
+        >>> os.makedirs("packed", exist_ok=True)
+        >>> z = np.zeros(2, np.float32)
+        >>> _ = ckptfmt.save_generation("packed", 10, z, z, z)
+        >>> _ = archive("packed", "packed.tar.zst")
+        >>> import_archive("packed.tar.zst", "unpacked")
+        {'dest': 'unpacked', 'files': 2, 'steps': [10], 'verified': True}
     """
     fsio.refuse_url(dest, "the destination", "an archive is imported into a local run directory")
     source, out = Path(archive_path), Path(dest)

@@ -31,6 +31,27 @@ CHUNK = 1 << 18   # elements per comparison pass (temporaries stay in cache)
 
 @dataclass
 class RegionDiff:
+    """How one region (weights, m or v) of two checkpoints differs.
+
+    Attributes:
+        n_diff: elements whose bits differ (0: the region is bit-identical).
+        max_abs: the largest absolute difference (inf where a NaN or inf differs).
+        max_rel: the largest difference relative to B's value.
+        max_ulp: the largest distance in units in the last place (``max_ulp``).
+        within_tol: every element within ``atol + rtol * |b|`` of the other.
+        first_index: the flat index of the first element that differs (None: none does).
+        first_param: the parameter that element belongs to, where a layout names it.
+        first_param_index: its index inside that parameter.
+
+    Examples:
+        >>> import numpy as np
+        >>> from ckptfmt.tools.diff import diff_regions
+        >>> layout = [{"name": "a", "shape": [2], "offset": 0}, {"name": "b", "shape": [2], "offset": 2}]
+        >>> region = diff_regions(np.float32([0, 1, 2, 3]), np.float32([0, 1, 2, 4]), layout=layout)
+        >>> region.n_diff, region.max_abs, region.first_index, region.first_param, region.first_param_index
+        (1, 1.0, 3, 'b', 1)
+    """
+
     n_diff: int = 0
     max_abs: float = 0.0
     max_rel: float = 0.0
@@ -57,6 +78,32 @@ class RegionDiff:
 
 @dataclass
 class DiffResult:
+    """A comparison of two checkpoints (``diff``): the header, each region, the companion.
+
+    Attributes:
+        a: the first checkpoint's path or URL.
+        b: the second's.
+        header: ``step`` and ``n_params``, each as ``[A's, B's]``.
+        regions: ``weights``, ``m`` and ``v``, each a ``RegionDiff``.
+        comparable: False when the two cannot be compared element by element (other
+            parameter counts or layouts); ``why_not`` says why and ``regions`` is empty.
+        companion: the companion tensors (buffers, state tensors) that differ or are in one only.
+        kinds: the kind of each (``bin``, ``shards``, ``safetensors``, ...).
+        why_not: why the two are not comparable (None when they are).
+        per_tensor: parameter -> region -> how many of its elements differ, where
+            ``diff_sources`` compared two sources with a layout (``per_tensor`` for two files).
+
+    Examples:
+        >>> import numpy as np, ckptfmt
+        >>> from ckptfmt.tools.diff import diff
+        >>> w = np.arange(4, dtype=np.float32)
+        >>> _ = ckptfmt.save("step_000001.bin", 1, w, w, w)
+        >>> _ = ckptfmt.save("step_000002.bin", 2, w + 1, w, w)
+        >>> result = diff("step_000001.bin", "step_000002.bin")
+        >>> result.verdict, result.header, result.regions["weights"].n_diff, result.regions["m"].n_diff
+        ('different', {'step': [1, 2], 'n_params': [4, 4]}, 4, 0)
+    """
+
     a: str
     b: str
     header: dict[str, Any] = field(default_factory=dict)
@@ -96,13 +143,28 @@ class DiffResult:
 
 def ordered_bits(x: np.ndarray) -> np.ndarray:
     """Map float32 bit patterns to int32 values that order like the floats (for ULP distance):
-    negative floats become INT32_MIN - bits, so -0.0 and +0.0 both map to 0."""
+    negative floats become INT32_MIN - bits, so -0.0 and +0.0 both map to 0.
+
+    Examples:
+        >>> import numpy as np
+        >>> from ckptfmt.tools.diff import ordered_bits
+        >>> ordered_bits(np.float32([-1.0, -0.0, 0.0, 1.0])).tolist()
+        [-1065353216, 0, 0, 1065353216]
+    """
     i = x.view(np.int32)
     return np.where(i < 0, np.int32(-2**31) - i, i)
 
 
 def max_ulp(a: np.ndarray, b: np.ndarray) -> int:
-    """Largest distance in units in the last place between equal-index float32 values."""
+    """Largest distance in units in the last place between equal-index float32 values.
+
+    Examples:
+        >>> import numpy as np
+        >>> from ckptfmt.tools.diff import max_ulp
+        >>> one = np.float32([1.0])
+        >>> max_ulp(one, np.nextafter(one, np.float32(2))), max_ulp(np.float32([-0.0]), np.float32([0.0]))
+        (1, 0)
+    """
     d = np.subtract(ordered_bits(a), ordered_bits(b), dtype=np.int64)
     return int(np.abs(d, out=d).max())
 
@@ -172,7 +234,14 @@ def _finite_dot(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def locate(layout: list[dict[str, Any]] | None, index: int) -> tuple[str | None, int | None]:
-    """Map a flat index to (parameter name, index inside that parameter)."""
+    """Map a flat index to (parameter name, index inside that parameter).
+
+    Examples:
+        >>> from ckptfmt.tools.diff import locate
+        >>> layout = [{"name": "a", "shape": [2], "offset": 0}, {"name": "b", "shape": [2, 2], "offset": 2}]
+        >>> locate(layout, 3), locate(None, 3)
+        (('b', 1), (None, None))
+    """
     for entry in layout or []:
         count = math.prod(entry["shape"])
         if entry["offset"] <= index < entry["offset"] + count:
@@ -182,7 +251,14 @@ def locate(layout: list[dict[str, Any]] | None, index: int) -> tuple[str | None,
 
 def diff_regions(a: np.ndarray, b: np.ndarray, *, atol: float = 0.0, rtol: float = 0.0,
                  layout: list[dict[str, Any]] | None = None, release=None) -> RegionDiff:
-    """``release(start, count)`` is called after each chunk (to drop mapped pages)."""
+    """``release(start, count)`` is called after each chunk (to drop mapped pages).
+
+    Examples:
+        >>> import numpy as np
+        >>> from ckptfmt.tools.diff import diff_regions
+        >>> diff_regions(np.float32([1, 2]), np.float32([1, 2.5]), atol=0.1).within_tol
+        False
+    """
     out = RegionDiff()
     for start in range(0, a.size, CHUNK):
         with np.errstate(all="ignore"):      # NaN/inf are data here; they are handled explicitly
@@ -200,7 +276,19 @@ def diff(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]", *,
     raises ``CheckpointError`` if either cannot be read. A generation of a run is read under a
     read lease, so a live run's retention keeps it while it is compared. A Lightning checkpoint
     directory is compared as its generation (``kinds.resolve``). A URL names a generation of a
-    run on object storage (``URL/step_NNNNNN.bin``), read into memory with every part verified."""
+    run on object storage (``URL/step_NNNNNN.bin``), read into memory with every part verified.
+
+    Examples:
+        >>> import numpy as np, ckptfmt
+        >>> from ckptfmt.tools.diff import diff
+        >>> w = np.float32([1.0, 2.0])
+        >>> _ = ckptfmt.save("step_000003.bin", 3, w, w, w)
+        >>> _ = ckptfmt.save("step_000004.bin", 4, w + 1e-6, w, w)
+        >>> diff("step_000003.bin", "step_000004.bin").verdict
+        'different'
+        >>> diff("step_000003.bin", "step_000004.bin", atol=1e-5).verdict
+        'equal within tolerance'
+    """
     if is_url(path_a) or is_url(path_b):
         return _diff_bins(path_a, path_b, atol, rtol, progress)
     path_a, path_b = kinds.resolve(path_a), kinds.resolve(path_b)
@@ -217,7 +305,19 @@ def diff(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]", *,
 @contextlib.contextmanager
 def leased(*paths: "str | os.PathLike[str]"):
     """Read leases (spec/RUN.md §5.3) on the generations among ``paths`` (``step_N.bin`` names
-    in a run directory), one per run, for as long as the block runs."""
+    in a run directory), one per run, for as long as the block runs.
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> from ckptfmt.run import active_leases
+        >>> from ckptfmt.tools.diff import leased
+        >>> os.makedirs("read-run", exist_ok=True)
+        >>> z = np.zeros(2, np.float32)
+        >>> _ = ckptfmt.save_generation("read-run", 10, z, z, z)
+        >>> with leased("read-run/step_000010.bin"):
+        ...     [lease["steps"] for lease in active_leases("read-run")]    # retention keeps step 10 meanwhile
+        [[10]]
+    """
     runs: dict[str, list[int]] = {}
     for p in paths:
         parsed = fmt.parse_name(os.path.basename(os.fspath(p)))
@@ -232,7 +332,17 @@ def leased(*paths: "str | os.PathLike[str]"):
 
 def diff_sources(a: Source, b: Source, *, atol: float = 0.0, rtol: float = 0.0) -> DiffResult:
     """Compare two ``Source``s region by region; B is put in A's parameter order when both
-    have layouts of the same names (a foreign file and its conversion may order them apart)."""
+    have layouts of the same names (a foreign file and its conversion may order them apart).
+
+    Examples:
+        >>> import numpy as np, ckptfmt
+        >>> from ckptfmt.tools.convert import load
+        >>> from ckptfmt.tools.diff import diff_sources
+        >>> w = np.float32([1.0, 2.0])
+        >>> _ = ckptfmt.save("step_000005.bin", 5, w, w, w)
+        >>> diff_sources(load("step_000005.bin"), load("step_000005.bin")).identical
+        True
+    """
     result = DiffResult(a.path, b.path)
     result.header = {"step": [a.step, b.step], "n_params": [a.n_params, b.n_params]}
     why = _moments_apart(a, b)                    # before B is put in A's order: they have none
@@ -360,7 +470,18 @@ def _companion_diff(a: reader.Checkpoint, b: reader.Checkpoint) -> list[str]:
 
 
 def per_tensor(path_a: "str | os.PathLike[str]", path_b: "str | os.PathLike[str]") -> dict[str, dict[str, int]]:
-    """Differing element counts per parameter and region (only parameters that differ)."""
+    """Differing element counts per parameter and region (only parameters that differ).
+
+    Examples:
+        >>> import numpy as np, ckptfmt
+        >>> from ckptfmt.tools.diff import per_tensor
+        >>> layout = [{"name": "a", "shape": [2], "offset": 0}, {"name": "b", "shape": [2], "offset": 2}]
+        >>> w = np.arange(4, dtype=np.float32)
+        >>> _ = ckptfmt.save("step_000006.bin", 6, w, w, w, manifest={"layout": layout})
+        >>> _ = ckptfmt.save("step_000007.bin", 7, w + np.float32([0, 0, 0, 1]), w, w, manifest={"layout": layout})
+        >>> per_tensor("step_000006.bin", "step_000007.bin")
+        {'b': {'weights': 1}}
+    """
     a, b = _open_bin(path_a), _open_bin(path_b)
     out: dict[str, dict[str, int]] = {}
     with a, b:

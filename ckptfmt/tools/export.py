@@ -55,7 +55,14 @@ def _choose(run: Run, listing: Listing, steps: list[int] | None) -> list:
 
 
 def new_dest(dest: Path) -> list[Path]:
-    """Make DEST (missing or an empty directory); the directories it made."""
+    """Make DEST (missing or an empty directory); the directories it made.
+
+    Examples:
+        >>> from pathlib import Path
+        >>> from ckptfmt.tools.export import new_dest
+        >>> new_dest(Path("made/here"))                  # the directories it made, deepest first
+        [PosixPath('made/here'), PosixPath('made')]
+    """
     if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
         raise DestinationExistsError(str(dest), "exists and is not empty; choose a new destination")
     made = atomic.missing_dirs(dest)
@@ -65,7 +72,20 @@ def new_dest(dest: Path) -> list[Path]:
 
 def mark_incomplete(dest: Path, made: list[Path]) -> Callable[[], None]:
     """Make DEST carry the marker; return how to undo it. An export that fails leaves DEST as it
-    found it; one cut short by a crash leaves the marker."""
+    found it; one cut short by a crash leaves the marker.
+
+    Examples:
+        >>> import os
+        >>> from pathlib import Path
+        >>> from ckptfmt.tools.export import mark_incomplete, new_dest
+        >>> dest = Path("half-done")
+        >>> undo = mark_incomplete(dest, new_dest(dest))
+        >>> os.listdir(dest)
+        ['EXPORT-INCOMPLETE']
+        >>> undo()
+        >>> dest.exists()
+        False
+    """
     def undo() -> None:
         for entry in dest.iterdir():          # DEST was empty: everything in it is this export's
             if entry.is_dir() and not entry.is_symlink():
@@ -91,6 +111,17 @@ def export(run_dir: str, dest: str, *, steps: list[int] | None = None,
     caller that has one supplies the check. ``tamper`` is a test hook run after the copy and
     before the verification. ``run_dir`` may be a URL (a run on object storage: each part
     streamed here against its recorded blake3, the history's segments joined).
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> from ckptfmt.tools.export import export
+        >>> os.makedirs("source-run", exist_ok=True)
+        >>> z = np.zeros(2, np.float32)
+        >>> for step in (10, 20):
+        ...     _ = ckptfmt.save_generation("source-run", step, z, z, z)
+        >>> record = export("source-run", "exported")                # the newest generation, verified there
+        >>> record["steps"], sorted(os.listdir("exported"))
+        ([20], ['B3SUMS', 'EXPORT.md', 'export.json', 'step_000020.bin', 'step_000020.json'])
     """
     fsio.refuse_url(dest, "the destination", "export writes a local directory (its RUN may be a URL; mirror RUN URL copies a run to object storage)")
     run, out = open_run(run_dir), Path(dest)
@@ -216,8 +247,9 @@ def checks_in_words(checks: dict[str, Any]) -> str:
     """What ``verified`` holds, for a person: "5 files rehashed; step_000400.bin verified;
     loaded into a fresh tiny model + AdamW at step 400".
 
-    >>> checks_in_words({"files_rehashed": 2, "validated": {"file": "step_000010.bin", "status": "verified"}})
-    '2 files rehashed; step_000010.bin verified'
+    Examples:
+        >>> checks_in_words({"files_rehashed": 2, "validated": {"file": "step_000010.bin", "status": "verified"}})
+        '2 files rehashed; step_000010.bin verified'
     """
     parts = [f"{checks.get('files_rehashed', 0)} files rehashed"]
     validated = checks.get("validated")

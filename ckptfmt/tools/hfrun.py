@@ -64,7 +64,17 @@ def resume_path(output_dir: "str | os.PathLike[str]", *, allow_nonfinite: bool =
     """The newest verified (blake3 of every file against its record) and finite checkpoint
     directory, for ``trainer.train(resume_from_checkpoint=...)``; a warning names each newer
     one skipped and why. None when the directory holds no checkpoint at all (a fresh start);
-    ``NoValidGenerationError`` when it holds some and none verifies."""
+    ``NoValidGenerationError`` when it holds some and none verifies.
+
+    Examples:
+        What ``trainer.train(resume_from_checkpoint=...)`` takes (the tutorial's script does this):
+
+        >>> import os
+        >>> from ckptfmt.hf import resume_path
+        >>> os.makedirs("out", exist_ok=True)
+        >>> resume_path("out") is None              # no checkpoint yet: a fresh start
+        True
+    """
     if not os.path.isdir(output_dir):
         return None
     path, skipped = choose(output_dir, allow_nonfinite=allow_nonfinite)
@@ -84,7 +94,18 @@ def retain(output_dir: "str | os.PathLike[str]", policy: Policy, *, best: str | 
     (step -> why) or one a reader leases (spec/RUN.md §5.3). The checkpoints the guards keep are
     verified first (blake3 of every file, newest first until one verifies): nothing is deleted
     while none does. Directories that do not verify are never candidates (nothing is deleted on
-    a guess). Returns the steps deleted."""
+    a guess). Returns the steps deleted.
+
+    Examples:
+        A Trainer's output directory, keeping the last three committed checkpoints and its best:
+
+        ```python
+        from ckptfmt.hf import retain
+        from ckptfmt.run import Policy
+
+        deleted = retain("out", Policy(keep_last=3), best=trainer.state.best_model_checkpoint)
+        ```
+    """
     sweep_deleting(output_dir)
     if policy.keep_all:                    # nothing to delete: nothing to hash
         return []

@@ -24,7 +24,17 @@ MANIFEST_SUMMARY = ("created", "metrics", "config", "optimizer", "scheduler", "v
 
 def inspect_path(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dict[str, Any]:
     """``inspect`` of a file or directory of any kind (``ckptfmt.kinds``): a run, a seed
-    ``.bin``, or any other kind through ``inspect_other``; ``data["kind"]`` names it."""
+    ``.bin``, or any other kind through ``inspect_other``; ``data["kind"]`` names it.
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> from ckptfmt.tools.inspect import inspect_path
+        >>> os.makedirs("looked-at", exist_ok=True)
+        >>> z = np.zeros(2, np.float32)
+        >>> _ = ckptfmt.save_generation("looked-at", 10, z, z, z)
+        >>> inspect_path("looked-at/step_000010.bin")["kind"], inspect_path("looked-at")["latest"]["step"]
+        ('bin', 10)
+    """
     kind = kinds.require(kinds.sniff(path), "inspect", path)
     if kind.name in ("run", "lightning"):        # a Lightning checkpoint is a run of one generation
         return inspect_run(path, tensors=tensors)
@@ -41,7 +51,20 @@ def inspect_path(path: "str | os.PathLike[str]", *, tensors: bool = False) -> di
 
 def inspect_other(path: str, kind: kinds.Kind, *, tensors: bool = False) -> dict[str, Any]:
     """Kind, step, parameters, dtypes and per-region statistics of a file that is not a seed
-    ``.bin``, read as convert reads it (``anyfile.open_source``)."""
+    ``.bin``, read as convert reads it (``anyfile.open_source``).
+
+    Examples:
+        >>> import numpy as np, ckptfmt
+        >>> from ckptfmt import kinds
+        >>> from ckptfmt.tools.convert import convert
+        >>> from ckptfmt.tools.inspect import inspect_other
+        >>> w = np.arange(4, dtype=np.float32)
+        >>> _ = ckptfmt.save("step_000011.bin", 11, w, w, w)
+        >>> _ = convert("step_000011.bin", "eleven.safetensors")
+        >>> info = inspect_other("eleven.safetensors", kinds.sniff("eleven.safetensors"))
+        >>> info["kind"], info["step"], info["regions"]["weights"]["max"]
+        ('safetensors', 11, 3.0)
+    """
     src = open_source(path, kind)
     size = generation.at(manifest_of(path)).size if kind.name == "shards" else fsio.tree_size(path)
     out: dict[str, Any] = {"path": path, "kind": kind.name, "label": kind.label, "step": src.step,
@@ -64,7 +87,17 @@ def _span(row: dict[str, Any]) -> slice:
 
 def inspect_file(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dict[str, Any]:
     """A seed ``.bin``. Raises ``CheckpointError`` for a damaged file; a bad manifest is
-    reported, not fatal."""
+    reported, not fatal.
+
+    Examples:
+        >>> import numpy as np, ckptfmt
+        >>> from ckptfmt.tools.inspect import inspect_file
+        >>> w = np.arange(4, dtype=np.float32)
+        >>> _ = ckptfmt.save("step_000010.bin", 10, w, w, w)
+        >>> info = inspect_file("step_000010.bin")
+        >>> info["step"], info["size"], info["regions"]["weights"]["mean"]
+        (10, 56, 1.5)
+    """
     path = os.fspath(path)
     ck = reader.open(path, manifest="ignore", check_name=False)
     with ck:
@@ -103,7 +136,18 @@ def inspect_stored(gen: generation.Generation, *, tensors: bool = False, opened:
     hashed against its manifest as it arrives (``Generation.open``): what ``inspect_file`` says
     of a local ``.bin`` (``fingerprint`` verified: nothing unverified is read), and of a sharded
     one its kind ``shards``. ``CheckpointError`` for one whose bytes are not its manifest's.
-    ``opened``: the generation read already (``Run.open_at``), not downloaded again."""
+    ``opened``: the generation read already (``Run.open_at``), not downloaded again.
+
+    Examples:
+        ```python
+        from ckptfmt.run.storerun import StoreRun
+        from ckptfmt.tools.inspect import inspect_stored
+
+        run = StoreRun("s3://bucket/runs/a")
+        info = inspect_stored(run.latest())          # every part hashed as it arrives
+        print(info["step"], info["fingerprint"])
+        ```
+    """
     store = gen.store
     with opened or gen.open() as ck:
         doc = ck.manifest
@@ -144,7 +188,19 @@ def _manifest(path: str, ck: reader.Checkpoint) -> tuple[dict | None, str | None
 
 def inspect_run(path: "str | os.PathLike[str]", *, tensors: bool = False) -> dict[str, Any]:
     """``ls`` of a run plus ``inspect`` of its newest valid generation (or why there is none);
-    that generation is leased while it is read, so a live trainer's retention keeps it."""
+    that generation is leased while it is read, so a live trainer's retention keeps it.
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> from ckptfmt.tools.inspect import inspect_run
+        >>> os.makedirs("inspected", exist_ok=True)
+        >>> z = np.zeros(2, np.float32)
+        >>> for step in (10, 20):
+        ...     _ = ckptfmt.save_generation("inspected", step, z, z, z)
+        >>> info = inspect_run("inspected")
+        >>> [g["step"] for g in info["generations"]], info["latest"]["step"]
+        ([10, 20], 20)
+    """
     data = ls_run(path)
     with ReadLease(path, purpose="inspect") as lease:
         gens = lease.listing.generations
@@ -165,7 +221,18 @@ def inspect_run_url(url: str, *, tensors: bool = False) -> dict[str, Any]:
     """``inspect URL`` of a run on object storage: its generations as ``ls URL`` lists them and
     its newest valid generation inspected (``inspect_stored``), leased while it is read, or
     ``latest_problem``: why there is none. A ModelCheckpoint dirpath (spec/RUN.md §11.10): its
-    checkpoints listed, and the newest committed one inspected so."""
+    checkpoints listed, and the newest committed one inspected so.
+
+    Examples:
+        A run on object storage (the extra named ``remote``; credentials from the environment):
+
+        ```python
+        from ckptfmt.tools.inspect import inspect_run_url
+
+        info = inspect_run_url("s3://bucket/runs/a")
+        print([g["step"] for g in info["generations"]], info["latest"]["step"])
+        ```
+    """
     from .remote_check import checkpoint_names, ls_url  # lazy: object storage only when a URL is given
     if names := checkpoint_names(url):
         inner = inspect_run_url(f"{url.rstrip('/')}/{names[-1]}", tensors=tensors)

@@ -34,7 +34,21 @@ def series(run_dir: str, ema: float | None = None, window: int | None = None,
     the EMA span depends on it. With ``points``, a history of more steps is summed up in
     ``points`` buckets of steps (narrower than a pixel): ``low`` and ``high``, the lowest and
     highest finite loss of each, ``loss`` their mean, ``ema`` at the bucket's first and last
-    step, in ``steps``. ``history_steps``: the length of the history."""
+    step, in ``steps``. ``history_steps``: the length of the history.
+
+    Examples:
+        >>> import os
+        >>> from ckptfmt.run import History
+        >>> from ckptfmt.tools.plot import series
+        >>> os.makedirs("curve", exist_ok=True)
+        >>> history = History("curve/.loss.json")
+        >>> for step in range(1, 4):
+        ...     history.append({"step": step, "loss": 1.0 / step})
+        >>> history.close()
+        >>> drawn = series("curve", ema=0.5)
+        >>> drawn["steps"], drawn["ema"]
+        ([1, 2, 3], [1.0, 0.75, 0.5416666666666666])
+    """
     run = open_run(run_dir)            # a URL: a run on object storage, its history's segments
     plan = timeline.plan(run.history.source, events=tuple(EVENT_STYLE))
     walk = (_point(rec, plan.path) for rec in plan.records())
@@ -77,7 +91,16 @@ class Curve:
     each bucket's lowest, highest and mean finite loss, so that a chart of 200,000 steps draws
     a band over a few thousand buckets that covers the pixels the 200,000 points would, at a
     fraction of the memory and time (a bucket of only NaN or inf losses is a gap, as those
-    points were). ``at_generations``: the EMA at each generation's step."""
+    points were). ``at_generations``: the EMA at each generation's step.
+
+    Examples:
+        >>> from ckptfmt.tools.plot import Curve
+        >>> curve = Curve(0.5, None, (1, 3), generations={2})
+        >>> for step, loss in ((1, 1.0), (2, 0.5), (3, 0.25)):
+        ...     curve.add(step, loss)
+        >>> curve.drawn()
+        {'steps': [1, 2, 3], 'loss': [1.0, 0.5, 0.25], 'ema': [1.0, 0.75, 0.5], 'generation_ema': [(2, 0.75)]}
+    """
 
     def __init__(self, ema: float, buckets: int | None, first_last: tuple[int, int], generations: set[int]):
         self.ema, self.buckets, self.generations = ema, buckets, generations
@@ -132,7 +155,16 @@ class Shares:
     """Each source's share of the steps in consecutive windows of ``window`` canonical steps.
     A history of more than ``POINTS`` windows has its windows merged in pairs (the window
     doubles) whenever they would pass ``POINTS``, so the chart holds at most ``POINTS`` of them,
-    still narrower than a pixel, at any length."""
+    still narrower than a pixel, at any length.
+
+    Examples:
+        >>> from ckptfmt.tools.plot import Shares
+        >>> shares = Shares(window=2)
+        >>> for step, source in enumerate(["code", "code", "code", "topics"], start=1):
+        ...     shares.add(step, source)
+        >>> shares.drawn()
+        {'share_steps': [1.5, 3.5], 'shares': {'code': [1.0, 0.5], 'topics': [0.0, 0.5]}}
+    """
 
     def __init__(self, window: int, most: int = POINTS):
         self.window, self.filled, self.most = window, window, max(2, most - most % 2)
@@ -169,6 +201,19 @@ def plot(run_dirs: list[str], out: str) -> dict[str, Any]:
     An existing ``out`` is never replaced (``DestinationExistsError``), a run without a loss
     history is refused (``EmptyRunError``: an empty picture would look like a result), and the
     picture is written durably under a temp name, so a failure leaves nothing at ``out``.
+
+    Examples:
+        >>> import os
+        >>> from ckptfmt.run import History
+        >>> from ckptfmt.tools.plot import plot
+        >>> os.makedirs("plotted", exist_ok=True)
+        >>> history = History("plotted/.loss.json")
+        >>> for step in range(1, 6):
+        ...     history.append({"step": step, "loss": 1.0 / step})
+        >>> history.close()
+        >>> _ = plot(["plotted"], "loss.png")
+        >>> os.path.getsize("loss.png") > 0
+        True
     """
     if os.path.lexists(out):
         raise DestinationExistsError(out, "exists already; refusing to overwrite (choose a new --out)")

@@ -13,6 +13,27 @@ CHUNK = 1 << 22   # elements per pass (16 MiB of float32)
 
 @dataclass
 class RegionStats:
+    """Running statistics of one region, folded in chunk by chunk (``add``); ``to_dict`` adds
+    the mean and standard deviation of the finite values.
+
+    Attributes:
+        count: elements seen.
+        nan: how many are NaN.
+        inf: how many are +inf or -inf.
+        zeros: finite elements equal to zero.
+        negative: finite elements below zero.
+        min: the smallest finite value (None: no finite value yet).
+        max: the largest finite value.
+        max_abs: the largest magnitude of a finite value.
+
+    Examples:
+        >>> import numpy as np
+        >>> from ckptfmt.tools.stats import region_stats
+        >>> stats = region_stats(np.float32([1, -2, 0, np.nan]))
+        >>> stats.count, stats.nan, stats.zeros, stats.negative, stats.min, stats.max, stats.finite
+        (4, 1, 1, 1, -2.0, 1.0, 3)
+    """
+
     count: int = 0
     nan: int = 0
     inf: int = 0
@@ -60,7 +81,14 @@ class RegionStats:
 
 
 def region_stats(values: np.ndarray, chunk: int = CHUNK) -> RegionStats:
-    """Count, NaN, inf, zeros, negatives, min, max, mean of a region, in cache-sized chunks."""
+    """Count, NaN, inf, zeros, negatives, min, max, mean of a region, in cache-sized chunks.
+
+    Examples:
+        >>> import numpy as np
+        >>> from ckptfmt.tools.stats import region_stats
+        >>> region_stats(np.float32([3, 4])).to_dict()["mean"]
+        3.5
+    """
     stats = RegionStats()
     for start in range(0, values.size, chunk):
         stats.add(values[start:start + chunk])

@@ -41,7 +41,17 @@ def validate_file(path: "str | os.PathLike[str]", *, deep: bool = True, progress
                   scan: bool = False) -> Report:
     """Check one ``.bin``: structure, name, manifest, and with ``deep`` the blake3 and the values
     (finite, v >= 0): from the manifest's recorded facts when the blake3 matches, by scanning
-    them otherwise or with ``scan``. The library never prints or exits: it returns a ``Report``."""
+    them otherwise or with ``scan``. The library never prints or exits: it returns a ``Report``.
+
+    Examples:
+        >>> import numpy as np, ckptfmt
+        >>> from ckptfmt.tools.validate import validate_file
+        >>> z = np.zeros(2, np.float32)
+        >>> _ = ckptfmt.save("step_000010.bin", 10, z, z, z)
+        >>> report = validate_file("step_000010.bin", scan=True)     # scan the values, facts or not
+        >>> report.status, report.details["values"]
+        ('verified', 'scanned')
+    """
     path = os.fspath(path)
     report = Report(path)
     try:
@@ -148,7 +158,17 @@ def validate_path(path: "str | os.PathLike[str]", *, deep: bool = True, progress
                   scan: bool = False) -> Report:
     """A file or a run directory; ``scan`` scans the values even where facts are recorded. A
     directory (or a file's directory) that still carries the ``EXPORT-INCOMPLETE`` marker of an
-    export or import is never valid, whatever its files say."""
+    export or import is never valid, whatever its files say.
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> from ckptfmt.tools.validate import validate_path
+        >>> os.makedirs("either", exist_ok=True)
+        >>> z = np.zeros(2, np.float32)
+        >>> _ = ckptfmt.save_generation("either", 10, z, z, z)
+        >>> validate_path("either").kind, validate_path("either/step_000010.bin").kind
+        ('run', 'file')
+    """
     kind = kinds.require(kinds.sniff(path), "validate", path)
     if kind.name in ("run", "lightning"):        # a Lightning checkpoint is a run of one generation
         report = validate_run(path, deep=deep, progress=progress, scan=scan)
@@ -172,7 +192,16 @@ def validate_generation_file(path: "str | os.PathLike[str]", kind: kinds.Kind | 
                              deep: bool = True, progress=None, scan: bool = False) -> Report:
     """A file of any kind on its own (a ``Generation.path``: a seed ``.bin``, a sharded
     generation's manifest), without the export marker's rule (export checks its copy before it
-    removes the marker)."""
+    removes the marker).
+
+    Examples:
+        >>> import numpy as np, ckptfmt
+        >>> from ckptfmt.tools.validate import validate_generation_file
+        >>> z = np.zeros(2, np.float32)
+        >>> _ = ckptfmt.save("step_000012.bin", 12, z, z, z)
+        >>> validate_generation_file("step_000012.bin").ok
+        True
+    """
     kind = kind or kinds.require(kinds.sniff(path), "validate", path)
     if kind.name == "bin":
         return validate_file(path, deep=deep, progress=progress, scan=scan)
@@ -182,7 +211,18 @@ def validate_generation_file(path: "str | os.PathLike[str]", kind: kinds.Kind | 
 def validate_committed(gen: Any, *, deep: bool = True, progress=None, scan: bool = False) -> Report:
     """A generation's file as its shape says (a seed ``.bin``, or a sharded generation's
     manifest), never as its content would suggest: a ``.bin`` replaced by a file of another kind
-    is damage, not a foreign file."""
+    is damage, not a foreign file.
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> from ckptfmt.run import Run
+        >>> from ckptfmt.tools.validate import validate_committed
+        >>> os.makedirs("committed", exist_ok=True)
+        >>> z = np.zeros(2, np.float32)
+        >>> _ = ckptfmt.save_generation("committed", 10, z, z, z)
+        >>> validate_committed(Run("committed").latest()).status
+        'verified'
+    """
     return validate_generation_file(gen.path, kinds.get(gen.kind), deep=deep, progress=progress, scan=scan)
 
 
@@ -190,7 +230,19 @@ def validate_other(path: str, kind: kinds.Kind, *, deep: bool = True, scan: bool
     """A file of another kind than the seed ``.bin``: ckptfmt's own forms (a DCP directory it
     wrote: its arrays as a ``.bin``) against the blake3 they record (convert's source check, which
     also says why one that records none is unverified), a sharded generation shard by shard, a foreign file by its
-    structure and values ("unverified: no digest of its own"). Not ``deep``: readable is enough."""
+    structure and values ("unverified: no digest of its own"). Not ``deep``: readable is enough.
+
+    Examples:
+        >>> import numpy as np, ckptfmt
+        >>> from ckptfmt import kinds
+        >>> from ckptfmt.tools.convert import convert
+        >>> from ckptfmt.tools.validate import validate_other
+        >>> z = np.zeros(2, np.float32)
+        >>> _ = ckptfmt.save("step_000011.bin", 11, z, z, z)
+        >>> _ = convert("step_000011.bin", "eleven.safetensors")
+        >>> validate_other("eleven.safetensors", kinds.sniff("eleven.safetensors")).status   # against the blake3 it records
+        'verified'
+    """
     report = Report(path)
     report.details["kind"] = kind.name
     if kind.name == "shards":
@@ -251,7 +303,19 @@ def validate_run(path: "str | os.PathLike[str]", *, deep: bool = True, progress=
 
     Safe while a trainer commits and prunes: the generations listed at the start are leased
     (spec/RUN.md §5.3), and the live writer's unfinished save is reported as "save in progress"
-    (a note, not a leftover)."""
+    (a note, not a leftover).
+
+    Examples:
+        >>> import os, numpy as np, ckptfmt
+        >>> from ckptfmt.tools.validate import validate_run
+        >>> os.makedirs("diverging", exist_ok=True)
+        >>> z = np.zeros(2, np.float32)
+        >>> _ = ckptfmt.save_generation("diverging", 10, z, z, z)
+        >>> _ = ckptfmt.save_generation("diverging", 20, np.float32([np.nan, 0]), z, z)
+        >>> report = validate_run("diverging")
+        >>> report.ok, report.details["diverged"]
+        (False, [20])
+    """
     run = Run(path)
     report = Report(str(path), kind="run")
     holder = lock_holder(path)

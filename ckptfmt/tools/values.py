@@ -52,6 +52,14 @@ def values_plausible(values: "np.ndarray", non_negative: bool, scanned=None) -> 
     pattern below 0x7F800000" (-0.0 goes to the exact pass, which accepts it).
     True proves the region clean; False means "count exactly". ``scanned(k)``: called with the
     number of elements done after each chunk.
+
+    Examples:
+        >>> import numpy as np
+        >>> from ckptfmt.tools.values import values_plausible
+        >>> values_plausible(np.float32([0.5, 2.0]), non_negative=True)      # clean: nothing to count
+        True
+        >>> values_plausible(np.float32([0.5, -2.0]), non_negative=True)     # a negative v: count exactly
+        False
     """
     bits = values.view(np.uint32)
     with np.errstate(over="ignore", invalid="ignore"):     # inf - inf is the signal, not an error

@@ -28,7 +28,14 @@ SLICE = 8 << 20     # elements a load copies between two releases of mapped page
 
 def layout_of(model: torch.nn.Module) -> list[dict[str, Any]]:
     """Name, shape and element offset of every parameter, in iterator order (spec §4.2), and
-    its dtype where it is not float32 (bfloat16 and float16 are stored widened, exactly)."""
+    its dtype where it is not float32 (bfloat16 and float16 are stored widened, exactly).
+
+    Examples:
+        >>> import torch
+        >>> from ckptfmt.torch import layout_of
+        >>> layout_of(torch.nn.Linear(2, 1))
+        [{'name': 'weight', 'shape': [1, 2], 'offset': 0}, {'name': 'bias', 'shape': [1], 'offset': 2}]
+    """
     out, offset = [], 0
     for name, p in model.named_parameters():
         row: dict[str, Any] = {"name": name, "shape": list(p.shape), "offset": offset}
@@ -42,7 +49,16 @@ def layout_of(model: torch.nn.Module) -> list[dict[str, Any]]:
 def layout_fields(model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int) -> dict[str, Any]:
     """The manifest's fields that say what the three regions hold: ``layout`` (``layout_of``),
     ``optimizer`` (``optim.describe``, recording ``step`` as the optimizer's step) and, where
-    weights are tied, ``aliases``. The manager, ``save`` and so every loop on them write these."""
+    weights are tied, ``aliases``. The manager, ``save`` and so every loop on them write these.
+
+    Examples:
+        >>> import torch
+        >>> from ckptfmt.torch import layout_fields
+        >>> model = torch.nn.Linear(2, 1)
+        >>> fields = layout_fields(model, torch.optim.AdamW(model.parameters()), step=0)
+        >>> sorted(fields), fields["optimizer"]["type"], fields["optimizer"]["step"]
+        (['layout', 'optimizer'], 'AdamW', 0)
+    """
     fields: dict[str, Any] = {"layout": layout_of(model), "optimizer": optim.describe(model, optimizer, step)}
     tied = optim.aliases(model)
     if tied:
@@ -54,7 +70,17 @@ def refuse_unheld(model: torch.nn.Module, optimizers: Iterable[torch.optim.Optim
     """What the three regions and the manifest cannot hold, refused by name before anything is
     written: a parameter not initialized yet (lazy), one the float32 layout cannot hold exactly
     (``refuse_inexact``); of each optimizer, a kind the layout does not hold, a setting no manifest
-    can hold, a tensor outside the model."""
+    can hold, a tensor outside the model.
+
+    Examples:
+        >>> import torch
+        >>> from ckptfmt.torch import refuse_unheld
+        >>> model = torch.nn.Linear(2, 1)
+        >>> refuse_unheld(model, [torch.optim.AdamW(model.parameters())])      # nothing to refuse
+        >>> refuse_unheld(torch.nn.LazyLinear(2), [])
+        Traceback (most recent call last):
+        ckptfmt.errors.UnsupportedSetupError: parameter weight is uninitialized (a lazy module such as nn.LazyLinear): ...
+    """
     optim.refuse_lazy(model)
     refuse_inexact(model)
     for optimizer in optimizers:
@@ -86,7 +112,17 @@ def _moment_keys(optimizer: torch.optim.Optimizer) -> tuple[str, str | None]:
 def moments(model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> tuple[list, list, int]:
     """(m tensors, v tensors, optimizer step) in parameter order (``optim.moments``); zeros
     before the first update, so a step-0 checkpoint is still a complete file. This file holds
-    one step: Adam/AdamW parameters that disagree on theirs are refused by name."""
+    one step: Adam/AdamW parameters that disagree on theirs are refused by name.
+
+    Examples:
+        >>> import torch
+        >>> from ckptfmt.torch import moments
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = torch.optim.AdamW(model.parameters())
+        >>> m, v, step = moments(model, opt)                   # before the first update: zeros, step 0
+        >>> [t.shape for t in m], step
+        ([torch.Size([1, 2]), torch.Size([1])], 0)
+    """
     params = list(model.parameters())
     ms, vs, step = optim.moments(params, optimizer, 0)
     if _moment_keys(optimizer)[1] is None:
@@ -107,7 +143,16 @@ def hyperparams(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
     """JSON-able param-group settings (everything but the params and their names): NumPy
     scalars and one-element tensors (``lr=torch.tensor(1e-3)`` for capturable or compiled
     optimizers) as their numbers, exact for float32 and float64; anything else a manifest cannot
-    hold is refused by name (``optim.settings``, which also says which types to restore)."""
+    hold is refused by name (``optim.settings``, which also says which types to restore).
+
+    Examples:
+        >>> import torch
+        >>> from ckptfmt.torch import hyperparams
+        >>> model = torch.nn.Linear(2, 1)
+        >>> groups = hyperparams(torch.optim.SGD(model.parameters(), lr=torch.tensor(0.1), momentum=0.9))
+        >>> round(groups[0]["lr"], 6), groups[0]["momentum"]
+        (0.1, 0.9)
+    """
     return optim.settings(optimizer)[0]
 
 
@@ -115,14 +160,30 @@ def hyperparams(optimizer: torch.optim.Optimizer) -> list[dict[str, Any]]:
 def chunks(tensors: Iterable[torch.Tensor], stager: staging.Stager | None = None) -> Iterator[Any]:
     """Byte-buffers of each tensor in order, with no full staging copy: host tensors as
     zero-copy views, device tensors through ``stager``'s pair (a fresh one if not given).
-    ``tensors`` may be a generator (a cast made per tensor, as the pieces are pulled)."""
+    ``tensors`` may be a generator (a cast made per tensor, as the pieces are pulled).
+
+    Examples:
+        >>> import torch
+        >>> from ckptfmt.torch import chunks
+        >>> [bytes(piece).hex() for piece in chunks([torch.tensor([1.0]), torch.tensor([2.0])])]   # little-endian float32
+        ['0000803f', '00000040']
+    """
     return (stager or staging.Stager()).region(tensors)
 
 
 def regions(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
             stager: staging.Stager | None = None) -> tuple[Any, Any, Any, int, int]:
     """(weights, m, v as chunk iterators, n_params, optimizer step) for ``writer.save``; the
-    three share one staging pair, allocated for this save alone (spec/FORMAT.md §5.7.2)."""
+    three share one staging pair, allocated for this save alone (spec/FORMAT.md §5.7.2).
+
+    Examples:
+        >>> import torch
+        >>> from ckptfmt.torch import regions
+        >>> model = torch.nn.Linear(2, 1)
+        >>> weights, m, v, n_params, step = regions(model, torch.optim.AdamW(model.parameters()))
+        >>> n_params, step
+        (3, 0)
+    """
     params = list(model.parameters())
     ms, vs, step = moments(model, optimizer)
     n = sum(p.numel() for p in params)
@@ -132,7 +193,18 @@ def regions(model: torch.nn.Module, optimizer: torch.optim.Optimizer,
 
 def save(path: str, model: torch.nn.Module, optimizer: torch.optim.Optimizer, step: int | None = None,
          *, manifest: dict[str, Any] | None = None, **kwargs: Any) -> writer.SaveResult:
-    """Save model + optimizer; ``step`` defaults to the optimizer's step."""
+    """Save model + optimizer; ``step`` defaults to the optimizer's step.
+
+    Examples:
+        >>> import torch
+        >>> import ckptfmt.torch as ct
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = torch.optim.AdamW(model.parameters())
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> opt.step()
+        >>> ct.save("step_000001.bin", model, opt).step           # the optimizer's step
+        1
+    """
     refuse_unheld(model, [optimizer])
     w, m, v, n, opt_step = regions(model, optimizer)
     extra = dict(manifest or {})
@@ -152,7 +224,21 @@ def differing_tensors(source: "str | reader.Checkpoint", model: torch.nn.Module,
 
     A check independent of the writer's own digest: a staging buffer refilled too early gives a
     file whose blake3 matches its manifest yet whose bytes are not the tensors' (the CPU tests,
-    and the GPU check against ``tensor.cpu()``)."""
+    and the GPU check against ``tensor.cpu()``).
+
+    Examples:
+        >>> import torch
+        >>> import ckptfmt.torch as ct
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = torch.optim.AdamW(model.parameters())
+        >>> _ = ct.save("step_000002.bin", model, opt, step=2)
+        >>> ct.differing_tensors("step_000002.bin", model, opt)
+        []
+        >>> with torch.no_grad():
+        ...     _ = model.bias.add_(1.0)
+        >>> ct.differing_tensors("step_000002.bin", model, opt)
+        ['weights:bias']
+    """
     opened = isinstance(source, (str, bytes)) or not hasattr(source, "layout")
     ck = reader.open(source) if opened else source
     try:
@@ -183,6 +269,17 @@ def load(source: "str | reader.Checkpoint", model: torch.nn.Module,
     both: benchmarks/load_variants.py. Not worth a damaged file in the model.) An already
     open ``Checkpoint`` is taken as it is; its caller decides whether it was verified. Mapped
     pages are released behind the copy, so a load does not leave the whole file resident.
+
+    Examples:
+        >>> import torch
+        >>> import ckptfmt.torch as ct
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = torch.optim.AdamW(model.parameters())
+        >>> _ = ct.save("step_000000.bin", model, opt)
+        >>> fresh = torch.nn.Linear(2, 1)
+        >>> _ = ct.load("step_000000.bin", fresh, torch.optim.AdamW(fresh.parameters()))   # verified first
+        >>> torch.equal(fresh.weight, model.weight)
+        True
     """
     opened = isinstance(source, (str, bytes)) or not hasattr(source, "layout")
     ck = reader.open(source, manifest="require", copy_on_write=True) if opened else source
@@ -258,7 +355,22 @@ def _view(region: np.ndarray, entry: dict[str, Any]) -> torch.Tensor:
 
 
 def load_optimizer(ck: "reader.Checkpoint | Any", model: torch.nn.Module, optimizer: torch.optim.Optimizer) -> None:
-    """``ck``: a Checkpoint, or anything with ``layout``, ``manifest``, ``path``, ``m`` and ``v``."""
+    """``ck``: a Checkpoint, or anything with ``layout``, ``manifest``, ``path``, ``m`` and ``v``.
+
+    Examples:
+        >>> import torch, ckptfmt
+        >>> import ckptfmt.torch as ct
+        >>> from ckptfmt.torch.adapter import load_optimizer
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> opt.step()
+        >>> _ = ct.save("step_000003.bin", model, opt, step=3)
+        >>> other = torch.optim.AdamW(model.parameters(), lr=0.5)
+        >>> load_optimizer(ckptfmt.open("step_000003.bin"), model, other)
+        >>> other.param_groups[0]["lr"], torch.equal(other.state[model.bias]["exp_avg"], opt.state[model.bias]["exp_avg"])
+        (0.001, True)
+    """
     _copy_regions(ck, _moment_targets(prepare_optimizer(ck, model, optimizer), _moment_keys(optimizer)))
 
 
@@ -280,6 +392,19 @@ def prepare_optimizer(ck: "reader.Checkpoint | Any", model: torch.nn.Module,
     optimizer gets uninitialised tensors through ``load_state_dict``, so torch's own rules for
     where ``step`` lives still apply. At step 0 there is no state: Adam creates it lazily,
     exactly as in a fresh run.
+
+    Examples:
+        >>> import torch, ckptfmt
+        >>> import ckptfmt.torch as ct
+        >>> model = torch.nn.Linear(2, 1)
+        >>> opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+        >>> model(torch.ones(1, 2)).sum().backward()
+        >>> opt.step()
+        >>> _ = ct.save("step_000004.bin", model, opt, step=4)
+        >>> fresh = torch.optim.AdamW(model.parameters(), lr=0.5)
+        >>> states = ct.prepare_optimizer(ckptfmt.open("step_000004.bin"), model, fresh)
+        >>> len(states), fresh.param_groups[0]["lr"]                 # a state per parameter, to copy m and v into
+        (2, 0.001)
     """
     keys = _moment_keys(optimizer)
     doc = ck.manifest or {}
@@ -335,7 +460,13 @@ def _fresh_state(optimizer: torch.optim.Optimizer, keys: tuple[str, str | None],
 
 
 def versions() -> dict[str, str]:
-    """Versions recorded in a manifest, so a resume on other software can be told apart."""
+    """Versions recorded in a manifest, so a resume on other software can be told apart.
+
+    Examples:
+        >>> from ckptfmt.torch import versions
+        >>> sorted(versions())
+        ['ckptfmt', 'numpy', 'python', 'torch']
+    """
     return software_versions({"torch": torch.__version__})
 
 

@@ -60,6 +60,30 @@ class CheckpointManager(StateManager):
     committed generation there on a background thread, verified, with the same retention
     (spec/RUN.md §10); ``close`` waits until the destination has caught up. ``memory_every=N``
     also commits a generation to node-local RAM every N steps between durable ones (spec/RUN.md §13).
+
+    Examples:
+        A loop that saves every 10 steps, keeps the last 3 and resumes where it stopped (the README's
+        example; SIGTERM, SIGUSR1 and Ctrl-C save too):
+
+        ```python
+        import torch
+        from ckptfmt.torch import CheckpointManager
+
+        model = torch.nn.Linear(4, 1)
+        opt = torch.optim.AdamW(model.parameters(), lr=0.01)
+        x, y = torch.randn(64, 4), torch.randn(64, 1)
+
+        with CheckpointManager("runs/demo", model, opt, every=10, keep_last=3) as mgr:
+            start = step = mgr.restore()                 # 0 on a fresh run
+            for step in range(start + 1, 51):
+                loss = torch.nn.functional.mse_loss(model(x), y)
+                opt.zero_grad()
+                loss.backward()
+                opt.step()
+                if mgr.step(step, loss=loss.item()):     # True after SIGTERM: committed, stop
+                    break
+            mgr.close(step)
+        ```
     """
 
     _ram_tier = True     # a RAM tier to clean at close: restore() finds whether the run has one

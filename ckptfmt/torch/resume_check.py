@@ -29,7 +29,22 @@ __all__ = ["ResumeRecord"]
 
 
 class ResumeRecord:
-    """The per-step records of one process, and the final summary it writes."""
+    """The per-step records of one process, and the final summary it writes.
+
+    Examples:
+        A loop that proves its own resume records each step and writes ``summary.json`` at its end
+        (``examples/plain_loop.py`` does, for ``ckptfmt verify-resume --trainer command``):
+
+        ```python
+        record = ResumeRecord()
+        for step in range(start + 1, total + 1):
+            ids = sampler.next()
+            lr = sched.get_last_lr()[0]
+            loss = train_step(ids)
+            record.step(step, ids=ids, lr=lr, loss=loss.item())
+        record.write(args.output, checkpoint=saved_path, model=model, optimizer=opt, scheduler=sched)
+        ```
+    """
 
     def __init__(self) -> None:
         self.steps: list[dict[str, Any]] = []

@@ -25,7 +25,19 @@ def rng_state(generators: "dict[str, Any] | None" = None) -> dict[str, Any]:
     """Every RNG a training loop draws from, as JSON (what a manifest's ``rng`` holds): Python's,
     NumPy's global one, each named generator (``numpy.random.Generator`` or ``torch.Generator``),
     torch's CPU RNG and the CUDA RNG of the device in use (only that device: another machine may
-    have fewer GPUs). Torch states are bytes, stored as base64 (no pickle anywhere)."""
+    have fewer GPUs). Torch states are bytes, stored as base64 (no pickle anywhere).
+
+    Examples:
+        >>> import torch
+        >>> from ckptfmt.torch import restore_rng, rng_state
+        >>> saved = rng_state()
+        >>> sorted(saved)
+        ['generators', 'numpy_global', 'python', 'torch_cpu']
+        >>> first = torch.rand(2)
+        >>> restore_rng(saved)
+        >>> torch.equal(torch.rand(2), first)                       # the same draws again
+        True
+    """
     name, keys, pos, has_gauss, cached = np.random.get_state()
     out: dict[str, Any] = {
         "python": _python_state(),
@@ -47,7 +59,21 @@ def restore_rng(state: dict[str, Any], generators: "dict[str, Any] | None" = Non
     has but ``state`` lacks is refused by name (``IncompleteResumeStateError``), never silently
     left as it was. ``state`` may also have the shape the mini trainer wrote before (``numpy``
     holding the named NumPy generators, ``torch_cuda`` a list of every device's state, no
-    ``numpy_global``): it is read as that shape held it."""
+    ``numpy_global``): it is read as that shape held it.
+
+    Examples:
+        >>> import numpy as np
+        >>> from ckptfmt.torch import restore_rng, rng_state
+        >>> noise = np.random.default_rng(0)
+        >>> saved = rng_state({"noise": noise})
+        >>> before = noise.random()
+        >>> restore_rng(saved, {"noise": noise})
+        >>> noise.random() == before
+        True
+        >>> restore_rng(saved, {"noise": noise, "other": np.random.default_rng(1)})
+        Traceback (most recent call last):
+        ckptfmt.errors.IncompleteResumeStateError: <manifest>: ...other...
+    """
     state, old = _current_shape(state)
     skip = set(skip) | ({"numpy_global"} if old else set())    # never recorded in that shape
 
@@ -135,7 +161,15 @@ def next_draws(generators: dict[str, Any] | None = None, n: int = 3, *,
                numpy_global: bool = True) -> dict[str, list[float]]:
     """The next ``n`` draws of Python's and torch's CPU RNG, NumPy's global one (unless the loop
     neither uses nor restores it: ``numpy_global=False``) and each named generator; every state
-    is put back, so observing them changes nothing (what resume verification compares)."""
+    is put back, so observing them changes nothing (what resume verification compares).
+
+    Examples:
+        >>> import torch
+        >>> from ckptfmt.torch import next_draws
+        >>> seen = next_draws(n=2)
+        >>> sorted(seen), next_draws(n=2) == seen                   # observing draws nothing
+        (['numpy_global', 'python', 'torch'], True)
+    """
     py, npst, tst = random.getstate(), np.random.get_state(), torch.get_rng_state()
     out = {"python": [random.random() for _ in range(n)], "torch": torch.rand(n).tolist()}
     if numpy_global:
@@ -179,10 +213,11 @@ def device_changes(saved: dict[str, Any], live_cuda: int | None,
     ``saved`` is a manifest's ``rng`` (as ``rng_state`` wrote it), ``live_cuda`` the CUDA device in
     use here (``cuda_device()``), ``live_generators`` each torch generator's device here.
 
-    >>> device_changes({"torch_cuda": {"device": 0, "state": ""}}, None)
-    [('torch_cuda', 'cuda:0', 'cpu')]
-    >>> device_changes({"generators": {"g": {"kind": "torch", "device": "cpu"}}}, 1, {"g": "cuda:1"})
-    [('torch_cuda', 'cpu', 'cuda:1'), ('generators.g', 'cpu', 'cuda:1')]
+    Examples:
+        >>> device_changes({"torch_cuda": {"device": 0, "state": ""}}, None)
+        [('torch_cuda', 'cuda:0', 'cpu')]
+        >>> device_changes({"generators": {"g": {"kind": "torch", "device": "cpu"}}}, 1, {"g": "cuda:1"})
+        [('torch_cuda', 'cpu', 'cuda:1'), ('generators.g', 'cpu', 'cuda:1')]
     """
     moved = []
     cuda = saved.get("torch_cuda")
@@ -202,8 +237,9 @@ def device_changes(saved: dict[str, Any], live_cuda: int | None,
 def device_change_problem(moved: list[tuple[str, str, str]]) -> str:
     """One line naming what a device change leaves behind, and the option that accepts it.
 
-    >>> device_change_problem([("torch_cuda", "cpu", "cuda:0")])  # doctest: +ELLIPSIS
-    'cannot resume on another device type: the checkpoint was saved without CUDA (it has no rng.torch_cuda) and this process uses cuda:0 (...)'
+    Examples:
+        >>> device_change_problem([("torch_cuda", "cpu", "cuda:0")])  # doctest: +ELLIPSIS
+        'cannot resume on another device type: the checkpoint was saved without CUDA (it has no rng.torch_cuda) and this process uses cuda:0 (...)'
     """
     said = []
     for piece, there, here in moved:

@@ -13,7 +13,15 @@ from typing import Any
 
 @dataclass
 class Deviation:
-    """How far a resumed run's values are from the continuous run's, and what differs in kind."""
+    """How far a resumed run's values are from the continuous run's, and what differs in kind.
+
+    Examples:
+        >>> from ckptfmt.verify import Deviation, compare
+        >>> dev = Deviation()
+        >>> _ = compare({"loss": [1.0, 2.0], "phase": "warmup"}, {"loss": [1.0, 2.5], "phase": "decay"}, "final", dev, 0.0, 0.0)
+        >>> dev.max_abs, dev.structural, dev.non_finite
+        (0.5, ["final.phase: 'warmup' != 'decay'"], [])
+    """
     max_abs: float = 0.0
     structural: list[str] = field(default_factory=list)
     non_finite: list[str] = field(default_factory=list)
@@ -25,7 +33,16 @@ class Deviation:
 
 def compare(a: Any, b: Any, path: str, dev: Deviation, atol: float, rtol: float) -> bool:
     """Walk two JSON trees; numbers by |a-b| <= atol + rtol|b|; anything else must be equal.
-    Returns True when some element exceeds the tolerance."""
+    Returns True when some element exceeds the tolerance.
+
+    Examples:
+        >>> from ckptfmt.verify import Deviation, compare
+        >>> dev = Deviation()
+        >>> compare([1.0, 2.0], [1.0, 2.5], "losses", dev, atol=0.0, rtol=0.0)     # 2.0 vs 2.5 is beyond it
+        True
+        >>> compare([1.0, 2.0], [1.0, 2.5], "losses", Deviation(), atol=0.0, rtol=0.5)
+        False
+    """
     if isinstance(a, bool) or isinstance(b, bool) or isinstance(a, str) or a is None:
         if a != b:
             dev.structural.append(f"{path}: {a!r} != {b!r}")

@@ -42,12 +42,31 @@ TIMEOUT = 600
 
 
 class VerifyIncomplete(Exception):
-    """The protocol could not complete (exit 2)."""
+    """The protocol could not complete (exit 2).
+
+    Examples:
+        ```python
+        from ckptfmt.verify import VerifyIncomplete, verify_resume
+
+        try:
+            verify_resume("proof", trainer="command", command="python my_loop.py --updates {steps} --output {output} {resume} {omit_rng}")
+        except VerifyIncomplete as exc:          # a run crashed or wrote no summary.json: exit 2
+            print(exc)
+        ```
+    """
 
 
 def check_pair(reference: dict[str, Any], candidate: dict[str, Any], cut: int,
                atol: float, rtol: float) -> dict[str, dict[str, Any]]:
-    """Per-check verdicts of ``candidate`` (a resumed run) against ``reference`` (continuous)."""
+    """Per-check verdicts of ``candidate`` (a resumed run) against ``reference`` (continuous).
+
+    Examples:
+        >>> from ckptfmt.verify import check_pair
+        >>> straight = {"steps": [{"step": s, "ids": [s], "lr": 0.1, "loss": 1.0 / s} for s in (1, 2, 3)], "final": {"w": [1.0]}}
+        >>> resumed = {"steps": [{"step": 3, "ids": [3], "lr": 0.1, "loss": 1.0 / 3}], "final": {"w": [1.0]}}
+        >>> {name: check["ok"] for name, check in check_pair(straight, resumed, cut=2, atol=0.0, rtol=0.0).items()}
+        {'steps': True, 'sample_ids': True, 'learning_rates': True, 'losses': True, 'w': True}
+    """
     ref_after = [s for s in reference["steps"] if s["step"] > cut]
     checks: dict[str, tuple[Any, Any]] = {
         "steps": ([s["step"] for s in ref_after], [s["step"] for s in candidate["steps"]]),
@@ -71,7 +90,16 @@ def check_pair(reference: dict[str, Any], candidate: dict[str, Any], cut: int,
 
 
 class Protocol:
-    """The four runs of seed 001 for one trainer (mini, andrea, or a command), and their verdict."""
+    """The four runs of seed 001 for one trainer (mini, andrea, or a command), and their verdict.
+
+    Examples:
+        ```python
+        from ckptfmt.verify import Protocol
+
+        verdict = Protocol("proof", trainer="mini", steps=10, cut=5).run()
+        print(verdict["positive"], verdict["negative_divergence_detected"])
+        ```
+    """
     def __init__(self, output: str, *, trainer: str = "mini", steps: int = 10, cut: int = 5,
                  atol: float = 1e-12, rtol: float = 0.0, command: str | None = None,
                  fault: str | None = None, ignore: tuple[str, ...] = (), log=None):
@@ -264,7 +292,19 @@ def _environment() -> dict[str, str]:
 
 
 def verify_resume(output: str, **options: Any) -> dict[str, Any]:
-    """Run the protocol; raises ``VerifyIncomplete`` when it cannot complete."""
+    """Run the protocol; raises ``VerifyIncomplete`` when it cannot complete.
+
+    Examples:
+        The protocol on the built-in mini trainer (four fresh processes; what ``ckptfmt
+        verify-resume`` runs):
+
+        ```python
+        from ckptfmt.verify import verify_resume
+
+        verdict = verify_resume("proof", trainer="mini", steps=10, cut=5)
+        assert verdict["positive"] and verdict["negative_divergence_detected"]
+        ```
+    """
     try:
         return Protocol(output, **options).run()
     except CheckpointError as exc:

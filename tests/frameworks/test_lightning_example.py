@@ -54,6 +54,14 @@ def test_verify_resume_of_the_lightning_example_passes_with_deviation_zero(proof
         [f"step_{CUT:06d}.bin", f"step_{CUT:06d}.extra.safetensors", f"step_{CUT:06d}.json"]
 
 
+def test_the_tutorial_shows_the_proof_made_here():
+    """docs/tutorials/lightning.md's verify-resume block is this module's run (the docs test does
+    not run it: this is its twin): the same steps, cut and command template."""
+    text = open(os.path.join(os.path.dirname(__file__), "..", "..", "docs", "tutorials", "lightning.md")).read()
+    assert f"ckptfmt verify-resume --output proof --steps {STEPS} --cut {CUT} --trainer command" in text
+    assert "--command 'python examples/lightning_loop.py --updates {steps} --output {output} {resume} {omit_rng}'" in text
+
+
 @pytest.mark.timeout(60)
 def test_the_resume_without_rng_restore_diverges(proof):
     _, verdict, _ = proof

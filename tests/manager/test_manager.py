@@ -137,7 +137,10 @@ def test_each_piece_left_out_fails_verify_resume_naming_it(tmp_path, piece, chec
 
 @pytest.mark.timeout(60)
 def test_verify_resume_passes_on_the_plain_loop(tmp_path):
-    """The console command as the example's docstring gives it, each run a cold interpreter."""
+    """The console command as the example's docstring gives it, each run a cold interpreter;
+    docs/how-to/prove-resume.md shows this command (its block is not run there: this is its twin)."""
+    shown = "ckptfmt verify-resume --output proof --trainer command \\\n    --command 'python examples/plain_loop.py --updates {steps} --output {output} {resume} {omit_rng}'"
+    assert shown in (ROOT / "docs" / "how-to" / "prove-resume.md").read_text()
     command = f"{PY} {PLAIN} --updates {{steps}} --output {{output}} {{resume}} {{omit_rng}}"
     proc = cli("verify-resume", "--output", str(tmp_path / "proof"), "--trainer", "command",
                "--command", command, "--json")

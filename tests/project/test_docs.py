@@ -36,8 +36,10 @@ def test_docstring_examples_run(name, tmp_path, monkeypatch):
     assert result.failed == 0, f"{name}: {result.failed} of {result.attempted} examples failed"
 
 
-def test_the_examples_exist():
-    """Not vacuous: the examples that document the core are found and run."""
+def test_the_examples_exist(tmp_path, monkeypatch):
+    """Not vacuous: the examples that document the core are found and run (in an empty
+    directory: they write the files they show)."""
+    monkeypatch.chdir(tmp_path)
     counts = {name: doctest.testmod(importlib.import_module(name)).attempted
               for name in ("ckptfmt", "ckptfmt.reader", "ckptfmt.errors", "ckptfmt.manifest",
                            "ckptfmt.run.retention", "ckptfmt.tools.convert.zst")}
@@ -152,3 +154,118 @@ def test_a_broken_link_fails_the_strict_build(tmp_path):
     for problem in ("'nowhere.md', but the target is not found", "does not contain an anchor '#nothing'",
                     "does not contain an anchor '#sec-99.9'"):
         assert problem in proc.stderr, proc.stderr
+
+
+# The result dataclasses the reference shows: each field's meaning in the class's Attributes.
+RESULTS = ["ckptfmt.writer.SaveResult", "ckptfmt.tools.report.Report", "ckptfmt.tools.report.Finding",
+           "ckptfmt.tools.diff.DiffResult", "ckptfmt.tools.diff.RegionDiff", "ckptfmt.tools.convert.source.ConvertReport",
+           "ckptfmt.tools.stats.RegionStats", "ckptfmt.generation.Generation", "ckptfmt.generation.Listing"]
+
+
+def resolve(dotted: str):
+    """The object a dotted name names: the longest importable module, then attributes."""
+    parts = dotted.split(".")
+    for i in range(len(parts), 0, -1):
+        try:
+            obj = importlib.import_module(".".join(parts[:i]))
+        except ImportError:
+            continue
+        for part in parts[i:]:
+            obj = getattr(obj, part)
+        return obj
+    raise ImportError(dotted)
+
+
+def module_members(module) -> list[str]:
+    """What mkdocstrings shows of a module (filter ``!^_``): the classes and functions it
+    defines, and the ones it imports from ckptfmt where it has no ``__all__``, else those
+    ``__all__`` names."""
+    public = {k: v for k, v in vars(module).items() if not k.startswith("_") and
+              (inspect.isclass(v) or inspect.isfunction(v)) and v.__module__.startswith("ckptfmt")}
+    exported = getattr(module, "__all__", None)
+    if exported is None:
+        return list(public)
+    return list(exported) + [k for k, v in public.items() if v.__module__ == module.__name__ and k not in exported]
+
+
+def reference_entries() -> list[tuple[str, str]]:
+    """Each ``::: NAME`` entry of the API reference pages: (NAME, its options' text)."""
+    return [(entry.group(1), entry.group(2)) for page in sorted((ROOT / "docs" / "reference" / "api").glob("*.md"))
+            for entry in re.finditer(r"^::: (\S+)\n((?:    .*\n)*)", page.read_text(), re.M)]
+
+
+def reference_names() -> dict[str, object]:
+    """The classes and functions the API reference pages show: each ``::: NAME`` entry's object,
+    and for a module the ``members:`` the entry lists, else its members as mkdocstrings shows them."""
+    names = {}
+    for name, options in reference_entries():
+        obj = resolve(name)
+        if not inspect.ismodule(obj):
+            names[name] = obj
+            continue
+        listed = re.search(r"members: \[(.*)\]", options)
+        members = [m.strip() for m in listed.group(1).split(",")] if listed else module_members(obj)
+        names.update({f"{obj.__name__}.{m}": getattr(obj, m) for m in members})
+    return {k: v for k, v in names.items() if inspect.isclass(v) or inspect.isfunction(v)}
+
+
+def examples_section(doc: str | None) -> str:
+    """A docstring's ``Examples:`` section: from that heading to its end ("" without one)."""
+    found = re.search(r"^Examples:[ \t]*\n(.*)", doc or "", re.M | re.S)
+    return found.group(1) if found else ""
+
+
+def has_example(doc: str | None) -> bool:
+    """An ``Examples:`` section holding a doctest (``>>>``) or a code block; a doctest outside
+    that section does not count: the site renders it as a quote, not as code."""
+    section = examples_section(doc)
+    return ">>>" in section or "```" in section
+
+
+def bare_doctest(doc: str | None) -> bool:
+    """A ``>>>`` line before any ``Examples:`` heading."""
+    head = (doc or "").split("\nExamples:", 1)[0]
+    return any(line.lstrip().startswith(">>>") for line in head.splitlines())
+
+
+def documented_fields(doc: str) -> set[str]:
+    """The names an ``Attributes:`` section (Google style: ``name: what``, ``name (type): what``) explains."""
+    section = re.search(r"^Attributes:\s*\n((?:[ \t]+.*\n|\s*\n)*)", doc + "\n", re.M)
+    if not section:
+        return set()
+    indent = min(len(line) - len(line.lstrip()) for line in section.group(1).splitlines() if line.strip())
+    return {m.group(1) for line in section.group(1).splitlines()
+            if (m := re.match(rf"^ {{{indent}}}(\w+)(?: \(.*?\))?:", line))}
+
+
+def test_every_name_the_reference_shows_says_what_it_does_with_an_example():
+    """Each class and function on an API page has a docstring with a runnable example: a
+    doctest (run by the test above) or an Example code block."""
+    names = reference_names()
+    assert {"ckptfmt.save", "ckptfmt.torch.CheckpointManager", "ckptfmt.tools.diff.diff"} <= set(names)
+    missing = [name for name, obj in names.items() if not has_example(inspect.getdoc(obj))]
+    assert not missing, f"no example in the docstring of {len(missing)}: {missing}"
+    modules = [(name, obj) for name, _ in reference_entries() if inspect.ismodule(obj := resolve(name))]
+    quoted = [name for name, obj in [*names.items(), *modules] if bare_doctest(inspect.getdoc(obj))]
+    assert not quoted, f"a doctest outside an Examples section (rendered as a quote): {quoted}"
+
+
+def test_the_result_dataclasses_say_what_each_field_means():
+    import dataclasses
+    missing = []
+    for name in RESULTS:
+        cls = resolve(name)
+        fields = {f.name for f in dataclasses.fields(cls) if not f.name.startswith("_")}
+        missing += [f"{name}.{f}" for f in sorted(fields - documented_fields(inspect.getdoc(cls) or ""))]
+    assert not missing, f"fields no Attributes section explains: {missing}"
+
+
+def test_the_docstring_checks_read_examples_and_attributes():
+    """Not vacuous: what counts as an example and as a field explained, on made-up docstrings."""
+    assert has_example("Add.\n\nExamples:\n    >>> 1 + 1\n    2")
+    assert has_example("Add.\n\nExamples:\n    Two numbers:\n\n    ```python\n    add(1, 2)\n    ```")
+    assert not has_example("Add two numbers.") and not has_example("Examples:\n    add(1)")
+    assert not has_example("Add.\n\n>>> 1 + 1\n2") and bare_doctest("Add.\n\n>>> 1 + 1\n2")
+    assert not bare_doctest("Add.\n\nExamples:\n    >>> 1 + 1\n    2")
+    doc = "A result.\n\nAttributes:\n    path: where.\n    size (int): how big,\n        in bytes.\n\nMore."
+    assert documented_fields(doc) == {"path", "size"} and documented_fields("A result.") == set()

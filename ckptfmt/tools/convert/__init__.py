@@ -51,8 +51,9 @@ def detect(path: "str | os.PathLike[str]") -> str:
     exists, so ``pytorch_model.bin`` (a torch zip) and a Lightning ``.ckpt`` read as ``pt``;
     by its name when it does not (a destination).
 
-    >>> detect("step_000100.safetensors"), detect("x.pth"), detect("step_000100.json"), detect("a.ckz")
-    ('safetensors', 'pt', 'shards', 'planes')
+    Examples:
+        >>> detect("step_000100.safetensors"), detect("x.pth"), detect("step_000100.json"), detect("a.ckz")
+        ('safetensors', 'pt', 'shards', 'planes')
     """
     if not os.path.lexists(path):
         return by_name(path)
@@ -65,7 +66,13 @@ def detect(path: "str | os.PathLike[str]") -> str:
 
 def by_name(path: "str | os.PathLike[str]") -> str:
     """The format a (destination) name says: its suffix; a ``.json`` or ``.shards`` a sharded
-    generation."""
+    generation.
+
+    Examples:
+        >>> from ckptfmt.tools.convert import by_name
+        >>> by_name("x.safetensors"), by_name("runs/a/step_000010.json"), by_name("x.pth")
+        ('safetensors', 'shards', 'pt')
+    """
     name = os.fspath(path).lower().rstrip("/")
     kind = kinds.by_name(path)
     if name.endswith(".json") or (kind is not None and kind.name == "shards"):
@@ -79,12 +86,13 @@ def by_name(path: "str | os.PathLike[str]") -> str:
 def target(dst: "str | os.PathLike[str]", to: str | None) -> str:
     """The target format: ``to``, refused when DST's extension disagrees with it; else from DST.
 
-    >>> target("x.zst", None), target("x.pt", "torch")
-    ('zst', 'torch')
-    >>> target("x.safetensors", "zst")
-    Traceback (most recent call last):
-    ...
-    ckptfmt.errors.UnsupportedConversionError: x.safetensors: extension disagrees with --to zst: a zst target is named *.zst
+    Examples:
+        >>> target("x.zst", None), target("x.pt", "torch")
+        ('zst', 'torch')
+        >>> target("x.safetensors", "zst")
+        Traceback (most recent call last):
+        ...
+        ckptfmt.errors.UnsupportedConversionError: x.safetensors: extension disagrees with --to zst: a zst target is named *.zst
     """
     if to is None:
         return by_name(dst)
@@ -104,7 +112,14 @@ def target(dst: "str | os.PathLike[str]", to: str | None) -> str:
 
 
 def check_options(dst: str, kind: str, weights_only: bool, dtype: str | None, shards: int | None) -> None:
-    """Refuse options that would do nothing for the target (or cannot be held by it)."""
+    """Refuse options that would do nothing for the target (or cannot be held by it).
+
+    Examples:
+        >>> from ckptfmt.tools.convert import check_options
+        >>> check_options("x.bin", "bin", True, None, None)
+        Traceback (most recent call last):
+        ckptfmt.errors.UnsupportedConversionError: x.bin: --weights-only does nothing for a bin target; it applies to safetensors, pt, npz
+    """
     if dtype and not weights_only:
         raise UnsupportedConversionError(dst, "--dtype needs --weights-only (a resumable checkpoint stays float32)")
     if weights_only and kind not in WEIGHTS_ONLY:
@@ -119,7 +134,17 @@ def check_options(dst: str, kind: str, weights_only: bool, dtype: str | None, sh
 
 
 def load(path: str, kind: str | None = None) -> Source:
-    """Read any supported single-file format into a ``Source`` (step, regions, layout)."""
+    """Read any supported single-file format into a ``Source`` (step, regions, layout).
+
+    Examples:
+        >>> import numpy as np, ckptfmt
+        >>> from ckptfmt.tools.convert import convert, load
+        >>> w = np.arange(2, dtype=np.float32)
+        >>> _ = ckptfmt.save("step_000040.bin", 40, w, w, w)
+        >>> _ = convert("step_000040.bin", "forty.npz")
+        >>> load("forty.npz").weights.tolist()
+        [0.0, 1.0]
+    """
     kind = kind or detect(path)
     return READERS[kind](path)
 
@@ -131,7 +156,16 @@ def convert(src: str, dst: str, *, to: str | None = None, weights_only: bool = F
     ``verify`` prove the result by converting back. ``progress`` gets byte counts: the source
     check, the write, then the verification (about the source size each). ``groups``: for a
     foreign ``.pt`` whose optimizer has several param groups without usable ``param_names``,
-    each group's parameter names (a JSON file holding a list of lists, or the lists)."""
+    each group's parameter names (a JSON file holding a list of lists, or the lists).
+
+    Examples:
+        >>> import numpy as np, ckptfmt
+        >>> from ckptfmt.tools.convert import convert
+        >>> z = np.zeros(4, np.float32)
+        >>> _ = ckptfmt.save("step_000030.bin", 30, z, z, z)
+        >>> convert("step_000030.bin", "step_000030.zst").verified     # proven by converting back
+        'round-trip'
+    """
     fsio.refuse_url(dst, "the destination", _CONVERT_LOCAL)
     if not os.path.exists(src):
         fsio.refuse_url(src, "the source", _CONVERT_LOCAL)
@@ -209,7 +243,15 @@ def _through_bin(src: str, dst: str, src_kind: str, dst_kind: str, weights_only:
 
 def read_groups(groups: "str | list[list[str]] | None") -> tuple[list[list[str]] | None, str]:
     """(each param group's parameter names, where they came from) of a ``--groups`` value: a
-    JSON file holding a list with one list of state-dict names per group, or the lists."""
+    JSON file holding a list with one list of state-dict names per group, or the lists.
+
+    Examples:
+        >>> import json
+        >>> from ckptfmt.tools.convert import read_groups
+        >>> _ = open("groups.json", "w").write(json.dumps([["wte.weight"], ["ln_f.weight"]]))
+        >>> read_groups("groups.json")
+        ([['wte.weight'], ['ln_f.weight']], 'groups.json')
+    """
     if groups is None:
         return None, "--groups"
     where, value = "--groups", groups
@@ -253,7 +295,16 @@ def _convert_file(src: str, dst: str, src_kind: str, dst_kind: str, weights_only
 def open_file(src: str, kind: str) -> Any:
     """A ``Source`` for ckptfmt's forms; the loaded foreign object (a torch object, a
     ``TensorFile``, or the ``State`` of a safetensors index or a foreign .npz) for a foreign file
-    (``kind``: the format name of ``detect``)."""
+    (``kind``: the format name of ``detect``).
+
+    Examples:
+        >>> import numpy as np, ckptfmt
+        >>> from ckptfmt.tools.convert import open_file
+        >>> z = np.zeros(2, np.float32)
+        >>> _ = ckptfmt.save("step_000050.bin", 50, z, z, z)
+        >>> open_file("step_000050.bin", "bin").step
+        50
+    """
     if kind == "pt":
         ts = torchside.torchsave(src)
         state = ts.read(src)

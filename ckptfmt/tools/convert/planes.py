@@ -24,15 +24,23 @@ LEVEL = 1                # spec §10: chosen from benchmarks/README.md figures
 def planes(chunk: np.ndarray) -> bytes:
     """Split float32 values into 4 byte planes (exponents together compress better).
 
-    >>> a = np.array([1.0, -2.5], dtype="<f4")
-    >>> planes(a).hex(), unplanes(planes(a)).tolist()
-    ('0000000080203fc0', [1.0, -2.5])
+    Examples:
+        >>> a = np.array([1.0, -2.5], dtype="<f4")
+        >>> planes(a).hex(), unplanes(planes(a)).tolist()
+        ('0000000080203fc0', [1.0, -2.5])
     """
     return chunk.view(np.uint8).reshape(-1, 4).T.tobytes()
 
 
 def unplanes(data: bytes) -> np.ndarray:
-    """The inverse of ``planes``: float32 values from 4 byte planes."""
+    """The inverse of ``planes``: float32 values from 4 byte planes.
+
+    Examples:
+        >>> import numpy as np
+        >>> from ckptfmt.tools.convert import planes_of, unplanes
+        >>> unplanes(planes_of(np.float32([1.0, -2.5]))).tolist()
+        [1.0, -2.5]
+    """
     return np.frombuffer(data, dtype=np.uint8).reshape(4, -1).T.copy().view(fmt.DTYPE).ravel()
 
 

@@ -18,7 +18,17 @@ from ...errors import ConvertError, UnsupportedFormatError
 
 @dataclass
 class Source:
-    """What every format carries: step, three flat float32 regions, optional layout."""
+    """What every format carries: step, three flat float32 regions, optional layout.
+
+    Examples:
+        >>> import numpy as np, ckptfmt
+        >>> from ckptfmt.tools.convert import load
+        >>> w = np.arange(2, dtype=np.float32)
+        >>> _ = ckptfmt.save("step_000020.bin", 20, w, w, w)
+        >>> source = load("step_000020.bin")
+        >>> source.step, source.weights.tolist(), source.blake3 is not None
+        (20, [0.0, 1.0], True)
+    """
     path: str
     step: int
     weights: np.ndarray
@@ -119,7 +129,14 @@ def named(src: Source, region: str, arr: np.ndarray) -> Iterator[tuple[str, list
 
 
 def cast(arr: np.ndarray, dtype: str | None) -> tuple[str, np.ndarray]:
-    """(safetensors dtype code, array) for float32, float16 or bfloat16 (round to nearest even)."""
+    """(safetensors dtype code, array) for float32, float16 or bfloat16 (round to nearest even).
+
+    Examples:
+        >>> import numpy as np
+        >>> from ckptfmt.tools.convert import cast
+        >>> cast(np.float32([1.5]), "bfloat16")
+        ('BF16', array([16320], dtype=uint16))
+    """
     if dtype in (None, "float32"):
         return "F32", arr
     if dtype == "float16":
@@ -165,6 +182,34 @@ def verdict(source_check: str, round_trip: str) -> str:
 
 @dataclass
 class ConvertReport:
+    """What a conversion did and how it was proven (``convert``).
+
+    Attributes:
+        src: the source's path.
+        dst: the destination written.
+        src_format: the source's kind (``bin``, ``pt``, ``safetensors``, ``shards``, ...).
+        dst_format: the destination's.
+        step: the checkpoint's step.
+        n_params: its parameter count.
+        verified: the one word: ``round-trip`` or ``values`` (the source matched its own
+            digest and the result converted back to the same bytes, or the same values),
+            ``unverified-source`` (only the result checked) or ``skipped`` (no check asked).
+        blake3: the source's digest, as its manifest or metadata records it (None: it records none).
+        src_bytes: the source's size.
+        dst_bytes: the destination's size.
+        source_check: ``manifest`` (the source matched its own digest) or ``unverified: WHY``.
+        round_trip: ``bytes`` (converting back gives the same bytes), ``values`` or ``skipped``.
+
+    Examples:
+        >>> import numpy as np, ckptfmt
+        >>> from ckptfmt.tools.convert import convert
+        >>> z = np.zeros(4, np.float32)
+        >>> _ = ckptfmt.save("step_000010.bin", 10, z, z, z)
+        >>> report = convert("step_000010.bin", "ten.safetensors")
+        >>> report.src_format, report.dst_format, report.source_check, report.round_trip, report.verified
+        ('bin', 'safetensors', 'manifest', 'bytes', 'round-trip')
+    """
+
     src: str
     dst: str
     src_format: str
