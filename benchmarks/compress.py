@@ -1,5 +1,5 @@
 """Compression of a trained checkpoint: the standard ``.zst`` (a zstd stream of the exact
-``.bin``, which ``zstd -d`` reads) against the byte-plane ``.ckz`` (ckptfmt only), issue 18 §5.
+``.bin``, which ``zstd -d`` reads) against the byte-plane ``.ckz`` (ckptfmt only).
 
     python -m benchmarks compress                    # tiny, trained 400 steps
     python -m benchmarks compress --andrea           # also andrea-12m, 20 steps

@@ -1,4 +1,4 @@
-"""Aggregate sharded save throughput with 1 and 2 ranks (issue 9).
+"""Aggregate sharded save throughput with 1 and 2 ranks.
 
     python -m benchmarks sharded-save [--config andrea-12m] [--reps 3] [--out benchmarks/results/sharded_save.jsonl]
 

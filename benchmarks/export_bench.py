@@ -1,4 +1,4 @@
-"""Export with verification against a plain copy of the same files (issue 10).
+"""Export with verification against a plain copy of the same files.
 
     python -m benchmarks export [--config andrea-12m] [--reps 3] [--out benchmarks/results/export.jsonl]
 

@@ -1,4 +1,4 @@
-"""What the save-time value-facts pass costs (issue 17), and what it buys deep validation.
+"""What the save-time value-facts pass costs, and what it buys deep validation.
 
     python -m benchmarks facts                  # 12.8M and 120M, 5 repetitions
     python -m benchmarks facts --sizes 12.8M --reps 3
@@ -13,7 +13,7 @@ AdamW with trained-looking values:
   writeback started every 64 MiB, fsync, rename, directory fsync) of the same bytes from memory:
   no hash, no facts, the floor a hashing save is measured against.
 Then, on the committed generation: deep ``validate`` (one hash, the recorded facts) against
-``validate --scan`` (hash and value scan in parallel, as before issue 17). Alone, for scale: the
+``validate --scan`` (hash and value scan in parallel, as before the facts were recorded at save). Alone, for scale: the
 facts pass and blake3 with one thread over the same bytes in memory. The machine's load average
 is recorded before and after each size (the machine is shared). Writes
 benchmarks/results/facts.jsonl; docs/benchmarks/save.md's tables are rendered from it.

@@ -1,4 +1,4 @@
-"""The check for the lent GPU machine (issue 20 item 3): one H200, 16 cores, 10 minutes a command,
+"""The check for the lent GPU machine: one H200, 16 cores, 10 minutes a command,
 15 minutes of device time in all. Correctness first, throughput last, every stage under a budget.
 
     bash benchmarks/gpu_check.sh                     # on the GPU machine: wheels, PYTHONPATH, deadline

@@ -1,4 +1,4 @@
-"""A run at the seed's scale (issue 17 part 5): 2,000 generations and a ``.loss.json`` of up to
+"""A run at the seed's scale: 2,000 generations and a ``.loss.json`` of up to
 200,000 steps (ANDREA's length), and what ``ls``, ``validate``, ``gc``, ``bisect`` and ``plot``
 cost on it in wall time and peak RSS, at several history lengths (time should grow linearly,
 RSS should stay flat).

@@ -1,4 +1,4 @@
-"""Ways to load with the hash check, measured against each other in one run (issue 7).
+"""Ways to load with the hash check, measured against each other in one run.
 
     python -m benchmarks load-variants            # andrea-12m, 7 repetitions
 

@@ -1,4 +1,4 @@
-"""The trainer's stall per checkpoint with ``--mirror URL`` against without (issue 19): the
+"""The trainer's stall per checkpoint with ``--mirror URL`` against without: the
 mirror runs on a background thread woken by the manager's commit hook, so the step loop should
 pay nothing for it. Alternating runs of the tiny config; the stall is each ``checkpoint``
 event's ``stall_ms`` in the run's history (what the loop waited in the save).

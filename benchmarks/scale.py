@@ -1,4 +1,4 @@
-"""Save, open, validate, verified load and diff from 12.8M to 1B parameters (issue 17 part 4).
+"""Save, open, validate, verified load and diff from 12.8M to 1B parameters.
 
     python -m benchmarks scale                          # 12.8M,120M,350M,1B; ~8 min
     python -m benchmarks scale --sizes 12.8M,120M --reps 1   # a quick look

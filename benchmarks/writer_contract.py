@@ -1,11 +1,11 @@
-"""Save cost of the writer's buffer contract (issue 14), before vs after, in one run.
+"""Save cost of the writer's buffer contract, before vs after, in one run.
 
     python -m benchmarks writer-contract                 # 12.8M and 120M, 5 repetitions
     python -m benchmarks writer-contract --sizes 12.8M --reps 3
 
 Contenders, alternating within each repetition, all durable (temp, fsync, rename, dir fsync):
 - ``write+fsync``: the exact .bin bytes from memory, 8 MiB writes, then fsync (run.py's baseline);
-- ``before``: ``ct.save`` through the writer as it was before issue 14 (the next piece pulled
+- ``before``: ``ct.save`` through the writer as it was before the buffer contract (the next piece pulled
   while up to two hashes are outstanding: fast, and wrong for producers that reuse buffers);
 - ``after``: ``ct.save`` through today's writer (a region iterator is resumed only once nothing
   it yielded is being hashed, spec/FORMAT.md §5.7.1).
