@@ -7,7 +7,8 @@ file's text (its own title left out), so the site never holds a second copy to d
 numbered section there gets an anchor, ``#sec-5.3`` for "5.3." and "## 5.", and every
 ``FORMAT §N`` / ``RUN §N`` on any page (spelt ``spec/RUN.md §N`` or ``RUN.md §N`` too, with the
 ``§M`` that follow it in a list, and inside a spec its bare ``§N``) becomes a link to that
-anchor. A line ``<!-- errors table -->`` becomes the table of ``ckptfmt.errors``: each class,
+anchor. A spec's link to a site page, written ``../docs/PAGE`` from spec/ (so that it works in
+the repository too), is made relative to the reference page that shows it. A line ``<!-- errors table -->`` becomes the table of ``ckptfmt.errors``: each class,
 its base, the exit code the command line gives it (from its ``could_not_run``) and the first line
 of its docstring, so the page cannot drift from the code. Code (fenced or inline) and text already inside a link are left as they are. A reference
 to a section that does not exist is a link to a missing anchor, which ``mkdocs build --strict``
@@ -33,6 +34,9 @@ CARRY = re.compile(r"(?<![\w/.-])(?:spec/)?(FORMAT|RUN)(?:\.md)?(?:\s*§\s*" + I
 # what is left alone on a line: inline code, a link or an image (its text and its target)
 OPAQUE = re.compile(r"(`+)[^`]*?\1|!?\[[^\]]*\]\([^)]*\)")
 FENCE = re.compile(r"^\s*(```|~~~)")
+# a spec's link to a page of the site, written from spec/ (``](../docs/how-to/x.md)``, which works
+# in the repository), as the reference page under docs/reference/ that shows the spec reaches it
+SITE_LINK = re.compile(r"\]\(\.\./docs/")
 
 
 def on_page_markdown(markdown, page, config, files):
@@ -56,6 +60,8 @@ def spec_text(doc: str) -> str:
             line = f"{line} {{ #sec-{m.group(1)} }}"
         elif not fenced and (m := re.match(r"^(\d+(?:\.\d+)+)\.\s", line)):
             line = f'<a id="sec-{m.group(1)}"></a>{line}'
+        if not fenced:
+            line = SITE_LINK.sub("](../", line)
         out.append(line)
     return "\n".join(out)
 
