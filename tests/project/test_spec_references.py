@@ -80,3 +80,13 @@ def test_a_reference_to_no_section_is_found_in_each_spelling():
     assert [(d, s) for d, s in got if s not in have[d]] == [("FORMAT", "99.1"), ("RUN", "42")]
     bare = references("the lock (§4) and the tiers (§13.9, §77)", own="RUN")
     assert [(d, s) for _, d, s, _ in bare] == [("RUN", "4"), ("RUN", "13.9"), ("RUN", "77")]
+
+
+def test_the_format_spec_names_every_error_class():
+    """FORMAT §7.2 lists one subclass per failure: every class of ``ckptfmt.errors.__all__`` is
+    named there, so a class added to the code without the spec fails here."""
+    from ckptfmt import errors
+    text = (ROOT / "spec" / "FORMAT.md").read_text()
+    listing = text[text.index("\n7.2. "):text.index("\n7.3. ")]
+    missing = [name for name in errors.__all__ if name != "CheckpointError" and f"`{name}`" not in listing]
+    assert not missing, f"spec/FORMAT.md §7.2 does not name: {missing}"
