@@ -245,8 +245,13 @@ def differing_tensors(source: "str | reader.Checkpoint", model: torch.nn.Module,
         if ck.layout is None:
             raise IncompleteResumeStateError(ck.path, "cannot compare with a model: manifest lacks layout")
         ms, vs, _ = moments(model, optimizer)
+        params = in_layout_order(ck.layout, model)
+        if params is None:
+            raise LayoutMismatchError(ck.path, "cannot compare with a model: parameter names differ from the model's")
+        at = {id(p): i for i, p in enumerate(model.parameters())}     # the moments' order
+        ms, vs = ([region[at[id(p)]] for p in params] for region in (ms, vs))
         differ = []
-        for region, tensors in (("weights", list(model.parameters())), ("m", ms), ("v", vs)):
+        for region, tensors in (("weights", params), ("m", ms), ("v", vs)):
             saved = getattr(ck, region)
             for entry, t in zip(ck.layout, tensors):
                 live = t.detach().float().cpu().contiguous().view(-1).numpy()   # bf16/fp16: widened, exactly
@@ -294,19 +299,31 @@ def load(source: "str | reader.Checkpoint", model: torch.nn.Module,
 
 
 def _checked_params(ck: reader.Checkpoint, model: torch.nn.Module) -> list[torch.nn.Parameter]:
-    """The model's parameters in layout order, after checking names, order and shapes."""
+    """The model's parameters in layout order, after checking their names and shapes."""
     layout = ck.layout
     if layout is None:
         raise IncompleteResumeStateError(ck.path, "cannot load into a model: manifest lacks layout")
-    params = dict(model.named_parameters())
-    if [e["name"] for e in layout] != list(params):
-        raise LayoutMismatchError(ck.path, "parameter names/order differ from the model's: "
-                                       f"file has {len(layout)} tensors, model {len(params)}")
-    for entry in layout:
-        if list(params[entry["name"]].shape) != entry["shape"]:
+    params = in_layout_order(layout, model)
+    if params is None:
+        raise LayoutMismatchError(ck.path, "parameter names differ from the model's: "
+                                       f"file has {len(layout)} tensors, model {len(list(model.parameters()))}")
+    for entry, p in zip(layout, params):
+        if list(p.shape) != entry["shape"]:
             raise LayoutMismatchError(ck.path, f"{entry['name']}: shape {entry['shape']} in the "
-                                           f"file, {list(params[entry['name']].shape)} in the model")
-    return [params[e["name"]] for e in layout]
+                                           f"file, {list(p.shape)} in the model")
+    return params
+
+
+def in_layout_order(layout: list[dict[str, Any]], model: torch.nn.Module) -> list[torch.nn.Parameter] | None:
+    """The model's parameters in the order ``layout`` lists them, each found by its name: the
+    model's own order for a file it saved, another for a file that lists the same names otherwise
+    (a converted safetensors file keeps them sorted, 'bias' before 'weight'); None when the names
+    are not the model's."""
+    params = dict(model.named_parameters())
+    names = [entry["name"] for entry in layout]
+    if len(set(names)) != len(names) or sorted(names) != sorted(params):
+        return None
+    return [params[name] for name in names]
 
 
 def _copy_regions(ck: Any, targets: list[tuple[str, list[torch.Tensor | None]]]) -> None:
@@ -415,7 +432,7 @@ def prepare_optimizer(ck: "reader.Checkpoint | Any", model: torch.nn.Module,
     order = optim.check(optimizer, {"type": optim.kind(optimizer), **opt}, ck.path, optim.names_of(model))
     for group, i in zip(optimizer.param_groups, order):
         group.update(optim.group_settings(group, opt["hyperparams"][i], optim.kinds_of(opt.get("setting_types"), i)))
-    params = list(model.parameters())
+    params = _checked_params(ck, model)               # param_steps are in the file's order
     steps = opt.get("param_steps")
     if not (isinstance(steps, list) and len(steps) == len(params)):     # one step for every parameter
         steps = [opt["step"] if opt["step"] else None] * len(params)

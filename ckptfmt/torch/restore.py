@@ -286,7 +286,7 @@ def load_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ck: A
     if isinstance(ck, ShardedCheckpoint) or is_sharded_model(model):
         load_into(ck, model, optimizer)           # Adam/AdamW, float32 (ranks.check_setup)
     else:
-        params = list(model.parameters())
+        params = adapter.in_layout_order(ck.layout, model)     # by name: check_layout
         with torch.no_grad():
             for p, entry in zip(params, ck.layout):
                 p.copy_(adapter._view(ck.weights, entry))
@@ -300,19 +300,22 @@ def load_tensors(model: torch.nn.Module, optimizer: torch.optim.Optimizer, ck: A
 
 
 def check_layout(doc: dict[str, Any], model: torch.nn.Module, path: str) -> None:
-    """The checkpoint's parameters are the model's: names, order, shapes and dtypes."""
+    """The checkpoint's parameters are the model's: names (in any order: each is read by its
+    name), shapes and dtypes."""
     mf.require(path, doc, ("layout",))
     layout = doc["layout"]
     named = list(model.named_parameters())
     saved, live = [e["name"] for e in layout], [n for n, _ in named]
-    if saved != live:
+    params = adapter.in_layout_order(layout, model)
+    if params is None:
         i = next((i for i, (a, b) in enumerate(zip(saved, live)) if a != b), min(len(saved), len(live)))
         said = [f"{where} {names[i]!r}" if i < len(names) else f"{where} nothing"
                 for where, names in (("the checkpoint has", saved), ("the model", live))]
-        raise LayoutMismatchError(path, f"parameter names/order differ from the model's ({len(saved)} "
+        raise LayoutMismatchError(path, f"parameter names differ from the model's ({len(saved)} "
                                         f"parameters in the checkpoint, {len(live)} in the model; at #{i} "
                                         f"{said[0]}, {said[1]})" + notes.wrapper_hint(saved, live))
-    for entry, (name, p) in zip(layout, named):
+    for entry, p in zip(layout, params):
+        name = entry["name"]
         if list(p.shape) != entry["shape"] or entry.get("dtype", "float32") != dtype_name(p.dtype):
             raise LayoutMismatchError(path, f"{name}: {entry.get('dtype', 'float32')} {entry['shape']} "
                                             f"in the checkpoint, {dtype_name(p.dtype)} {list(p.shape)} "

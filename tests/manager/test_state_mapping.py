@@ -527,6 +527,62 @@ def test_a_converted_checkpoint_without_rng_restores_only_when_not_strict(runner
         assert torch.equal(opt.state[a]["exp_avg"], fresh_opt.state[b]["exp_avg"]), name
 
 
+def test_a_converted_safetensors_file_loads_by_parameter_name_whatever_its_order(runner, tmp_path):
+    """A safetensors file keeps its tensors sorted by name ('bias' before 'weight'), so the
+    converted generation lists the model's parameters in another order: each is read by its name."""
+    from safetensors.torch import save_file
+    torch.manual_seed(0)
+    trained = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    save_file(trained.state_dict(), str(tmp_path / "w.safetensors"))
+    result = cli(runner, "convert", tmp_path / "w.safetensors", tmp_path / "step_000007.bin")
+    assert result.exit_code == 0, result.output
+    layout = json.loads((tmp_path / "step_000007.json").read_text())["layout"]
+    assert [e["name"] for e in layout] == ["0.bias", "0.weight", "1.bias", "1.weight"]
+    torch.manual_seed(1)
+    model = nn.Sequential(nn.Linear(3, 4), nn.Linear(4, 2))
+    ct.load(str(tmp_path / "step_000007.bin"), model).close()
+    for (name, a), b in zip(trained.named_parameters(), model.parameters()):
+        assert torch.equal(a, b), name
+
+
+class Pair(nn.Module):
+    """Two layers registered in the order given: the same names, another parameter order."""
+    def __init__(self, first: str):
+        super().__init__()
+        for name in (first, "b" if first == "a" else "a"):
+            setattr(self, name, nn.Linear(3, 3))
+
+    def forward(self, x):
+        return self.b(self.a(x))
+
+
+def test_a_run_restores_by_parameter_name_into_a_model_that_registers_its_layers_in_another_order(tmp_path):
+    torch.manual_seed(0)
+    saved = Pair("b")                                 # layout: b.weight, b.bias, a.weight, a.bias
+    opt = torch.optim.AdamW(saved.parameters(), lr=0.1)
+    for _ in range(3):
+        opt.zero_grad()
+        saved(torch.ones(2, 3)).sum().backward()
+        opt.step()
+    with manager(tmp_path / "run", saved, opt) as m:
+        m.save(3)
+    model = Pair("a")
+    fresh = torch.optim.AdamW(model.parameters(), lr=0.1)
+    with manager(tmp_path / "run", model, fresh) as m:
+        assert m.restore() == 3
+    got = dict(model.named_parameters())
+    for name, p in saved.named_parameters():
+        assert torch.equal(got[name], p), name
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(fresh.state[got[name]][key], opt.state[p][key]), (name, key)
+    assert [e["name"] for e in json.loads((tmp_path / "run" / "step_000003.json").read_text())["layout"]] == \
+        ["b.weight", "b.bias", "a.weight", "a.bias"]
+    assert ct.differing_tensors(str(tmp_path / "run" / "step_000003.bin"), model, fresh) == []
+    with torch.no_grad():
+        model.a.bias.add_(1.0)
+    assert ct.differing_tensors(str(tmp_path / "run" / "step_000003.bin"), model, fresh) == ["weights:a.bias"]
+
+
 @pytest.mark.parametrize("region", ["weights", "m", "v"])
 @pytest.mark.parametrize("given,words", [
     (lambda a: a.astype(np.float64), "float64"),
