@@ -271,3 +271,12 @@ def test_the_docstring_checks_read_examples_and_attributes():
     assert not bare_doctest("Add.\n\nExamples:\n    >>> 1 + 1\n    2")
     doc = "A result.\n\nAttributes:\n    path: where.\n    size (int): how big,\n        in bytes.\n\nMore."
     assert documented_fields(doc) == {"path", "size"} and documented_fields("A result.") == set()
+
+
+def test_every_error_class_says_what_to_do():
+    """Each class of ``ckptfmt.errors`` has its "What to do:" paragraph, the column the
+    exit-codes page's table shows (scripts/docs_hooks.py builds it from the docstrings)."""
+    from ckptfmt import errors
+    missing = [name for name in errors.__all__ if not any(
+        p.startswith("What to do: ") for p in (inspect.getdoc(getattr(errors, name)) or "").split("\n\n"))]
+    assert not missing, f"error classes without a 'What to do:' paragraph: {missing}"
