@@ -35,6 +35,8 @@ class CheckpointError(ValueError):
     With ``unit`` (or ``at_least``), the message ends in "expected X unit, got Y", rendered
     here from the fields, so every such message reads the same way.
 
+    What to do: catch it to handle any failure about a checkpoint; its class (below) says which.
+
     Examples:
         Every failure of ckptfmt is one; ``could_not_run`` says which exit code the CLI gives it:
 
@@ -66,6 +68,8 @@ class CheckpointError(ValueError):
 class NotACheckpointError(CheckpointError):
     """The input is not a checkpoint at all (too short for a header, a directory, a FIFO).
 
+    What to do: check the path: it names no checkpoint of any kind ckptfmt knows.
+
     Examples:
         >>> import ckptfmt
         >>> _ = open("hello.txt", "w").write("hi")
@@ -77,6 +81,9 @@ class NotACheckpointError(CheckpointError):
 
 class BadHeaderError(CheckpointError):
     """A header value is impossible (negative step or n_params).
+
+    What to do: the file is damaged; resume from another generation (``ckptfmt ls RUN`` lists
+    them).
 
     Examples:
         >>> import struct, ckptfmt
@@ -90,6 +97,9 @@ class BadHeaderError(CheckpointError):
 class TruncatedError(CheckpointError):
     """The file is shorter than its header says: a torn or incomplete write.
 
+    What to do: a write was cut short or the file was copied in part: use another copy, or an
+    earlier generation (a resume passes over a torn one by itself).
+
     Examples:
         >>> import struct, ckptfmt
         >>> _ = open("torn.bin", "wb").write(struct.pack("<ii", 1, 2) + bytes(8))    # 2 params need 32 bytes
@@ -102,6 +112,8 @@ class TruncatedError(CheckpointError):
 class TrailingDataError(CheckpointError):
     """The file is longer than its header says.
 
+    What to do: bytes were appended after the write; use another copy or an earlier generation.
+
     Examples:
         >>> import struct, ckptfmt
         >>> _ = open("long.bin", "wb").write(struct.pack("<ii", 1, 1) + bytes(16))  # 1 param needs 20 bytes
@@ -113,6 +125,9 @@ class TrailingDataError(CheckpointError):
 
 class BadNameError(CheckpointError):
     """A name does not follow step_NNNNNN.bin, or disagrees with the header's step.
+
+    What to do: rename the file ``step_NNNNNN.bin`` with the step its header holds (``ckptfmt
+    inspect`` shows it).
 
     Examples:
         A run's generation named otherwise than its header says is refused by name (its subclass
@@ -130,6 +145,8 @@ class StepNameMismatchError(BadNameError):
     """A destination named ``step_N.bin`` for a checkpoint of another step (``convert ck.pt
     run/step_000300.bin`` of a file at step 3): a usage problem, nothing is written (CLI exit 2).
 
+    What to do: name the destination with the checkpoint's own step, or give a directory.
+
     Examples:
         >>> import numpy as np, ckptfmt
         >>> z = np.zeros(2, np.float32)
@@ -146,6 +163,9 @@ class StepNameMismatchError(BadNameError):
 class ManifestError(CheckpointError):
     """The manifest cannot be read or does not follow the schema.
 
+    What to do: the generation is damaged; resume from another one, or ``ckptfmt validate`` the
+    ``.bin`` alone (unverified).
+
     Examples:
         >>> import os, numpy as np, ckptfmt
         >>> os.makedirs("garbled", exist_ok=True)
@@ -160,6 +180,9 @@ class ManifestError(CheckpointError):
 
 class ManifestMismatchError(ManifestError):
     """The manifest is well formed but describes another file (size, step, n_params, name).
+
+    What to do: the manifest belongs to another file; put the two files of one generation side
+    by side again, or use another generation.
 
     Examples:
         >>> import os, shutil, numpy as np, ckptfmt
@@ -178,6 +201,9 @@ class ManifestSealError(ManifestError):
     """The manifest does not match its own seal (spec §4.7): a flipped bit or an edit after it was
     written. The generation is damaged, whatever the fields now say.
 
+    What to do: treat the generation as damaged: resume from another one; never edit a manifest
+    by hand.
+
     Examples:
         >>> import json, os, numpy as np, ckptfmt
         >>> os.makedirs("edited", exist_ok=True)
@@ -195,6 +221,8 @@ class ManifestSealError(ManifestError):
 class UnsupportedVersionError(ManifestError):
     """The manifest's ``format_version`` is newer than this ckptfmt: the file may be fine, this
     reader cannot judge it (CLI exit 2; upgrade ckptfmt).
+
+    What to do: upgrade ckptfmt to the version that wrote the file.
 
     Examples:
         A manifest a newer ckptfmt wrote (here made by hand, sealed as a writer seals it):
@@ -219,6 +247,9 @@ class UnsupportedVersionError(ManifestError):
 class FingerprintMismatchError(CheckpointError):
     """The blake3 of the file is not the one its manifest committed.
 
+    What to do: the bytes changed after the commit: use another copy (a mirror, an export) or an
+    earlier generation.
+
     Examples:
         >>> import os, numpy as np, ckptfmt
         >>> os.makedirs("flipped", exist_ok=True)
@@ -235,6 +266,9 @@ class FingerprintMismatchError(CheckpointError):
 
 class IncompleteResumeStateError(CheckpointError):
     """A resume needs a component the manifest does not hold; the component is named.
+
+    What to do: give the manager the named piece, or ``restore(strict=False)`` to start it
+    fresh.
 
     Examples:
         A generation saved without a piece the resume is given (here a scheduler) is refused by name,
@@ -253,6 +287,9 @@ class IncompleteResumeStateError(CheckpointError):
 class ConfigMismatchError(CheckpointError):
     """A run was started with a config that differs from the one it was trained with.
 
+    What to do: start a new run (or ``ckptfmt fork``) for the new config, or resume with the
+    config the run was trained with.
+
     Examples:
         The reference trainer started on a run with another config than it trained with (exit 1, each
         field named):
@@ -268,6 +305,9 @@ class StateRefusedError(ConfigMismatchError):
     """A loop object's ``load_state_dict`` raised on the state the checkpoint holds for it; the
     restore put back every object it had loaded, and copied no tensor (a failed restore changes
     nothing). The piece and the object's own error are named.
+
+    What to do: fix the named object so it accepts its saved state, or leave it out of
+    ``state=`` and restore with ``strict=False``.
 
     Examples:
         An object given in ``state=`` whose ``load_state_dict`` raises on what the run saved for it:
@@ -287,6 +327,9 @@ class DeviceChangeError(ConfigMismatchError):
     old device cannot be restored, so the run would not continue bit-exactly. Refused unless
     asked for (``restore(allow_device_change=True)``, ``ckptfmt train --allow-device-change``).
 
+    What to do: resume on the device type the run was saved on, or pass
+    ``allow_device_change=True`` (``--allow-device-change``) and give up bit-exactness.
+
     Examples:
         A CUDA run resumed on a CPU-only machine:
 
@@ -301,6 +344,9 @@ class DeviceChangeError(ConfigMismatchError):
 
 class LayoutMismatchError(CheckpointError):
     """The checkpoint's parameters (names, order, shapes) are not the model's.
+
+    What to do: build the model the run was trained with: the same parameter names, order and
+    shapes.
 
     Examples:
         A generation loaded into a model of another shape:
@@ -320,6 +366,8 @@ class LayoutMismatchError(CheckpointError):
 class OptimizerMismatchError(CheckpointError):
     """The checkpoint's optimizer state does not fit the optimizer (type, param groups).
 
+    What to do: build the optimizer (type, param groups) the run was saved with.
+
     Examples:
         A generation saved with AdamW resumed into an SGD with momentum, or with other param groups:
 
@@ -334,6 +382,8 @@ class OptimizerMismatchError(CheckpointError):
 class UnsupportedOptimizerError(OptimizerMismatchError):
     """The optimizer keeps state the seed layout cannot hold (only Adam, AdamW and SGD fit).
 
+    What to do: use Adam, AdamW or SGD (without amsgrad), or save with another tool.
+
     Examples:
         An optimizer whose state the seed layout cannot hold, refused before the first step:
 
@@ -346,6 +396,9 @@ class UnsupportedOptimizerError(OptimizerMismatchError):
 
 class NoValidGenerationError(CheckpointError):
     """A run has generations but none of them is committed and valid.
+
+    What to do: ``ckptfmt ls RUN`` names each generation and why it was passed over; resume from
+    a mirror or an export, or start afresh.
 
     Examples:
         >>> import os, warnings, numpy as np, ckptfmt
@@ -367,6 +420,8 @@ class NoValidGenerationError(CheckpointError):
 class GenerationNotFoundError(CheckpointError):
     """The run has no committed generation where one was asked for (a step, or any at all).
 
+    What to do: ``ckptfmt ls RUN`` lists the committed steps; ask for one of them.
+
     Examples:
         >>> import os, numpy as np, ckptfmt
         >>> from ckptfmt.run import fork
@@ -382,6 +437,9 @@ class GenerationNotFoundError(CheckpointError):
 class EmptyRunError(CheckpointError):
     """A run holds nothing the operation needs (``plot`` of a run without a loss history):
     nothing was written (CLI exit 2).
+
+    What to do: point the command at a run that holds what it needs (a loss history for
+    ``plot``).
 
     Examples:
         >>> import os, numpy as np, ckptfmt
@@ -399,6 +457,9 @@ class EmptyRunError(CheckpointError):
 
 class RunLockedError(CheckpointError):
     """Another live process holds the run's writer lock.
+
+    What to do: wait for the named process to finish or stop it (SIGTERM saves and exits 0); in
+    your own program, ``close()`` the earlier manager. A dead holder's lock is free by itself.
 
     Examples:
         >>> import os
@@ -418,6 +479,9 @@ class RunLockedError(CheckpointError):
 class HistoryCorruptError(CheckpointError):
     """The loss history is damaged in the middle, not just torn at its tail.
 
+    What to do: keep the file for inspection; the message says where it is damaged. The
+    generations are not affected: ``ckptfmt validate RUN`` checks them.
+
     Examples:
         >>> import os
         >>> from ckptfmt.tools.plot import plot
@@ -431,6 +495,9 @@ class HistoryCorruptError(CheckpointError):
 
 class SidecarError(CheckpointError):
     """A run's sidecar file (pins, samples, bandit state, pivot record) is not valid JSON.
+
+    What to do: the message names the file; repair its JSON or remove it (pins and pivot records
+    are lost with it).
 
     Examples:
         >>> from ckptfmt.run import read_json
@@ -446,6 +513,8 @@ class StorageError(CheckpointError):
     at the run lock, the loss history, a sidecar): names the file and the operation; ``errno``
     is the OS error's and ``__cause__`` the OS error itself. Nothing of the failed write is left
     (CLI exit 2: the command could not run; free space and run it again).
+
+    What to do: free space or fix the permissions on the named file, then run again.
 
     Examples:
         A full disk under the run directory, met while its history is appended:
@@ -469,6 +538,8 @@ class HistoryWriteError(StorageError):
     """An append to (or the fsync of) the loss history ``.loss.json`` failed: the record is not
     in the history (a part written is cut off again); no checkpoint failed.
 
+    What to do: free space on the run's disk; the training may go on, the record is lost.
+
     Examples:
         ```python
         try:
@@ -483,6 +554,8 @@ class SidecarWriteError(StorageError):
     """A sidecar (``.samples.json``, ``.state.json``, pins, pivot record) could not be replaced:
     the previous one is intact; no checkpoint failed.
 
+    What to do: free space on the run's disk, then retry the command.
+
     Examples:
         ```python
         try:
@@ -495,6 +568,9 @@ class SidecarWriteError(StorageError):
 
 class RankDisagreementError(CheckpointError):
     """The ranks of a torch.distributed job could not agree on a decision (what to resume).
+
+    What to do: check that every rank sees the same run directory and the same files, then
+    restart the job.
 
     Examples:
         Under torchrun, ranks that cannot agree on the generation to resume:
@@ -514,6 +590,9 @@ class SaveError(CheckpointError):
     When the OS refused (a missing or read-only destination, a full disk), the command could not
     run (CLI exit 2); a save refused for what it was given (a copy whose hash is not the
     source's) is a defect found (exit 1).
+
+    What to do: read the cause (a full disk, a read-only directory); free space or fix the path
+    and save again. Earlier generations are intact.
 
     Examples:
         >>> import numpy as np, ckptfmt
@@ -536,6 +615,8 @@ class RegionError(SaveError, TypeError):
     scalar. Refused by name before the first byte is written (nothing appears at the path); also
     a ``TypeError``, as the writer raised before it was named.
 
+    What to do: pass a NumPy float32 array (``np.asarray(x, np.float32)``) for each region.
+
     Examples:
         >>> import numpy as np, ckptfmt
         >>> w = np.zeros(2)                                          # float64
@@ -547,6 +628,9 @@ class RegionError(SaveError, TypeError):
 
 class ConvertError(CheckpointError):
     """A conversion could not be done or did not round-trip.
+
+    What to do: the message names the step that failed; nothing was committed at the
+    destination.
 
     Examples:
         Its subclasses say why; each names the file:
@@ -567,6 +651,8 @@ class UnsupportedFormatError(ConvertError):
     file is needed, a file not written by ckptfmt, or options the target cannot hold
     (``--weights-only`` into a ``.bin``, bfloat16 into ``.npz``). Nothing is written (CLI exit 2).
 
+    What to do: check ``ckptfmt convert --help`` for the formats and options each target takes.
+
     Examples:
         >>> import numpy as np, ckptfmt
         >>> from ckptfmt.tools.convert import convert
@@ -585,6 +671,8 @@ class UnsupportedConversionError(UnsupportedFormatError):
     disagrees with ``--to``, an option that does nothing for the target, or a foreign file
     whose contents cannot be mapped onto the seed layout (named in the message).
 
+    What to do: drop the option or match the extension to ``--to``, as the message says.
+
     Examples:
         >>> import numpy as np, ckptfmt
         >>> from ckptfmt.tools.convert import convert
@@ -601,6 +689,9 @@ class UnsupportedKindError(UnsupportedFormatError):
     anything with (``diff`` of a run directory, ``convert`` of a sharded safetensors index); the
     message names the kind and the file (spec/FORMAT.md §8.6). Nothing is written (CLI exit 2).
 
+    What to do: ``ckptfmt inspect PATH`` says what the file is; give the command a file it
+    takes.
+
     Examples:
         >>> from ckptfmt.tools.convert import convert
         >>> _ = open("prose.txt", "w").write("hello world")
@@ -614,6 +705,8 @@ class TensorFileError(ConvertError):
     """A safetensors-format file (a generation's companion file, a converted checkpoint) is
     malformed: bad header length, header not JSON, a tensor entry or byte range that is wrong.
 
+    What to do: the file is damaged; use another copy or an earlier generation.
+
     Examples:
         A Hugging Face sharded checkpoint whose index names a shard that is not beside it:
 
@@ -626,6 +719,9 @@ class TensorFileError(ConvertError):
 
 class ExportError(CheckpointError):
     """An export could not be completed or did not verify at its destination.
+
+    What to do: a failed export removes what it wrote; only a crash leaves DEST with its
+    ``EXPORT-INCOMPLETE`` marker: remove DEST and export again.
 
     Examples:
         >>> import os, numpy as np, ckptfmt
@@ -642,6 +738,8 @@ class ExportError(CheckpointError):
 class DestinationExistsError(CheckpointError):
     """A destination that must be new already exists; nothing was written (CLI exit 2).
 
+    What to do: choose a new destination, or remove the old one first.
+
     Examples:
         >>> import os, numpy as np, ckptfmt
         >>> from ckptfmt.tools.convert import convert
@@ -657,6 +755,9 @@ class DestinationExistsError(CheckpointError):
 
 class MissingDependencyError(CheckpointError):
     """An optional dependency (torch, matplotlib, safetensors) is not installed (CLI exit 2).
+
+    What to do: install the extra the message names (``pip install -e '.[torch]'`` from a
+    checkout).
 
     Examples:
         Where torch is not installed, a ``.pt`` conversion (or ``ckptfmt.torch``) says which extra:
@@ -675,6 +776,9 @@ class UnsupportedSetupError(CheckpointError):
     optimizer tensor outside the model, a non-Adam optimizer or a non-float32 model under
     torchrun, resuming a generation that newer ones of the same run follow.
 
+    What to do: change the setup the message names (the model's dtype, the optimizer), or save
+    in one process.
+
     Examples:
         Refused before a training step, naming the setup:
 
@@ -689,6 +793,8 @@ class UnsupportedSetupError(CheckpointError):
 
 class DeviceUnavailableError(CheckpointError):
     """The device asked for (``--device cuda``) is not available on this machine (CLI exit 2).
+
+    What to do: run on a machine with that device, or leave ``--device`` at its default.
 
     Examples:
         ```bash
@@ -706,6 +812,9 @@ class RemoteError(CheckpointError):
     not read back as they were sent. Nothing at the destination was committed by the failed step.
     ``unanswered``: the store gave no answer within its timeouts (a stalled or unreachable
     server): a cleanup call after it would only wait as long again, so none is made.
+
+    What to do: check the endpoint, the bucket and the credentials, then run again; the message
+    names the store and the operation.
 
     Examples:
         A bucket that does not exist, met before a training step (exit 2, nothing written):

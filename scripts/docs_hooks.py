@@ -9,8 +9,8 @@ numbered section there gets an anchor, ``#sec-5.3`` for "5.3." and "## 5.", and 
 ``§M`` that follow it in a list, and inside a spec its bare ``§N``) becomes a link to that
 anchor. A spec's link to a site page, written ``../docs/PAGE`` from spec/ (so that it works in
 the repository too), is made relative to the reference page that shows it. A line ``<!-- errors table -->`` becomes the table of ``ckptfmt.errors``: each class,
-its base, the exit code the command line gives it (from its ``could_not_run``) and the first line
-of its docstring, so the page cannot drift from the code. Code (fenced or inline) and text already inside a link are left as they are. A reference
+its base, the exit code the command line gives it (from its ``could_not_run``), the first paragraph
+of its docstring and its ``What to do:`` paragraph, so the page cannot drift from the code. Code (fenced or inline) and text already inside a link are left as they are. A reference
 to a section that does not exist is a link to a missing anchor, which ``mkdocs build --strict``
 refuses; tests/project/test_spec_references.py checks the same references in the code too.
 """
@@ -72,16 +72,23 @@ def errors_table() -> str:
 
     from ckptfmt import errors
 
-    rows = ["| class | is a | exit | what it means |", "|---|---|---|---|"]
+    rows = ["| class | is a | exit | what it means | what to do |", "|---|---|---|---|---|"]
     for name in errors.__all__:
         cls = getattr(errors, name)
         flag = inspect.getattr_static(cls, "could_not_run")
         code = ("1, or 2 when its cause is an OS error (a missing or read-only destination, a full disk)"
                 if isinstance(flag, property) else "2" if flag else "1")
         base = cls.__mro__[1].__name__
-        doc = (inspect.getdoc(cls) or "").split("\n\n")[0].replace("\n", " ").replace("|", "\\|")
-        rows.append(f"| [`{name}`](api/errors.md#ckptfmt.errors.{name}) | `{base}` | {code} | {doc} |")
+        paragraphs = [cell(p) for p in (inspect.getdoc(cls) or "").split("\n\n")]
+        advice = next((p.removeprefix("What to do: ") for p in paragraphs if p.startswith("What to do: ")), "")
+        rows.append(f"| [`{name}`](api/errors.md#ckptfmt.errors.{name}) | `{base}` | {code} | {paragraphs[0]} "
+                    f"| {advice[:1].upper()}{advice[1:]} |")
     return "\n".join(rows)
+
+
+def cell(paragraph: str) -> str:
+    """A docstring paragraph as one Markdown table cell."""
+    return paragraph.replace("\n", " ").replace("|", "\\|")
 
 
 def link_references(markdown: str, src_uri: str, own: str | None) -> str:

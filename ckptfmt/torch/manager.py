@@ -61,6 +61,45 @@ class CheckpointManager(StateManager):
     (spec/RUN.md §10); ``close`` waits until the destination has caught up. ``memory_every=N``
     also commits a generation to node-local RAM every N steps between durable ones (spec/RUN.md §13).
 
+    Args:
+        directory: a run directory (created if needed), a ``Run``, or the URL of a run on
+            object storage (spec/RUN.md §2.0.2).
+        model: the ``torch.nn.Module`` whose parameters (stored as float32) and persistent
+            buffers are saved.
+        optimizer: Adam, AdamW (without ``amsgrad``) or SGD; any other is refused here.
+        scheduler: a learning-rate scheduler, saved and restored with its class checked.
+        scaler: a ``torch.amp.GradScaler``, saved and restored.
+        state: the loop's other objects by name, each with ``state_dict`` /
+            ``load_state_dict`` (a ``StatefulDataLoader``, a sampler, a counter).
+        generators: named ``torch.Generator`` or NumPy generators whose states a resume
+            puts back, beside the global RNGs it always saves.
+        every: save every N steps (default 100); ``None``: only on request and at ``close``.
+        keep_last: keep the last K generations (default 3); ``keep_last=None`` alone keeps
+            every generation.
+        keep_every: also keep every generation whose step is a multiple of N (milestones).
+        retention: a ``ckptfmt.run.Policy`` instead of ``keep_last`` / ``keep_every``: the
+            best K by a metric, time windows (spec/RUN.md §5.1); ``None`` keeps every generation.
+        saving: a ``ckptfmt.run.SavePolicy`` instead of ``every``: a step cadence, wall time,
+            a new best of a metric (§5.5). The run records both policies in ``.policy.json``
+            (§5.6).
+        async_save: write each generation on a background thread, so ``step()`` returns
+            while it is written; ``wait()`` blocks until it is committed.
+        memory_every: also commit a generation to node-local RAM (``/dev/shm``) every N steps
+            between durable ones (spec/RUN.md §13).
+        handle_signals: install the SIGUSR1 (save and go on) and SIGTERM / SIGINT (save and
+            stop) handlers; ``False`` leaves the signals to the caller
+            (``request_save()``, ``request_stop()``).
+        config: a JSON-able object (the run's hyper-parameters) recorded in every manifest
+            and returned as stored; one JSON cannot hold is refused here.
+        mirror: an fsspec URL (``s3://bucket/runs/x``; the ``remote`` extra) each committed
+            generation is uploaded to, verified, with the same retention (spec/RUN.md §10).
+        lock: ``False`` when the caller already holds the run's writer lock.
+        digests: record with each step a digest of every piece of state the next step starts
+            from (the history's ``state``, §3.9: where a resume that went wrong parted); off by
+            default, for it costs about 3 % of a tiny step.
+        **hooks: ``manifest_fields``, ``on_restore``, ``upgrade``, ``on_commit``, ``log``
+            (described above).
+
     Examples:
         A loop that saves every 10 steps, keeps the last 3 and resumes where it stopped (the README's
         example; SIGTERM, SIGUSR1 and Ctrl-C save too):
@@ -95,16 +134,7 @@ class CheckpointManager(StateManager):
                  saving: SavePolicy | None = None, async_save: bool = False, memory_every: int | None = None,
                  handle_signals: bool = True, config: Any = None, mirror: str | None = None, lock: bool = True,
                  digests: bool = DIGESTS, **hooks: Callable[..., Any]):
-        """``directory`` is a run directory (created if needed), a ``Run`` or a URL (a run on
-        object storage, spec/RUN.md §2.0.2). ``every`` (default 100) saves every N steps,
-        ``every=None`` only on request and at ``close``; ``keep_last`` (default 3) and
-        ``keep_every`` are the retention of the last K and every N-th step, ``keep_last=None``
-        alone keeps every generation. ``retention=Policy(...)`` instead of them (``retention=None``:
-        keep every generation) composes every rule (the best K by a metric, time windows; spec/RUN.md §5.1),
-        and ``saving=SavePolicy(...)`` instead of ``every`` saves on a step cadence, on wall time and
-        on a new best of a metric (§5.5); the run records both in ``.policy.json`` (§5.6).
-        ``digests`` records with each step a digest of every piece of state as the next step will
-        find it (the history's ``state``, §3.9: where a resume that went wrong parted)."""
+        """Build the manager and take the run lock; the arguments are the class's (above)."""
         optim.kind(optimizer)
         given = Hooks.given("CheckpointManager", hooks)
         memtier.check_every(memory_every)          # before the run lock is taken

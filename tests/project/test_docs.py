@@ -63,21 +63,23 @@ def test_public_api_has_docstrings(name):
     assert not missing, f"{name}: no docstring on {missing}"
 
 
-def test_the_readmes_example_runs_as_written_in_an_empty_directory_and_resumes(tmp_path, monkeypatch):
+def test_the_readmes_example_runs_as_written_in_an_empty_directory_and_resumes(tmp_path, monkeypatch, capsys):
     """The README's one example, pasted into an empty directory as it is: a run of 50 steps, the
-    last three generations kept and verified; run again, it resumes at its last step and leaves
-    every generation as it was."""
+    last three generations kept and verified; run again, it says it resumes at its last step (as
+    the README shows) and leaves every generation as it was."""
     text = (ROOT / "README.md").read_text()
     block = re.search(r"## A first example\n.*?```python\n(.*?)```", text, re.S)
     assert block, "README has no first example"
     monkeypatch.chdir(tmp_path)
     code = compile(block.group(1), "README.md", "exec")
     exec(code, {"__name__": "__main__"})
+    assert "starting after step 0\n" in capsys.readouterr().out
     run = tmp_path / "runs" / "demo"
     assert sorted(p.name for p in run.glob("step_*.bin")) == [f"step_0000{s}.bin" for s in (30, 40, 50)]
     assert ckptfmt.validate(run).ok
     before = {p.name: p.read_bytes() for p in run.glob("step_*")}
     exec(code, {"__name__": "__main__"})
+    assert "starting after step 50\n" in capsys.readouterr().out
     assert {p.name: p.read_bytes() for p in run.glob("step_*")} == before
 
 
@@ -269,3 +271,12 @@ def test_the_docstring_checks_read_examples_and_attributes():
     assert not bare_doctest("Add.\n\nExamples:\n    >>> 1 + 1\n    2")
     doc = "A result.\n\nAttributes:\n    path: where.\n    size (int): how big,\n        in bytes.\n\nMore."
     assert documented_fields(doc) == {"path", "size"} and documented_fields("A result.") == set()
+
+
+def test_every_error_class_says_what_to_do():
+    """Each class of ``ckptfmt.errors`` has its "What to do:" paragraph, the column the
+    exit-codes page's table shows (scripts/docs_hooks.py builds it from the docstrings)."""
+    from ckptfmt import errors
+    missing = [name for name in errors.__all__ if not any(
+        p.startswith("What to do: ") for p in (inspect.getdoc(getattr(errors, name)) or "").split("\n\n"))]
+    assert not missing, f"error classes without a 'What to do:' paragraph: {missing}"
