@@ -32,26 +32,52 @@ def python_sigint():
 
 
 def blocked_on(fifo: str, proc: subprocess.Popen, deadline_s: float = 120) -> int:
-    """Wait until ``proc`` has the FIFO open, then hold its write end (it blocks in read)."""
+    """Wait until ``proc`` has the FIFO open, hold its write end, and wait until ``proc`` sleeps
+    in the pipe's read: a SIGINT sent in the instants between its open and its read can land in
+    a finalizer the interpreter runs there, which swallows the KeyboardInterrupt, and the
+    command would then wait on the FIFO for ever."""
     deadline = time.monotonic() + deadline_s
     while True:
         try:
-            return os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            held = os.open(fifo, os.O_WRONLY | os.O_NONBLOCK)
+            break
         except OSError:
             assert proc.poll() is None, f"the command ended before it opened the FIFO: {proc.communicate()}"
             assert time.monotonic() < deadline, "the command never opened the FIFO"
             time.sleep(0.02)
+    while "pipe" not in (where := sleeping_in(proc.pid)) and where != "unknown":
+        assert proc.poll() is None, f"the command ended before it read the FIFO: {proc.communicate()}"
+        assert time.monotonic() < deadline, f"the command never read the FIFO (it sleeps in {where})"
+        time.sleep(0.01)
+    return held
+
+
+def sleeping_in(pid: int) -> str:
+    """The kernel function process ``pid`` sleeps in (``anon_pipe_read``, ``pipe_read``,
+    ``wait_for_partner`` in a FIFO's open), or "unknown" where the kernel does not say."""
+    try:
+        where = open(f"/proc/{pid}/wchan").read().strip()
+    except OSError:
+        return "unknown"
+    return where if where not in ("", "0") else "unknown"
 
 
 def ctrl_c_once_blocked(argv: list[str], fifo: str) -> tuple[subprocess.Popen, str, str]:
-    """Run ``argv``, send it SIGINT once it is blocked reading ``fifo``; (process, stdout, stderr)."""
+    """Run ``argv``, send it SIGINT once it is blocked reading ``fifo``; (process, stdout, stderr).
+    A command that does not end is shown with what it printed once the FIFO is let go."""
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     held = blocked_on(fifo, proc)
     try:
         proc.send_signal(signal.SIGINT)
-        stdout, stderr = proc.communicate(timeout=120)
-    finally:
+        stdout, stderr = proc.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
         os.close(held)
+        held = None
+        proc.kill()
+        pytest.fail(f"the command did not end after SIGINT; it said: {proc.communicate()}")
+    finally:
+        if held is not None:
+            os.close(held)
         proc.kill()
     return proc, stdout, stderr
 
