@@ -306,12 +306,28 @@ def _checked_params(ck: reader.Checkpoint, model: torch.nn.Module) -> list[torch
     params = in_layout_order(layout, model)
     if params is None:
         raise LayoutMismatchError(ck.path, "parameter names differ from the model's: "
-                                       f"file has {len(layout)} tensors, model {len(list(model.parameters()))}")
+                                       + names_apart([e["name"] for e in layout], [n for n, _ in model.named_parameters()]))
     for entry, p in zip(layout, params):
         if list(p.shape) != entry["shape"]:
             raise LayoutMismatchError(ck.path, f"{entry['name']}: shape {entry['shape']} in the "
                                            f"file, {list(p.shape)} in the model")
     return params
+
+
+def names_apart(saved: list[str], live: list[str]) -> str:
+    """What tells two lists of parameter names apart, order aside: the first name each side has
+    that the other lacks, with the counts (a name listed twice is named too)."""
+    said = [f"{len(saved)} parameters in the checkpoint, {len(live)} in the model"]
+    for side, names, other, lacks in (("the checkpoint", saved, live, "the model"),
+                                      ("the model", live, saved, "the checkpoint")):
+        extra = [n for n in names if n not in set(other)]
+        if extra:
+            more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
+            said.append(f"{side} has {extra[0]!r}{more}, which {lacks} lacks")
+    twice = sorted({n for n in saved if saved.count(n) > 1})
+    if twice:
+        said.append(f"the checkpoint lists {twice[0]!r} twice")
+    return "; ".join(said)
 
 
 def in_layout_order(layout: list[dict[str, Any]], model: torch.nn.Module) -> list[torch.nn.Parameter] | None:

@@ -294,7 +294,7 @@ def load_into(source: Any, model: torch.nn.Module, optimizer: torch.optim.Optimi
         if optimizer is None:
             return
         states = ct.prepare_optimizer(source, model, optimizer)   # DTensor state like the params
-        for p, st in zip(model.parameters(), states):
+        for p, st in zip(ct.in_layout_order(source.layout, model), states):     # the file's order
             if st is None:                  # no optimizer state (frozen, or not updated yet)
                 continue
             fill(st["exp_avg"].to_local(), "m", *ranges[id(p)])

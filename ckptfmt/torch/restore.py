@@ -308,12 +308,8 @@ def check_layout(doc: dict[str, Any], model: torch.nn.Module, path: str) -> None
     saved, live = [e["name"] for e in layout], [n for n, _ in named]
     params = adapter.in_layout_order(layout, model)
     if params is None:
-        i = next((i for i, (a, b) in enumerate(zip(saved, live)) if a != b), min(len(saved), len(live)))
-        said = [f"{where} {names[i]!r}" if i < len(names) else f"{where} nothing"
-                for where, names in (("the checkpoint has", saved), ("the model", live))]
-        raise LayoutMismatchError(path, f"parameter names differ from the model's ({len(saved)} "
-                                        f"parameters in the checkpoint, {len(live)} in the model; at #{i} "
-                                        f"{said[0]}, {said[1]})" + notes.wrapper_hint(saved, live))
+        raise LayoutMismatchError(path, f"parameter names differ from the model's ({adapter.names_apart(saved, live)})"
+                                        + notes.wrapper_hint(saved, live))
     for entry, p in zip(layout, params):
         name = entry["name"]
         if list(p.shape) != entry["shape"] or entry.get("dtype", "float32") != dtype_name(p.dtype):

@@ -54,12 +54,12 @@ def blocked_on(fifo: str, proc: subprocess.Popen, deadline_s: float = 120) -> in
 
 def sleeping_in(pid: int) -> str:
     """The kernel function process ``pid`` sleeps in (``anon_pipe_read``, ``pipe_read``,
-    ``wait_for_partner`` in a FIFO's open), or "unknown" where the kernel does not say."""
+    ``wait_for_partner`` in a FIFO's open; "0" while it runs), or "unknown" where the kernel
+    keeps no such file."""
     try:
-        where = open(f"/proc/{pid}/wchan").read().strip()
+        return open(f"/proc/{pid}/wchan").read().strip() or "0"
     except OSError:
         return "unknown"
-    return where if where not in ("", "0") else "unknown"
 
 
 def ctrl_c_once_blocked(argv: list[str], fifo: str) -> tuple[subprocess.Popen, str, str]:

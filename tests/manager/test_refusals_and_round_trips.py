@@ -430,7 +430,7 @@ def test_a_second_manager_in_the_same_process_says_so(tmp_path):
     mgr(tmp_path / "r", model, opt).close()
 
 
-def test_a_model_with_other_parameter_names_is_refused_naming_the_first_difference(tmp_path):
+def test_a_model_with_other_parameter_names_is_refused_naming_a_name_each_side_lacks(tmp_path):
     torch.manual_seed(0)
     saved = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.ReLU(), torch.nn.Linear(4, 1))
     with mgr(tmp_path / "r", saved, torch.optim.AdamW(saved.parameters())) as m:
@@ -439,7 +439,9 @@ def test_a_model_with_other_parameter_names_is_refused_naming_the_first_differen
     with mgr(tmp_path / "r", model, torch.optim.AdamW(model.parameters())) as m:
         with pytest.raises(LayoutMismatchError, match=r"step_000001.bin: parameter names differ from the "
                                                       r"model's \(4 parameters in the checkpoint, 4 in the model; "
-                                                      r"at #2 the checkpoint has '2.weight', the model '1.weight'\)$"):
+                                                      r"the checkpoint has '2.weight' \(and 1 more\), which the model "
+                                                      r"lacks; the model has '1.weight' \(and 1 more\), which the "
+                                                      r"checkpoint lacks\)$"):
             m.restore()
 
 

@@ -25,7 +25,8 @@ def test_a_data_parallel_run_restored_into_the_bare_model_names_the_prefix_and_t
     saved(tmp_path / "r", torch.nn.DataParallel(two_layer()))
     with pytest.raises(LayoutMismatchError) as err:
         restore(tmp_path / "r", two_layer())
-    assert "at #0 the checkpoint has 'module.0.weight', the model '0.weight'" in str(err.value)
+    assert "the checkpoint has 'module.0.weight' (and 3 more), which the model lacks; the model has '0.weight'" \
+        in str(err.value)
     assert ("every name in the checkpoint starts with 'module.' (a DataParallel/DDP wrapper), the model's "
             "do not: pass the wrapped model, not model.module") in str(err.value)
     assert restore(tmp_path / "r", torch.nn.DataParallel(two_layer())) == 3

@@ -543,6 +543,8 @@ def test_a_converted_safetensors_file_loads_by_parameter_name_whatever_its_order
     ct.load(str(tmp_path / "step_000007.bin"), model).close()
     for (name, a), b in zip(trained.named_parameters(), model.parameters()):
         assert torch.equal(a, b), name
+    with pytest.raises(E.LayoutMismatchError, match=r"the checkpoint has '1.bias' \(and 1 more\), which the model lacks"):
+        ct.load(str(tmp_path / "step_000007.bin"), nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)))
 
 
 class Pair(nn.Module):
@@ -560,9 +562,9 @@ def test_a_run_restores_by_parameter_name_into_a_model_that_registers_its_layers
     torch.manual_seed(0)
     saved = Pair("b")                                 # layout: b.weight, b.bias, a.weight, a.bias
     opt = torch.optim.AdamW(saved.parameters(), lr=0.1)
-    for _ in range(3):
-        opt.zero_grad()
-        saved(torch.ones(2, 3)).sum().backward()
+    for i in range(3):                                # a takes 3 updates, b 1: each has its own step
+        opt.zero_grad(set_to_none=True)
+        (saved(torch.ones(2, 3)) if i == 0 else saved.a(torch.ones(2, 3))).sum().backward()
         opt.step()
     with manager(tmp_path / "run", saved, opt) as m:
         m.save(3)
@@ -575,12 +577,33 @@ def test_a_run_restores_by_parameter_name_into_a_model_that_registers_its_layers
         assert torch.equal(got[name], p), name
         for key in ("exp_avg", "exp_avg_sq", "step"):
             assert torch.equal(fresh.state[got[name]][key], opt.state[p][key]), (name, key)
+    assert {n: int(fresh.state[p]["step"]) for n, p in got.items()} == \
+        {"a.weight": 3, "a.bias": 3, "b.weight": 1, "b.bias": 1}
+    other = Pair("a")
+    other_opt = torch.optim.AdamW(other.parameters(), lr=0.1)
+    ct.load(str(tmp_path / "run" / "step_000003.bin"), other, other_opt).close()
+    for name, p in other.named_parameters():
+        for key in ("exp_avg", "exp_avg_sq", "step"):
+            assert torch.equal(other_opt.state[p][key], fresh.state[got[name]][key]), (name, key)
     assert [e["name"] for e in json.loads((tmp_path / "run" / "step_000003.json").read_text())["layout"]] == \
         ["b.weight", "b.bias", "a.weight", "a.bias"]
-    assert ct.differing_tensors(str(tmp_path / "run" / "step_000003.bin"), model, fresh) == []
+
+
+
+def test_the_tensors_that_differ_from_a_file_in_another_order_are_named_by_name(tmp_path):
+    torch.manual_seed(0)
+    saved = Pair("b")
+    opt = torch.optim.AdamW(saved.parameters(), lr=0.1)
+    saved(torch.ones(2, 3)).sum().backward()
+    opt.step()
+    ct.save(str(tmp_path / "step_000001.bin"), saved, opt, step=1)
+    model = Pair("a")
+    fresh = torch.optim.AdamW(model.parameters(), lr=0.1)
+    ct.load(str(tmp_path / "step_000001.bin"), model, fresh).close()
+    assert ct.differing_tensors(str(tmp_path / "step_000001.bin"), model, fresh) == []
     with torch.no_grad():
         model.a.bias.add_(1.0)
-    assert ct.differing_tensors(str(tmp_path / "run" / "step_000003.bin"), model, fresh) == ["weights:a.bias"]
+    assert ct.differing_tensors(str(tmp_path / "step_000001.bin"), model, fresh) == ["weights:a.bias"]
 
 
 @pytest.mark.parametrize("region", ["weights", "m", "v"])
