@@ -126,8 +126,9 @@ class TrailingDataError(CheckpointError):
 class BadNameError(CheckpointError):
     """A name does not follow step_NNNNNN.bin, or disagrees with the header's step.
 
-    What to do: rename the file ``step_NNNNNN.bin`` with the step its header holds (``ckptfmt
-    inspect`` shows it).
+    What to do: rename the ``.bin`` and its ``.json`` together to ``step_NNNNNN`` with the step
+    its header holds (``ckptfmt inspect`` shows it); a ``.bin`` renamed alone reads as a bare,
+    unverified file.
 
     Examples:
         A run's generation named otherwise than its header says is refused by name (its subclass
@@ -163,8 +164,8 @@ class StepNameMismatchError(BadNameError):
 class ManifestError(CheckpointError):
     """The manifest cannot be read or does not follow the schema.
 
-    What to do: the generation is damaged; resume from another one, or ``ckptfmt validate`` the
-    ``.bin`` alone (unverified).
+    What to do: the generation is damaged; resume from another one, or copy the ``.bin`` away
+    from its ``.json`` and ``ckptfmt validate`` the copy (unverified: nothing vouches for it).
 
     Examples:
         >>> import os, numpy as np, ckptfmt
@@ -267,8 +268,10 @@ class FingerprintMismatchError(CheckpointError):
 class IncompleteResumeStateError(CheckpointError):
     """A resume needs a component the manifest does not hold; the component is named.
 
-    What to do: give the manager the named piece, or ``restore(strict=False)`` to start it
-    fresh.
+    What to do: a piece the checkpoint has and the loop lacks: give the manager that piece; a
+    piece the loop has and the checkpoint lacks (the RNGs of a converted file):
+    ``restore(strict=False)`` starts it fresh and lists it; ``ct.load`` of a file whose manifest
+    has no layout: convert it again from its source, or load it with the tool that wrote it.
 
     Examples:
         A generation saved without a piece the resume is given (here a scheduler) is refused by name,
@@ -287,8 +290,10 @@ class IncompleteResumeStateError(CheckpointError):
 class ConfigMismatchError(CheckpointError):
     """A run was started with a config that differs from the one it was trained with.
 
-    What to do: start a new run (or ``ckptfmt fork``) for the new config, or resume with the
-    config the run was trained with.
+    What to do: the reference trainer: resume with the config the run was trained with, or start
+    a new run for the new one; a scheduler or GradScaler of another kind: build the loop as it
+    was saved, or ``restore(strict=False)`` to start that piece fresh; a step that does not go
+    forward: go on from the step ``restore()`` returned.
 
     Examples:
         The reference trainer started on a run with another config than it trained with (exit 1, each
@@ -343,10 +348,11 @@ class DeviceChangeError(ConfigMismatchError):
 
 
 class LayoutMismatchError(CheckpointError):
-    """The checkpoint's parameters (names, order, shapes) are not the model's.
+    """The checkpoint's parameters (names, shapes) are not the model's; their order may differ:
+    each parameter is read by its name.
 
-    What to do: build the model the run was trained with: the same parameter names, order and
-    shapes.
+    What to do: build the model the run was trained with: the same parameter names and shapes
+    (in any order); a wrapper's prefix (``module.``, ``_orig_mod.``) is named with its fix.
 
     Examples:
         A generation loaded into a model of another shape:
@@ -382,7 +388,7 @@ class OptimizerMismatchError(CheckpointError):
 class UnsupportedOptimizerError(OptimizerMismatchError):
     """The optimizer keeps state the seed layout cannot hold (only Adam, AdamW and SGD fit).
 
-    What to do: use Adam, AdamW or SGD (without amsgrad), or save with another tool.
+    What to do: use Adam or AdamW (without amsgrad), or SGD, or save with another tool.
 
     Examples:
         An optimizer whose state the seed layout cannot hold, refused before the first step:
