@@ -251,19 +251,24 @@ def trained(run: str, steps: int, env: dict, kill_after: str | None = None) -> s
 
 
 def signalled_after(s3, bucket: str, run: str, committed: int, sig: int) -> tuple[int, str]:
-    """``train --run s3://bucket/runs/RUN --steps 60`` sent ``sig`` once its step-``committed``
-    generation is committed on the store; its exit status and stderr."""
-    import time
+    """``train --run s3://bucket/runs/RUN --steps 60`` sent ``sig`` as soon as it says its
+    step-``committed`` generation is committed on the store (its log line, read as it comes:
+    listing the store to see the manifest took long enough under load for the run to reach
+    step 60 first); its exit status and stderr."""
     url = f"s3://{bucket}/runs/{run}"
     proc = subprocess.Popen([sys.executable, "-m", "ckptfmt.cli", "train", "--run", url, "--steps", "60", *TRAIN],
                             env={**os.environ, **s3.env}, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    deadline = time.monotonic() + 240
-    while fmt.manifest_name(committed) not in keys(s3, bucket, f"runs/{run}/"):
-        assert proc.poll() is None and time.monotonic() < deadline, proc.stderr.read()
-        time.sleep(0.05)
-    proc.send_signal(sig)
-    _, said = proc.communicate(timeout=240)
-    return proc.returncode, said
+    said = []
+    for line in proc.stderr:
+        said.append(line)
+        if line.startswith(f"[train] step {committed}: checkpoint"):
+            proc.send_signal(sig)
+            break
+    else:
+        proc.wait(timeout=240)
+        raise AssertionError(f"the run never said step {committed} was committed: {''.join(said)}")
+    _, rest = proc.communicate(timeout=240)
+    return proc.returncode, "".join(said) + (rest or "")
 
 
 def test_train_on_a_url_stopped_or_killed_resumes_from_the_store_bit_exactly(s3, bucket, tmp_path):
