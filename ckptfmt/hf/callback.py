@@ -48,7 +48,6 @@ import contextlib
 import os
 import signal
 import sys
-import warnings
 from pathlib import Path
 from types import CodeType, FrameType
 from typing import Any
@@ -67,6 +66,7 @@ from ..torch import optim
 from ..torch.digests import DEFAULT as DIGESTS
 from ..torch.ranks import TorchCollective
 from .digests import step_digests
+from ..warn import warn
 
 __all__ = ["Checkpointing"]
 
@@ -326,8 +326,8 @@ class Checkpointing(TrainerCallback):
             return
         directory = Path(args.output_dir) / f"checkpoint-{state.global_step}"
         if state.is_world_process_zero and directory.is_dir() and not directory.is_symlink():
-            warnings.warn(f"{directory}: there before this save (a lost timeline's): removed first, "
-                          "so it is never committed while rewritten", stacklevel=2)
+            warn(f"{directory}: there before this save (a lost timeline's): removed first, "
+                          "so it is never committed while rewritten")
             HFCheckpoint.at(directory).remove()
         self.session.collective.barrier()          # no rank writes into it before it is gone
 
@@ -338,8 +338,8 @@ class Checkpointing(TrainerCallback):
         self.committed.append(directory)
         if hfdir.non_finite(record):
             self.diverged.append(directory)
-            warnings.warn(f"{directory}: its weights hold {hfdir.non_finite(record)} non-finite values "
-                          "(diverged): resume_path and retention pass it over", stacklevel=2)
+            warn(f"{directory}: its weights hold {hfdir.non_finite(record)} non-finite values "
+                          "(diverged): resume_path and retention pass it over")
         return record
 
     def _retain(self, output_dir: str, best: str | None) -> list[int]:

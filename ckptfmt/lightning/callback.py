@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import os
 import signal
-import warnings
 from typing import Any
 
 from .. import fsio
@@ -22,6 +21,7 @@ from ..torch import digests as digesting
 from ..torch.state import split
 from . import files, keeping
 from .plugin import NAMESPACES, CheckpointIO, PlainCheckpointWarning
+from ..warn import warn
 
 NEEDS_PLUGIN = ("the ckptfmt Checkpointing callback needs its plugin: add ckptfmt.lightning.CheckpointIO() "
                 "to Trainer(plugins=[...])")
@@ -209,8 +209,8 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
         handlers = getattr(term, "signal_handlers", [term])          # Lightning's _HandlersCompose
         self._handlers = Handlers(self.session.flags, Flags.note_and_chain, (signal.SIGUSR1, signal.SIGTERM))
         if not self._handlers.install({signal.SIGUSR1: [usr1], signal.SIGTERM: [h for h in handlers if h != notifier]}):
-            warnings.warn("Checkpointing(signals=True): signals are not handled: the Trainer runs outside the "
-                          "main thread, where Python lets no handler be installed", stacklevel=2)
+            warn("Checkpointing(signals=True): signals are not handled: the Trainer runs outside the "
+                          "main thread, where Python lets no handler be installed")
 
     def on_train_end(self, trainer: Any, pl_module: Any) -> None:
         """Retention after the last saves (committed first: an async one is waited for); the
@@ -254,8 +254,8 @@ class Checkpointing(*(ns.Callback for ns in NAMESPACES)):   # type: ignore[misc]
         self._resumed_at = int(checkpoint.get("global_step", 0))
         ours = checkpoint.get(files.KEY) or {}
         if ours.get("plain"):
-            warnings.warn(f"{ours['path']}: a plain Lightning .ckpt (TorchCheckpointIO) holds no RNG states: "
-                          "resumed as Lightning resumes it, not bit-exactly", PlainCheckpointWarning, stacklevel=2)
+            warn(f"{ours['path']}: a plain Lightning .ckpt (TorchCheckpointIO) holds no RNG states: "
+                          "resumed as Lightning resumes it, not bit-exactly", PlainCheckpointWarning)
             return
         if self.restore_rng:
             self._rng = (_rank_rng(ours, trainer.global_rank, trainer.world_size), ours.get("path"))

@@ -7,7 +7,6 @@ from __future__ import annotations
 import errno
 import os
 import shutil
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -24,6 +23,7 @@ from .lock import RunLock, lock_holder, sidecar_in_progress
 from .roots import mismatch, of_step, recorded
 from .retention import Candidate, Guards, Plan, Policy, candidate_for, find_guards, guarded
 from .sidecars import PINS, archive, read_json, write_json
+from ..warn import warn
 
 
 @dataclass
@@ -130,8 +130,8 @@ class Run:
         """
         choice = self.choose(deep=deep, allow_bare=allow_bare, allow_nonfinite=allow_nonfinite, among=among)
         if choice.diverged and choice.gen is not None:
-            warnings.warn(f"{self.where}: latest finite generation is {choice.gen.step}: {choice.why()} "
-                          "(allow_nonfinite=True picks the newest)", stacklevel=2)
+            warn(f"{self.where}: latest finite generation is {choice.gen.step}: {choice.why()} "
+                          "(allow_nonfinite=True picks the newest)")
         return self.chosen(choice)
 
     def chosen(self, choice: Choice) -> Generation | None:
@@ -226,7 +226,7 @@ class Run:
         def check(gen: Generation) -> str | None:
             reason = judge(gen)
             if reason is not None:
-                warnings.warn(f"{self.where}: skipping generation {gen.step}: {reason}", stacklevel=5)
+                warn(f"{self.where}: skipping generation {gen.step}: {reason}")
             return reason
         found = find_guards(reversed(gens), check=check,
                             non_finite=lambda g: {} if bare or allow_nonfinite else non_finite(g))
@@ -245,8 +245,8 @@ class Run:
             bad = non_finite(gen)
             if not bad:
                 raise SaveError(self.where + "/" + gen.path.name, "generation is committed already; refusing to overwrite")
-            warnings.warn(f"{self.where}/{gen.path.name}: replacing diverged generation {step} ({describe(bad)}): the "
-                          "run resumed from an earlier finite one and reached its step again", stacklevel=2)
+            warn(f"{self.where}/{gen.path.name}: replacing diverged generation {step} ({describe(bad)}): the "
+                          "run resumed from an earlier finite one and reached its step again")
         result = self._write(gen, step, weights, m, v, manifest=manifest, n_params=n_params,
                              extra_tensors=extra_tensors, before_commit=before_commit)
         self.vouch(step)

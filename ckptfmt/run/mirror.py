@@ -15,7 +15,6 @@ import functools
 import json
 import os
 import time
-import warnings
 from typing import Any, Callable, Iterable, Mapping
 
 from .. import facts, fingerprint
@@ -35,6 +34,7 @@ from .retention import Candidate, Guards, Policy, candidate_for, find_guards, gu
 from .sidecars import PINS, PIVOT, POLICY, SAMPLES, STATE
 from .storelock import leased
 from .storerun import MIRROR_INDEX, StoreRun
+from ..warn import warn
 
 __all__ = ["INDEX", "SIDECARS", "mirror", "mirror_runs"]
 
@@ -100,7 +100,7 @@ def _upload_missing(run: Run, remote: ObjectStore, local: dict[int, Generation],
         try:
             out["uploaded"].append(_upload_generation(remote, gen, doc, progress))
         except FingerprintMismatchError as exc:           # the local bytes are damaged: never sent
-            warnings.warn(f"{exc}; generation {step} not mirrored", stacklevel=2)
+            warn(f"{exc}; generation {step} not mirrored")
             out["refused"].append(step)
         else:
             mirrors.record(run.path, remote.url, confirmed={step: doc["blake3"]})

@@ -35,7 +35,6 @@ import os
 import shutil
 import threading
 import time
-import warnings
 from pathlib import Path
 from typing import Any, Callable
 
@@ -47,6 +46,7 @@ from ..store.connect import redact
 from . import mirrors
 from .mirror import mirror, mirror_runs
 from .retention import Policy
+from ..warn import warn
 
 __all__ = ["AREA", "BackgroundMirror", "Mirroring", "check_url", "snapshot"]
 
@@ -62,7 +62,7 @@ class BackgroundMirror:
                  log: Callable[[str], None] | None = None, mirror_pass: Callable[..., dict[str, Any]] = mirror):
         self.run_dir, self.url, self.mirror_pass = run_dir, url, mirror_pass
         self.options = {"retention": retention} if retention is not None else {}
-        self.log = log or (lambda message: warnings.warn(message, stacklevel=2))
+        self.log = log or (lambda message: warn(message))
         self.passes, self.errors, self.last, self.failed = 0, [], None, False
         self._retries, self._backoff = 0, 1.0
         self._wake, self._closing = threading.Event(), threading.Event()
@@ -135,7 +135,7 @@ class Mirroring:
         if remote.local and _within(remote.root or "/", dirpath):
             raise UnsupportedSetupError(remote.url, f"lies in the checkpoint directory {dirpath}; mirror to another place")
         self.dirpath, self.url, self.lock, self.extension = os.fspath(dirpath), url, lock, extension
-        self.log = log or (lambda message: warnings.warn(message, stacklevel=2))
+        self.log = log or (lambda message: warn(message))
         self.seen: set[str] = set()
         self.confirmed: dict[str, list[tuple[str, bytes]]] = {}    # name -> its manifests when confirmed there
         self.report: dict[str, Any] | None = None

@@ -14,7 +14,6 @@ the state side's checks and copies (``StateSide.plan``, ``load``) at their place
 """
 from __future__ import annotations
 
-import warnings
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
@@ -27,6 +26,7 @@ from .directory import Run
 from .lock import first_writer, keep_unwritten
 from ..version import software_versions
 from .stateside import Restored, Resuming, StateSide
+from ..warn import warn
 
 __all__ = ["choose_here", "refuse_rollback", "restore", "versions_changed"]
 
@@ -120,8 +120,8 @@ def newest(at: Resuming, side: StateSide, allow_nonfinite: bool = False) -> tupl
         if agree(tiers.has_manifests(run))[0]:
             raise                         # committed generations exist (on some node) and all fail: refuse
         _refuse_bare(run, agree)
-        warnings.warn(f"{run.where}: only uncommitted leftovers of an interrupted first save; "
-                      "starting fresh", stacklevel=4)
+        warn(f"{run.where}: only uncommitted leftovers of an interrupted first save; "
+                      "starting fresh")
         return None, None, None
 
 

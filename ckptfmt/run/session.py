@@ -27,7 +27,6 @@ from __future__ import annotations
 import contextlib
 import operator
 import time
-import warnings
 from typing import Any, Callable, Mapping, Protocol
 
 from .. import format as fmt
@@ -41,6 +40,7 @@ from .retention import Policy
 from .saving import SaveClock, SavePolicy, best_in_history
 from .sidecars import record_policy
 from .storerun import open_run
+from ..warn import warn
 
 __all__ = ["Mirror", "Session", "Writer", "step_of"]
 
@@ -364,7 +364,7 @@ class Session:
         if self.hooks.log is not None:
             self.hooks.log(message)
         elif not info:
-            warnings.warn(message, stacklevel=4)
+            warn(message)
 
     def event(self, kind: str, step: int, **fields: Any) -> None:
         """A history event (rank 0 writes the history)."""

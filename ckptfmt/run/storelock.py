@@ -39,11 +39,11 @@ import socket
 import threading
 import time
 import uuid
-import warnings
 from typing import Any, Callable, Iterable
 
 from ..errors import CheckpointError, RunLockedError
 from ..store import Store, created
+from ..warn import warn
 
 __all__ = ["PREFIX", "READ_PREFIX", "Heartbeat", "StoreLock", "StoreReadLease", "holder", "leased"]
 
@@ -106,10 +106,9 @@ class StoreLock:
                 raise RunLockedError(self.store.where(), f"held by {holder}; one writer per run")
             if seen is None:             # a lease running further than our TTL is not waited out
                 deadline = self.clock() + self.ttl_s * 7 / 6
-                warnings.warn(f"{self.store.where()}: its writer lease is held by {holder} and not renewed from "
+                warn(f"{self.store.where()}: its writer lease is held by {holder} and not renewed from "
                               "where it can be seen (a writer stopped on another machine or container): "
-                              "waiting for it to run out (renewed meanwhile, it is a live writer's: refused)",
-                              stacklevel=3)
+                              "waiting for it to run out (renewed meanwhile, it is a live writer's: refused)")
             seen = newest["expires"]
             time.sleep(min(max(0.0, seen - self.clock()), self.ttl_s / 6) + 0.05)
             leases = self._leases()

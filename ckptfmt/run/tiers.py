@@ -24,7 +24,6 @@ import re
 import stat
 import time
 import uuid
-import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -36,6 +35,7 @@ from .directory import Run
 from ..generation import Generation, list_dir
 from .generations import non_finite
 from .retention import Candidate, Policy, guarded
+from ..warn import warn
 
 RUN_ID = ".run-id.json"
 MEMORY_ENV = "CKPTFMT_MEMORY_DIR"
@@ -194,7 +194,7 @@ def choose_across(run: Run, memory: Run | None, allow_nonfinite: bool = False) -
         if reason is not None:
             out.skipped.append((tier, gen.step, reason))
             if tier == DISK:             # as Run.choose says it
-                warnings.warn(f"{run.path}: skipping generation {gen.step}: {reason}", stacklevel=3)
+                warn(f"{run.path}: skipping generation {gen.step}: {reason}")
             continue
         bad = {} if allow_nonfinite else non_finite(gen)
         if not bad:

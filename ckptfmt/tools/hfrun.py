@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import os
 import time
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -31,6 +30,7 @@ from ..tensorfile import TensorFile
 from . import hfdir
 from .report import Report
 from .stats import CHUNK, RegionStats
+from ..warn import warn
 
 __all__ = ["choose", "hf_kind", "inspect_hf", "ls_hf", "resume_path", "retain", "validate_hf"]
 
@@ -79,7 +79,7 @@ def resume_path(output_dir: "str | os.PathLike[str]", *, allow_nonfinite: bool =
         return None
     path, skipped = choose(output_dir, allow_nonfinite=allow_nonfinite)
     for where, why in skipped:
-        warnings.warn(f"{where}: skipped for resume: {why}", stacklevel=2)
+        warn(f"{where}: skipped for resume: {why}")
     if path is None and skipped:
         raise NoValidGenerationError(os.fspath(output_dir), "no checkpoint-N verifies: "
                                      + "; ".join(f"{os.path.basename(p)}: {w}" for p, w in skipped))
@@ -231,7 +231,7 @@ def inspect_hf(path: "str | os.PathLike[str]", read_other=None) -> dict[str, Any
         out = ls_hf(path)
         newest, skipped = choose(path)
         for where, why in skipped:          # as a run's latest-valid says what it passed over
-            warnings.warn(f"{where}: skipping it: {why}", stacklevel=2)
+            warn(f"{where}: skipping it: {why}")
         if newest is None:     # a Trainer without the callback writes no record: unverified, as validate says
             newest = next((str(g.directory) for g in checkpoints(path) if g.manifest is None), None)
         out["latest"] = inspect_hf(newest, read_other) if newest else None

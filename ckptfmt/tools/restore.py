@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import warnings
 from pathlib import Path
 from typing import Any
 
@@ -29,6 +28,7 @@ from ..run import history as hist
 from ..run.lock import refuse_live, writing_into
 from ..run.mirror import INDEX, SIDECARS
 from ..store.objects import Progress, ObjectStore
+from ..warn import warn
 
 __all__ = ["restore"]
 
@@ -54,7 +54,7 @@ def restore(url: str, dest: "str | os.PathLike[str]", *, step: int | None = None
         with writing_into(staging, "restore") as lock, \
                 StoreReadLease(remote, committed, purpose=f"import into {out}") as claim:   # kept by its retention
             if claim.problem is not None:
-                warnings.warn(f"{remote.url}: {claim.problem}; a retention there may delete what is read", stacklevel=2)
+                warn(f"{remote.url}: {claim.problem}; a retention there may delete what is read")
             sidecars = _restore_sidecars(remote, staging)     # first: its history names each generation's root
             chosen, skipped = _first_valid(remote, [step] if step is not None else committed, staging, progress,
                                            finite_first=step is None)
@@ -80,8 +80,8 @@ def _first_valid(remote: ObjectStore, steps: list[int], staging: Path, progress:
             manifest = remote.read_manifest(step)        # read once: the check below and the download
             if finite_first and (bad := valfacts.diverged(manifest[0])):
                 diverged.append(step)
-                warnings.warn(f"{remote.url}: passing over diverged generation {step} ({valfacts.describe(bad)}); "
-                              f"--step {step} restores it", stacklevel=2)
+                warn(f"{remote.url}: passing over diverged generation {step} ({valfacts.describe(bad)}); "
+                              f"--step {step} restores it")
                 continue
             _download_generation(remote, step, staging, progress, manifest)
             return step, skipped
@@ -90,7 +90,7 @@ def _first_valid(remote: ObjectStore, steps: list[int], staging: Path, progress:
                 raise                          # the network, not this generation: no fallback
             reason = exc.problem if exc.path is None else f"{os.path.basename(exc.path)}: {exc.problem}"
             skipped.append({"step": step, "reason": reason})
-            warnings.warn(f"{remote.url}: skipping generation {step}: {reason}", stacklevel=2)
+            warn(f"{remote.url}: skipping generation {step}: {reason}")
             _discard(staging, step)
     if diverged:                               # none finite is valid: the newest valid diverged one
         chosen, more = _first_valid(remote, diverged, staging, progress)
@@ -134,8 +134,7 @@ def _restore_sidecars(remote: ObjectStore, staging: Path) -> dict[str, dict[str,
     if not remote.exists(INDEX) and (history := SegmentedHistory(remote)).numbers():
         return _store_run_sidecars(remote, history, staging)
     if not remote.exists(INDEX):
-        warnings.warn(f"{remote.where(INDEX)}: missing; the history and sidecars were not restored",
-                      stacklevel=2)
+        warn(f"{remote.where(INDEX)}: missing; the history and sidecars were not restored")
         return {}
     try:
         index = json.loads(remote.read_bytes(INDEX))["sidecars"]

@@ -22,7 +22,6 @@ in it (``Restoring``: ``choose``, ``plan``, ``load``), and why it goes as it doe
 from __future__ import annotations
 
 import copy
-import warnings
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -37,6 +36,7 @@ from ..shards import ShardedCheckpoint
 from . import adapter, loaders, notes, optim, ranks, rng
 from .distributed import any_rank, is_sharded_model, load_into
 from .state import dtype_name, join, persistent_buffers
+from ..warn import warn
 
 
 @dataclass(frozen=True)
@@ -169,7 +169,7 @@ def make_plan(loop: Loop, ck: Any, doc: dict[str, Any], strict: bool,
         and not allow_device_change else None
     _refuse(path, lacks, unused, strict, moved)
     for piece in lacks + unused:
-        warnings.warn(f"{path}: {piece} starts fresh (strict=False)", stacklevel=4)
+        warn(f"{path}: {piece} starts fresh (strict=False)")
     plan.fresh += lacks + [f"{p} (in the checkpoint, not restored)" for p in unused] + list(unfit.values())
     plan.buffers = join(doc.get("buffers", {}), get)
     plan.trees = {p: join(_lookup(plan, p), get) for p, _ in loop.pieces
@@ -199,7 +199,7 @@ def _unfit(loop: Loop, doc: dict[str, Any], path: str, strict: bool) -> dict[str
         raise ConfigMismatchError(path, "; ".join(f"{p}: {why}" for p, (why, _) in out.items())
                                   + " (CheckpointManager.restore(strict=False) starts it fresh)")
     for piece, (why, _) in out.items():
-        warnings.warn(f"{path}: {piece}: {why}; it starts fresh (strict=False)", stacklevel=5)
+        warn(f"{path}: {piece}: {why}; it starts fresh (strict=False)")
     return {piece: f"{piece} ({short})" for piece, (_, short) in out.items()}
 
 

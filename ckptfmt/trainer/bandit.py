@@ -8,10 +8,10 @@ so the state round-trips through JSON exactly and a resume is bit-identical.
 from __future__ import annotations
 
 import math
-import warnings
 from typing import Any
 
 import numpy as np
+from ..warn import warn
 
 
 class Bandit:
@@ -55,8 +55,7 @@ class Bandit:
         """Restore; arms whose source is gone are dropped with a warning (zombie arms)."""
         zombies = sorted(set(state["arms"]) - set(self.arms))
         for arm in zombies:
-            warnings.warn(f"dropping zombie bandit arm {arm!r}: its data source is not in the config",
-                          stacklevel=2)
+            warn(f"dropping zombie bandit arm {arm!r}: its data source is not in the config")
         for arm in self.arms:
             if arm in state["arms"]:
                 self.stats[arm] = dict(state["arms"][arm])

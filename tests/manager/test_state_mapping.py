@@ -547,6 +547,29 @@ def test_a_converted_safetensors_file_loads_by_parameter_name_whatever_its_order
         ct.load(str(tmp_path / "step_000007.bin"), nn.Sequential(nn.Linear(3, 4), nn.ReLU(), nn.Linear(4, 2)))
 
 
+def test_the_managers_warnings_name_the_callers_line_not_the_librarys(runner, tmp_path):
+    """A piece that starts fresh and a damaged generation passed over are warned from deep in
+    the library's layers; each warning names the line of the user's program that called the
+    manager."""
+    model, opt = foreign_adam_checkpoint(tmp_path / "foreign.pt")
+    (tmp_path / "run").mkdir()
+    assert cli(runner, "convert", tmp_path / "foreign.pt", tmp_path / "run" / "step_000003.bin").exit_code == 0
+    fresh, fresh_opt = two_layer_adamw(seed=5, lr=1e-3)
+    with manager(tmp_path / "run", fresh, fresh_opt) as mgr, warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        assert mgr.restore(strict=False) == 3
+        mgr.save(4)
+    bin4 = tmp_path / "run" / "step_000004.bin"
+    bin4.write_bytes(bin4.read_bytes()[:-4] + b"\0\0\0\1")               # a committed generation, damaged
+    again, again_opt = two_layer_adamw(seed=5, lr=1e-3)
+    with manager(tmp_path / "run", again, again_opt) as mgr, warnings.catch_warnings(record=True) as passed_over:
+        warnings.simplefilter("always")
+        assert mgr.restore(strict=False) == 3
+    said = [(w.filename, str(w.message)) for w in seen + passed_over]
+    assert any("starts fresh" in m for _, m in said) and any("skipping generation 4" in m for _, m in said), said
+    assert {f for f, _ in said} == {__file__}, said
+
+
 class Pair(nn.Module):
     """Two layers registered in the order given: the same names, another parameter order."""
     def __init__(self, first: str):
