@@ -146,7 +146,8 @@ class StepNameMismatchError(BadNameError):
     """A destination named ``step_N.bin`` for a checkpoint of another step (``convert ck.pt
     run/step_000300.bin`` of a file at step 3): a usage problem, nothing is written (CLI exit 2).
 
-    What to do: name the destination with the checkpoint's own step, or give a directory.
+    What to do: name the destination ``step_N.bin`` with the checkpoint's own step
+    (``ckptfmt inspect`` of the source shows it).
 
     Examples:
         >>> import numpy as np, ckptfmt
@@ -352,7 +353,8 @@ class LayoutMismatchError(CheckpointError):
     each parameter is read by its name.
 
     What to do: build the model the run was trained with: the same parameter names and shapes
-    (in any order); a wrapper's prefix (``module.``, ``_orig_mod.``) is named with its fix.
+    (in any order). Names that differ by a wrapper's prefix (``module.``, ``_orig_mod.``): give
+    the model as it was saved, wrapped or ``model.module`` (the manager's restore names which).
 
     Examples:
         A generation loaded into a model of another shape:
@@ -403,8 +405,9 @@ class UnsupportedOptimizerError(OptimizerMismatchError):
 class NoValidGenerationError(CheckpointError):
     """A run has generations but none of them is committed and valid.
 
-    What to do: ``ckptfmt ls RUN`` names each generation and why it was passed over; resume from
-    a mirror or an export, or start afresh.
+    What to do: ``ckptfmt ls --deep RUN`` hashes each generation and names why it is damaged
+    (a plain ``ls`` reads names and sizes only); resume from a mirror or an export, or start
+    afresh.
 
     Examples:
         >>> import os, warnings, numpy as np, ckptfmt
@@ -486,7 +489,7 @@ class HistoryCorruptError(CheckpointError):
     """The loss history is damaged in the middle, not just torn at its tail.
 
     What to do: keep the file for inspection; the message says where it is damaged. The
-    generations are not affected: ``ckptfmt validate RUN`` checks them.
+    generations are not affected: ``ckptfmt ls --deep RUN`` hashes each of them.
 
     Examples:
         >>> import os

@@ -29,8 +29,9 @@ from typing import Any
 
 import torch
 
-FIX = ("use torchdata's StatefulDataLoader (pip install torchdata; same arguments), or with accelerate "
-       "Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True))")
+FIX = ("use torchdata's StatefulDataLoader (the extra ckptfmt[data]; same arguments), or with accelerate "
+       "Accelerator(dataloader_config=DataLoaderConfiguration(use_stateful_dataloader=True)), and for a "
+       "shuffling loader use_seedable_sampler=True too")
 SEEDABLE = ("with accelerate, give prepare a DataLoader(shuffle=True) and DataLoaderConfiguration("
             "use_stateful_dataloader=True, use_seedable_sampler=True): its order is a seed and an epoch, "
             "which the manager saves")
