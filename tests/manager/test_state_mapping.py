@@ -629,6 +629,52 @@ def test_the_tensors_that_differ_from_a_file_in_another_order_are_named_by_name(
     assert ct.differing_tensors(str(tmp_path / "step_000001.bin"), model, fresh) == ["weights:a.bias"]
 
 
+BY_NAME_SCRIPT = r"""
+import os, sys, torch, torch.nn as nn, torch.distributed as dist
+dist.init_process_group("gloo", rank=0, world_size=1)
+from torch.distributed.fsdp import fully_shard
+import ckptfmt, ckptfmt.torch as ct
+from ckptfmt.torch.distributed import load_into
+class Pair(nn.Module):
+    def __init__(self, first):
+        super().__init__()
+        for name in (first, "b" if first == "a" else "a"):
+            setattr(self, name, nn.Linear(3, 3))
+torch.manual_seed(0)
+saved = Pair("b")                                   # the file lists b's parameters first
+opt = torch.optim.AdamW(saved.parameters(), lr=0.1)
+for _ in range(3):                                  # a's moments and b's differ: a swap shows
+    opt.zero_grad()
+    saved.b(saved.a(torch.randn(2, 3))).pow(2).sum().backward()
+    opt.step()
+ct.save(sys.argv[1], saved, opt, step=3)
+model = Pair("a")
+fully_shard(model)
+fresh = torch.optim.AdamW(model.parameters(), lr=0.1)
+load_into(ckptfmt.open(sys.argv[1]), model, fresh)
+got = dict(model.named_parameters())
+for name, p in saved.named_parameters():
+    assert torch.equal(got[name].full_tensor(), p), name
+    for key in ("exp_avg", "exp_avg_sq"):
+        assert torch.equal(fresh.state[got[name]][key].full_tensor(), opt.state[p][key]), (name, key)
+    assert int(fresh.state[got[name]]["step"]) == int(opt.state[p]["step"]), name
+dist.destroy_process_group()
+print("by name")
+"""
+
+
+def test_an_fsdp2_model_loads_each_parameter_and_its_moments_by_name_from_a_file_in_another_order(tmp_path):
+    """One rank in its own process (its process group must not outlive the test)."""
+    import os
+    import subprocess
+    import sys
+    PY = sys.executable
+    env = {**os.environ, "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(29500 + os.getpid() % 1000)}
+    done = subprocess.run([PY, "-c", BY_NAME_SCRIPT, str(tmp_path / "step_000003.bin")], capture_output=True,
+                          text=True, timeout=80, env=env)
+    assert done.returncode == 0 and done.stdout.strip() == "by name", done.stdout + done.stderr
+
+
 @pytest.mark.parametrize("region", ["weights", "m", "v"])
 @pytest.mark.parametrize("given,words", [
     (lambda a: a.astype(np.float64), "float64"),

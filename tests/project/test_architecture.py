@@ -47,10 +47,10 @@ def test_lint_imports_fails_on_a_forbidden_import(tmp_path):
 
 
 def example_lines(tree: ast.Module) -> set[int]:
-    """The lines of the docstrings' ``Attributes:`` and ``Examples:`` sections (from the first
-    of the two headings, and the blank line above it, to the docstring's end): what each field
-    means and how a name is used, documentation the API reference renders rather than code, so
-    no size rule counts them."""
+    """The lines of the docstrings' ``Attributes:``, ``What to do:`` and ``Examples:`` sections
+    (from the first of these headings, and the blank line above it, to the docstring's end): what
+    each field means, what to do about an error and how a name is used, documentation the API
+    reference and the exit-codes table render rather than code, so no size rule counts them."""
     lines: set[int] = set()
     for node in ast.walk(tree):
         if not isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
@@ -59,7 +59,8 @@ def example_lines(tree: ast.Module) -> set[int]:
         if not (isinstance(doc, ast.Expr) and isinstance(doc.value, ast.Constant) and isinstance(doc.value.value, str)):
             continue
         text = doc.value.value.splitlines()
-        heading = next((i for i, line in enumerate(text) if line.strip() in ("Attributes:", "Examples:")), None)
+        heading = next((i for i, line in enumerate(text) if line.strip() in ("Attributes:", "Examples:")
+                        or line.strip().startswith("What to do:")), None)
         if heading is not None:
             heading -= heading > 0 and not text[heading - 1].strip()     # with the blank line above it
             lines.update(range(doc.lineno + heading, doc.end_lineno + 1))
@@ -67,7 +68,7 @@ def example_lines(tree: ast.Module) -> set[int]:
 
 
 def test_no_module_over_400_lines_and_no_function_over_50():
-    """Sizes without the docstrings' field lists and examples (``example_lines``)."""
+    """Sizes without the docstrings' field lists, advice and examples (``example_lines``)."""
     too_long = []
     for path in sorted((ROOT / "ckptfmt").rglob("*.py")):
         source = path.read_text()
@@ -84,12 +85,14 @@ def test_no_module_over_400_lines_and_no_function_over_50():
 
 
 def test_a_docstrings_examples_are_not_counted_as_code():
-    """Not vacuous: the lines from a docstring's ``Attributes:`` or ``Examples:`` heading (and
-    the blank line above it) to its end, and only those."""
+    """Not vacuous: the lines from a docstring's ``Attributes:``, ``What to do:`` or
+    ``Examples:`` heading (and the blank line above it) to its end, and only those."""
     source = 'def f():\n    """Doc.\n\n    Examples:\n        >>> f()\n    """\n    return 1\n'
     assert example_lines(ast.parse(source)) == {3, 4, 5, 6}
     source = 'class C:\n    """Doc.\n\n    Attributes:\n        a: what.\n    """\n    a: int\n'
     assert example_lines(ast.parse(source)) == {3, 4, 5, 6}
+    source = 'class E(Exception):\n    """Doc.\n\n    What to do: retry.\n    """\n'
+    assert example_lines(ast.parse(source)) == {3, 4, 5}
     assert example_lines(ast.parse('def f():\n    """Doc."""\n')) == set()
 
 
