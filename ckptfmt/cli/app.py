@@ -3,8 +3,7 @@ from __future__ import annotations
 
 import click
 
-from . import output  # noqa: F401  (installs the one-line warning format)
-from .output import EXIT_CANNOT, Fail, interrupted, quiet_after_closed_stdout, stdout_is_pipe
+from .output import EXIT_CANNOT, Fail, interrupted, one_line_warnings, quiet_after_closed_stdout, stdout_is_pipe
 
 
 class Group(click.Group):
@@ -14,7 +13,8 @@ class Group(click.Group):
     def invoke(self, ctx: click.Context) -> object:
         wants_json = "--json" in [*getattr(ctx, "_protected_args", []), *ctx.args]
         try:
-            return super().invoke(ctx)
+            with one_line_warnings():
+                return super().invoke(ctx)
         except click.UsageError as exc:
             # "ckptfmt: gc: Missing option ..." (Fail.show puts the program's name in front)
             where = _subcommand(exc.ctx)

@@ -7,13 +7,14 @@ then holding an ``error`` object (``error_doc``).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 import math
 import os
 import stat
 import warnings
-from typing import Any, Callable
+from typing import Any, Callable, Iterator
 
 import click
 
@@ -217,7 +218,16 @@ def _one_line_warning(message, category, filename, lineno, line=None) -> str:
     return f"ckptfmt: warning: {message}\n"
 
 
-warnings.formatwarning = _one_line_warning
+@contextlib.contextmanager
+def one_line_warnings() -> Iterator[None]:
+    """While a command runs, library warnings print as one line; the process's own format is
+    put back after, so a program that imports the CLI or runs a command in-process (a test's
+    CliRunner, a notebook) keeps Python's format for its own warnings."""
+    before, warnings.formatwarning = warnings.formatwarning, _one_line_warning
+    try:
+        yield
+    finally:
+        warnings.formatwarning = before
 
 
 def metrics_words(metrics: Any, step: int | None) -> list[str]:

@@ -933,6 +933,22 @@ def test_inspect_of_a_run_without_a_valid_generation(tmp_path):
     assert "ckptfmt: warning: " in proc.stderr and "Traceback" not in proc.stderr
 
 
+def test_a_command_run_in_process_prints_one_line_warnings_and_leaves_the_programs_format(runner, tmp_path):
+    """The one-line format is the command's, while it runs: importing the CLI or running a
+    command in a program's own process leaves that program's warnings.formatwarning as it was."""
+    import warnings
+    path = make(tmp_path, 1)
+    data = bytearray(path.read_bytes())
+    data[-1] ^= 1
+    path.write_bytes(bytes(data[:-4]))
+    before = warnings.formatwarning
+    import ckptfmt.cli  # noqa: F401
+    assert warnings.formatwarning is before
+    result = runner.invoke(main, ["inspect", str(tmp_path)])
+    assert result.exit_code == 1 and "ckptfmt: warning: " in result.stderr, result.stderr
+    assert warnings.formatwarning is before and not warnings.formatwarning.__module__.startswith("ckptfmt")
+
+
 def test_non_finite_values_produce_no_numpy_warnings(tmp_path):
     w, m, v = arrays(100)
     w[:2] = [np.inf, -np.inf]

@@ -188,8 +188,7 @@ def run_python(block: Block, namespace: dict, name: str) -> str:
     printed = io.StringIO()
 
     def show(message, category, filename, lineno, file=None, line=None):
-        # Python's own format, not warnings.formatwarning: the CLI's one-line format replaces that
-        # in any process that imported ckptfmt.cli (a test before this one, in this worker)
+        # Python's own format, whatever warnings.formatwarning a test before this one left set
         printed.write(f"{filename}:{lineno}: {category.__name__}: {message}\n")
 
     started = time.monotonic()
