@@ -9,6 +9,7 @@ the model is ever made on the CPU.
 from __future__ import annotations
 
 import math
+from collections import Counter
 from typing import Any, Iterable, Iterator
 
 import numpy as np
@@ -318,13 +319,13 @@ def names_apart(saved: list[str], live: list[str]) -> str:
     """What tells two lists of parameter names apart, order aside: the first name each side has
     that the other lacks, with the counts (a name listed twice is named too)."""
     said = [f"{len(saved)} parameters in the checkpoint, {len(live)} in the model"]
-    for side, names, other, lacks in (("the checkpoint", saved, live, "the model"),
-                                      ("the model", live, saved, "the checkpoint")):
-        extra = [n for n in names if n not in set(other)]
+    for side, names, other, lacks in (("the checkpoint", saved, set(live), "the model"),
+                                      ("the model", live, set(saved), "the checkpoint")):
+        extra = [n for n in names if n not in other]
         if extra:
             more = f" (and {len(extra) - 1} more)" if len(extra) > 1 else ""
             said.append(f"{side} has {extra[0]!r}{more}, which {lacks} lacks")
-    twice = sorted({n for n in saved if saved.count(n) > 1})
+    twice = sorted(n for n, times in Counter(saved).items() if times > 1)
     if twice:
         said.append(f"the checkpoint lists {twice[0]!r} twice")
     return "; ".join(said)
