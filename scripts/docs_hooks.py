@@ -8,10 +8,11 @@ numbered section there gets an anchor, ``#sec-5.3`` for "5.3." and "## 5.", and 
 ``FORMAT §N`` / ``RUN §N`` on any page (spelt ``spec/RUN.md §N`` or ``RUN.md §N`` too, with the
 ``§M`` that follow it in a list, and inside a spec its bare ``§N``) becomes a link to that
 anchor. A spec's link to a site page, written ``../docs/PAGE`` from spec/ (so that it works in
-the repository too), is made relative to the reference page that shows it. A line ``<!-- errors table -->`` becomes the table of ``ckptfmt.errors``: each class,
-its base, the exit code the command line gives it (from its ``could_not_run``), the first paragraph
-of its docstring and its ``What to do:`` paragraph, so the page cannot drift from the code. Code (fenced or inline) and text already inside a link are left as they are. A reference
-to a section that does not exist is a link to a missing anchor, which ``mkdocs build --strict``
+the repository too), is made relative to the reference page that shows it. A line
+``<!-- errors table -->`` becomes the table of ``ckptfmt.errors``: each class, its base, the exit
+code the command line gives it (from its ``could_not_run``), the first paragraph of its docstring
+and its ``What to do:`` paragraph, so the page cannot drift from the code. Code (fenced or inline)
+and text already inside a link are left as they are. A reference to a section that does not exist is a link to a missing anchor, which ``mkdocs build --strict``
 refuses; tests/project/test_spec_references.py checks the same references in the code too.
 """
 from __future__ import annotations

@@ -1,10 +1,9 @@
 """No wall of text: each paragraph and list item of the README, the site's Markdown pages and
-the specs stays short enough to read (the API pages' docstrings are held by the docs tests, not
-here) (the specs once held single paragraphs of 2,000 words). A page
-that teaches (the README, tutorials, how-tos, explanations, the glossary) keeps to 150 words a
-paragraph; the reference and the normative specs, which state rules field by field, to 250; a
-benchmark page, whose method notes come from the results, to 300. Code blocks and tables are
-not prose and are not counted."""
+the specs stays short enough to read (the specs once held single paragraphs of 2,000 words; the
+API pages' docstrings are not read here). A page that teaches (the README, tutorials, how-tos,
+explanations, the glossary) keeps to 150 words a paragraph; the reference and the normative
+specs, which state rules field by field, to 250; a benchmark page, whose method notes come from
+the results, to 300. Code blocks, tables and HTML comments are not prose and are not counted."""
 from __future__ import annotations
 
 import re
