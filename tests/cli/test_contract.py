@@ -22,6 +22,7 @@ import os
 import shutil
 import struct
 import subprocess
+import sys
 import tarfile
 import io
 
@@ -944,7 +945,11 @@ def test_a_command_run_in_process_prints_one_line_warnings_and_leaves_the_progra
     before = warnings.formatwarning
     import ckptfmt.cli  # noqa: F401
     assert warnings.formatwarning is before
-    result = runner.invoke(main, ["inspect", str(tmp_path)])
+    with warnings.catch_warnings():          # as a program shows warnings, whatever pytest records
+        warnings.simplefilter("always")
+        warnings.showwarning = lambda message, category, filename, lineno, file=None, line=None: \
+            sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+        result = runner.invoke(main, ["inspect", str(tmp_path)])
     assert result.exit_code == 1 and "ckptfmt: warning: " in result.stderr, result.stderr
     assert warnings.formatwarning is before and not warnings.formatwarning.__module__.startswith("ckptfmt")
 
