@@ -173,6 +173,7 @@ CHAIN = [
 ]
 
 
+@pytest.mark.skipif(not LONG, reason="the long tier: the test command's budget (two-rank launches, ~50 s)")
 def test_kills_of_a_rank_or_the_job_at_each_phase_of_a_sharded_save_resume_bit_exactly(s3, bucket, script, straight,
                                                                                       tmp_path):
     url, resumes = f"s3://{bucket}/run", [0]
